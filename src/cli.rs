@@ -1,0 +1,148 @@
+//! The `spindle` command line. Every option also reads a `SPINDLE_*` environment variable;
+//! defaults are the documented ones (README, "Configuration").
+
+use std::net::SocketAddr;
+use std::time::Duration;
+
+use anyhow::Context;
+use clap::{Args, Parser, Subcommand};
+use tracing_subscriber::EnvFilter;
+
+use crate::director::{self, DirectorConfig};
+
+/// spindle: a database-as-a-queue HTTP delivery engine.
+#[derive(Debug, Parser)]
+#[command(name = "spindle", version, about)]
+pub struct Cli {
+    /// Log filter (tracing EnvFilter syntax), e.g. `info` or `spindle=debug`.
+    #[arg(long, env = "SPINDLE_LOG", default_value = "info", global = true)]
+    pub log: String,
+    /// What to run.
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+/// The subcommands.
+#[derive(Debug, Subcommand)]
+pub enum Command {
+    /// Run a Director: own one JobDB, accept jobs over RPC, deliver them.
+    Director(DirectorArgs),
+    /// Run a Director on a fresh demo JobDB with a local test endpoint, submit a mix of jobs
+    /// (successes, retries, a rate limit, discards), and show them reach their final states.
+    Demo(crate::demo::DemoArgs),
+    /// Measure intake and end-to-end delivery throughput against a local endpoint.
+    Bench(crate::bench::BenchArgs),
+    /// Run the recording test endpoint alone (see `spindle::sink` for its paths).
+    Sink(SinkArgs),
+}
+
+/// Options of `spindle director`.
+#[derive(Debug, Clone, Args)]
+pub struct DirectorArgs {
+    /// RPC listen address.
+    #[arg(long, env = "SPINDLE_LISTEN", default_value = "127.0.0.1:8080")]
+    pub listen: SocketAddr,
+    /// The JobDB: `mysql://user[:password]@host[:port]/database`.
+    #[arg(
+        long,
+        env = "SPINDLE_JOBDB",
+        default_value = "mysql://root@127.0.0.1:3306/spindle"
+    )]
+    pub jobdb: String,
+    /// Do not create the database when it is missing (fail instead).
+    #[arg(long, env = "SPINDLE_NO_CREATE_DATABASE")]
+    pub no_create_database: bool,
+    /// Attempts in flight across all endpoints.
+    #[arg(long, env = "SPINDLE_MAX_IN_FLIGHT", default_value_t = 1024)]
+    pub max_in_flight: usize,
+    /// Attempts in flight per endpoint (URL without query).
+    #[arg(long, env = "SPINDLE_ENDPOINT_CONCURRENCY", default_value_t = 64)]
+    pub endpoint_concurrency: usize,
+    /// Longest delay between two attempts of a job, in ms.
+    #[arg(long, env = "SPINDLE_BACKOFF_CAP_MS", default_value_t = 3_600_000)]
+    pub backoff_cap_ms: u64,
+    /// How long a stopping Director waits for attempts in flight, in ms.
+    #[arg(long, env = "SPINDLE_SHUTDOWN_GRACE_MS", default_value_t = 30_000)]
+    pub shutdown_grace_ms: u64,
+    /// Most rows in one group-commit transaction.
+    #[arg(long, env = "SPINDLE_WRITE_BATCH_ROWS", default_value_t = 4000)]
+    pub write_batch_rows: usize,
+    /// Connections to the JobDB.
+    #[arg(long, env = "SPINDLE_DB_CONNECTIONS", default_value_t = 8)]
+    pub db_connections: u32,
+    /// Largest payload of one job, in bytes.
+    #[arg(long, env = "SPINDLE_MAX_PAYLOAD_BYTES", default_value_t = 1024 * 1024)]
+    pub max_payload_bytes: usize,
+    /// Largest request body, in bytes.
+    #[arg(long, env = "SPINDLE_MAX_REQUEST_BYTES", default_value_t = 32 * 1024 * 1024)]
+    pub max_request_bytes: usize,
+    /// Time to live of jobs that give neither `expire_at` nor `ttl_ms`, in ms.
+    #[arg(long, env = "SPINDLE_DEFAULT_TTL_MS", default_value_t = 4 * 3600 * 1000)]
+    pub default_ttl_ms: u64,
+    /// Most bytes of a response body read.
+    #[arg(long, env = "SPINDLE_MAX_RESPONSE_BYTES", default_value_t = 64 * 1024)]
+    pub max_response_bytes: usize,
+}
+
+impl DirectorArgs {
+    /// The validated Director configuration these options describe.
+    pub fn to_config(&self) -> anyhow::Result<DirectorConfig> {
+        let jobdb = self.jobdb.parse().context("--jobdb")?;
+        anyhow::ensure!(self.max_in_flight > 0, "--max-in-flight must be at least 1");
+        anyhow::ensure!(
+            self.endpoint_concurrency > 0,
+            "--endpoint-concurrency must be at least 1"
+        );
+        anyhow::ensure!(
+            self.write_batch_rows > 0,
+            "--write-batch-rows must be at least 1"
+        );
+        anyhow::ensure!(
+            self.db_connections >= 2,
+            "--db-connections must be at least 2"
+        );
+        let mut config = DirectorConfig::new(self.listen, jobdb);
+        config.create_database = !self.no_create_database;
+        config.db_max_connections = self.db_connections;
+        config.scheduler.max_in_flight = self.max_in_flight;
+        config.scheduler.per_endpoint = self.endpoint_concurrency;
+        config.scheduler.backoff_cap = Duration::from_millis(self.backoff_cap_ms);
+        config.scheduler.shutdown_grace = Duration::from_millis(self.shutdown_grace_ms);
+        config.writer.max_rows = self.write_batch_rows;
+        config.intake.max_payload_bytes = self.max_payload_bytes;
+        config.intake.max_request_bytes = self.max_request_bytes;
+        config.intake.default_ttl = Duration::from_millis(self.default_ttl_ms);
+        config.delivery.max_response_bytes = self.max_response_bytes;
+        Ok(config)
+    }
+}
+
+/// Options of `spindle sink`.
+#[derive(Debug, Args)]
+pub struct SinkArgs {
+    /// Listen address.
+    #[arg(long, env = "SPINDLE_SINK_LISTEN", default_value = "127.0.0.1:9090")]
+    pub listen: SocketAddr,
+}
+
+/// Runs a parsed command line.
+pub async fn run(cli: Cli) -> anyhow::Result<()> {
+    tracing_subscriber::fmt()
+        .with_env_filter(EnvFilter::try_new(&cli.log).context("--log")?)
+        .with_writer(std::io::stderr)
+        .init();
+    match cli.command {
+        Command::Director(args) => {
+            director::run_until_signal(args.to_config()?).await?;
+        }
+        Command::Demo(args) => crate::demo::run(args).await?,
+        Command::Bench(args) => crate::bench::run(args).await?,
+        Command::Sink(args) => {
+            let sink = crate::sink::Sink::start(args.listen).await?;
+            println!("sink listening on http://{}", sink.addr());
+            crate::shutdown_signal().await;
+            sink.stop().await;
+        }
+    }
+    Ok(())
+}

@@ -1,0 +1,190 @@
+//! Delivery: the HTTP client, one attempt of one job, and what its result means.
+//!
+//! No SQL and no scheduling here. [`Deliverer::attempt`] sends a job once (redirects are never
+//! followed), reads at most a bounded prefix of the answer, and returns a typed
+//! [`classify::Verdict`] plus what goes on the transition row. When to retry is
+//! [`backoff::delay`], a pure function.
+
+pub mod backoff;
+pub mod classify;
+
+use std::time::{Duration, Instant};
+
+use bytes::{Bytes, BytesMut};
+use chrono::Utc;
+use reqwest::header::RETRY_AFTER;
+
+use crate::job::{AttemptRecord, Job};
+use classify::{classify_status, parse_retry_after, Verdict};
+
+/// Header carrying the job id on every delivery, so receivers can deduplicate.
+pub const JOB_ID_HEADER: &str = "spindle-job-id";
+/// Header carrying the 1-based attempt number on every delivery.
+pub const ATTEMPT_HEADER: &str = "spindle-attempt";
+
+/// Settings of the delivery client.
+#[derive(Clone, Debug)]
+pub struct DeliveryConfig {
+    /// The most of a response body read (the rest is dropped with the connection).
+    pub max_response_bytes: usize,
+    /// The most of a failed response recorded on its transition.
+    pub max_error_response_bytes: usize,
+    /// Longest wait for a TCP (and TLS) connection, within the job's own timeout.
+    pub connect_timeout: Duration,
+}
+
+impl Default for DeliveryConfig {
+    fn default() -> Self {
+        DeliveryConfig {
+            max_response_bytes: 64 * 1024,
+            max_error_response_bytes: 4 * 1024,
+            connect_timeout: Duration::from_secs(10),
+        }
+    }
+}
+
+/// The result of one attempt: what to do next, and what to record.
+#[derive(Clone, Debug)]
+pub struct AttemptResult {
+    /// Succeeded, discard, or retry.
+    pub verdict: Verdict,
+    /// Status, error text and duration for the transition row.
+    pub record: AttemptRecord,
+}
+
+/// Sends jobs over HTTP with one shared connection pool.
+#[derive(Clone, Debug)]
+pub struct Deliverer {
+    client: reqwest::Client,
+    config: DeliveryConfig,
+}
+
+impl Deliverer {
+    /// Builds the client: rustls, no redirects, no proxy from the environment.
+    pub fn new(config: DeliveryConfig) -> Result<Self, reqwest::Error> {
+        let client = reqwest::Client::builder()
+            .redirect(reqwest::redirect::Policy::none())
+            .user_agent(concat!("spindle/", env!("CARGO_PKG_VERSION")))
+            .pool_max_idle_per_host(1024)
+            .pool_idle_timeout(Duration::from_secs(60))
+            .connect_timeout(config.connect_timeout)
+            .tcp_nodelay(true)
+            .no_proxy()
+            .build()?;
+        Ok(Deliverer { client, config })
+    }
+
+    /// Makes attempt number `attempt` (1-based) of `job`.
+    pub async fn attempt(&self, job: &Job, attempt: u16) -> AttemptResult {
+        let started = Instant::now();
+        let method =
+            reqwest::Method::from_bytes(job.method.as_bytes()).unwrap_or(reqwest::Method::POST);
+        let mut request = self
+            .client
+            .request(method, &*job.endpoint)
+            .timeout(job.execution_timeout)
+            .body(job.payload.clone());
+        for (name, value) in &job.headers {
+            request = request.header(name, value);
+        }
+        request = request
+            .header(JOB_ID_HEADER, job.id.to_string())
+            .header(ATTEMPT_HEADER, attempt);
+
+        let result = async {
+            let response = request.send().await?;
+            let status = response.status().as_u16();
+            let retry_after = response
+                .headers()
+                .get(RETRY_AFTER)
+                .and_then(|v| v.to_str().ok())
+                .and_then(|v| parse_retry_after(v, Utc::now()));
+            let body = self.read_capped(response).await;
+            Ok::<_, reqwest::Error>((status, retry_after, body))
+        }
+        .await;
+        let duration = Some(started.elapsed());
+
+        match result {
+            Ok((status, retry_after, body)) => {
+                let verdict = classify_status(status, retry_after);
+                let error_response = match verdict {
+                    Verdict::Succeeded => None,
+                    _ => Some(truncate(body, self.config.max_error_response_bytes)),
+                };
+                AttemptResult {
+                    record: AttemptRecord {
+                        error_type: error_type_of(&verdict).map(str::to_owned),
+                        error_response,
+                        response_status: Some(status),
+                        duration,
+                    },
+                    verdict,
+                }
+            }
+            Err(err) => {
+                let error_type = if err.is_timeout() {
+                    "timeout"
+                } else if err.is_connect() {
+                    "connect"
+                } else {
+                    "request"
+                };
+                let text = error_chain(&err);
+                AttemptResult {
+                    verdict: Verdict::Retry {
+                        error_type,
+                        retry_after: None,
+                    },
+                    record: AttemptRecord {
+                        error_type: Some(error_type.to_owned()),
+                        error_response: Some(truncate(
+                            Bytes::from(text),
+                            self.config.max_error_response_bytes,
+                        )),
+                        response_status: None,
+                        duration,
+                    },
+                }
+            }
+        }
+    }
+
+    /// Reads up to `max_response_bytes` of the body. A body that fails midway, or that is
+    /// longer than the cap, yields what was read: the status already decided the outcome.
+    async fn read_capped(&self, mut response: reqwest::Response) -> Bytes {
+        let mut body = BytesMut::new();
+        while body.len() < self.config.max_response_bytes {
+            match response.chunk().await {
+                Ok(Some(chunk)) => body.extend_from_slice(&chunk),
+                Ok(None) | Err(_) => break,
+            }
+        }
+        body.truncate(self.config.max_response_bytes);
+        body.freeze()
+    }
+}
+
+fn error_type_of(verdict: &Verdict) -> Option<&'static str> {
+    match verdict {
+        Verdict::Succeeded => None,
+        Verdict::Discard { error_type } | Verdict::Retry { error_type, .. } => Some(error_type),
+    }
+}
+
+fn truncate(mut bytes: Bytes, max: usize) -> Bytes {
+    bytes.truncate(max);
+    bytes
+}
+
+/// The error and its sources on one line, for the transition row.
+fn error_chain(err: &dyn std::error::Error) -> String {
+    let mut text = err.to_string();
+    let mut source = err.source();
+    while let Some(cause) = source {
+        text.push_str(": ");
+        text.push_str(&cause.to_string());
+        source = cause.source();
+    }
+    text
+}

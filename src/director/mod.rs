@@ -1,0 +1,377 @@
+//! The Director: owns one JobDB, accepts jobs over RPC, delivers them, records every transition.
+//!
+//! Start-up, in order: open the JobDB (create and migrate it if needed, refuse a schema this
+//! binary does not know), take its lock (MySQL `GET_LOCK` until the Consul registry lands),
+//! bump the fencing token, recover every unfinished job, then serve RPC.
+//!
+//! Running, three tasks cooperate through channels: RPC handlers and the scheduler send work to
+//! the [`writer`] (the only JobDB writer, group commit), which hands durable jobs to the
+//! [`scheduler`] (cache, virtual queues, timers), which starts deliveries.
+//!
+//! Shutdown (SIGTERM, or lock loss): stop intake, let RPC requests in progress finish, stop
+//! starting attempts and wait for those in flight (bounded), flush their transitions, release
+//! the lock. A lost lock does the same but every write is refused, and the Director exits
+//! with an error so its supervisor can restart it.
+
+pub mod scheduler;
+pub mod writer;
+
+use std::net::SocketAddr;
+use std::sync::atomic::AtomicBool;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use chrono::Utc;
+use tokio::net::TcpListener;
+use tokio::sync::{mpsc, oneshot};
+use tokio::task::JoinHandle;
+use tokio_util::sync::CancellationToken;
+
+use crate::delivery::{Deliverer, DeliveryConfig};
+use crate::job::{AttemptRecord, State, Transition};
+use crate::jobdb::lock::ServerLock;
+use crate::jobdb::{JobDb, JobDbError, JobDbUrl};
+use crate::metrics::Metrics;
+use crate::rpc::{self, api::IntakeLimits, RpcState};
+use scheduler::{Recovered, Scheduler, SchedulerLimits};
+use writer::{WriteOp, Writer, WriterLimits};
+
+/// Everything a Director needs to run, validated.
+#[derive(Clone, Debug)]
+pub struct DirectorConfig {
+    /// RPC listen address (port 0 picks a free one).
+    pub listen: SocketAddr,
+    /// The JobDB this Director owns.
+    pub jobdb: JobDbUrl,
+    /// Create the database if it does not exist.
+    pub create_database: bool,
+    /// Name recorded as the JobDB's holder (host and pid by default).
+    pub holder: String,
+    /// Connections to the JobDB.
+    pub db_max_connections: u32,
+    /// How often the JobDB lock is confirmed.
+    pub lock_check_interval: Duration,
+    /// Delivery concurrency and backoff bounds.
+    pub scheduler: SchedulerLimits,
+    /// Group commit bounds.
+    pub writer: WriterLimits,
+    /// HTTP client settings.
+    pub delivery: DeliveryConfig,
+    /// Limits and defaults of submitted jobs.
+    pub intake: IntakeLimits,
+}
+
+impl DirectorConfig {
+    /// Defaults for a Director on `jobdb`, listening on `listen`.
+    pub fn new(listen: SocketAddr, jobdb: JobDbUrl) -> Self {
+        DirectorConfig {
+            listen,
+            jobdb,
+            create_database: true,
+            holder: default_holder(),
+            db_max_connections: 8,
+            lock_check_interval: Duration::from_secs(1),
+            scheduler: SchedulerLimits {
+                max_in_flight: 1024,
+                per_endpoint: 64,
+                start_batch: 1024,
+                backoff_cap: Duration::from_secs(3600),
+                shutdown_grace: Duration::from_secs(30),
+            },
+            writer: WriterLimits {
+                max_rows: 4000,
+                max_bytes: 8 * 1024 * 1024,
+            },
+            delivery: DeliveryConfig::default(),
+            intake: IntakeLimits::default(),
+        }
+    }
+}
+
+/// `host:pid`, naming this process in the JobDB's owner row.
+pub fn default_holder() -> String {
+    let host = std::fs::read_to_string("/proc/sys/kernel/hostname")
+        .map(|h| h.trim().to_owned())
+        .unwrap_or_else(|_| "unknown".to_owned());
+    format!("{host}:{}", std::process::id())
+}
+
+/// Why a Director could not start or stopped abnormally.
+#[derive(Debug, thiserror::Error)]
+pub enum DirectorError {
+    /// The JobDB failed (connect, schema, lock, fence).
+    #[error(transparent)]
+    JobDb(#[from] JobDbError),
+    /// The RPC address could not be bound.
+    #[error("cannot listen on {addr}")]
+    Bind {
+        /// The address.
+        addr: SocketAddr,
+        /// Why.
+        #[source]
+        source: std::io::Error,
+    },
+    /// The HTTP client could not be built.
+    #[error("cannot build the http client")]
+    Client(#[from] reqwest::Error),
+    /// Ownership of the JobDB was lost while running.
+    #[error("lost ownership of jobdb {0}")]
+    LockLost(String),
+    /// A task panicked.
+    #[error("a director task failed")]
+    Task(#[from] tokio::task::JoinError),
+}
+
+/// A running Director.
+pub struct Director {
+    addr: SocketAddr,
+    stopping: CancellationToken,
+    task: JoinHandle<Result<(), DirectorError>>,
+}
+
+impl Director {
+    /// The RPC address actually bound.
+    pub fn addr(&self) -> SocketAddr {
+        self.addr
+    }
+
+    /// Asks the Director to stop (as SIGTERM does); [`Director::wait`] returns when it has.
+    pub fn shutdown(&self) {
+        self.stopping.cancel();
+    }
+
+    /// Waits until the Director has stopped.
+    pub async fn wait(self) -> Result<(), DirectorError> {
+        self.task.await?
+    }
+}
+
+/// Starts a Director; returns once it serves RPC.
+pub async fn start(config: DirectorConfig) -> Result<Director, DirectorError> {
+    let db = JobDb::open(
+        &config.jobdb,
+        config.create_database,
+        config.db_max_connections,
+    )
+    .await?;
+    let lock = ServerLock::try_acquire(&config.jobdb).await?;
+    let token = db.take_ownership(&config.holder).await?;
+    let next_id = db.max_transition_id().await? + 1;
+    let unfinished = db.load_unfinished().await?;
+    tracing::info!(
+        jobdb = db.name(),
+        fencing_token = token,
+        unfinished = unfinished.len(),
+        "jobdb owned"
+    );
+
+    let listener =
+        TcpListener::bind(config.listen)
+            .await
+            .map_err(|source| DirectorError::Bind {
+                addr: config.listen,
+                source,
+            })?;
+    let addr = listener
+        .local_addr()
+        .map_err(|source| DirectorError::Bind {
+            addr: config.listen,
+            source,
+        })?;
+
+    let metrics = Arc::new(Metrics::default());
+    let stopping = CancellationToken::new();
+    let lock_lost = CancellationToken::new();
+    let (writer_tx, writer_rx) = mpsc::channel(1024);
+    let (events_tx, events_rx) = mpsc::unbounded_channel();
+
+    let writer_task = tokio::spawn(
+        Writer {
+            db: db.clone(),
+            token,
+            next_id,
+            limits: config.writer,
+            rx: writer_rx,
+            scheduler: events_tx.clone(),
+            metrics: metrics.clone(),
+            lock_lost: lock_lost.clone(),
+        }
+        .run(),
+    );
+
+    let recovered = recover(unfinished, &writer_tx).await?;
+    let mut scheduler = Scheduler::new(
+        config.scheduler,
+        writer_tx.clone(),
+        Deliverer::new(config.delivery.clone())?,
+        events_tx,
+        events_rx,
+        metrics.clone(),
+    );
+    scheduler.recover(recovered);
+    let scheduler_stop = CancellationToken::new();
+    let scheduler_task = tokio::spawn(scheduler.run(scheduler_stop.clone()));
+
+    let monitor_stop = CancellationToken::new();
+    let monitor_task = tokio::spawn(watch_lock(
+        lock,
+        config.lock_check_interval,
+        lock_lost.clone(),
+        monitor_stop.clone(),
+    ));
+
+    let state = RpcState {
+        writer: writer_tx,
+        db: db.clone(),
+        metrics,
+        limits: Arc::new(config.intake.clone()),
+        stopping: stopping.clone(),
+        ready: Arc::new(AtomicBool::new(true)),
+        ids: Arc::new(Mutex::new(ulid::Generator::new())),
+    };
+    let stop_serving = {
+        let (stopping, lock_lost) = (stopping.clone(), lock_lost.clone());
+        async move {
+            tokio::select! {
+                _ = stopping.cancelled() => {}
+                _ = lock_lost.cancelled() => {}
+            }
+        }
+    };
+    let server = tokio::spawn(std::future::IntoFuture::into_future(
+        axum::serve(listener, rpc::router(state)).with_graceful_shutdown(stop_serving),
+    ));
+    tracing::info!(%addr, jobdb = db.name(), "director serving");
+
+    let task = {
+        let stopping = stopping.clone();
+        tokio::spawn(async move {
+            tokio::select! {
+                _ = stopping.cancelled() => {}
+                _ = lock_lost.cancelled() => {}
+            }
+            stopping.cancel();
+            tracing::info!("director stopping: intake closed");
+            if let Err(e) = server.await? {
+                tracing::warn!(error = %e, "rpc server ended with an error");
+            }
+            scheduler_stop.cancel();
+            scheduler_task.await?;
+            // Every sender is gone now, so the writer drains what is queued and ends.
+            writer_task.await?;
+            monitor_stop.cancel();
+            if let Some(lock) = monitor_task.await? {
+                if let Err(e) = lock.release().await {
+                    tracing::warn!(error = %e, "releasing the jobdb lock failed; it ends with the connection");
+                }
+            }
+            db.close().await;
+            if lock_lost.is_cancelled() {
+                return Err(DirectorError::LockLost(db.name().to_owned()));
+            }
+            tracing::info!("director stopped");
+            Ok(())
+        })
+    };
+    Ok(Director {
+        addr,
+        stopping,
+        task,
+    })
+}
+
+/// Turns the JobDB's unfinished jobs into scheduler entries. An attempt that was in flight
+/// when the previous owner stopped has an unknown outcome: it is recorded as interrupted and
+/// retried at once (the endpoint may see it twice; receivers deduplicate on `spindle-job-id`).
+async fn recover(
+    unfinished: Vec<(crate::job::Job, crate::job::Progress)>,
+    writer: &mpsc::Sender<WriteOp>,
+) -> Result<Vec<Recovered>, DirectorError> {
+    let now = Utc::now();
+    let mut interrupted = Vec::new();
+    let mut recovered = Vec::with_capacity(unfinished.len());
+    let mut archiving = 0usize;
+    for (job, progress) in unfinished {
+        let retry_at = match progress.state {
+            State::AwaitingScheduling => None,
+            State::AwaitingRetry => progress.retry_at,
+            State::Executing => {
+                interrupted.push(Transition::awaiting_retry(
+                    job.id,
+                    progress.attempts,
+                    now,
+                    now,
+                    AttemptRecord {
+                        error_type: Some("interrupted".to_owned()),
+                        ..AttemptRecord::default()
+                    },
+                ));
+                None
+            }
+            // Left for the archive; terminal states are never loaded.
+            _ => {
+                archiving += 1;
+                continue;
+            }
+        };
+        recovered.push(Recovered {
+            job: Arc::new(job),
+            attempts: progress.attempts,
+            retry_at,
+        });
+    }
+    tracing::info!(
+        recovered = recovered.len(),
+        interrupted = interrupted.len(),
+        archiving,
+        "recovery loaded unfinished jobs"
+    );
+    if !interrupted.is_empty() {
+        let (done, committed) = oneshot::channel();
+        let sent = writer
+            .send(WriteOp::Transitions {
+                rows: interrupted,
+                done: Some(done),
+            })
+            .await;
+        let ok = sent.is_ok() && matches!(committed.await, Ok(Ok(())));
+        if !ok {
+            return Err(DirectorError::LockLost(
+                "recovery could not record interrupted attempts".into(),
+            ));
+        }
+    }
+    Ok(recovered)
+}
+
+/// Confirms the JobDB lock every `every`; on failure, signals `lost` (every write stops).
+/// Returns the lock when asked to stop, so it can be released.
+async fn watch_lock(
+    mut lock: ServerLock,
+    every: Duration,
+    lost: CancellationToken,
+    stop: CancellationToken,
+) -> Option<ServerLock> {
+    loop {
+        tokio::select! {
+            _ = stop.cancelled() => return Some(lock),
+            _ = tokio::time::sleep(every) => {}
+        }
+        if let Err(e) = lock.check(every).await {
+            tracing::error!(error = %e, "jobdb lock lost: stopping all writes");
+            lost.cancel();
+            return None;
+        }
+    }
+}
+
+/// Runs a Director until SIGINT or SIGTERM, then stops it cleanly.
+pub async fn run_until_signal(config: DirectorConfig) -> Result<(), DirectorError> {
+    let director = start(config).await?;
+    let stopper = director.stopping.clone();
+    tokio::spawn(async move {
+        crate::shutdown_signal().await;
+        stopper.cancel();
+    });
+    director.wait().await
+}

@@ -1,0 +1,373 @@
+//! The domain of a job: ids, states, retry policy, jobs and their state transitions.
+//!
+//! Nothing here does I/O. The legal state changes have constructors on [`Transition`], so the
+//! rest of the crate cannot write an illegal one (River's lesson).
+
+use std::fmt;
+use std::str::FromStr;
+use std::sync::Arc;
+use std::time::Duration;
+
+use bytes::Bytes;
+use chrono::{DateTime, Utc};
+use ulid::Ulid;
+
+/// A job id: a ULID, sortable by creation time and unique, stored as `BINARY(16)`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct JobId(pub Ulid);
+
+impl JobId {
+    /// The 16 big-endian bytes stored in the JobDB.
+    pub fn to_bytes(self) -> [u8; 16] {
+        self.0.to_bytes()
+    }
+
+    /// Rebuilds an id from the 16 bytes stored in the JobDB.
+    pub fn from_bytes(bytes: [u8; 16]) -> Self {
+        JobId(Ulid::from_bytes(bytes))
+    }
+
+    /// The id as 32 upper-case hex digits: what `HEX(id)` prints in `mysql`.
+    pub fn to_hex(self) -> String {
+        format!("{:032X}", u128::from(self.0))
+    }
+}
+
+impl fmt::Display for JobId {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        self.0.fmt(f)
+    }
+}
+
+/// Error for an id that is neither a ULID nor 32 hex digits.
+#[derive(Debug, thiserror::Error)]
+#[error("not a job id: expected a 26-character ULID or 32 hex digits")]
+pub struct InvalidJobId;
+
+impl FromStr for JobId {
+    type Err = InvalidJobId;
+
+    /// Accepts the ULID text form and the `HEX(id)` form operators copy out of `mysql`.
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        if s.len() == 32 {
+            return u128::from_str_radix(s, 16)
+                .map(|v| JobId(Ulid::from(v)))
+                .map_err(|_| InvalidJobId);
+        }
+        Ulid::from_string(s).map(JobId).map_err(|_| InvalidJobId)
+    }
+}
+
+/// The states of the job state machine, spelled as in the JobDB enum.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum State {
+    /// Persisted, first attempt not yet started.
+    AwaitingScheduling,
+    /// An attempt is in flight.
+    Executing,
+    /// Terminal: the endpoint answered 2xx.
+    Succeeded,
+    /// Terminal: the endpoint answered a permanent failure.
+    Discarded,
+    /// The last attempt failed and another is scheduled at `retry_at`.
+    AwaitingRetry,
+    /// Expired before it could be delivered; waiting to be archived.
+    Archiving,
+    /// Terminal: stored in the archive.
+    Archived,
+}
+
+impl State {
+    /// Every state, in the order of the JobDB enum.
+    pub const ALL: [State; 7] = [
+        State::AwaitingScheduling,
+        State::Executing,
+        State::Succeeded,
+        State::Discarded,
+        State::AwaitingRetry,
+        State::Archiving,
+        State::Archived,
+    ];
+
+    /// The spelling used in the JobDB and the API.
+    pub const fn as_str(self) -> &'static str {
+        match self {
+            State::AwaitingScheduling => "awaiting-scheduling",
+            State::Executing => "executing",
+            State::Succeeded => "succeeded",
+            State::Discarded => "discarded",
+            State::AwaitingRetry => "awaiting-retry",
+            State::Archiving => "archiving",
+            State::Archived => "archived",
+        }
+    }
+
+    /// Whether nothing more will ever happen to a job in this state.
+    pub const fn is_terminal(self) -> bool {
+        matches!(self, State::Succeeded | State::Discarded | State::Archived)
+    }
+
+    /// Whether `next` may follow `self` in a job's history.
+    pub fn may_precede(self, next: State) -> bool {
+        use State::*;
+        matches!(
+            (self, next),
+            (AwaitingScheduling, Executing | Archiving)
+                | (Executing, Succeeded | Discarded | AwaitingRetry)
+                | (AwaitingRetry, Executing | Archiving)
+                | (Archiving, Archived)
+        )
+    }
+}
+
+impl fmt::Display for State {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// Error for a state name the JobDB should never hold.
+#[derive(Debug, thiserror::Error)]
+#[error("unknown job state {0:?}")]
+pub struct UnknownState(pub String);
+
+impl FromStr for State {
+    type Err = UnknownState;
+
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        State::ALL
+            .into_iter()
+            .find(|state| state.as_str() == s)
+            .ok_or_else(|| UnknownState(s.to_owned()))
+    }
+}
+
+/// A job's own retry policy: `min_delay × coefficient^(attempt−1)`, jittered and capped.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct RetryPolicy {
+    /// Delay before the second attempt.
+    pub min_delay: Duration,
+    /// Growth factor of the delay per further attempt (≥ 1).
+    pub coefficient: f64,
+}
+
+/// A job: what to send where, how long to wait per attempt, how to back off, when to give up.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Job {
+    /// Unique, time-sortable id.
+    pub id: JobId,
+    /// The isolation key: a tenant, or a source–destination pair.
+    pub bucket: Arc<str>,
+    /// The URL the payload is sent to.
+    pub endpoint: Arc<str>,
+    /// HTTP method, upper case.
+    pub method: Arc<str>,
+    /// Request headers, in the order given (content-type included).
+    pub headers: Vec<(String, String)>,
+    /// The request body.
+    pub payload: Bytes,
+    /// Deadline of one attempt, including reading the response.
+    pub execution_timeout: Duration,
+    /// How retries are spaced.
+    pub retry: RetryPolicy,
+    /// When the job was accepted.
+    pub created_at: DateTime<Utc>,
+    /// When the job stops being retried and goes to the archive.
+    pub expire_at: DateTime<Utc>,
+    /// The producer's idempotency key, if any.
+    pub idempotency_key: Option<String>,
+}
+
+impl Job {
+    /// The delivery queue this job belongs to: the endpoint without query or fragment.
+    pub fn endpoint_key(&self) -> &str {
+        let end = self
+            .endpoint
+            .find(['?', '#'])
+            .unwrap_or(self.endpoint.len());
+        &self.endpoint[..end]
+    }
+}
+
+/// One appended row of `job_state_transitions`. Build it with the constructors.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Transition {
+    /// The job this row belongs to.
+    pub job_id: JobId,
+    /// The state entered.
+    pub state: State,
+    /// Attempts started so far (0 before the first).
+    pub attempts: u16,
+    /// When the state was entered.
+    pub time: DateTime<Utc>,
+    /// When the next attempt is due (awaiting-retry only).
+    pub retry_at: Option<DateTime<Utc>>,
+    /// The kind of failure that led here, if any.
+    pub error_type: Option<String>,
+    /// The start of the endpoint's answer (or the client error text), truncated.
+    pub error_response: Option<Bytes>,
+    /// How `error_response` is encoded (`utf-8` or `binary`).
+    pub error_response_encoding: Option<&'static str>,
+    /// HTTP status of the attempt, when the endpoint answered.
+    pub response_status: Option<u16>,
+    /// Duration of the attempt in milliseconds.
+    pub duration_ms: Option<u32>,
+}
+
+/// What an attempt's outcome contributes to its transition row.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct AttemptRecord {
+    /// The kind of failure, if it failed.
+    pub error_type: Option<String>,
+    /// The start of the answer or the client error.
+    pub error_response: Option<Bytes>,
+    /// HTTP status, when the endpoint answered.
+    pub response_status: Option<u16>,
+    /// How long the attempt took.
+    pub duration: Option<Duration>,
+}
+
+impl Transition {
+    fn bare(job_id: JobId, state: State, attempts: u16, time: DateTime<Utc>) -> Self {
+        Transition {
+            job_id,
+            state,
+            attempts,
+            time,
+            retry_at: None,
+            error_type: None,
+            error_response: None,
+            error_response_encoding: None,
+            response_status: None,
+            duration_ms: None,
+        }
+    }
+
+    fn with_attempt(mut self, record: AttemptRecord) -> Self {
+        self.error_response_encoding = record.error_response.as_ref().map(|body| {
+            if std::str::from_utf8(body).is_ok() {
+                "utf-8"
+            } else {
+                "binary"
+            }
+        });
+        self.error_type = record.error_type;
+        self.error_response = record.error_response;
+        self.response_status = record.response_status;
+        self.duration_ms = record
+            .duration
+            .map(|d| u32::try_from(d.as_millis()).unwrap_or(u32::MAX));
+        self
+    }
+
+    /// The first row of every job: accepted, not yet attempted.
+    pub fn awaiting_scheduling(job: &Job) -> Self {
+        Self::bare(job.id, State::AwaitingScheduling, 0, job.created_at)
+    }
+
+    /// Attempt number `attempt` (1-based) starts.
+    pub fn executing(job_id: JobId, attempt: u16, now: DateTime<Utc>) -> Self {
+        Self::bare(job_id, State::Executing, attempt, now)
+    }
+
+    /// Attempt `attempt` succeeded.
+    pub fn succeeded(job_id: JobId, attempt: u16, now: DateTime<Utc>, rec: AttemptRecord) -> Self {
+        Self::bare(job_id, State::Succeeded, attempt, now).with_attempt(rec)
+    }
+
+    /// Attempt `attempt` failed permanently.
+    pub fn discarded(job_id: JobId, attempt: u16, now: DateTime<Utc>, rec: AttemptRecord) -> Self {
+        Self::bare(job_id, State::Discarded, attempt, now).with_attempt(rec)
+    }
+
+    /// Attempt `attempt` failed; the next is due at `retry_at`.
+    pub fn awaiting_retry(
+        job_id: JobId,
+        attempt: u16,
+        now: DateTime<Utc>,
+        retry_at: DateTime<Utc>,
+        rec: AttemptRecord,
+    ) -> Self {
+        let mut t = Self::bare(job_id, State::AwaitingRetry, attempt, now).with_attempt(rec);
+        t.retry_at = Some(retry_at);
+        t
+    }
+
+    /// The job expired before being delivered; it waits for the archive.
+    pub fn archiving(job_id: JobId, attempts: u16, now: DateTime<Utc>) -> Self {
+        let mut t = Self::bare(job_id, State::Archiving, attempts, now);
+        t.error_type = Some("expired".to_owned());
+        t
+    }
+}
+
+/// A job's latest known position, as read back from the JobDB on recovery.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Progress {
+    /// Its last state.
+    pub state: State,
+    /// Attempts started so far.
+    pub attempts: u16,
+    /// When the next attempt is due, for awaiting-retry.
+    pub retry_at: Option<DateTime<Utc>>,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn job_id_parses_ulid_and_hex_forms() {
+        let id = JobId(Ulid::new());
+        assert_eq!(id.to_string().parse::<JobId>().unwrap(), id);
+        assert_eq!(id.to_hex().parse::<JobId>().unwrap(), id);
+        assert_eq!(id.to_hex().to_lowercase().parse::<JobId>().unwrap(), id);
+        assert_eq!(JobId::from_bytes(id.to_bytes()), id);
+        assert!("nope".parse::<JobId>().is_err());
+        assert!("Z".repeat(32).parse::<JobId>().is_err());
+    }
+
+    #[test]
+    fn states_round_trip_and_classify() {
+        for state in State::ALL {
+            assert_eq!(state.as_str().parse::<State>().unwrap(), state);
+        }
+        let terminal: Vec<_> = State::ALL.into_iter().filter(|s| s.is_terminal()).collect();
+        assert_eq!(
+            terminal,
+            vec![State::Succeeded, State::Discarded, State::Archived]
+        );
+        assert!(State::Executing.may_precede(State::AwaitingRetry));
+        assert!(!State::Succeeded.may_precede(State::Executing));
+        assert!(!State::AwaitingScheduling.may_precede(State::Succeeded));
+    }
+
+    #[test]
+    fn endpoint_key_drops_query_and_fragment() {
+        let mut job = sample();
+        job.endpoint = "http://h/p?x=1#f".into();
+        assert_eq!(job.endpoint_key(), "http://h/p");
+        job.endpoint = "http://h/p".into();
+        assert_eq!(job.endpoint_key(), "http://h/p");
+    }
+
+    fn sample() -> Job {
+        Job {
+            id: JobId(Ulid::new()),
+            bucket: "b".into(),
+            endpoint: "http://h/".into(),
+            method: "POST".into(),
+            headers: vec![],
+            payload: Bytes::new(),
+            execution_timeout: Duration::from_secs(1),
+            retry: RetryPolicy {
+                min_delay: Duration::from_secs(1),
+                coefficient: 2.0,
+            },
+            created_at: Utc::now(),
+            expire_at: Utc::now(),
+            idempotency_key: None,
+        }
+    }
+}

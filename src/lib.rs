@@ -1,0 +1,54 @@
+//! spindle: a database-as-a-queue HTTP delivery engine, after Segment's Centrifuge.
+//!
+//! Producers submit jobs ("send this payload to this endpoint") over RPC; a Director appends
+//! them to the MySQL JobDB it owns, delivers them over HTTP with per-job exponential backoff,
+//! and records every state change in an append-only transition log that operators read with SQL.
+//!
+//! # Layout
+//! - [`job`]: the domain: ids, states, retry policy, jobs and legal transitions. No I/O.
+//! - [`jobdb`]: every SQL statement against a JobDB, one function each, and its lock.
+//! - [`delivery`]: the HTTP client, response classification and the backoff formula. No SQL.
+//! - [`director`]: the Director process: start-up, group-commit [`director::writer`],
+//!   [`director::scheduler`] (cache, virtual queues, timers), recovery and shutdown.
+//! - [`rpc`]: the axum routes, request validation, error mapping and OpenAPI document.
+//! - [`metrics`]: Prometheus metrics on an explicit registry.
+//! - [`sink`]: a recording HTTP endpoint for demos, benchmarks and tests.
+//! - [`cli`]: the `spindle` command line (`director`, `demo`, `bench`, `sink`).
+//! - [`bench`] and [`demo`]: the `spindle bench` and `spindle demo` subcommands.
+//!
+//! The `manager/` and `drainer/` crates hold the JobDB manager and drainer binaries.
+
+pub mod bench;
+pub mod cli;
+pub mod delivery;
+pub mod demo;
+pub mod director;
+pub mod job;
+pub mod jobdb;
+pub mod metrics;
+pub mod rpc;
+pub mod sink;
+
+/// Resolves on SIGINT or SIGTERM: how every long-running subcommand learns to stop.
+pub async fn shutdown_signal() {
+    let interrupt = tokio::signal::ctrl_c();
+    #[cfg(unix)]
+    {
+        use tokio::signal::unix::{signal, SignalKind};
+        match signal(SignalKind::terminate()) {
+            Ok(mut term) => {
+                tokio::select! {
+                    _ = interrupt => {}
+                    _ = term.recv() => {}
+                }
+            }
+            Err(_) => {
+                let _ = interrupt.await;
+            }
+        }
+    }
+    #[cfg(not(unix))]
+    {
+        let _ = interrupt.await;
+    }
+}

@@ -1,0 +1,149 @@
+//! Prometheus metrics of a Director, on an explicit registry (no globals).
+
+use std::time::Duration;
+
+use prometheus_client::encoding::text::encode;
+use prometheus_client::encoding::EncodeLabelSet;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::metrics::histogram::{exponential_buckets, Histogram};
+use prometheus_client::registry::Registry;
+
+use crate::delivery::classify::Verdict;
+
+/// Label set naming an attempt's outcome class.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct OutcomeLabels {
+    /// `succeeded`, `discarded` or `retried`.
+    pub outcome: String,
+}
+
+/// Every metric a Director exports.
+pub struct Metrics {
+    registry: Registry,
+    /// Jobs durable in the JobDB and acknowledged.
+    pub jobs_accepted: Counter,
+    /// Attempts by outcome class.
+    pub attempts: Family<OutcomeLabels, Counter>,
+    /// Attempt durations by outcome class.
+    pub attempt_seconds: Family<OutcomeLabels, Histogram>,
+    /// Jobs moved to `archiving` on expiry.
+    pub jobs_expired: Counter,
+    /// Rows per JobDB transaction.
+    pub write_batch_rows: Histogram,
+    /// Duration of JobDB transactions.
+    pub write_seconds: Histogram,
+    /// Transactions rejected by the fence.
+    pub fence_rejections: Counter,
+    /// Jobs in the Director's cache.
+    pub jobs_cached: Gauge,
+    /// Attempts in flight.
+    pub in_flight: Gauge,
+}
+
+fn attempt_histogram() -> Histogram {
+    Histogram::new(exponential_buckets(0.0005, 2.0, 18))
+}
+
+impl Default for Metrics {
+    fn default() -> Self {
+        let mut registry = Registry::with_prefix("spindle");
+        let jobs_accepted = Counter::default();
+        registry.register(
+            "jobs_accepted",
+            "Jobs persisted and acknowledged",
+            jobs_accepted.clone(),
+        );
+        let attempts = Family::<OutcomeLabels, Counter>::default();
+        registry.register("attempts", "Delivery attempts by outcome", attempts.clone());
+        let attempt_seconds = Family::<OutcomeLabels, Histogram>::new_with_constructor(
+            attempt_histogram as fn() -> Histogram,
+        );
+        registry.register(
+            "attempt_duration_seconds",
+            "Delivery attempt duration",
+            attempt_seconds.clone(),
+        );
+        let jobs_expired = Counter::default();
+        registry.register(
+            "jobs_expired",
+            "Jobs that expired undelivered and went to archiving",
+            jobs_expired.clone(),
+        );
+        let write_batch_rows = Histogram::new(exponential_buckets(1.0, 2.0, 14));
+        registry.register(
+            "jobdb_write_batch_rows",
+            "Rows per JobDB transaction",
+            write_batch_rows.clone(),
+        );
+        let write_seconds = Histogram::new(exponential_buckets(0.0005, 2.0, 14));
+        registry.register(
+            "jobdb_write_duration_seconds",
+            "JobDB transaction duration",
+            write_seconds.clone(),
+        );
+        let fence_rejections = Counter::default();
+        registry.register(
+            "jobdb_fence_rejections",
+            "Transactions rejected by the fencing token",
+            fence_rejections.clone(),
+        );
+        let jobs_cached = Gauge::default();
+        registry.register(
+            "jobs_cached",
+            "Unfinished jobs held in memory",
+            jobs_cached.clone(),
+        );
+        let in_flight = Gauge::default();
+        registry.register(
+            "attempts_in_flight",
+            "Delivery attempts in flight",
+            in_flight.clone(),
+        );
+        Metrics {
+            registry,
+            jobs_accepted,
+            attempts,
+            attempt_seconds,
+            jobs_expired,
+            write_batch_rows,
+            write_seconds,
+            fence_rejections,
+            jobs_cached,
+            in_flight,
+        }
+    }
+}
+
+impl Metrics {
+    /// Records one committed JobDB transaction.
+    pub fn observe_write(&self, rows: usize, took: Duration) {
+        self.write_batch_rows.observe(rows as f64);
+        self.write_seconds.observe(took.as_secs_f64());
+    }
+
+    /// Records one finished attempt.
+    pub fn observe_attempt(&self, verdict: &Verdict, took: Duration) {
+        let outcome = match verdict {
+            Verdict::Succeeded => "succeeded",
+            Verdict::Discard { .. } => "discarded",
+            Verdict::Retry { .. } => "retried",
+        };
+        let labels = OutcomeLabels {
+            outcome: outcome.to_owned(),
+        };
+        self.attempts.get_or_create(&labels).inc();
+        self.attempt_seconds
+            .get_or_create(&labels)
+            .observe(took.as_secs_f64());
+    }
+
+    /// The OpenMetrics text exposition.
+    pub fn render(&self) -> String {
+        let mut out = String::new();
+        // Writing into a String cannot fail.
+        let _ = encode(&mut out, &self.registry);
+        out
+    }
+}

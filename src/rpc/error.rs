@@ -1,0 +1,98 @@
+//! The one error type of the HTTP layer and its mapping to status codes and JSON bodies.
+//! Internal error text is logged, never returned.
+
+use axum::http::StatusCode;
+use axum::response::{IntoResponse, Response};
+use axum::Json;
+
+use super::api::{ErrorBody, ErrorDetail, FieldError};
+
+/// An error answered to an RPC client.
+#[derive(Debug, thiserror::Error)]
+pub enum ApiError {
+    /// The body is not JSON, or does not have the request's shape (unknown or missing field).
+    #[error("{message}")]
+    InvalidJson {
+        /// Where in the body.
+        field: Option<String>,
+        /// What is wrong.
+        message: String,
+    },
+    /// A field has a value that is not allowed.
+    #[error("{0:?}")]
+    InvalidField(FieldError),
+    /// The body is larger than allowed.
+    #[error("request body exceeds {limit} bytes")]
+    BodyTooLarge {
+        /// The limit.
+        limit: usize,
+    },
+    /// No such resource.
+    #[error("{0}")]
+    NotFound(String),
+    /// The JobDB cannot take the request now; nothing was stored.
+    #[error("{0}")]
+    Unavailable(String),
+    /// The Director is stopping and takes no new work.
+    #[error("the director is shutting down; submit to another one")]
+    ShuttingDown,
+    /// A bug or an unexpected failure; details are in the log.
+    #[error("internal error")]
+    Internal,
+}
+
+impl From<FieldError> for ApiError {
+    fn from(e: FieldError) -> Self {
+        ApiError::InvalidField(e)
+    }
+}
+
+impl IntoResponse for ApiError {
+    fn into_response(self) -> Response {
+        let (status, code, message, field) = match self {
+            ApiError::InvalidJson { field, message } => {
+                (StatusCode::BAD_REQUEST, "invalid_json", message, field)
+            }
+            ApiError::InvalidField(e) if e.too_large => (
+                StatusCode::PAYLOAD_TOO_LARGE,
+                "too_large",
+                format!("{} {}", e.field, e.message),
+                Some(e.field),
+            ),
+            ApiError::InvalidField(e) => (
+                StatusCode::UNPROCESSABLE_ENTITY,
+                "invalid_field",
+                format!("{} {}", e.field, e.message),
+                Some(e.field),
+            ),
+            e @ ApiError::BodyTooLarge { .. } => (
+                StatusCode::PAYLOAD_TOO_LARGE,
+                "too_large",
+                e.to_string(),
+                Some("body".to_owned()),
+            ),
+            ApiError::NotFound(m) => (StatusCode::NOT_FOUND, "not_found", m, None),
+            ApiError::Unavailable(m) => (StatusCode::SERVICE_UNAVAILABLE, "unavailable", m, None),
+            e @ ApiError::ShuttingDown => (
+                StatusCode::SERVICE_UNAVAILABLE,
+                "shutting_down",
+                e.to_string(),
+                None,
+            ),
+            e @ ApiError::Internal => (
+                StatusCode::INTERNAL_SERVER_ERROR,
+                "internal",
+                e.to_string(),
+                None,
+            ),
+        };
+        let body = ErrorBody {
+            error: ErrorDetail {
+                code: code.to_owned(),
+                message,
+                field,
+            },
+        };
+        (status, Json(body)).into_response()
+    }
+}

@@ -1,0 +1,242 @@
+//! The RPC server (axum, JSON): submit jobs, trace a job, health, readiness, metrics and the
+//! OpenAPI document. Handlers validate, hand work to the Director's writer and wait for the
+//! commit; they never touch delivery.
+
+pub mod api;
+pub mod error;
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+
+use axum::extract::rejection::BytesRejection;
+use axum::extract::{DefaultBodyLimit, Path, State};
+use axum::http::{header, StatusCode};
+use axum::response::IntoResponse;
+use axum::routing::{get, post};
+use axum::{Json, Router};
+use bytes::Bytes;
+use chrono::Utc;
+use tokio::sync::{mpsc, oneshot};
+use tokio_util::sync::CancellationToken;
+use utoipa::OpenApi;
+
+use crate::director::writer::{WriteOp, WriteRejected};
+use crate::job::JobId;
+use crate::jobdb::JobDb;
+use crate::metrics::Metrics;
+use api::{AcceptedJob, IntakeLimits, JobView, SubmitRequest, SubmitResponse};
+use error::ApiError;
+
+/// What the handlers share.
+#[derive(Clone)]
+pub struct RpcState {
+    /// The Director's writer.
+    pub writer: mpsc::Sender<WriteOp>,
+    /// For reads (job traces).
+    pub db: JobDb,
+    /// Exported at `/metrics`.
+    pub metrics: Arc<Metrics>,
+    /// Intake limits and defaults.
+    pub limits: Arc<IntakeLimits>,
+    /// Cancelled when the Director stops taking work.
+    pub stopping: CancellationToken,
+    /// Set once recovery is done and the JobDB is owned.
+    pub ready: Arc<AtomicBool>,
+    /// Job id generator: monotonic within a millisecond, so ids keep submission order.
+    pub ids: Arc<Mutex<ulid::Generator>>,
+}
+
+impl RpcState {
+    fn next_id(&self) -> JobId {
+        let generated = self
+            .ids
+            .lock()
+            .map(|mut generator| generator.generate())
+            .unwrap_or_else(|poisoned| poisoned.into_inner().generate());
+        // The generator only fails when 2^80 ids were made in one millisecond.
+        JobId(generated.unwrap_or_else(|_| ulid::Ulid::new()))
+    }
+}
+
+/// The OpenAPI document of the RPC API.
+#[derive(OpenApi)]
+#[openapi(
+    info(
+        title = "spindle",
+        description = "Database-as-a-queue HTTP delivery engine: Director RPC API"
+    ),
+    paths(submit_jobs, get_job, healthz, readyz, metrics),
+    components(schemas(
+        api::SubmitRequest,
+        api::JobSpec,
+        api::SubmitResponse,
+        api::AcceptedJob,
+        api::JobView,
+        api::TransitionView,
+        api::ErrorBody,
+        api::ErrorDetail
+    ))
+)]
+pub struct ApiDoc;
+
+/// The routes of a Director.
+pub fn router(state: RpcState) -> Router {
+    let body_limit = state.limits.max_request_bytes;
+    Router::new()
+        .route("/v1/jobs", post(submit_jobs))
+        .route("/v1/jobs/{id}", get(get_job))
+        .route("/healthz", get(healthz))
+        .route("/readyz", get(readyz))
+        .route("/metrics", get(metrics))
+        .route("/openapi.json", get(openapi))
+        .layer(DefaultBodyLimit::max(body_limit))
+        .with_state(state)
+}
+
+/// Submit jobs. The whole batch is persisted in one transaction before the answer.
+#[utoipa::path(
+    post,
+    path = "/v1/jobs",
+    request_body = SubmitRequest,
+    responses(
+        (status = 202, description = "All jobs persisted", body = SubmitResponse),
+        (status = 400, description = "Malformed JSON, or unknown or missing field", body = api::ErrorBody),
+        (status = 413, description = "Body, payload or batch too large", body = api::ErrorBody),
+        (status = 422, description = "A field has an invalid value", body = api::ErrorBody),
+        (status = 503, description = "JobDB unavailable or Director stopping; nothing stored", body = api::ErrorBody)
+    )
+)]
+async fn submit_jobs(
+    State(state): State<RpcState>,
+    body: Result<Bytes, BytesRejection>,
+) -> Result<impl IntoResponse, ApiError> {
+    if state.stopping.is_cancelled() {
+        return Err(ApiError::ShuttingDown);
+    }
+    let body = body.map_err(|rejection| match rejection.status() {
+        StatusCode::PAYLOAD_TOO_LARGE => ApiError::BodyTooLarge {
+            limit: state.limits.max_request_bytes,
+        },
+        _ => ApiError::InvalidJson {
+            field: None,
+            message: rejection.body_text(),
+        },
+    })?;
+    let request: SubmitRequest = parse_json(&body)?;
+    let jobs = api::validate_request(request, &state.limits, Utc::now(), || state.next_id())?;
+
+    let (reply, outcome) = oneshot::channel();
+    state
+        .writer
+        .send(WriteOp::Submit {
+            jobs: jobs.clone(),
+            reply,
+        })
+        .await
+        .map_err(|_| ApiError::ShuttingDown)?;
+    let transaction = match outcome.await {
+        Ok(Ok(transaction)) => transaction,
+        Ok(Err(WriteRejected::Unavailable)) => {
+            return Err(ApiError::Unavailable(
+                "the jobdb is unavailable; nothing was stored".into(),
+            ))
+        }
+        Ok(Err(WriteRejected::LockLost)) | Err(_) => return Err(ApiError::ShuttingDown),
+    };
+    let response = SubmitResponse {
+        transaction_id: transaction.to_string(),
+        jobs: jobs.iter().map(|job| AcceptedJob::from(&**job)).collect(),
+    };
+    Ok((StatusCode::ACCEPTED, Json(response)))
+}
+
+/// Parses a JSON body, naming the path of the first error (`jobs[2].bucket`).
+fn parse_json<T: serde::de::DeserializeOwned>(body: &[u8]) -> Result<T, ApiError> {
+    let mut de = serde_json::Deserializer::from_slice(body);
+    let value = serde_path_to_error::deserialize(&mut de).map_err(|e| {
+        let path = e.path().to_string();
+        ApiError::InvalidJson {
+            field: (path != ".").then_some(path),
+            message: e.inner().to_string(),
+        }
+    })?;
+    de.end().map_err(|e| ApiError::InvalidJson {
+        field: None,
+        message: e.to_string(),
+    })?;
+    Ok(value)
+}
+
+/// A job with its current state and full transition trace.
+#[utoipa::path(
+    get,
+    path = "/v1/jobs/{id}",
+    params(("id" = String, Path, description = "Job id: ULID, or 32 hex digits as HEX(id) prints")),
+    responses(
+        (status = 200, description = "The job and its trace", body = JobView),
+        (status = 400, description = "Not a job id", body = api::ErrorBody),
+        (status = 404, description = "No such job in this Director's JobDB", body = api::ErrorBody)
+    )
+)]
+async fn get_job(
+    State(state): State<RpcState>,
+    Path(id): Path<String>,
+) -> Result<Json<JobView>, ApiError> {
+    let id: JobId = id
+        .parse()
+        .map_err(|e: crate::job::InvalidJobId| ApiError::InvalidJson {
+            field: Some("id".into()),
+            message: e.to_string(),
+        })?;
+    let unavailable = |e: crate::jobdb::JobDbError| {
+        tracing::warn!(error = %e, "job lookup failed");
+        ApiError::Unavailable("the jobdb is unavailable".into())
+    };
+    let job = state
+        .db
+        .get_jobs(&[id])
+        .await
+        .map_err(unavailable)?
+        .pop()
+        .ok_or_else(|| ApiError::NotFound(format!("no job {id} in this director's jobdb")))?;
+    let trace = state.db.get_transitions(id).await.map_err(unavailable)?;
+    Ok(Json(JobView::new(&job, &trace)))
+}
+
+/// Liveness: the process answers.
+#[utoipa::path(get, path = "/healthz", responses((status = 200, description = "Alive")))]
+async fn healthz() -> &'static str {
+    "ok\n"
+}
+
+/// Readiness: the JobDB is owned, recovery is done, and the Director takes jobs.
+#[utoipa::path(get, path = "/readyz", responses((status = 200, description = "Ready"), (status = 503, description = "Not ready")))]
+async fn readyz(State(state): State<RpcState>) -> impl IntoResponse {
+    if state.ready.load(Ordering::Acquire) && !state.stopping.is_cancelled() {
+        (StatusCode::OK, "ready\n")
+    } else {
+        (StatusCode::SERVICE_UNAVAILABLE, "not ready\n")
+    }
+}
+
+/// Prometheus metrics (OpenMetrics text).
+#[utoipa::path(get, path = "/metrics", responses((status = 200, description = "Metrics")))]
+async fn metrics(State(state): State<RpcState>) -> impl IntoResponse {
+    (
+        [(
+            header::CONTENT_TYPE,
+            "application/openmetrics-text; version=1.0.0; charset=utf-8",
+        )],
+        state.metrics.render(),
+    )
+}
+
+async fn openapi() -> impl IntoResponse {
+    match ApiDoc::openapi().to_pretty_json() {
+        Ok(doc) => ([(header::CONTENT_TYPE, "application/json")], doc).into_response(),
+        Err(e) => {
+            tracing::error!(error = %e, "openapi document failed to render");
+            ApiError::Internal.into_response()
+        }
+    }
+}

@@ -1,0 +1,266 @@
+//! A local HTTP endpoint that records what it receives: the receiving side of demos, the
+//! benchmark and the tests (`spindle sink` runs it alone).
+//!
+//! Behaviour is chosen by path, per request:
+//! `/ok` 200 · `/status/{code}` that status · `/fail/{n}` 500 for a job's first n attempts, then
+//! 200 · `/flaky/{percent}` 503 at random · `/hang` never answers · `/slow/{ms}` answers after a
+//! delay · `/retry-after/{secs}` 429 with `Retry-After` on a job's first attempt, then 200 ·
+//! `/redirect/{code}` that 3xx status pointing at `/ok`.
+
+use std::collections::HashMap;
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use axum::extract::{Path, State};
+use axum::http::{HeaderMap, StatusCode};
+use axum::response::{IntoResponse, Response};
+use axum::routing::any;
+use axum::Router;
+use rand::Rng;
+use tokio::net::TcpListener;
+use tokio_util::sync::CancellationToken;
+
+use crate::delivery::{ATTEMPT_HEADER, JOB_ID_HEADER};
+
+/// One request the sink received.
+#[derive(Clone, Debug)]
+pub struct Received {
+    /// The `spindle-job-id` header.
+    pub job_id: String,
+    /// The `spindle-attempt` header.
+    pub attempt: u16,
+    /// The path requested.
+    pub path: String,
+    /// When it arrived.
+    pub at: Instant,
+    /// The status answered (0 for `/hang`).
+    pub status: u16,
+}
+
+#[derive(Default)]
+struct Record {
+    log: Vec<Received>,
+    per_job: HashMap<String, u32>,
+}
+
+#[derive(Default)]
+struct Shared {
+    record: Mutex<Record>,
+    total: AtomicU64,
+}
+
+impl Shared {
+    /// Notes a request and returns how many times this job was seen, this one included.
+    fn note(&self, headers: &HeaderMap, path: &str, status: u16) -> u32 {
+        let job_id = header_str(headers, JOB_ID_HEADER).to_owned();
+        let attempt = header_str(headers, ATTEMPT_HEADER).parse().unwrap_or(0);
+        self.total.fetch_add(1, Ordering::Relaxed);
+        let mut record = self.record.lock().unwrap_or_else(|p| p.into_inner());
+        let seen = record.per_job.entry(job_id.clone()).or_insert(0);
+        *seen += 1;
+        let seen = *seen;
+        record.log.push(Received {
+            job_id,
+            attempt,
+            path: path.to_owned(),
+            at: Instant::now(),
+            status,
+        });
+        seen
+    }
+}
+
+fn header_str<'a>(headers: &'a HeaderMap, name: &str) -> &'a str {
+    headers
+        .get(name)
+        .and_then(|v| v.to_str().ok())
+        .unwrap_or("")
+}
+
+/// A running sink.
+pub struct Sink {
+    addr: SocketAddr,
+    shared: Arc<Shared>,
+    stop: CancellationToken,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl Sink {
+    /// Starts a sink on `addr` (port 0 picks a free one).
+    pub async fn start(addr: SocketAddr) -> std::io::Result<Sink> {
+        let listener = TcpListener::bind(addr).await?;
+        let addr = listener.local_addr()?;
+        let shared = Arc::new(Shared::default());
+        let app = Router::new()
+            .route("/ok", any(ok))
+            .route("/status/{code}", any(status))
+            .route("/fail/{n}", any(fail))
+            .route("/flaky/{percent}", any(flaky))
+            .route("/hang", any(hang))
+            .route("/slow/{ms}", any(slow))
+            .route("/retry-after/{secs}", any(retry_after))
+            .route("/redirect/{code}", any(redirect))
+            .with_state(shared.clone());
+        let stop = CancellationToken::new();
+        let stopped = stop.clone();
+        let task = tokio::spawn(async move {
+            let serve = axum::serve(listener, app)
+                .with_graceful_shutdown(async move { stopped.cancelled().await });
+            if let Err(e) = serve.await {
+                tracing::warn!(error = %e, "sink stopped with an error");
+            }
+        });
+        Ok(Sink {
+            addr,
+            shared,
+            stop,
+            task,
+        })
+    }
+
+    /// The sink's address.
+    pub fn addr(&self) -> SocketAddr {
+        self.addr
+    }
+
+    /// The URL of `path` on this sink.
+    pub fn url(&self, path: &str) -> String {
+        format!("http://{}{}", self.addr, path)
+    }
+
+    /// Requests received so far.
+    pub fn total(&self) -> u64 {
+        self.shared.total.load(Ordering::Relaxed)
+    }
+
+    /// Every request received, in arrival order.
+    pub fn received(&self) -> Vec<Received> {
+        self.shared
+            .record
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .log
+            .clone()
+    }
+
+    /// Requests received per job id.
+    pub fn per_job(&self) -> HashMap<String, u32> {
+        self.shared
+            .record
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .per_job
+            .clone()
+    }
+
+    /// Forgets what was received (long benchmarks).
+    pub fn clear(&self) {
+        let mut record = self.shared.record.lock().unwrap_or_else(|p| p.into_inner());
+        record.log.clear();
+        record.log.shrink_to_fit();
+    }
+
+    /// Stops the sink. Requests parked in `/hang` are dropped with their connections.
+    pub async fn stop(self) {
+        self.stop.cancel();
+        self.task.abort();
+        let _ = self.task.await;
+    }
+}
+
+type Shared_ = State<Arc<Shared>>;
+
+async fn ok(State(s): Shared_, headers: HeaderMap) -> StatusCode {
+    s.note(&headers, "/ok", 200);
+    StatusCode::OK
+}
+
+async fn status(State(s): Shared_, headers: HeaderMap, Path(code): Path<u16>) -> Response {
+    let code = StatusCode::from_u16(code).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
+    s.note(
+        &headers,
+        &format!("/status/{}", code.as_u16()),
+        code.as_u16(),
+    );
+    (code, format!("sink answered {}", code.as_u16())).into_response()
+}
+
+async fn fail(State(s): Shared_, headers: HeaderMap, Path(n): Path<u32>) -> Response {
+    let path = format!("/fail/{n}");
+    let seen = {
+        let record = s.record.lock().unwrap_or_else(|p| p.into_inner());
+        record
+            .per_job
+            .get(header_str(&headers, JOB_ID_HEADER))
+            .copied()
+            .unwrap_or(0)
+            + 1
+    };
+    if seen <= n {
+        s.note(&headers, &path, 500);
+        (StatusCode::INTERNAL_SERVER_ERROR, "sink fails on purpose").into_response()
+    } else {
+        s.note(&headers, &path, 200);
+        StatusCode::OK.into_response()
+    }
+}
+
+async fn flaky(State(s): Shared_, headers: HeaderMap, Path(percent): Path<u32>) -> StatusCode {
+    let fail = rand::rng().random_range(0..100) < percent;
+    let code = if fail {
+        StatusCode::SERVICE_UNAVAILABLE
+    } else {
+        StatusCode::OK
+    };
+    s.note(&headers, &format!("/flaky/{percent}"), code.as_u16());
+    code
+}
+
+async fn hang(State(s): Shared_, headers: HeaderMap) -> StatusCode {
+    s.note(&headers, "/hang", 0);
+    tokio::time::sleep(Duration::from_secs(3600)).await;
+    StatusCode::OK
+}
+
+async fn slow(State(s): Shared_, headers: HeaderMap, Path(ms): Path<u64>) -> StatusCode {
+    tokio::time::sleep(Duration::from_millis(ms)).await;
+    s.note(&headers, &format!("/slow/{ms}"), 200);
+    StatusCode::OK
+}
+
+async fn retry_after(State(s): Shared_, headers: HeaderMap, Path(secs): Path<u64>) -> Response {
+    let path = format!("/retry-after/{secs}");
+    let first = {
+        let record = s.record.lock().unwrap_or_else(|p| p.into_inner());
+        !record
+            .per_job
+            .contains_key(header_str(&headers, JOB_ID_HEADER))
+    };
+    if first {
+        s.note(&headers, &path, 429);
+        (
+            StatusCode::TOO_MANY_REQUESTS,
+            [("retry-after", secs.to_string())],
+            "slow down",
+        )
+            .into_response()
+    } else {
+        s.note(&headers, &path, 200);
+        StatusCode::OK.into_response()
+    }
+}
+
+async fn redirect(State(s): Shared_, headers: HeaderMap, Path(code): Path<u16>) -> Response {
+    let code = StatusCode::from_u16(code)
+        .ok()
+        .filter(|c| c.is_redirection())
+        .unwrap_or(StatusCode::FOUND);
+    s.note(
+        &headers,
+        &format!("/redirect/{}", code.as_u16()),
+        code.as_u16(),
+    );
+    (code, [("location", "/ok")]).into_response()
+}
