@@ -374,6 +374,19 @@ impl JobDb {
         Ok(u64::try_from(n).unwrap_or(0))
     }
 
+    /// Every transition of every job, ordered by job then id: for audits of small JobDBs
+    /// (tests, benches, post-mortems), not for a hot path.
+    pub async fn all_transitions(&self) -> Result<Vec<(u64, Transition)>, JobDbError> {
+        let rows = sqlx::query(
+            "SELECT id, job_id, time, retry_at, attempts, state, error_type, error_response, \
+             error_response_encoding, response_status, duration_ms \
+             FROM job_state_transitions ORDER BY job_id, id",
+        )
+        .fetch_all(&self.pool)
+        .await?;
+        rows.iter().map(transition_from_row).collect()
+    }
+
     /// How many job rows the JobDB holds.
     pub async fn count_jobs(&self) -> Result<u64, JobDbError> {
         let n: i64 = sqlx::query_scalar("SELECT COUNT(*) FROM jobs")

@@ -1,0 +1,167 @@
+//! Test harness: a uniquely named JobDB per test (dropped afterwards), Directors and sinks on
+//! free loopback ports, and waits on conditions instead of sleeps.
+#![allow(dead_code)]
+
+use std::collections::BTreeMap;
+use std::future::Future;
+use std::time::Duration;
+
+use serde_json::{json, Value};
+use spindle::director::{self, Director, DirectorConfig};
+use spindle::job::{JobId, State, Transition};
+use spindle::jobdb::{self, JobDb, JobDbUrl};
+use spindle::rpc::api::SubmitResponse;
+
+/// The MySQL server the tests use (the machine's MariaDB unless overridden).
+pub fn mysql_server() -> String {
+    std::env::var("SPINDLE_TEST_MYSQL").unwrap_or_else(|_| "mysql://root@127.0.0.1:3306".to_owned())
+}
+
+/// A JobDB of this test alone, dropped when the value is.
+pub struct TestDb {
+    pub url: JobDbUrl,
+}
+
+impl TestDb {
+    pub fn new(tag: &str) -> Self {
+        let name = format!(
+            "spindle_t_{tag}_{}",
+            ulid::Ulid::new().to_string().to_lowercase()
+        );
+        let name = &name[..name.len().min(48)];
+        TestDb {
+            url: format!("{}/{}", mysql_server(), name)
+                .parse()
+                .expect("test jobdb url"),
+        }
+    }
+
+    pub fn url_string(&self) -> String {
+        format!("{}/{}", mysql_server(), self.url.database)
+    }
+
+    /// A reader on the JobDB (it must exist: start a Director first).
+    pub async fn open(&self) -> JobDb {
+        JobDb::open(&self.url, false, 2)
+            .await
+            .expect("open test jobdb")
+    }
+}
+
+impl Drop for TestDb {
+    fn drop(&mut self) {
+        let url = self.url.clone();
+        // Drop runs outside async context: use a private runtime on a plain thread.
+        let _ = std::thread::spawn(move || {
+            let rt = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+                .expect("runtime");
+            rt.block_on(async { jobdb::drop_database(&url).await })
+        })
+        .join();
+    }
+}
+
+/// A Director on `db`, on a free port, with fast test-friendly settings adjusted by `tweak`.
+pub async fn start_director(db: &TestDb, tweak: impl FnOnce(&mut DirectorConfig)) -> Director {
+    let mut config = DirectorConfig::new("127.0.0.1:0".parse().unwrap(), db.url.clone());
+    config.lock_check_interval = Duration::from_millis(200);
+    config.scheduler.shutdown_grace = Duration::from_secs(10);
+    tweak(&mut config);
+    director::start(config).await.expect("director starts")
+}
+
+pub fn base(director: &Director) -> String {
+    format!("http://{}", director.addr())
+}
+
+/// Submits jobs and returns the accepted answer (panics on anything else).
+pub async fn submit(client: &reqwest::Client, base: &str, jobs: Vec<Value>) -> SubmitResponse {
+    let response = client
+        .post(format!("{base}/v1/jobs"))
+        .json(&json!({ "jobs": jobs }))
+        .send()
+        .await
+        .expect("submit");
+    let status = response.status();
+    let text = response.text().await.expect("body");
+    assert_eq!(status.as_u16(), 202, "submit answered {status}: {text}");
+    serde_json::from_str(&text).expect("submit response")
+}
+
+/// Waits until `check` holds, polling every 20 ms, failing after `timeout`.
+pub async fn wait_for<F, Fut>(timeout: Duration, what: &str, mut check: F)
+where
+    F: FnMut() -> Fut,
+    Fut: Future<Output = bool>,
+{
+    let deadline = tokio::time::Instant::now() + timeout;
+    loop {
+        if check().await {
+            return;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "timed out waiting for {what}"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+/// Waits until no job of the JobDB is in a non-terminal state except those allowed.
+pub async fn wait_all_final(db: &JobDb, expected_jobs: u64, timeout: Duration) {
+    wait_for(timeout, "every job to reach a final state", || async {
+        let counts = db.count_by_state().await.expect("count");
+        let total: u64 = counts.values().sum();
+        let open: u64 = counts
+            .iter()
+            .filter(|(s, _)| !s.is_terminal())
+            .map(|(_, n)| n)
+            .sum();
+        total >= expected_jobs && open == 0
+    })
+    .await;
+}
+
+/// Every job's history, by job.
+pub async fn histories(db: &JobDb) -> BTreeMap<JobId, Vec<Transition>> {
+    let mut out: BTreeMap<JobId, Vec<Transition>> = BTreeMap::new();
+    for (_, t) in db.all_transitions().await.expect("transitions") {
+        out.entry(t.job_id).or_default().push(t);
+    }
+    out
+}
+
+/// Asserts a history is legal: starts awaiting-scheduling, each step allowed, attempts never
+/// decrease, at most one terminal state and only at the end.
+pub fn assert_legal(history: &[Transition]) {
+    assert_eq!(history[0].state, State::AwaitingScheduling, "{history:#?}");
+    for pair in history.windows(2) {
+        assert!(
+            pair[0].state.may_precede(pair[1].state),
+            "illegal step in {history:#?}"
+        );
+        assert!(
+            pair[1].attempts >= pair[0].attempts,
+            "attempts went down in {history:#?}"
+        );
+        assert!(
+            pair[1].time >= pair[0].time,
+            "time went back in {history:#?}"
+        );
+    }
+    let terminal = history.iter().filter(|t| t.state.is_terminal()).count();
+    assert!(terminal <= 1, "several terminal states in {history:#?}");
+}
+
+pub fn states(history: &[Transition]) -> Vec<State> {
+    history.iter().map(|t| t.state).collect()
+}
+
+/// A percentile of durations, in milliseconds.
+pub fn percentile_ms(samples: &mut [Duration], p: f64) -> f64 {
+    samples.sort();
+    let i = ((samples.len() as f64 - 1.0) * p).round() as usize;
+    samples[i].as_secs_f64() * 1000.0
+}

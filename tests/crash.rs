@@ -1,0 +1,222 @@
+//! Crash: `kill -9` a Director process in the middle of a load of 12,000 jobs, restart it,
+//! and check that every acknowledged job reaches a terminal state, nothing was invented, no
+//! request went out without its `executing` row, and that duplicate deliveries happened only
+//! for attempts in flight at the crash.
+
+mod common;
+
+use std::collections::{HashMap, HashSet};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use common::*;
+use serde_json::json;
+use spindle::job::{JobId, State};
+use spindle::sink::Sink;
+use tokio::process::{Child, Command};
+
+const BATCHES: usize = 120;
+const BATCH: usize = 100;
+
+fn spawn_director(port: u16, jobdb: &str) -> Child {
+    Command::new(env!("CARGO_BIN_EXE_spindle"))
+        .args([
+            "director",
+            "--listen",
+            &format!("127.0.0.1:{port}"),
+            "--jobdb",
+            jobdb,
+            "--log",
+            "warn",
+        ])
+        .kill_on_drop(true)
+        .spawn()
+        .expect("spawn director")
+}
+
+async fn wait_ready(client: &reqwest::Client, base: &str) {
+    wait_for(Duration::from_secs(30), "director ready", || async {
+        matches!(client.get(format!("{base}/readyz")).send().await, Ok(r) if r.status().is_success())
+    })
+    .await;
+}
+
+/// Producers that submit batches until the batches run out or the Director stops answering.
+fn produce(
+    client: &reqwest::Client,
+    base: &str,
+    sink: &Sink,
+    next: &Arc<AtomicUsize>,
+    acked: &Arc<Mutex<Vec<String>>>,
+    unacked: &Arc<AtomicUsize>,
+) -> Vec<tokio::task::JoinHandle<()>> {
+    (0..4)
+        .map(|_| {
+            let (client, url, next, acked, unacked) =
+                (client.clone(), format!("{base}/v1/jobs"), next.clone(), acked.clone(), unacked.clone());
+            let (slow, flaky) = (sink.url("/slow/5"), sink.url("/fail/1"));
+            tokio::spawn(async move {
+                loop {
+                    let b = next.fetch_add(1, Ordering::SeqCst);
+                    if b >= BATCHES {
+                        return;
+                    }
+                    let jobs: Vec<_> = (0..BATCH)
+                        .map(|i| {
+                            let endpoint = if i % 5 == 0 { &flaky } else { &slow };
+                            json!({"bucket": format!("t{}", i % 7), "endpoint": endpoint, "backoff_min_delay_ms": 300})
+                        })
+                        .collect();
+                    let reply = client.post(&url).json(&json!({ "jobs": jobs })).send().await;
+                    match reply {
+                        Ok(r) if r.status().as_u16() == 202 => {
+                            let body: spindle::rpc::api::SubmitResponse = r.json().await.expect("reply");
+                            acked.lock().unwrap().extend(body.jobs.into_iter().map(|j| j.id));
+                        }
+                        _ => {
+                            // The Director died under this request: it may or may not be stored.
+                            unacked.fetch_add(1, Ordering::SeqCst);
+                            return;
+                        }
+                    }
+                }
+            })
+        })
+        .collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn kill_9_mid_load_loses_nothing() {
+    let db = TestDb::new("crash");
+    let sink = Sink::start("127.0.0.1:0".parse().unwrap()).await.unwrap();
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let base = format!("http://127.0.0.1:{port}");
+    let client = reqwest::Client::new();
+    let next = Arc::new(AtomicUsize::new(0));
+    let acked = Arc::new(Mutex::new(Vec::new()));
+    let unacked = Arc::new(AtomicUsize::new(0));
+
+    let mut director = spawn_director(port, &db.url_string());
+    wait_ready(&client, &base).await;
+    let producers = produce(&client, &base, &sink, &next, &acked, &unacked);
+    wait_for(
+        Duration::from_secs(60),
+        "half the load accepted",
+        || async { acked.lock().unwrap().len() >= BATCHES * BATCH / 2 },
+    )
+    .await;
+    director.start_kill().expect("kill -9");
+    director.wait().await.unwrap();
+    let killed_at = Instant::now();
+    for p in producers {
+        p.await.unwrap();
+    }
+    let delivered_before = sink.total();
+
+    // Restart on the same JobDB, then submit the rest of the load.
+    let mut director = spawn_director(port, &db.url_string());
+    wait_ready(&client, &base).await;
+    let recovery = killed_at.elapsed();
+    for p in produce(&client, &base, &sink, &next, &acked, &unacked) {
+        p.await.unwrap();
+    }
+    let acked: Vec<JobId> = acked
+        .lock()
+        .unwrap()
+        .iter()
+        .map(|id| id.parse().unwrap())
+        .collect();
+    assert!(
+        acked.len() >= 10_000,
+        "load of at least 10,000 accepted jobs: {}",
+        acked.len()
+    );
+
+    let reader = db.open().await;
+    wait_all_final(&reader, acked.len() as u64, Duration::from_secs(120)).await;
+    let histories = histories(&reader).await;
+
+    // Every acknowledged job is in the JobDB and succeeded, with a legal history.
+    for id in &acked {
+        let history = histories
+            .get(id)
+            .unwrap_or_else(|| panic!("acknowledged job {id} lost"));
+        assert_eq!(
+            history.last().unwrap().state,
+            State::Succeeded,
+            "{history:#?}"
+        );
+    }
+    for history in histories.values() {
+        assert_legal(history);
+        assert!(history.last().unwrap().state.is_terminal());
+    }
+
+    // Nothing invented, and no request without its executing row.
+    let received = sink.received();
+    let mut receipts: HashMap<JobId, Vec<u16>> = HashMap::new();
+    for r in &received {
+        let id: JobId = r.job_id.parse().expect("job id header");
+        receipts.entry(id).or_default().push(r.status);
+    }
+    let mut duplicates = 0;
+    let mut interrupted = HashSet::new();
+    for (id, history) in &histories {
+        if history
+            .iter()
+            .any(|t| t.error_type.as_deref() == Some("interrupted"))
+        {
+            interrupted.insert(*id);
+        }
+    }
+    for (id, statuses) in &receipts {
+        let history = histories
+            .get(id)
+            .unwrap_or_else(|| panic!("delivery of unknown job {id}"));
+        let executing = history
+            .iter()
+            .filter(|t| t.state == State::Executing)
+            .count();
+        assert!(
+            statuses.len() <= executing,
+            "{id}: {} requests, {executing} executing rows",
+            statuses.len()
+        );
+        let successes = statuses.iter().filter(|s| **s == 200).count();
+        if successes > 1 {
+            duplicates += successes - 1;
+            assert!(
+                interrupted.contains(id),
+                "{id} delivered twice without an interrupted attempt"
+            );
+        }
+    }
+    println!(
+        "crash: accepted {} jobs ({} unacknowledged batches at the kill), {} jobs in the jobdb, all terminal; \
+         {} requests before the kill, {} after; {} attempts interrupted by the kill; {} duplicate deliveries; \
+         restart to ready in {:.2} s",
+        acked.len(),
+        unacked.load(Ordering::SeqCst),
+        histories.len(),
+        delivered_before,
+        received.len() as u64 - delivered_before,
+        interrupted.len(),
+        duplicates,
+        recovery.as_secs_f64()
+    );
+    assert!(duplicates <= interrupted.len());
+
+    let _ = nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(director.id().unwrap() as i32),
+        nix::sys::signal::Signal::SIGTERM,
+    );
+    let status = director.wait().await.unwrap();
+    assert!(status.success(), "SIGTERM exits 0: {status}");
+    reader.close().await;
+    sink.stop().await;
+}

@@ -1,0 +1,493 @@
+//! Director acceptance tests against the machine's real MariaDB and real HTTP over loopback.
+
+mod common;
+
+use std::collections::HashMap;
+use std::time::Duration;
+
+use common::*;
+use serde_json::json;
+use spindle::director::DirectorError;
+use spindle::job::{JobId, State};
+use spindle::jobdb::JobDbError;
+use spindle::sink::Sink;
+
+async fn sink() -> Sink {
+    Sink::start("127.0.0.1:0".parse().unwrap())
+        .await
+        .expect("sink")
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn round_trip_records_exactly_three_transitions() {
+    let db = TestDb::new("roundtrip");
+    let sink = sink().await;
+    let director = start_director(&db, |_| {}).await;
+    let client = reqwest::Client::new();
+    let jobs: Vec<_> = (0..300)
+        .map(|i| json!({"bucket": format!("t{}", i % 5), "endpoint": sink.url("/ok"), "payload": {"n": i}}))
+        .collect();
+    let mut ids = Vec::new();
+    for chunk in jobs.chunks(100) {
+        let reply = submit(&client, &base(&director), chunk.to_vec()).await;
+        assert_eq!(reply.jobs.len(), chunk.len());
+        ids.extend(reply.jobs.into_iter().map(|j| j.id));
+    }
+    let reader = db.open().await;
+    wait_all_final(&reader, 300, Duration::from_secs(30)).await;
+
+    let histories = histories(&reader).await;
+    assert_eq!(histories.len(), 300);
+    for id in &ids {
+        let history = &histories[&id.parse::<JobId>().unwrap()];
+        assert_eq!(
+            states(history),
+            vec![
+                State::AwaitingScheduling,
+                State::Executing,
+                State::Succeeded
+            ]
+        );
+        assert_eq!(
+            history.iter().map(|t| t.attempts).collect::<Vec<_>>(),
+            vec![0, 1, 1]
+        );
+        assert_eq!(history[2].response_status, Some(200));
+    }
+    let per_job = sink.per_job();
+    assert_eq!(per_job.len(), 300);
+    assert!(
+        per_job.values().all(|n| *n == 1),
+        "each job delivered exactly once"
+    );
+    assert!(sink.received().iter().all(|r| r.attempt == 1));
+
+    // The RPC trace says the same.
+    let view: serde_json::Value = client
+        .get(format!("{}/v1/jobs/{}", base(&director), ids[0]))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(view["state"], "succeeded");
+    assert_eq!(view["transitions"].as_array().unwrap().len(), 3);
+    assert_eq!(view["payload_base64"], "eyJuIjowfQ==");
+
+    director.shutdown();
+    director.wait().await.expect("clean stop");
+    reader.close().await;
+    sink.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn retries_follow_the_jobs_own_jittered_backoff() {
+    let db = TestDb::new("retry");
+    let sink = sink().await;
+    let director = start_director(&db, |_| {}).await;
+    let client = reqwest::Client::new();
+    let jobs: Vec<_> = (0..6)
+        .map(|_| json!({"bucket": "b", "endpoint": sink.url("/fail/2"), "backoff_min_delay_ms": 200, "backoff_coefficient": 2.0}))
+        .collect();
+    submit(&client, &base(&director), jobs).await;
+    let reader = db.open().await;
+    wait_all_final(&reader, 6, Duration::from_secs(30)).await;
+
+    let mut first_delays = Vec::new();
+    for history in histories(&reader).await.values() {
+        use State::*;
+        assert_eq!(
+            states(history),
+            vec![
+                AwaitingScheduling,
+                Executing,
+                AwaitingRetry,
+                Executing,
+                AwaitingRetry,
+                Executing,
+                Succeeded
+            ]
+        );
+        assert_eq!(
+            history.iter().map(|t| t.attempts).collect::<Vec<_>>(),
+            vec![0, 1, 1, 2, 2, 3, 3]
+        );
+        // Delay n is in [0.8, 1.0] × 200 ms × 2^(n−1), and the next attempt waits for it.
+        for (retry, nominal_ms) in [(2, 200.0), (4, 400.0)] {
+            let row = &history[retry];
+            assert_eq!(row.error_type.as_deref(), Some("server-error"));
+            assert_eq!(row.response_status, Some(500));
+            let delay = (row.retry_at.unwrap() - row.time)
+                .num_microseconds()
+                .unwrap() as f64
+                / 1000.0;
+            assert!(
+                delay >= nominal_ms * 0.8 - 1.0 && delay <= nominal_ms + 1.0,
+                "delay {delay} ms vs {nominal_ms}"
+            );
+            assert!(
+                history[retry + 1].time >= row.retry_at.unwrap(),
+                "attempt before its retry_at"
+            );
+            if retry == 2 {
+                first_delays.push(delay);
+            }
+        }
+    }
+    first_delays.sort_by(f64::total_cmp);
+    first_delays.dedup();
+    assert!(
+        first_delays.len() > 1,
+        "delays are jittered: {first_delays:?}"
+    );
+
+    // The endpoint saw attempts 1, 2, 3 of each job, spaced by at least the jittered delays.
+    let mut by_job: HashMap<String, Vec<_>> = HashMap::new();
+    for r in sink.received() {
+        by_job.entry(r.job_id.clone()).or_default().push(r);
+    }
+    for received in by_job.values() {
+        assert_eq!(
+            received.iter().map(|r| r.attempt).collect::<Vec<_>>(),
+            vec![1, 2, 3]
+        );
+        assert!(received[1].at - received[0].at >= Duration::from_millis(160));
+        assert!(received[2].at - received[1].at >= Duration::from_millis(320));
+    }
+    director.shutdown();
+    director.wait().await.unwrap();
+    reader.close().await;
+    sink.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn retry_after_is_honoured_400_discarded_redirects_not_followed() {
+    let db = TestDb::new("classify");
+    let sink = sink().await;
+    let director = start_director(&db, |_| {}).await;
+    let client = reqwest::Client::new();
+    let reply = submit(
+        &client,
+        &base(&director),
+        vec![
+            json!({"bucket": "b", "endpoint": sink.url("/retry-after/2"), "backoff_min_delay_ms": 50}),
+            json!({"bucket": "b", "endpoint": sink.url("/status/400")}),
+            json!({"bucket": "b", "endpoint": sink.url("/redirect/301")}),
+            json!({"bucket": "b", "endpoint": sink.url("/redirect/302"), "backoff_min_delay_ms": 60000}),
+        ],
+    )
+    .await;
+    let id = |i: usize| reply.jobs[i].id.parse::<JobId>().unwrap();
+    let reader = db.open().await;
+    wait_for(Duration::from_secs(20), "classified outcomes", || async {
+        let h = histories(&reader).await;
+        [
+            (0, State::Succeeded),
+            (1, State::Discarded),
+            (2, State::Discarded),
+            (3, State::AwaitingRetry),
+        ]
+        .iter()
+        .all(|(i, s)| h.get(&id(*i)).and_then(|x| x.last()).map(|t| t.state) == Some(*s))
+    })
+    .await;
+    let h = histories(&reader).await;
+
+    // 429 + Retry-After: 2 → the second attempt waits at least 2 s although the policy says 50 ms.
+    let limited = &h[&id(0)];
+    assert_eq!(limited[2].error_type.as_deref(), Some("rate-limited"));
+    assert_eq!(limited[2].response_status, Some(429));
+    assert!(limited[2].retry_at.unwrap() - limited[2].time >= chrono::Duration::seconds(2));
+    let hits: Vec<_> = sink
+        .received()
+        .into_iter()
+        .filter(|r| r.path == "/retry-after/2")
+        .collect();
+    assert_eq!(hits.len(), 2);
+    assert!(hits[1].at - hits[0].at >= Duration::from_secs(2));
+
+    // 400 → discarded after one attempt, with the answer recorded.
+    let bad = &h[&id(1)];
+    assert_eq!(
+        states(bad),
+        vec![
+            State::AwaitingScheduling,
+            State::Executing,
+            State::Discarded
+        ]
+    );
+    assert_eq!(bad[2].attempts, 1);
+    assert_eq!(bad[2].error_type.as_deref(), Some("client-error"));
+    assert_eq!(
+        bad[2].error_response.as_deref(),
+        Some(&b"sink answered 400"[..])
+    );
+
+    // Redirects are never followed: nothing reached /ok; 301 is permanent, 302 is retried.
+    assert!(sink.received().iter().all(|r| r.path != "/ok"));
+    assert_eq!(
+        h[&id(2)].last().unwrap().error_type.as_deref(),
+        Some("redirect")
+    );
+    assert_eq!(h[&id(3)].last().unwrap().response_status, Some(302));
+
+    director.shutdown();
+    director.wait().await.unwrap();
+    reader.close().await;
+    sink.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn expired_jobs_go_to_archiving_not_away() {
+    let db = TestDb::new("expiry");
+    let sink = sink().await;
+    let director = start_director(&db, |_| {}).await;
+    let client = reqwest::Client::new();
+    submit(
+        &client,
+        &base(&director),
+        vec![json!({"bucket": "b", "endpoint": sink.url("/status/503"), "ttl_ms": 1500, "backoff_min_delay_ms": 200})],
+    )
+    .await;
+    let reader = db.open().await;
+    wait_for(Duration::from_secs(20), "archiving", || async {
+        reader
+            .count_by_state()
+            .await
+            .unwrap()
+            .get(&State::Archiving)
+            == Some(&1)
+    })
+    .await;
+    let h = histories(&reader).await;
+    let history = h.values().next().unwrap();
+    assert_legal(history);
+    let last = history.last().unwrap();
+    assert_eq!(last.error_type.as_deref(), Some("expired"));
+    assert!(last.attempts >= 2, "retried until expiry: {history:#?}");
+    director.shutdown();
+    director.wait().await.unwrap();
+    reader.close().await;
+    sink.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn restart_recovers_waiting_retries() {
+    let db = TestDb::new("recover");
+    let sink = sink().await;
+    let director = start_director(&db, |_| {}).await;
+    let client = reqwest::Client::new();
+    let jobs: Vec<_> = (0..20)
+        .map(|_| json!({"bucket": "b", "endpoint": sink.url("/fail/1"), "backoff_min_delay_ms": 1500}))
+        .collect();
+    submit(&client, &base(&director), jobs).await;
+    let reader = db.open().await;
+    wait_for(
+        Duration::from_secs(10),
+        "first attempts to fail",
+        || async {
+            reader
+                .count_by_state()
+                .await
+                .unwrap()
+                .get(&State::AwaitingRetry)
+                == Some(&20)
+        },
+    )
+    .await;
+    director.shutdown();
+    director.wait().await.expect("clean stop");
+
+    // A new Director on the same JobDB picks the retries up where they were.
+    let director = start_director(&db, |_| {}).await;
+    wait_all_final(&reader, 20, Duration::from_secs(20)).await;
+    for history in histories(&reader).await.values() {
+        assert_legal(history);
+        assert_eq!(history.last().unwrap().state, State::Succeeded);
+        assert_eq!(history.last().unwrap().attempts, 2);
+    }
+    assert!(sink.per_job().values().all(|n| *n == 2));
+    director.shutdown();
+    director.wait().await.unwrap();
+    reader.close().await;
+    sink.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn shutdown_lets_attempts_in_flight_finish() {
+    let db = TestDb::new("drain");
+    let sink = sink().await;
+    let director = start_director(&db, |_| {}).await;
+    let client = reqwest::Client::new();
+    let jobs: Vec<_> = (0..10)
+        .map(|_| json!({"bucket": "b", "endpoint": sink.url("/slow/700")}))
+        .collect();
+    submit(&client, &base(&director), jobs).await;
+    let reader = db.open().await;
+    wait_for(Duration::from_secs(10), "attempts in flight", || async {
+        reader
+            .count_by_state()
+            .await
+            .unwrap()
+            .get(&State::Executing)
+            == Some(&10)
+    })
+    .await;
+    director.shutdown();
+    director.wait().await.expect("clean stop");
+    let counts = reader.count_by_state().await.unwrap();
+    assert_eq!(counts.get(&State::Succeeded), Some(&10), "{counts:?}");
+    reader.close().await;
+    sink.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_second_director_refuses_a_held_jobdb() {
+    let db = TestDb::new("exclusive");
+    let first = start_director(&db, |_| {}).await;
+    let mut config =
+        spindle::director::DirectorConfig::new("127.0.0.1:0".parse().unwrap(), db.url.clone());
+    config.create_database = false;
+    match spindle::director::start(config).await {
+        Err(DirectorError::JobDb(JobDbError::Held(name))) => assert_eq!(name, db.url.database),
+        Err(other) => panic!("wrong error: {other}"),
+        Ok(_) => panic!("two directors on one jobdb"),
+    }
+    first.shutdown();
+    first.wait().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_fenced_out_director_stores_nothing_and_stops() {
+    let db = TestDb::new("fence");
+    let sink = sink().await;
+    let director = start_director(&db, |_| {}).await;
+    let client = reqwest::Client::new();
+    submit(
+        &client,
+        &base(&director),
+        vec![json!({"bucket": "b", "endpoint": sink.url("/ok")})],
+    )
+    .await;
+    let reader = db.open().await;
+    wait_all_final(&reader, 1, Duration::from_secs(10)).await;
+
+    // Someone else takes the JobDB (as a new lock holder would): the token moves on.
+    reader.take_ownership("intruder").await.unwrap();
+    let response = client
+        .post(format!("{}/v1/jobs", base(&director)))
+        .json(&json!({"jobs": [{"bucket": "b", "endpoint": sink.url("/ok")}]}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(response.status().as_u16(), 503);
+    match director.wait().await {
+        Err(DirectorError::LockLost(_)) => {}
+        other => panic!("expected lock loss, got {other:?}"),
+    }
+    assert_eq!(
+        reader.count_jobs().await.unwrap(),
+        1,
+        "the fenced write stored nothing"
+    );
+    assert_eq!(sink.total(), 1);
+    reader.close().await;
+    sink.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bad_input_is_refused_with_the_field_named_and_nothing_stored() {
+    let db = TestDb::new("badinput");
+    let director = start_director(&db, |c| c.intake.max_request_bytes = 3 * 1024 * 1024).await;
+    let client = reqwest::Client::new();
+    let url = format!("{}/v1/jobs", base(&director));
+    let ok = json!({"bucket": "b", "endpoint": "http://127.0.0.1:9/x"});
+    let with = |extra: serde_json::Value| {
+        let mut job = ok.clone();
+        job.as_object_mut()
+            .unwrap()
+            .extend(extra.as_object().unwrap().clone());
+        json!({"jobs": [ok.clone(), job]})
+    };
+    let big = "x".repeat(1024 * 1024 + 10);
+    let cases: Vec<(&str, String, u16, &str)> = vec![
+        ("malformed json", "{\"jobs\": [".into(), 400, ""),
+        ("trailing garbage", format!("{} x", json!({"jobs": [ok]})), 400, ""),
+        ("unknown top field", json!({"jobs": [ok], "extra": 1}).to_string(), 400, "extra"),
+        ("unknown job field", with(json!({"colour": "red"})).to_string(), 400, "colour"),
+        ("missing bucket", json!({"jobs": [{"endpoint": "http://x"}]}).to_string(), 400, "bucket"),
+        ("wrong type", with(json!({"execution_timeout_ms": "soon"})).to_string(), 400, "jobs[1].execution_timeout_ms"),
+        ("bad url", with(json!({"endpoint": "http//nope"})).to_string(), 422, "jobs[1].endpoint"),
+        ("bad scheme", with(json!({"endpoint": "file:///etc/passwd"})).to_string(), 422, "jobs[1].endpoint"),
+        ("crlf header", with(json!({"headers": {"x-a": "1\r\nx-b: 2"}})).to_string(), 422, "jobs[1].headers.x-a"),
+        ("bad header name", with(json!({"headers": {"x a": "1"}})).to_string(), 422, "jobs[1].headers.x a"),
+        ("payload over limit", with(json!({"payload": big})).to_string(), 413, "jobs[1].payload"),
+        ("absurd timeout", with(json!({"execution_timeout_ms": 3_600_000})).to_string(), 422, "jobs[1].execution_timeout_ms"),
+        ("zero timeout", with(json!({"execution_timeout_ms": 0})).to_string(), 422, "jobs[1].execution_timeout_ms"),
+        ("expiry in the past", with(json!({"expire_at": "2020-01-01T00:00:00Z"})).to_string(), 422, "jobs[1].expire_at"),
+        ("bad method", with(json!({"method": "CONNECT"})).to_string(), 422, "jobs[1].method"),
+        ("no jobs", json!({"jobs": []}).to_string(), 422, "jobs"),
+        ("too many jobs", json!({"jobs": vec![ok.clone(); 1001]}).to_string(), 413, "jobs"),
+        ("body too large", json!({"jobs": [{"bucket": "b", "endpoint": "http://x", "payload": "y".repeat(4 * 1024 * 1024)}]}).to_string(), 413, "body"),
+    ];
+    for (name, body, status, field) in cases {
+        let response = client
+            .post(&url)
+            .header("content-type", "application/json")
+            .body(body)
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(response.status().as_u16(), status, "{name}");
+        let error: serde_json::Value = response
+            .json()
+            .await
+            .unwrap_or_else(|e| panic!("{name}: {e}"));
+        let named = error["error"]["field"].as_str().unwrap_or("").to_owned()
+            + " "
+            + error["error"]["message"].as_str().unwrap_or("");
+        assert!(named.contains(field), "{name}: {error}");
+    }
+    let reader = db.open().await;
+    assert_eq!(reader.count_jobs().await.unwrap(), 0, "nothing stored");
+    assert!(reader.count_by_state().await.unwrap().is_empty());
+
+    // Unknown and malformed job ids.
+    let missing = client
+        .get(format!("{}/v1/jobs/{}", base(&director), ulid::Ulid::new()))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(missing.status().as_u16(), 404);
+    let malformed = client
+        .get(format!("{}/v1/jobs/nope", base(&director)))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(malformed.status().as_u16(), 400);
+
+    director.shutdown();
+    director.wait().await.unwrap();
+    reader.close().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn serves_openapi_health_readiness_and_metrics() {
+    let db = TestDb::new("meta");
+    let director = start_director(&db, |_| {}).await;
+    let client = reqwest::Client::new();
+    let get = |path: &str| client.get(format!("{}{path}", base(&director))).send();
+    let doc: serde_json::Value = get("/openapi.json").await.unwrap().json().await.unwrap();
+    assert!(doc["openapi"].as_str().unwrap().starts_with("3."));
+    assert!(doc["paths"]["/v1/jobs"]["post"].is_object());
+    assert!(doc["paths"]["/v1/jobs/{id}"]["get"].is_object());
+    assert!(doc["components"]["schemas"]["JobSpec"]["properties"]["endpoint"].is_object());
+    assert_eq!(get("/healthz").await.unwrap().status().as_u16(), 200);
+    assert_eq!(get("/readyz").await.unwrap().status().as_u16(), 200);
+    let metrics = get("/metrics").await.unwrap().text().await.unwrap();
+    assert!(metrics.contains("spindle_jobs_accepted_total"), "{metrics}");
+    assert!(metrics.contains("spindle_jobs_cached"), "{metrics}");
+    director.shutdown();
+    director.wait().await.unwrap();
+}
