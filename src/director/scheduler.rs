@@ -3,8 +3,10 @@
 //! Design, after Centrifuge's "virtual queues":
 //! - Every unfinished job of the JobDB is cached here; a job leaves the cache when it reaches a
 //!   terminal state (or `archiving`, which the archive takes over).
-//! - Ready jobs wait in a FIFO per (endpoint, bucket). Each endpoint is a *lane* with a bounded
-//!   number of attempts in flight; lanes with a ready job and a free slot sit in a ring.
+//! - Ready jobs wait in a FIFO per (endpoint, bucket). Each endpoint is a *lane*: at most
+//!   `per_endpoint` HTTP requests in flight, plus a window of as many attempts whose `executing`
+//!   rows are being committed, so commit latency overlaps delivery instead of idling the
+//!   endpoint's slots. Lanes with a ready job and room in that window sit in a ring.
 //! - Picking takes one job from the lane at the head of the ring, from the lane's next bucket
 //!   (round-robin), and moves both to the back: endpoints share the Director fairly, and
 //!   buckets share an endpoint fairly. A hanging endpoint only fills its own slots.
@@ -81,13 +83,31 @@ enum Phase {
 
 struct Entry {
     job: Arc<Job>,
+    /// The job's lane (its endpoint without query), computed once.
+    lane: Arc<str>,
     attempts: u16,
     phase: Phase,
+}
+
+impl Entry {
+    fn new(job: Arc<Job>, attempts: u16) -> Self {
+        Entry {
+            lane: job.endpoint_key().into(),
+            job,
+            attempts,
+            phase: Phase::Ready,
+        }
+    }
 }
 
 /// The queues of one endpoint.
 #[derive(Default)]
 struct Lane {
+    /// Attempts whose `executing` rows are being written.
+    starting: usize,
+    /// Attempts whose `executing` rows are durable, waiting for an HTTP slot.
+    started: VecDeque<JobId>,
+    /// HTTP requests in flight.
     in_flight: usize,
     ready: usize,
     queues: HashMap<Arc<str>, VecDeque<JobId>>,
@@ -161,14 +181,7 @@ impl Scheduler {
                 .map(|at| at.min(r.job.expire_at))
                 .filter(|at| *at > now)
                 .map(|at| instant + (at - now).to_std().unwrap_or_default());
-            self.jobs.insert(
-                id,
-                Entry {
-                    job: r.job,
-                    attempts: r.attempts,
-                    phase: Phase::Ready,
-                },
-            );
+            self.jobs.insert(id, Entry::new(r.job, r.attempts));
             match due {
                 Some(due) => self.wait(id, due),
                 None => self.enqueue(id),
@@ -240,33 +253,40 @@ impl Scheduler {
             Event::Accepted(jobs) => {
                 for job in jobs {
                     let id = job.id;
-                    self.jobs.insert(
-                        id,
-                        Entry {
-                            job,
-                            attempts: 0,
-                            phase: Phase::Ready,
-                        },
-                    );
+                    self.jobs.insert(id, Entry::new(job, 0));
                     self.enqueue(id);
                 }
                 self.metrics.jobs_cached.set(self.jobs.len() as i64);
             }
             Event::Started(ids) => {
+                let mut lanes = Vec::new();
                 for id in ids {
-                    self.deliver(id);
+                    let Some(key) = self.lane_of(id) else { continue };
+                    if let Some(lane) = self.lanes.get_mut(&key) {
+                        lane.starting -= 1;
+                        lane.started.push_back(id);
+                    }
+                    lanes.push(key);
+                }
+                lanes.dedup();
+                for key in lanes {
+                    self.dispatch(&key);
                 }
             }
             Event::StartFailed(ids, why) => {
                 tracing::warn!(jobs = ids.len(), reason = %why, "could not record attempts; not starting them");
                 for id in ids {
-                    self.release_slot(id);
+                    let Some(key) = self.lane_of(id) else { continue };
+                    self.in_flight -= 1;
+                    if let Some(lane) = self.lanes.get_mut(&key) {
+                        lane.starting -= 1;
+                    }
                     if let Some(entry) = self.jobs.get_mut(&id) {
                         entry.attempts -= 1;
-                        entry.phase = Phase::Ready;
                     }
                     self.enqueue(id);
                 }
+                self.metrics.in_flight.set(self.in_flight as i64);
             }
             Event::Finished { id, result } => self.finish(id, *result),
         }
@@ -289,10 +309,10 @@ impl Scheduler {
             entry.attempts += 1;
             entry.phase = Phase::Starting;
             starts.push(Transition::executing(id, entry.attempts, now));
-            let key: Arc<str> = entry.job.endpoint_key().into();
+            let key = entry.lane.clone();
             self.in_flight += 1;
             if let Some(lane) = self.lanes.get_mut(&key) {
-                lane.in_flight += 1;
+                lane.starting += 1;
             }
             self.relist(&key);
         }
@@ -350,12 +370,13 @@ impl Scheduler {
         let Some(lane) = self.lanes.get_mut(key) else {
             return;
         };
-        if lane.ready > 0 && lane.in_flight < self.limits.per_endpoint {
+        let pending = lane.starting + lane.started.len();
+        if lane.ready > 0 && pending < self.limits.per_endpoint {
             if !lane.listed {
                 lane.listed = true;
                 self.ring.push_back(key.clone());
             }
-        } else if lane.ready == 0 && lane.in_flight == 0 && !lane.listed {
+        } else if lane.ready == 0 && pending == 0 && lane.in_flight == 0 && !lane.listed {
             self.lanes.remove(key);
         }
     }
@@ -365,7 +386,7 @@ impl Scheduler {
             return;
         };
         entry.phase = Phase::Ready;
-        let key: Arc<str> = entry.job.endpoint_key().into();
+        let key = entry.lane.clone();
         let bucket = entry.job.bucket.clone();
         let lane = self.lanes.entry(key.clone()).or_default();
         let queue = lane.queues.entry(bucket.clone()).or_default();
@@ -427,13 +448,31 @@ impl Scheduler {
         }
     }
 
+    fn lane_of(&self, id: JobId) -> Option<Arc<str>> {
+        self.jobs.get(&id).map(|e| e.lane.clone())
+    }
+
+    /// Sends the lane's durable-started attempts while it has free HTTP slots.
+    fn dispatch(&mut self, key: &Arc<str>) {
+        let per_endpoint = self.limits.per_endpoint;
+        let mut ready = Vec::new();
+        if let Some(lane) = self.lanes.get_mut(key) {
+            while lane.in_flight < per_endpoint {
+                let Some(id) = lane.started.pop_front() else { break };
+                lane.in_flight += 1;
+                ready.push(id);
+            }
+        }
+        for id in ready {
+            self.deliver(id);
+        }
+        self.relist(key);
+    }
+
     fn deliver(&mut self, id: JobId) {
         let Some(entry) = self.jobs.get_mut(&id) else {
             return;
         };
-        if entry.phase != Phase::Starting {
-            return;
-        }
         entry.phase = Phase::InFlight;
         let job = entry.job.clone();
         let attempt = entry.attempts;
@@ -448,21 +487,14 @@ impl Scheduler {
         });
     }
 
-    fn release_slot(&mut self, id: JobId) {
-        let Some(entry) = self.jobs.get(&id) else {
-            return;
-        };
-        let key: Arc<str> = entry.job.endpoint_key().into();
-        self.in_flight = self.in_flight.saturating_sub(1);
-        if let Some(lane) = self.lanes.get_mut(&key) {
-            lane.in_flight = lane.in_flight.saturating_sub(1);
-        }
-        self.relist(&key);
-        self.metrics.in_flight.set(self.in_flight as i64);
-    }
-
     fn finish(&mut self, id: JobId, result: AttemptResult) {
-        self.release_slot(id);
+        let Some(key) = self.lane_of(id) else { return };
+        self.in_flight -= 1;
+        self.metrics.in_flight.set(self.in_flight as i64);
+        if let Some(lane) = self.lanes.get_mut(&key) {
+            lane.in_flight -= 1;
+        }
+        self.dispatch(&key);
         let Some(entry) = self.jobs.get(&id) else {
             return;
         };

@@ -22,7 +22,9 @@ use crate::job::{Job, JobId, Progress, RetryPolicy, State, Transition};
 pub static MIGRATOR: sqlx::migrate::Migrator = sqlx::migrate!("./migrations");
 
 /// Most rows in one multi-row INSERT (MySQL allows 65,535 placeholders per statement).
-const MAX_ROWS_PER_INSERT: usize = 1000;
+/// Chunks are powers of two up to this, so a connection prepares at most ten statement shapes
+/// per table and reuses them, instead of preparing a new statement for every row count.
+const MAX_ROWS_PER_INSERT: usize = 512;
 /// Most payload bytes in one multi-row INSERT, well under the default 16 MiB `max_allowed_packet`.
 const MAX_BYTES_PER_INSERT: usize = 4 * 1024 * 1024;
 /// Most ids in one `IN (...)` lookup.
@@ -396,23 +398,31 @@ impl JobDb {
     }
 }
 
-/// Splits rows into INSERT-sized chunks by count and by bytes.
+/// Splits rows into INSERT-sized chunks: at most [`MAX_BYTES_PER_INSERT`] bytes each, and a
+/// power-of-two number of rows up to [`MAX_ROWS_PER_INSERT`] (so statement shapes repeat).
 fn chunks_by_size<T>(rows: &[T], bytes_of: impl Fn(&T) -> usize) -> Vec<&[T]> {
     let mut chunks = Vec::new();
     let (mut start, mut bytes) = (0, 0);
     for (i, row) in rows.iter().enumerate() {
         let size = bytes_of(row);
         if i > start && (i - start == MAX_ROWS_PER_INSERT || bytes + size > MAX_BYTES_PER_INSERT) {
-            chunks.push(&rows[start..i]);
+            push_pow2(&mut chunks, &rows[start..i]);
             start = i;
             bytes = 0;
         }
         bytes += size;
     }
-    if start < rows.len() {
-        chunks.push(&rows[start..]);
-    }
+    push_pow2(&mut chunks, &rows[start..]);
     chunks
+}
+
+/// Pushes `rows` as chunks whose lengths are powers of two, largest first.
+fn push_pow2<'a, T>(chunks: &mut Vec<&'a [T]>, mut rows: &'a [T]) {
+    while !rows.is_empty() {
+        let take = 1 << rows.len().ilog2();
+        chunks.push(&rows[..take]);
+        rows = &rows[take..];
+    }
 }
 
 fn insert_jobs(jobs: &[Arc<Job>]) -> QueryBuilder<'_, MySql> {
@@ -581,12 +591,13 @@ mod tests {
 
     #[test]
     fn chunks_respect_rows_and_bytes() {
-        let rows: Vec<usize> = vec![1; 2500];
+        let rows: Vec<usize> = vec![1; 1100];
         let chunks = chunks_by_size(&rows, |r| *r);
         assert_eq!(
             chunks.iter().map(|c| c.len()).collect::<Vec<_>>(),
-            vec![1000, 1000, 500]
+            vec![512, 512, 64, 8, 4]
         );
+        assert_eq!(chunks.iter().map(|c| c.len()).sum::<usize>(), 1100);
         let big: Vec<usize> = vec![3 * 1024 * 1024; 3];
         assert_eq!(chunks_by_size(&big, |r| *r).len(), 3);
         let empty: Vec<usize> = vec![];

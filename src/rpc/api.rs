@@ -111,9 +111,10 @@ pub struct JobSpec {
     #[serde(default)]
     pub headers: Option<BTreeMap<String, String>>,
     /// The body, as any JSON value (sent as `application/json` unless headers say otherwise).
+    /// Kept as the exact bytes given: never parsed into a tree and re-serialized.
     #[serde(default)]
     #[schema(value_type = Object)]
-    pub payload: Option<serde_json::Value>,
+    pub payload: Option<Box<serde_json::value::RawValue>>,
     /// The body, as base64 bytes (sent as `application/octet-stream` unless headers say otherwise).
     #[serde(default)]
     pub payload_base64: Option<String>,
@@ -284,7 +285,7 @@ fn validate_job(
                 "give payload or payload_base64, not both",
             ))
         }
-        (Some(value), None) => (Bytes::from(value.to_string()), "application/json"),
+        (Some(raw), None) => (Bytes::from(String::from(Box::<str>::from(raw))), "application/json"),
         (None, Some(b64)) => {
             let bytes = base64::engine::general_purpose::STANDARD
                 .decode(b64.as_bytes())
