@@ -117,6 +117,9 @@ pub enum DirectorError {
     /// Ownership of the JobDB was lost while running.
     #[error("lost ownership of jobdb {0}")]
     LockLost(String),
+    /// Recovery could not record the attempts a crash interrupted.
+    #[error("recovery could not record interrupted attempts")]
+    Recovery,
     /// A task panicked.
     #[error("a director task failed")]
     Task(#[from] tokio::task::JoinError),
@@ -250,12 +253,14 @@ pub async fn start(config: DirectorConfig) -> Result<Director, DirectorError> {
                 _ = stopping.cancelled() => {}
                 _ = lock_lost.cancelled() => {}
             }
+            // Intake closes and no new attempt starts, at once; requests already inside
+            // still get their commit, and attempts in flight finish.
             stopping.cancel();
-            tracing::info!("director stopping: intake closed");
+            scheduler_stop.cancel();
+            tracing::info!("director stopping: intake closed, no new attempts");
             if let Err(e) = server.await? {
                 tracing::warn!(error = %e, "rpc server ended with an error");
             }
-            scheduler_stop.cancel();
             scheduler_task.await?;
             // Every sender is gone now, so the writer drains what is queued and ends.
             writer_task.await?;
@@ -336,9 +341,7 @@ async fn recover(
             .await;
         let ok = sent.is_ok() && matches!(committed.await, Ok(Ok(())));
         if !ok {
-            return Err(DirectorError::LockLost(
-                "recovery could not record interrupted attempts".into(),
-            ));
+            return Err(DirectorError::Recovery);
         }
     }
     Ok(recovered)

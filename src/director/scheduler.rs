@@ -261,7 +261,9 @@ impl Scheduler {
             Event::Started(ids) => {
                 let mut lanes = Vec::new();
                 for id in ids {
-                    let Some(key) = self.lane_of(id) else { continue };
+                    let Some(key) = self.lane_of(id) else {
+                        continue;
+                    };
                     if let Some(lane) = self.lanes.get_mut(&key) {
                         lane.starting -= 1;
                         lane.started.push_back(id);
@@ -276,7 +278,9 @@ impl Scheduler {
             Event::StartFailed(ids, why) => {
                 tracing::warn!(jobs = ids.len(), reason = %why, "could not record attempts; not starting them");
                 for id in ids {
-                    let Some(key) = self.lane_of(id) else { continue };
+                    let Some(key) = self.lane_of(id) else {
+                        continue;
+                    };
                     self.in_flight -= 1;
                     if let Some(lane) = self.lanes.get_mut(&key) {
                         lane.starting -= 1;
@@ -298,21 +302,19 @@ impl Scheduler {
         let now = Utc::now();
         let mut starts = Vec::new();
         while self.in_flight < self.limits.max_in_flight && starts.len() < self.limits.start_batch {
-            let Some(id) = self.pick() else { break };
-            let Some(entry) = self.jobs.get_mut(&id) else {
-                continue;
-            };
-            if entry.job.expire_at <= now {
-                self.expire(id, now);
-                continue;
-            }
-            entry.attempts += 1;
-            entry.phase = Phase::Starting;
-            starts.push(Transition::executing(id, entry.attempts, now));
-            let key = entry.lane.clone();
-            self.in_flight += 1;
-            if let Some(lane) = self.lanes.get_mut(&key) {
-                lane.starting += 1;
+            let Some((id, key)) = self.pick() else { break };
+            match self.jobs.get_mut(&id) {
+                Some(entry) if entry.job.expire_at <= now => self.expire(id, now),
+                Some(entry) => {
+                    entry.attempts += 1;
+                    entry.phase = Phase::Starting;
+                    starts.push(Transition::executing(id, entry.attempts, now));
+                    self.in_flight += 1;
+                    if let Some(lane) = self.lanes.get_mut(&key) {
+                        lane.starting += 1;
+                    }
+                }
+                None => {}
             }
             self.relist(&key);
         }
@@ -347,8 +349,10 @@ impl Scheduler {
         });
     }
 
-    /// The next job to start: head lane of the ring, its next bucket.
-    fn pick(&mut self) -> Option<JobId> {
+    /// The next job to start (head lane of the ring, its next bucket) and its lane. The caller
+    /// relists the lane once it has counted the attempt, so a lane is never forgotten while
+    /// an attempt of it is being started.
+    fn pick(&mut self) -> Option<(JobId, Arc<str>)> {
         let key = self.ring.pop_front()?;
         let lane = self.lanes.get_mut(&key)?;
         lane.listed = false;
@@ -361,8 +365,7 @@ impl Scheduler {
             lane.buckets.push_back(bucket);
         }
         lane.ready -= 1;
-        self.relist(&key);
-        id
+        id.map(|id| (id, key))
     }
 
     /// Puts a lane back in the ring if it can start something, or forgets an idle lane.
@@ -458,7 +461,9 @@ impl Scheduler {
         let mut ready = Vec::new();
         if let Some(lane) = self.lanes.get_mut(key) {
             while lane.in_flight < per_endpoint {
-                let Some(id) = lane.started.pop_front() else { break };
+                let Some(id) = lane.started.pop_front() else {
+                    break;
+                };
                 lane.in_flight += 1;
                 ready.push(id);
             }
