@@ -5,7 +5,7 @@ use std::net::SocketAddr;
 use std::time::Duration;
 
 use anyhow::Context;
-use clap::{Args, Parser, Subcommand};
+use clap::{Args, Parser, Subcommand, ValueEnum};
 use tracing_subscriber::EnvFilter;
 
 use crate::director::{self, DirectorConfig};
@@ -34,6 +34,62 @@ pub enum Command {
     Bench(crate::bench::BenchArgs),
     /// Run the recording test endpoint alone (see `spindle::sink` for its paths).
     Sink(SinkArgs),
+    /// The JobDB inventory in Consul: add spare JobDBs, list them.
+    #[command(subcommand)]
+    Jobdbs(JobdbsCommand),
+}
+
+/// How a Director gets exclusive ownership of a JobDB.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum RegistryKind {
+    /// MySQL `GET_LOCK` on `--jobdb`: one site, no Consul.
+    Mysql,
+    /// Consul: campaign for a spare or orphaned JobDB from the inventory, register in the catalog.
+    Consul,
+}
+
+/// Where the Consul agent is.
+#[derive(Debug, Clone, Args)]
+pub struct ConsulArgs {
+    /// Consul agent address.
+    #[arg(
+        long,
+        env = "CONSUL_HTTP_ADDR",
+        default_value = "http://127.0.0.1:8500"
+    )]
+    pub consul_addr: String,
+    /// Consul ACL token.
+    #[arg(long, env = "CONSUL_HTTP_TOKEN", hide_env_values = true)]
+    pub consul_token: Option<String>,
+}
+
+impl ConsulArgs {
+    fn client(&self) -> anyhow::Result<crate::registry::consul::ConsulClient> {
+        Ok(crate::registry::consul::ConsulClient::new(
+            &self.consul_addr,
+            self.consul_token.clone(),
+        )?)
+    }
+}
+
+/// `spindle jobdbs` subcommands.
+#[derive(Debug, Subcommand)]
+pub enum JobdbsCommand {
+    /// Create and migrate a JobDB, and add it to the inventory as a spare.
+    Add {
+        /// The JobDB: `mysql://user[:password]@host[:port]/name` (name in `[a-z0-9_]`).
+        #[arg(long)]
+        jobdb: String,
+        /// The agent.
+        #[command(flatten)]
+        consul: ConsulArgs,
+    },
+    /// List the inventory: name, state, lock holder, URL.
+    List {
+        /// The agent.
+        #[command(flatten)]
+        consul: ConsulArgs,
+    },
 }
 
 /// Options of `spindle director`.
@@ -82,6 +138,31 @@ pub struct DirectorArgs {
     /// Most bytes of a response body read.
     #[arg(long, env = "SPINDLE_MAX_RESPONSE_BYTES", default_value_t = 64 * 1024)]
     pub max_response_bytes: usize,
+    /// How the Director owns its JobDB.
+    #[arg(long, env = "SPINDLE_REGISTRY", value_enum, default_value_t = RegistryKind::Mysql)]
+    pub registry: RegistryKind,
+    /// With `--registry consul`: the agent.
+    #[command(flatten)]
+    pub consul: ConsulArgs,
+    /// With `--registry consul`: address published in the catalog (default: the bound address).
+    #[arg(long, env = "SPINDLE_ADVERTISE")]
+    pub advertise: Option<std::net::SocketAddr>,
+    /// With `--registry consul`: lock session TTL in ms (Consul's minimum is 10 s).
+    #[arg(long, env = "SPINDLE_LOCK_TTL_MS", default_value_t = 10_000)]
+    pub lock_ttl_ms: u64,
+    /// With `--registry consul`: lock-delay in ms after a holder's session ends.
+    #[arg(long, env = "SPINDLE_LOCK_DELAY_MS", default_value_t = 5_000)]
+    pub lock_delay_ms: u64,
+    /// With `--registry consul`: TTL of the catalog health check in ms.
+    #[arg(long, env = "SPINDLE_SERVICE_TTL_MS", default_value_t = 10_000)]
+    pub service_ttl_ms: u64,
+    /// With `--registry consul`: this Director's stable identity (default: the host name). A
+    /// Director restarted with the same id takes back the JobDB it held before a crash.
+    #[arg(long, env = "SPINDLE_DIRECTOR_ID")]
+    pub director_id: Option<String>,
+    /// With `--registry consul`: pause between campaign rounds that found no free JobDB, in ms.
+    #[arg(long, env = "SPINDLE_CAMPAIGN_RETRY_MS", default_value_t = 2_000)]
+    pub campaign_retry_ms: u64,
 }
 
 impl DirectorArgs {
@@ -132,8 +213,63 @@ pub async fn run(cli: Cli) -> anyhow::Result<()> {
         .with_writer(std::io::stderr)
         .init();
     match cli.command {
-        Command::Director(args) => {
-            director::run_until_signal(args.to_config()?).await?;
+        Command::Director(args) => match args.registry {
+            RegistryKind::Mysql => director::run_until_signal(args.to_config()?).await?,
+            RegistryKind::Consul => {
+                let cluster = director::campaign::ClusterConfig {
+                    consul: args.consul.client()?,
+                    timing: crate::registry::lease::LockTiming {
+                        ttl: Duration::from_millis(args.lock_ttl_ms),
+                        lock_delay: Duration::from_millis(args.lock_delay_ms),
+                    },
+                    advertise: args.advertise,
+                    service_ttl: Duration::from_millis(args.service_ttl_ms),
+                    retry_every: Duration::from_millis(args.campaign_retry_ms),
+                    director_id: args.director_id.clone().unwrap_or_else(director::host_name),
+                };
+                let shutdown = tokio_util::sync::CancellationToken::new();
+                let stopper = shutdown.clone();
+                tokio::spawn(async move {
+                    crate::shutdown_signal().await;
+                    stopper.cancel();
+                });
+                director::campaign::run(args.to_config()?, cluster, shutdown).await?;
+            }
+        },
+        Command::Jobdbs(JobdbsCommand::Add { jobdb, consul }) => {
+            let url: crate::jobdb::JobDbUrl = jobdb.parse().context("--jobdb")?;
+            let db = crate::jobdb::JobDb::open(&url, true, 2).await?;
+            db.close().await;
+            let record = crate::registry::inventory::JobDbRecord {
+                name: url.database.clone(),
+                url: jobdb.clone(),
+                state: crate::registry::inventory::JobDbState::Spare,
+                changed_at: chrono::Utc::now(),
+                changed_by: "spindle jobdbs add".to_owned(),
+            };
+            let inventory = crate::registry::inventory::Inventory::new(consul.client()?);
+            anyhow::ensure!(
+                inventory.add(&record).await?,
+                "jobdb {} is already in the inventory",
+                record.name
+            );
+            println!("added spare jobdb {}", record.name);
+        }
+        Command::Jobdbs(JobdbsCommand::List { consul }) => {
+            let inventory = crate::registry::inventory::Inventory::new(consul.client()?);
+            println!(
+                "{:<24} {:<9} {:<38} url",
+                "name", "state", "lock holder (session)"
+            );
+            for listed in inventory.list().await? {
+                println!(
+                    "{:<24} {:<9} {:<38} {}",
+                    listed.record.name,
+                    format!("{:?}", listed.record.state).to_lowercase(),
+                    listed.holder.as_deref().unwrap_or("-"),
+                    redact_password(&listed.record.url)
+                );
+            }
         }
         Command::Demo(args) => crate::demo::run(args).await?,
         Command::Bench(args) => crate::bench::run(args).await?,
@@ -145,4 +281,15 @@ pub async fn run(cli: Cli) -> anyhow::Result<()> {
         }
     }
     Ok(())
+}
+
+/// The URL with any password replaced, for printing.
+fn redact_password(url: &str) -> String {
+    match url::Url::parse(url) {
+        Ok(mut parsed) if parsed.password().is_some() => {
+            let _ = parsed.set_password(Some("***"));
+            parsed.to_string()
+        }
+        _ => url.to_owned(),
+    }
 }

@@ -12,6 +12,8 @@
 //!   [`director::scheduler`] (cache, virtual queues, timers), recovery and shutdown.
 //! - [`rpc`]: the axum routes, request validation, error mapping and OpenAPI document.
 //! - [`metrics`]: Prometheus metrics on an explicit registry.
+//! - [`registry`]: coordination: the Consul client, JobDB leases with fencing tokens, the JobDB
+//!   inventory and the service catalog.
 //! - [`sink`]: a recording HTTP endpoint for demos, benchmarks and tests.
 //! - [`cli`]: the `spindle` command line (`director`, `demo`, `bench`, `sink`).
 //! - [`bench`] and [`demo`]: the `spindle bench` and `spindle demo` subcommands.
@@ -26,6 +28,7 @@ pub mod director;
 pub mod job;
 pub mod jobdb;
 pub mod metrics;
+pub mod registry;
 pub mod rpc;
 pub mod sink;
 

@@ -40,6 +40,10 @@ pub struct Metrics {
     pub jobs_cached: Gauge,
     /// Attempts in flight.
     pub in_flight: Gauge,
+    /// Attempts whose HTTP request was started.
+    pub attempts_started: Counter,
+    /// When the last attempt started (Unix seconds): shows when a fenced-out Director stopped.
+    pub last_attempt_started: Gauge<f64, std::sync::atomic::AtomicU64>,
 }
 
 fn attempt_histogram() -> Histogram {
@@ -101,8 +105,22 @@ impl Default for Metrics {
             "Delivery attempts in flight",
             in_flight.clone(),
         );
+        let attempts_started = Counter::default();
+        registry.register(
+            "attempts_started",
+            "Delivery attempts whose request was started",
+            attempts_started.clone(),
+        );
+        let last_attempt_started = Gauge::<f64, std::sync::atomic::AtomicU64>::default();
+        registry.register(
+            "attempt_last_started_timestamp_seconds",
+            "Unix time at which the last delivery attempt started",
+            last_attempt_started.clone(),
+        );
         Metrics {
             registry,
+            attempts_started,
+            last_attempt_started,
             jobs_accepted,
             attempts,
             attempt_seconds,
@@ -121,6 +139,15 @@ impl Metrics {
     pub fn observe_write(&self, rows: usize, took: Duration) {
         self.write_batch_rows.observe(rows as f64);
         self.write_seconds.observe(took.as_secs_f64());
+    }
+
+    /// Records that an attempt's request starts now.
+    pub fn observe_start(&self) {
+        self.attempts_started.inc();
+        let now = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap_or_default();
+        self.last_attempt_started.set(now.as_secs_f64());
     }
 
     /// Records one finished attempt.

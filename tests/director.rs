@@ -529,3 +529,47 @@ async fn buckets_sharing_an_endpoint_take_turns() {
     reader.close().await;
     sink.stop().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn recovered_jobs_already_due_start_without_new_traffic() {
+    let db = TestDb::new("due");
+    let sink = sink().await;
+    let director = start_director(&db, |_| {}).await;
+    let client = reqwest::Client::new();
+    let jobs: Vec<_> = (0..10)
+        .map(|_| json!({"bucket": "b", "endpoint": sink.url("/fail/1"), "backoff_min_delay_ms": 300}))
+        .collect();
+    submit(&client, &base(&director), jobs).await;
+    let reader = db.open().await;
+    wait_for(
+        Duration::from_secs(10),
+        "first attempts to fail",
+        || async {
+            reader
+                .count_by_state()
+                .await
+                .unwrap()
+                .get(&State::AwaitingRetry)
+                == Some(&10)
+        },
+    )
+    .await;
+    director.shutdown();
+    director.wait().await.unwrap();
+    // Their retry_at passes while no Director runs; the next one must start them unprompted.
+    tokio::time::sleep(Duration::from_millis(400)).await;
+    let director = start_director(&db, |_| {}).await;
+    wait_all_final(&reader, 10, Duration::from_secs(10)).await;
+    assert_eq!(
+        reader
+            .count_by_state()
+            .await
+            .unwrap()
+            .get(&State::Succeeded),
+        Some(&10)
+    );
+    director.shutdown();
+    director.wait().await.unwrap();
+    reader.close().await;
+    sink.stop().await;
+}

@@ -13,6 +13,7 @@
 //! the lock. A lost lock does the same but every write is refused, and the Director exits
 //! with an error so its supervisor can restart it.
 
+pub mod campaign;
 pub mod scheduler;
 pub mod writer;
 
@@ -29,12 +30,15 @@ use tokio_util::sync::CancellationToken;
 
 use crate::delivery::{Deliverer, DeliveryConfig};
 use crate::job::{AttemptRecord, State, Transition};
-use crate::jobdb::lock::ServerLock;
 use crate::jobdb::{JobDb, JobDbError, JobDbUrl};
 use crate::metrics::Metrics;
+use crate::registry::lease::{self, Lease};
 use crate::rpc::{self, api::IntakeLimits, RpcState};
 use scheduler::{Recovered, Scheduler, SchedulerLimits};
 use writer::{WriteOp, Writer, WriterLimits};
+
+/// How far above the JobDB's highest transition id a new owner starts numbering.
+pub const OWNER_ID_GAP: u64 = 1 << 32;
 
 /// Everything a Director needs to run, validated.
 #[derive(Clone, Debug)]
@@ -90,10 +94,14 @@ impl DirectorConfig {
 
 /// `host:pid`, naming this process in the JobDB's owner row.
 pub fn default_holder() -> String {
-    let host = std::fs::read_to_string("/proc/sys/kernel/hostname")
+    format!("{}:{}", host_name(), std::process::id())
+}
+
+/// This machine's host name (`unknown` if it cannot be read).
+pub fn host_name() -> String {
+    std::fs::read_to_string("/proc/sys/kernel/hostname")
         .map(|h| h.trim().to_owned())
-        .unwrap_or_else(|_| "unknown".to_owned());
-    format!("{host}:{}", std::process::id())
+        .unwrap_or_else(|_| "unknown".to_owned())
 }
 
 /// Why a Director could not start or stopped abnormally.
@@ -143,23 +151,76 @@ impl Director {
         self.stopping.cancel();
     }
 
+    /// A handle that stops the Director when cancelled (as [`Director::shutdown`] does).
+    pub fn stopper(&self) -> CancellationToken {
+        self.stopping.clone()
+    }
+
     /// Waits until the Director has stopped.
     pub async fn wait(self) -> Result<(), DirectorError> {
         self.task.await?
     }
 }
 
-/// Starts a Director; returns once it serves RPC.
+/// Starts a Director on `config.jobdb`, owned through MySQL `GET_LOCK` (single-site, no
+/// Consul); returns once it serves RPC.
 pub async fn start(config: DirectorConfig) -> Result<Director, DirectorError> {
+    let lease = lease::server_lock(&config.jobdb, config.lock_check_interval).await?;
+    start_owned(config, lease, Arc::new(Metrics::default()), None).await
+}
+
+/// Starts a Director on `config.jobdb` under a lease already taken, exporting `metrics`, on
+/// `listener` if given (else it binds `config.listen`). The lease is released when the
+/// Director stops, or at once if it cannot start.
+pub async fn start_owned(
+    config: DirectorConfig,
+    lease: Lease,
+    metrics: Arc<Metrics>,
+    listener: Option<std::net::TcpListener>,
+) -> Result<Director, DirectorError> {
+    let opened = open_owned(&config, &lease).await;
+    match opened {
+        Ok((db, token, unfinished)) => {
+            serve(config, lease, metrics, listener, db, token, unfinished).await
+        }
+        Err(e) => {
+            lease.release().await;
+            Err(e)
+        }
+    }
+}
+
+type Unfinished = Vec<(crate::job::Job, crate::job::Progress)>;
+
+/// Opens the JobDB (creating and migrating it if configured), takes ownership with the
+/// lease's token, and reads what recovery needs.
+async fn open_owned(
+    config: &DirectorConfig,
+    lease: &Lease,
+) -> Result<(JobDb, u64, Unfinished), DirectorError> {
     let db = JobDb::open(
         &config.jobdb,
         config.create_database,
         config.db_max_connections,
     )
     .await?;
-    let lock = ServerLock::try_acquire(&config.jobdb).await?;
-    let token = db.take_ownership(&config.holder).await?;
-    let next_id = db.max_transition_id().await? + 1;
+    let token = match lease.token {
+        Some(token) => loop {
+            match db
+                .take_ownership_at(token, &config.holder, Duration::from_secs(2))
+                .await
+            {
+                Err(JobDbError::Busy) if !lease.lost.is_cancelled() => {
+                    tracing::warn!(
+                        jobdb = db.name(),
+                        "previous owner has a transaction open on the fence; waiting"
+                    );
+                }
+                other => break other?,
+            }
+        },
+        None => db.take_ownership(&config.holder).await?,
+    };
     let unfinished = db.load_unfinished().await?;
     tracing::info!(
         jobdb = db.name(),
@@ -167,24 +228,33 @@ pub async fn start(config: DirectorConfig) -> Result<Director, DirectorError> {
         unfinished = unfinished.len(),
         "jobdb owned"
     );
+    Ok((db, token, unfinished))
+}
 
-    let listener =
-        TcpListener::bind(config.listen)
-            .await
-            .map_err(|source| DirectorError::Bind {
-                addr: config.listen,
-                source,
-            })?;
-    let addr = listener
-        .local_addr()
-        .map_err(|source| DirectorError::Bind {
-            addr: config.listen,
-            source,
-        })?;
+async fn serve(
+    config: DirectorConfig,
+    lease: Lease,
+    metrics: Arc<Metrics>,
+    listener: Option<std::net::TcpListener>,
+    db: JobDb,
+    token: u64,
+    unfinished: Unfinished,
+) -> Result<Director, DirectorError> {
+    // Each owner numbers its rows 2^32 above the last committed one: a paused predecessor's
+    // uncommitted rows can then never collide with ours (they are refused by the fence anyway).
+    let next_id = db.max_transition_id().await? + OWNER_ID_GAP;
+    let bind_error = |source| DirectorError::Bind {
+        addr: config.listen,
+        source,
+    };
+    let listener = match listener {
+        Some(std) => TcpListener::from_std(std).map_err(bind_error)?,
+        None => TcpListener::bind(config.listen).await.map_err(bind_error)?,
+    };
+    let addr = listener.local_addr().map_err(bind_error)?;
 
-    let metrics = Arc::new(Metrics::default());
     let stopping = CancellationToken::new();
-    let lock_lost = CancellationToken::new();
+    let lock_lost = lease.lost.clone();
     let (writer_tx, writer_rx) = mpsc::channel(1024);
     let (events_tx, events_rx) = mpsc::unbounded_channel();
 
@@ -214,14 +284,6 @@ pub async fn start(config: DirectorConfig) -> Result<Director, DirectorError> {
     scheduler.recover(recovered);
     let scheduler_stop = CancellationToken::new();
     let scheduler_task = tokio::spawn(scheduler.run(scheduler_stop.clone()));
-
-    let monitor_stop = CancellationToken::new();
-    let monitor_task = tokio::spawn(watch_lock(
-        lock,
-        config.lock_check_interval,
-        lock_lost.clone(),
-        monitor_stop.clone(),
-    ));
 
     let state = RpcState {
         writer: writer_tx,
@@ -264,14 +326,10 @@ pub async fn start(config: DirectorConfig) -> Result<Director, DirectorError> {
             scheduler_task.await?;
             // Every sender is gone now, so the writer drains what is queued and ends.
             writer_task.await?;
-            monitor_stop.cancel();
-            if let Some(lock) = monitor_task.await? {
-                if let Err(e) = lock.release().await {
-                    tracing::warn!(error = %e, "releasing the jobdb lock failed; it ends with the connection");
-                }
-            }
+            let lost = lock_lost.is_cancelled();
+            lease.release().await;
             db.close().await;
-            if lock_lost.is_cancelled() {
+            if lost {
                 return Err(DirectorError::LockLost(db.name().to_owned()));
             }
             tracing::info!("director stopped");
@@ -345,27 +403,6 @@ async fn recover(
         }
     }
     Ok(recovered)
-}
-
-/// Confirms the JobDB lock every `every`; on failure, signals `lost` (every write stops).
-/// Returns the lock when asked to stop, so it can be released.
-async fn watch_lock(
-    mut lock: ServerLock,
-    every: Duration,
-    lost: CancellationToken,
-    stop: CancellationToken,
-) -> Option<ServerLock> {
-    loop {
-        tokio::select! {
-            _ = stop.cancelled() => return Some(lock),
-            _ = tokio::time::sleep(every) => {}
-        }
-        if let Err(e) = lock.check(every).await {
-            tracing::error!(error = %e, "jobdb lock lost: stopping all writes");
-            lost.cancel();
-            return None;
-        }
-    }
 }
 
 /// Runs a Director until SIGINT or SIGTERM, then stops it cleanly.

@@ -194,6 +194,9 @@ impl Scheduler {
     /// hands their outcomes to the writer before returning.
     pub async fn run(mut self, shutdown: CancellationToken) {
         let mut stopping_at: Option<Instant> = None;
+        // Recovered jobs that are already due wait for no event: start them now.
+        self.pump().await;
+        self.flush().await;
         loop {
             let next_timer = self.timers.peek().map(|Reverse((due, _))| *due);
             tokio::select! {
@@ -479,6 +482,7 @@ impl Scheduler {
             return;
         };
         entry.phase = Phase::InFlight;
+        self.metrics.observe_start();
         let job = entry.job.clone();
         let attempt = entry.attempts;
         let deliverer = self.deliverer.clone();

@@ -53,6 +53,9 @@ pub enum JobDbError {
     /// Another live process holds the JobDB's lock.
     #[error("jobdb {0} is held by another director")]
     Held(String),
+    /// A previous owner still has a transaction open on the fence row.
+    #[error("a previous owner's transaction is still open")]
+    Busy,
     /// A row the JobDB returned breaks an invariant.
     #[error("corrupt jobdb row: {0}")]
     Corrupt(String),
@@ -222,8 +225,71 @@ impl JobDb {
         Ok(token)
     }
 
-    /// Appends jobs and transitions in one transaction, after checking the fencing token under
-    /// a shared lock (so a new owner's [`JobDb::take_ownership`] waits for us, then wins).
+    /// Takes ownership with a token from an external lock (a Consul lock key's ModifyIndex):
+    /// succeeds only if it is higher than every token the JobDB has seen, so an older holder
+    /// can never take it back; [`JobDbError::Fenced`] otherwise. Waits at most `wait` for a
+    /// previous owner's transaction in its final round trip ([`JobDbError::Busy`] then).
+    pub async fn take_ownership_at(
+        &self,
+        token: u64,
+        holder: &str,
+        wait: Duration,
+    ) -> Result<u64, JobDbError> {
+        // A connection of its own, so the short lock wait does not leak into the pool.
+        let mut conn = self.url.options().connect().await?;
+        sqlx::query("SET SESSION innodb_lock_wait_timeout = ?")
+            .bind(wait.as_secs().max(1))
+            .execute(&mut conn)
+            .await?;
+        let mut tx = conn.begin().await?;
+        let updated = sqlx::query(
+            "UPDATE jobdb_owner SET fencing_token = ?, holder = ?, acquired_at = ? \
+             WHERE id = 1 AND fencing_token < ?",
+        )
+        .bind(token)
+        .bind(holder)
+        .bind(Utc::now().naive_utc())
+        .bind(token)
+        .execute(&mut *tx)
+        .await;
+        let updated = match updated {
+            Ok(done) => done.rows_affected(),
+            Err(sqlx::Error::Database(e))
+                if e.code().as_deref() == Some("HY000")
+                    && e.message().contains("Lock wait timeout") =>
+            {
+                return Err(JobDbError::Busy);
+            }
+            Err(e) => return Err(e.into()),
+        };
+        let current: u64 = sqlx::query_scalar("SELECT fencing_token FROM jobdb_owner WHERE id = 1")
+            .fetch_one(&mut *tx)
+            .await?;
+        tx.commit().await?;
+        conn.close().await?;
+        if updated == 1 {
+            Ok(token)
+        } else {
+            Err(JobDbError::Fenced {
+                ours: token,
+                current,
+            })
+        }
+    }
+
+    /// The current fencing token and holder.
+    pub async fn owner(&self) -> Result<(u64, String), JobDbError> {
+        let row = sqlx::query("SELECT fencing_token, holder FROM jobdb_owner WHERE id = 1")
+            .fetch_one(&self.pool)
+            .await?;
+        Ok((row.try_get("fencing_token")?, text(&row, "holder")?))
+    }
+
+    /// Appends jobs and transitions in one transaction, checking the fencing token as the
+    /// last statement before COMMIT, under a shared lock: a new owner's takeover waits for that
+    /// one round trip at most, and once it has happened our check fails and nothing of the
+    /// transaction is stored. (Checking first would make a paused owner block its successor
+    /// for as long as it stays paused.)
     pub async fn append(
         &self,
         token: u64,
@@ -231,6 +297,14 @@ impl JobDb {
         transitions: &[(u64, Transition)],
     ) -> Result<(), JobDbError> {
         let mut tx = self.pool.begin().await?;
+        for chunk in chunks_by_size(jobs, |job| job.payload.len() + job.endpoint.len()) {
+            insert_jobs(chunk).build().execute(&mut *tx).await?;
+        }
+        for chunk in chunks_by_size(transitions, |(_, t)| {
+            t.error_response.as_ref().map_or(0, Bytes::len)
+        }) {
+            insert_transitions(chunk).build().execute(&mut *tx).await?;
+        }
         let current: u64 = sqlx::query_scalar(
             "SELECT fencing_token FROM jobdb_owner WHERE id = 1 LOCK IN SHARE MODE",
         )
@@ -242,14 +316,6 @@ impl JobDb {
                 ours: token,
                 current,
             });
-        }
-        for chunk in chunks_by_size(jobs, |job| job.payload.len() + job.endpoint.len()) {
-            insert_jobs(chunk).build().execute(&mut *tx).await?;
-        }
-        for chunk in chunks_by_size(transitions, |(_, t)| {
-            t.error_response.as_ref().map_or(0, Bytes::len)
-        }) {
-            insert_transitions(chunk).build().execute(&mut *tx).await?;
         }
         tx.commit().await?;
         Ok(())

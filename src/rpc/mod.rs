@@ -93,6 +93,43 @@ pub fn router(state: RpcState) -> Router {
         .with_state(state)
 }
 
+/// The routes of a Director process that owns no JobDB at the moment (campaigning): alive,
+/// not ready, metrics, and a 503 for everything else so producers go elsewhere.
+pub fn idle_router(metrics: Arc<Metrics>) -> Router {
+    Router::new()
+        .route("/healthz", get(healthz))
+        .route(
+            "/readyz",
+            get(|| async {
+                (
+                    StatusCode::SERVICE_UNAVAILABLE,
+                    "not ready: no jobdb owned\n",
+                )
+            }),
+        )
+        .route(
+            "/metrics",
+            get(move || {
+                let metrics = metrics.clone();
+                async move {
+                    (
+                        [(
+                            header::CONTENT_TYPE,
+                            "application/openmetrics-text; version=1.0.0; charset=utf-8",
+                        )],
+                        metrics.render(),
+                    )
+                }
+            }),
+        )
+        .route("/openapi.json", get(openapi))
+        .fallback(|| async {
+            ApiError::Unavailable(
+                "this director owns no jobdb right now; nothing was stored".into(),
+            )
+        })
+}
+
 /// Submit jobs. The whole batch is persisted in one transaction before the answer.
 #[utoipa::path(
     post,

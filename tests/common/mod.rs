@@ -111,7 +111,8 @@ where
 
 /// Waits until no job of the JobDB is in a non-terminal state except those allowed.
 pub async fn wait_all_final(db: &JobDb, expected_jobs: u64, timeout: Duration) {
-    wait_for(timeout, "every job to reach a final state", || async {
+    let deadline = tokio::time::Instant::now() + timeout;
+    loop {
         let counts = db.count_by_state().await.expect("count");
         let total: u64 = counts.values().sum();
         let open: u64 = counts
@@ -119,9 +120,16 @@ pub async fn wait_all_final(db: &JobDb, expected_jobs: u64, timeout: Duration) {
             .filter(|(s, _)| !s.is_terminal())
             .map(|(_, n)| n)
             .sum();
-        total >= expected_jobs && open == 0
-    })
-    .await;
+        if total >= expected_jobs && open == 0 {
+            return;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "jobdb {}: jobs not final in time: {counts:?}, expected {expected_jobs}",
+            db.name()
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
 }
 
 /// Every job's history, by job.
@@ -164,4 +172,65 @@ pub fn percentile_ms(samples: &mut [Duration], p: f64) -> f64 {
     samples.sort();
     let i = ((samples.len() as f64 - 1.0) * p).round() as usize;
     samples[i].as_secs_f64() * 1000.0
+}
+
+/// The Consul the registry tests talk to: a real agent when `CONSUL_HTTP_ADDR` is set, else an
+/// in-repo `consul-double` with fast session TTLs and fault hooks.
+pub struct ConsulUnderTest {
+    pub client: spindle::registry::consul::ConsulClient,
+    pub double: Option<consul_double::ConsulDouble>,
+    /// A key prefix of this test alone.
+    pub prefix: String,
+    /// The shortest session TTL the server accepts (1 s on the double, 10 s on Consul).
+    pub ttl: Duration,
+}
+
+impl ConsulUnderTest {
+    pub async fn start() -> Self {
+        let prefix = format!(
+            "spindle-test/{}",
+            ulid::Ulid::new().to_string().to_lowercase()
+        );
+        match std::env::var("CONSUL_HTTP_ADDR") {
+            Ok(addr) if !addr.is_empty() => ConsulUnderTest {
+                client: spindle::registry::consul::ConsulClient::new(
+                    &addr,
+                    std::env::var("CONSUL_HTTP_TOKEN").ok(),
+                )
+                .expect("consul client"),
+                double: None,
+                prefix,
+                ttl: Duration::from_secs(10),
+            },
+            _ => {
+                let config = consul_double::Config {
+                    listen: "127.0.0.1:0".parse().unwrap(),
+                    session_ttl_min: Duration::from_secs(1),
+                    ..consul_double::Config::default()
+                };
+                let double = consul_double::ConsulDouble::start(config)
+                    .await
+                    .expect("consul double");
+                ConsulUnderTest {
+                    client: spindle::registry::consul::ConsulClient::new(&double.url(), None)
+                        .unwrap(),
+                    double: Some(double),
+                    prefix,
+                    ttl: Duration::from_secs(1),
+                }
+            }
+        }
+    }
+
+    pub fn key(&self, name: &str) -> String {
+        format!("{}/{name}", self.prefix)
+    }
+
+    pub async fn stop(self) {
+        if let Some(double) = self.double {
+            double.stop().await;
+        } else {
+            let _ = self.client.kv_delete_prefix(&self.prefix).await;
+        }
+    }
 }

@@ -1,0 +1,302 @@
+//! A Director in a cluster: campaign for a JobDB through the registry, serve it, and campaign
+//! again when ownership is lost.
+//!
+//! The loop: list the inventory's candidates (orphaned active JobDBs first, then spares), take
+//! the first lock that is free, mark the JobDB active, start a Director on it with the lock's
+//! fencing token, and register in the catalog. When the lease is lost, the Director stops
+//! (intake closed, no new attempts, its cache dropped with it), the registration goes, and the
+//! loop starts over. The RPC listener stays bound throughout; between Directors it answers
+//! `/readyz` with 503 and refuses submissions, so producers route elsewhere.
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Duration;
+
+use rand::Rng;
+use tokio_util::sync::CancellationToken;
+
+use super::{start_owned, DirectorConfig, DirectorError};
+use crate::metrics::Metrics;
+use crate::registry::catalog;
+use crate::registry::consul::ConsulClient;
+use crate::registry::inventory::{Inventory, JobDbState, Listed};
+use crate::registry::lease::{consul_lock, Lease, LockTiming};
+use crate::rpc;
+
+/// How a Director takes part in a cluster.
+#[derive(Clone, Debug)]
+pub struct ClusterConfig {
+    /// The Consul agent.
+    pub consul: ConsulClient,
+    /// Lock session TTL and lock-delay.
+    pub timing: LockTiming,
+    /// Address published in the catalog (default: the bound listen address).
+    pub advertise: Option<SocketAddr>,
+    /// TTL of the catalog health check.
+    pub service_ttl: Duration,
+    /// Pause between two campaign rounds that found nothing free.
+    pub retry_every: Duration,
+    /// This Director's stable identity (survives restarts), stored as its locks' value.
+    pub director_id: String,
+}
+
+/// Runs a Director in the cluster until `shutdown`; returns after a clean stop.
+pub async fn run(
+    config: DirectorConfig,
+    cluster: ClusterConfig,
+    shutdown: CancellationToken,
+) -> Result<(), DirectorError> {
+    let listener =
+        std::net::TcpListener::bind(config.listen).map_err(|source| DirectorError::Bind {
+            addr: config.listen,
+            source,
+        })?;
+    listener
+        .set_nonblocking(true)
+        .map_err(|source| DirectorError::Bind {
+            addr: config.listen,
+            source,
+        })?;
+    let bound = listener
+        .local_addr()
+        .map_err(|source| DirectorError::Bind {
+            addr: config.listen,
+            source,
+        })?;
+    let advertise = cluster.advertise.unwrap_or(bound);
+    let metrics = Arc::new(Metrics::default());
+    let inventory = Inventory::new(cluster.consul.clone());
+    let service_id = format!(
+        "spindle-director-{}",
+        cluster.director_id.replace([':', '.', '/'], "-")
+    );
+    tracing::info!(addr = %bound, "director campaigning for a jobdb");
+
+    let mut registered: Option<catalog::Registration> = None;
+    loop {
+        let idle = IdleServer::start(&listener, metrics.clone())?;
+        // The listener answers "not ready" again before anything else: deregistering may be
+        // slow when Consul is what failed.
+        if let Some(registration) = registered.take() {
+            tokio::spawn(registration.deregister());
+        }
+        let acquired = tokio::select! {
+            _ = shutdown.cancelled() => None,
+            taken = campaign(&inventory, &cluster.director_id, cluster.timing, cluster.retry_every) => Some(taken),
+        };
+        idle.stop().await;
+        let Some((listed, lease)) = acquired else {
+            return Ok(());
+        };
+        let name = listed.record.name.clone();
+        let mut instance = config.clone();
+        instance.jobdb = match listed.record.url.parse() {
+            Ok(url) => url,
+            Err(e) => {
+                tracing::error!(jobdb = name, error = %e, "inventory record has a bad url; skipping it");
+                lease.release().await;
+                tokio::time::sleep(cluster.retry_every).await;
+                continue;
+            }
+        };
+        instance.create_database = false;
+        let std_listener = listener.try_clone().map_err(|source| DirectorError::Bind {
+            addr: bound,
+            source,
+        })?;
+        let director = match start_owned(instance, lease, metrics.clone(), Some(std_listener)).await
+        {
+            Ok(director) => director,
+            Err(e) => {
+                tracing::error!(jobdb = name, error = %e, "could not start on the jobdb; campaigning again");
+                tokio::time::sleep(cluster.retry_every).await;
+                continue;
+            }
+        };
+        if listed.record.state == JobDbState::Spare {
+            match inventory
+                .set_state(&listed, JobDbState::Active, &config.holder)
+                .await
+            {
+                Ok(true) => {}
+                Ok(false) => {
+                    tracing::warn!(jobdb = name, "inventory record changed while taking it")
+                }
+                Err(e) => {
+                    tracing::warn!(jobdb = name, error = %e, "could not mark the jobdb active")
+                }
+            }
+        }
+        registered = register(&cluster, &service_id, advertise, &name).await;
+        let stopper = director.stopper();
+        let mut running = tokio::spawn(director.wait());
+        let (stopped_by_us, joined) = tokio::select! {
+            _ = shutdown.cancelled() => {
+                stopper.cancel();
+                (true, (&mut running).await)
+            }
+            joined = &mut running => (false, joined),
+        };
+        let outcome = joined.map_err(DirectorError::Task).and_then(|r| r);
+        if stopped_by_us || shutdown.is_cancelled() {
+            if let Some(registration) = registered.take() {
+                registration.deregister().await;
+            }
+        }
+        match outcome {
+            Ok(()) if stopped_by_us || shutdown.is_cancelled() => return Ok(()),
+            Ok(()) => tracing::warn!(jobdb = name, "director stopped; campaigning again"),
+            Err(DirectorError::LockLost(_)) => {
+                tracing::error!(
+                    jobdb = name,
+                    fence_rejections = metrics.fence_rejections.get(),
+                    "lost the jobdb; campaigning again"
+                )
+            }
+            Err(e) => {
+                tracing::error!(jobdb = name, error = %e, "director failed; campaigning again")
+            }
+        }
+        if shutdown.is_cancelled() {
+            return Ok(());
+        }
+    }
+}
+
+async fn register(
+    cluster: &ClusterConfig,
+    id: &str,
+    advertise: SocketAddr,
+    jobdb: &str,
+) -> Option<catalog::Registration> {
+    for _ in 0..5 {
+        match catalog::register_director(
+            &cluster.consul,
+            id,
+            &advertise.ip().to_string(),
+            advertise.port(),
+            jobdb,
+            cluster.service_ttl,
+        )
+        .await
+        {
+            Ok(registration) => return Some(registration),
+            Err(e) => {
+                tracing::warn!(error = %e, "catalog registration failed; retrying");
+                tokio::time::sleep(Duration::from_millis(500)).await;
+            }
+        }
+    }
+    tracing::error!("not registered in the catalog; routers will not find this director");
+    None
+}
+
+/// Loops until a JobDB's lock is ours.
+///
+/// Preference: the JobDB this Director's previous incarnation held, then other active JobDBs
+/// whose owner is gone (their jobs need a Director now), then spares. Two waits keep that
+/// preference from being defeated by timing:
+/// - a Director restarted after a crash usually finds its JobDB still locked by the dead
+///   session (Consul expires it within 2×TTL); for that long it waits for it;
+/// - a freed orphan refuses every acquire during its lock-delay; while one does, spares are
+///   left alone for up to the lock-delay plus two campaign pauses.
+pub async fn campaign(
+    inventory: &Inventory,
+    director_id: &str,
+    timing: LockTiming,
+    retry_every: Duration,
+) -> (Listed, Lease) {
+    use tokio::time::Instant;
+    let own_window = Instant::now() + timing.ttl * 2 + timing.lock_delay + retry_every * 2;
+    let mut orphan_window: Option<Instant> = None;
+    loop {
+        match inventory.list().await {
+            Ok(all) => {
+                let now = Instant::now();
+                let mine = |l: &Listed| {
+                    l.record.state == JobDbState::Active
+                        && l.holder_id.as_deref() == Some(director_id)
+                };
+                let only_mine = now < own_window && all.iter().any(mine);
+                let mut orphan_refused = false;
+                for listed in Inventory::rank(all, director_id) {
+                    let active = listed.record.state == JobDbState::Active;
+                    if only_mine && !mine(&listed) {
+                        continue;
+                    }
+                    if !active && (orphan_refused || orphan_window.is_some_and(|w| now < w)) {
+                        continue;
+                    }
+                    let key = Inventory::lock_key(&listed.record.name);
+                    match consul_lock(
+                        inventory.client(),
+                        &key,
+                        director_id.as_bytes(),
+                        "spindle-director",
+                        timing,
+                    )
+                    .await
+                    {
+                        Ok(Some(lease)) => {
+                            tracing::info!(jobdb = listed.record.name, token = ?lease.token, "jobdb lock acquired");
+                            return (listed, lease);
+                        }
+                        Ok(None) if active => orphan_refused = true,
+                        Ok(None) => {}
+                        Err(e) => {
+                            tracing::warn!(error = %e, "lock attempt failed");
+                            break;
+                        }
+                    }
+                }
+                orphan_window = if orphan_refused {
+                    Some(orphan_window.unwrap_or(now + timing.lock_delay + retry_every * 2))
+                } else {
+                    None
+                };
+            }
+            Err(e) => tracing::warn!(error = %e, "reading the jobdb inventory failed"),
+        }
+        // Jitter keeps Directors that boot together from retrying in lock-step.
+        let pause = retry_every.mul_f64(rand::rng().random_range(0.5..1.5));
+        tokio::time::sleep(pause).await;
+    }
+}
+
+/// The listener's answer while no JobDB is owned: alive, not ready, no intake.
+struct IdleServer {
+    stop: CancellationToken,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl IdleServer {
+    fn start(
+        listener: &std::net::TcpListener,
+        metrics: Arc<Metrics>,
+    ) -> Result<Self, DirectorError> {
+        let addr = listener
+            .local_addr()
+            .map_err(|source| DirectorError::Bind {
+                addr: SocketAddr::from(([0, 0, 0, 0], 0)),
+                source,
+            })?;
+        let bind_error = |source| DirectorError::Bind { addr, source };
+        let listener = tokio::net::TcpListener::from_std(listener.try_clone().map_err(bind_error)?)
+            .map_err(bind_error)?;
+        let stop = CancellationToken::new();
+        let stopped = stop.clone();
+        let task = tokio::spawn(async move {
+            let serve = axum::serve(listener, rpc::idle_router(metrics))
+                .with_graceful_shutdown(stopped.cancelled_owned());
+            if let Err(e) = serve.await {
+                tracing::warn!(error = %e, "idle server failed");
+            }
+        });
+        Ok(IdleServer { stop, task })
+    }
+
+    async fn stop(self) {
+        self.stop.cancel();
+        let _ = self.task.await;
+    }
+}

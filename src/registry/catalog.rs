@@ -1,0 +1,100 @@
+//! Directors in the Consul catalog: register with a TTL health check kept passing by a
+//! heartbeat, deregister on shutdown, and list the healthy ones.
+
+use std::collections::HashMap;
+use std::time::Duration;
+
+use tokio::task::JoinHandle;
+use tokio_util::sync::CancellationToken;
+
+use super::consul::{ConsulClient, ReadOptions, ServiceInstance, ServiceRegistration, TtlCheck};
+use super::RegistryError;
+
+/// The service name Directors register under.
+pub const DIRECTOR_SERVICE: &str = "spindle-director";
+
+/// A registered service instance, kept healthy until deregistered.
+pub struct Registration {
+    client: ConsulClient,
+    id: String,
+    stop: CancellationToken,
+    heartbeat: JoinHandle<()>,
+}
+
+/// Registers a Director serving `address:port` for `jobdb`, and keeps its TTL check passing
+/// (every TTL/3; a refused pass re-registers, as Consul forgets checks across agent restarts).
+pub async fn register_director(
+    client: &ConsulClient,
+    id: &str,
+    address: &str,
+    port: u16,
+    jobdb: &str,
+    ttl: Duration,
+) -> Result<Registration, RegistryError> {
+    let check_id = format!("service:{id}");
+    let registration = ServiceRegistration {
+        id: id.to_owned(),
+        name: DIRECTOR_SERVICE.to_owned(),
+        tags: vec![format!("jobdb-{jobdb}")],
+        address: address.to_owned(),
+        port,
+        meta: HashMap::from([("jobdb".to_owned(), jobdb.to_owned())]),
+        check: TtlCheck {
+            check_id: check_id.clone(),
+            name: "director ttl".to_owned(),
+            ttl: format!("{}s", ttl.as_secs().max(1)),
+            status: "passing".to_owned(),
+            deregister_critical_service_after: "1m".to_owned(),
+        },
+    };
+    client.service_register(&registration).await?;
+    let stop = CancellationToken::new();
+    let heartbeat = {
+        let (client, stop) = (client.clone(), stop.clone());
+        tokio::spawn(async move {
+            loop {
+                tokio::select! {
+                    _ = stop.cancelled() => return,
+                    _ = tokio::time::sleep(ttl / 3) => {}
+                }
+                let passed = tokio::select! {
+                    _ = stop.cancelled() => return,
+                    passed = client.check_pass(&check_id) => passed,
+                };
+                if let Err(e) = passed {
+                    tracing::warn!(error = %e, "ttl check pass failed; registering again");
+                    if let Err(e) = client.service_register(&registration).await {
+                        tracing::warn!(error = %e, "service registration failed");
+                    }
+                }
+            }
+        })
+    };
+    Ok(Registration {
+        client: client.clone(),
+        id: id.to_owned(),
+        stop,
+        heartbeat,
+    })
+}
+
+impl Registration {
+    /// Stops the heartbeat and removes the instance from the catalog.
+    pub async fn deregister(self) {
+        self.stop.cancel();
+        let _ = self.heartbeat.await;
+        if let Err(e) = self.client.service_deregister(&self.id).await {
+            tracing::warn!(error = %e, id = self.id, "deregistration failed; the check will go critical");
+        }
+    }
+}
+
+/// Directors whose checks all pass.
+pub async fn healthy_directors(
+    client: &ConsulClient,
+) -> Result<Vec<ServiceInstance>, RegistryError> {
+    Ok(client
+        .healthy(DIRECTOR_SERVICE, ReadOptions::default())
+        .await?
+        .value)
+}
