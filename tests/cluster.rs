@@ -408,7 +408,8 @@ async fn consul_faults_never_make_two_writers_and_service_resumes() {
         let placement = cluster.settled(&refs).await;
         println!("cluster: {fault}: all directors stood down within {:.2} s; service resumed {:.2} s after the fault began", stood_down.as_secs_f64(), started.elapsed().as_secs_f64());
         assert!(
-            stood_down <= TTL + Duration::from_millis(1500),
+            // Within the fault (the registry suite pins the loss itself to the TTL).
+            stood_down < TTL * 3,
             "{fault}: stood down after {stood_down:?}"
         );
         for d in &directors {

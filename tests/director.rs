@@ -10,33 +10,22 @@ use serde_json::json;
 use spindle::director::DirectorError;
 use spindle::job::{JobId, State};
 use spindle::jobdb::JobDbError;
-use spindle::sink::Sink;
-
-async fn sink() -> Sink {
-    Sink::start("127.0.0.1:0".parse().unwrap())
-        .await
-        .expect("sink")
-}
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn round_trip_records_exactly_three_transitions() {
-    let db = TestDb::new("roundtrip");
-    let sink = sink().await;
-    let director = start_director(&db, |_| {}).await;
-    let client = reqwest::Client::new();
+    let rig = Rig::start("roundtrip", |_| {}).await;
     let jobs: Vec<_> = (0..300)
-        .map(|i| json!({"bucket": format!("t{}", i % 5), "endpoint": sink.url("/ok"), "payload": {"n": i}}))
+        .map(|i| json!({"bucket": format!("t{}", i % 5), "endpoint": rig.sink.url("/ok"), "payload": {"n": i}}))
         .collect();
     let mut ids = Vec::new();
     for chunk in jobs.chunks(100) {
-        let reply = submit(&client, &base(&director), chunk.to_vec()).await;
+        let reply = rig.submit(chunk.to_vec()).await;
         assert_eq!(reply.jobs.len(), chunk.len());
         ids.extend(reply.jobs.into_iter().map(|j| j.id));
     }
-    let reader = db.open().await;
-    wait_all_final(&reader, 300, Duration::from_secs(30)).await;
+    wait_all_final(&rig.reader, 300, Duration::from_secs(30)).await;
 
-    let histories = histories(&reader).await;
+    let histories = histories(&rig.reader).await;
     assert_eq!(histories.len(), 300);
     for id in &ids {
         let history = &histories[&id.parse::<JobId>().unwrap()];
@@ -54,17 +43,18 @@ async fn round_trip_records_exactly_three_transitions() {
         );
         assert_eq!(history[2].response_status, Some(200));
     }
-    let per_job = sink.per_job();
+    let per_job = rig.sink.per_job();
     assert_eq!(per_job.len(), 300);
     assert!(
         per_job.values().all(|n| *n == 1),
         "each job delivered exactly once"
     );
-    assert!(sink.received().iter().all(|r| r.attempt == 1));
+    assert!(rig.sink.received().iter().all(|r| r.attempt == 1));
 
     // The RPC trace says the same.
-    let view: serde_json::Value = client
-        .get(format!("{}/v1/jobs/{}", base(&director), ids[0]))
+    let view: serde_json::Value = rig
+        .client
+        .get(format!("{}/v1/jobs/{}", rig.base(), ids[0]))
         .send()
         .await
         .unwrap()
@@ -74,28 +64,22 @@ async fn round_trip_records_exactly_three_transitions() {
     assert_eq!(view["state"], "succeeded");
     assert_eq!(view["transitions"].as_array().unwrap().len(), 3);
     assert_eq!(view["payload_base64"], "eyJuIjowfQ==");
-
-    director.shutdown();
-    director.wait().await.expect("clean stop");
-    reader.close().await;
-    sink.stop().await;
+    rig.stop().await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn retries_follow_the_jobs_own_jittered_backoff() {
-    let db = TestDb::new("retry");
-    let sink = sink().await;
-    let director = start_director(&db, |_| {}).await;
-    let client = reqwest::Client::new();
-    let jobs: Vec<_> = (0..6)
-        .map(|_| json!({"bucket": "b", "endpoint": sink.url("/fail/2"), "backoff_min_delay_ms": 200, "backoff_coefficient": 2.0}))
-        .collect();
-    submit(&client, &base(&director), jobs).await;
-    let reader = db.open().await;
-    wait_all_final(&reader, 6, Duration::from_secs(30)).await;
+    let rig = Rig::start("retry", |_| {}).await;
+    rig.submit(rig.jobs(
+        6,
+        "/fail/2",
+        json!({"backoff_min_delay_ms": 200, "backoff_coefficient": 2.0}),
+    ))
+    .await;
+    wait_all_final(&rig.reader, 6, Duration::from_secs(30)).await;
 
     let mut first_delays = Vec::new();
-    for history in histories(&reader).await.values() {
+    for history in histories(&rig.reader).await.values() {
         use State::*;
         assert_eq!(
             states(history),
@@ -144,7 +128,7 @@ async fn retries_follow_the_jobs_own_jittered_backoff() {
 
     // The endpoint saw attempts 1, 2, 3 of each job, spaced by at least the jittered delays.
     let mut by_job: HashMap<String, Vec<_>> = HashMap::new();
-    for r in sink.received() {
+    for r in rig.sink.received() {
         by_job.entry(r.job_id.clone()).or_default().push(r);
     }
     for received in by_job.values() {
@@ -155,33 +139,23 @@ async fn retries_follow_the_jobs_own_jittered_backoff() {
         assert!(received[1].at - received[0].at >= Duration::from_millis(160));
         assert!(received[2].at - received[1].at >= Duration::from_millis(320));
     }
-    director.shutdown();
-    director.wait().await.unwrap();
-    reader.close().await;
-    sink.stop().await;
+    rig.stop().await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn retry_after_is_honoured_400_discarded_redirects_not_followed() {
-    let db = TestDb::new("classify");
-    let sink = sink().await;
-    let director = start_director(&db, |_| {}).await;
-    let client = reqwest::Client::new();
-    let reply = submit(
-        &client,
-        &base(&director),
-        vec![
-            json!({"bucket": "b", "endpoint": sink.url("/retry-after/2"), "backoff_min_delay_ms": 50}),
-            json!({"bucket": "b", "endpoint": sink.url("/status/400")}),
-            json!({"bucket": "b", "endpoint": sink.url("/redirect/301")}),
-            json!({"bucket": "b", "endpoint": sink.url("/redirect/302"), "backoff_min_delay_ms": 60000}),
-        ],
-    )
-    .await;
+    let rig = Rig::start("classify", |_| {}).await;
+    let reply = rig
+        .submit(vec![
+            json!({"bucket": "b", "endpoint": rig.sink.url("/retry-after/2"), "backoff_min_delay_ms": 50}),
+            json!({"bucket": "b", "endpoint": rig.sink.url("/status/400")}),
+            json!({"bucket": "b", "endpoint": rig.sink.url("/redirect/301")}),
+            json!({"bucket": "b", "endpoint": rig.sink.url("/redirect/302"), "backoff_min_delay_ms": 60000}),
+        ])
+        .await;
     let id = |i: usize| reply.jobs[i].id.parse::<JobId>().unwrap();
-    let reader = db.open().await;
     wait_for(Duration::from_secs(20), "classified outcomes", || async {
-        let h = histories(&reader).await;
+        let h = histories(&rig.reader).await;
         [
             (0, State::Succeeded),
             (1, State::Discarded),
@@ -192,14 +166,15 @@ async fn retry_after_is_honoured_400_discarded_redirects_not_followed() {
         .all(|(i, s)| h.get(&id(*i)).and_then(|x| x.last()).map(|t| t.state) == Some(*s))
     })
     .await;
-    let h = histories(&reader).await;
+    let h = histories(&rig.reader).await;
 
     // 429 + Retry-After: 2 → the second attempt waits at least 2 s although the policy says 50 ms.
     let limited = &h[&id(0)];
     assert_eq!(limited[2].error_type.as_deref(), Some("rate-limited"));
     assert_eq!(limited[2].response_status, Some(429));
     assert!(limited[2].retry_at.unwrap() - limited[2].time >= chrono::Duration::seconds(2));
-    let hits: Vec<_> = sink
+    let hits: Vec<_> = rig
+        .sink
         .received()
         .into_iter()
         .filter(|r| r.path == "/retry-after/2")
@@ -225,183 +200,126 @@ async fn retry_after_is_honoured_400_discarded_redirects_not_followed() {
     );
 
     // Redirects are never followed: nothing reached /ok; 301 is permanent, 302 is retried.
-    assert!(sink.received().iter().all(|r| r.path != "/ok"));
+    assert!(rig.sink.received().iter().all(|r| r.path != "/ok"));
     assert_eq!(
         h[&id(2)].last().unwrap().error_type.as_deref(),
         Some("redirect")
     );
     assert_eq!(h[&id(3)].last().unwrap().response_status, Some(302));
-
-    director.shutdown();
-    director.wait().await.unwrap();
-    reader.close().await;
-    sink.stop().await;
+    rig.stop().await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn expired_jobs_go_to_archiving_not_away() {
-    let db = TestDb::new("expiry");
-    let sink = sink().await;
-    let director = start_director(&db, |_| {}).await;
-    let client = reqwest::Client::new();
-    submit(
-        &client,
-        &base(&director),
-        vec![json!({"bucket": "b", "endpoint": sink.url("/status/503"), "ttl_ms": 1500, "backoff_min_delay_ms": 200})],
-    )
+    let rig = Rig::start("expiry", |_| {}).await;
+    rig.submit(rig.jobs(
+        1,
+        "/status/503",
+        json!({"ttl_ms": 1500, "backoff_min_delay_ms": 200}),
+    ))
     .await;
-    let reader = db.open().await;
-    wait_for(Duration::from_secs(20), "archiving", || async {
-        reader
-            .count_by_state()
-            .await
-            .unwrap()
-            .get(&State::Archiving)
-            == Some(&1)
-    })
-    .await;
-    let h = histories(&reader).await;
+    rig.wait_in_state(State::Archiving, 1, Duration::from_secs(20))
+        .await;
+    let h = histories(&rig.reader).await;
     let history = h.values().next().unwrap();
     assert_legal(history);
     let last = history.last().unwrap();
     assert_eq!(last.error_type.as_deref(), Some("expired"));
     assert!(last.attempts >= 2, "retried until expiry: {history:#?}");
-    director.shutdown();
-    director.wait().await.unwrap();
-    reader.close().await;
-    sink.stop().await;
+    rig.stop().await;
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn restart_recovers_waiting_retries() {
-    let db = TestDb::new("recover");
-    let sink = sink().await;
-    let director = start_director(&db, |_| {}).await;
-    let client = reqwest::Client::new();
-    let jobs: Vec<_> = (0..20)
-        .map(|_| json!({"bucket": "b", "endpoint": sink.url("/fail/1"), "backoff_min_delay_ms": 1500}))
-        .collect();
-    submit(&client, &base(&director), jobs).await;
-    let reader = db.open().await;
-    wait_for(
-        Duration::from_secs(10),
-        "first attempts to fail",
-        || async {
-            reader
-                .count_by_state()
-                .await
-                .unwrap()
-                .get(&State::AwaitingRetry)
-                == Some(&20)
-        },
-    )
-    .await;
-    director.shutdown();
-    director.wait().await.expect("clean stop");
-
-    // A new Director on the same JobDB picks the retries up where they were.
-    let director = start_director(&db, |_| {}).await;
-    wait_all_final(&reader, 20, Duration::from_secs(20)).await;
-    for history in histories(&reader).await.values() {
+/// Twenty jobs fail once; the Director stops while they wait for their retry; `pause` later a
+/// new Director on the same JobDB must finish them, whether their retry_at is still ahead
+/// (a timer) or already past (started without any new traffic to prompt it).
+async fn restart_with_retries_pending(tag: &str, min_delay_ms: u64, pause: Duration) {
+    let mut rig = Rig::start(tag, |_| {}).await;
+    rig.submit(rig.jobs(20, "/fail/1", json!({"backoff_min_delay_ms": min_delay_ms})))
+        .await;
+    rig.wait_in_state(State::AwaitingRetry, 20, Duration::from_secs(10))
+        .await;
+    rig.stop_director().await;
+    tokio::time::sleep(pause).await;
+    rig.restart_director(|_| {}).await;
+    wait_all_final(&rig.reader, 20, Duration::from_secs(20)).await;
+    for history in histories(&rig.reader).await.values() {
         assert_legal(history);
         assert_eq!(history.last().unwrap().state, State::Succeeded);
         assert_eq!(history.last().unwrap().attempts, 2);
     }
-    assert!(sink.per_job().values().all(|n| *n == 2));
-    director.shutdown();
-    director.wait().await.unwrap();
-    reader.close().await;
-    sink.stop().await;
+    assert!(rig.sink.per_job().values().all(|n| *n == 2));
+    rig.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn restart_recovers_retries_still_waiting() {
+    restart_with_retries_pending("recover", 1500, Duration::ZERO).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn restart_starts_retries_already_due_without_new_traffic() {
+    restart_with_retries_pending("due", 300, Duration::from_millis(400)).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn shutdown_lets_attempts_in_flight_finish() {
-    let db = TestDb::new("drain");
-    let sink = sink().await;
-    let director = start_director(&db, |_| {}).await;
-    let client = reqwest::Client::new();
-    let jobs: Vec<_> = (0..10)
-        .map(|_| json!({"bucket": "b", "endpoint": sink.url("/slow/700")}))
-        .collect();
-    submit(&client, &base(&director), jobs).await;
-    let reader = db.open().await;
-    wait_for(Duration::from_secs(10), "attempts in flight", || async {
-        reader
-            .count_by_state()
-            .await
-            .unwrap()
-            .get(&State::Executing)
-            == Some(&10)
-    })
-    .await;
-    director.shutdown();
-    director.wait().await.expect("clean stop");
-    let counts = reader.count_by_state().await.unwrap();
+    let mut rig = Rig::start("drain", |_| {}).await;
+    rig.submit(rig.jobs(10, "/slow/700", json!({}))).await;
+    rig.wait_in_state(State::Executing, 10, Duration::from_secs(10))
+        .await;
+    rig.stop_director().await;
+    let counts = rig.reader.count_by_state().await.unwrap();
     assert_eq!(counts.get(&State::Succeeded), Some(&10), "{counts:?}");
-    reader.close().await;
-    sink.stop().await;
+    rig.stop().await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_second_director_refuses_a_held_jobdb() {
-    let db = TestDb::new("exclusive");
-    let first = start_director(&db, |_| {}).await;
+    let rig = Rig::start("exclusive", |_| {}).await;
     let mut config =
-        spindle::director::DirectorConfig::new("127.0.0.1:0".parse().unwrap(), db.url.clone());
+        spindle::director::DirectorConfig::new("127.0.0.1:0".parse().unwrap(), rig.db.url.clone());
     config.create_database = false;
     match spindle::director::start(config).await {
-        Err(DirectorError::JobDb(JobDbError::Held(name))) => assert_eq!(name, db.url.database),
+        Err(DirectorError::JobDb(JobDbError::Held(name))) => assert_eq!(name, rig.db.url.database),
         Err(other) => panic!("wrong error: {other}"),
         Ok(_) => panic!("two directors on one jobdb"),
     }
-    first.shutdown();
-    first.wait().await.unwrap();
+    rig.stop().await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_fenced_out_director_stores_nothing_and_stops() {
-    let db = TestDb::new("fence");
-    let sink = sink().await;
-    let director = start_director(&db, |_| {}).await;
-    let client = reqwest::Client::new();
-    submit(
-        &client,
-        &base(&director),
-        vec![json!({"bucket": "b", "endpoint": sink.url("/ok")})],
-    )
-    .await;
-    let reader = db.open().await;
-    wait_all_final(&reader, 1, Duration::from_secs(10)).await;
+    let mut rig = Rig::start("fence", |_| {}).await;
+    rig.submit(rig.jobs(1, "/ok", json!({}))).await;
+    wait_all_final(&rig.reader, 1, Duration::from_secs(10)).await;
 
     // Someone else takes the JobDB (as a new lock holder would): the token moves on.
-    reader.take_ownership("intruder").await.unwrap();
-    let response = client
-        .post(format!("{}/v1/jobs", base(&director)))
-        .json(&json!({"jobs": [{"bucket": "b", "endpoint": sink.url("/ok")}]}))
+    rig.reader.take_ownership("intruder").await.unwrap();
+    let response = rig
+        .client
+        .post(format!("{}/v1/jobs", rig.base()))
+        .json(&json!({"jobs": rig.jobs(1, "/ok", json!({}))}))
         .send()
         .await
         .unwrap();
     assert_eq!(response.status().as_u16(), 503);
-    match director.wait().await {
+    match rig.take_director().wait().await {
         Err(DirectorError::LockLost(_)) => {}
         other => panic!("expected lock loss, got {other:?}"),
     }
     assert_eq!(
-        reader.count_jobs().await.unwrap(),
+        rig.reader.count_jobs().await.unwrap(),
         1,
         "the fenced write stored nothing"
     );
-    assert_eq!(sink.total(), 1);
-    reader.close().await;
-    sink.stop().await;
+    assert_eq!(rig.sink.total(), 1);
+    rig.stop().await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn bad_input_is_refused_with_the_field_named_and_nothing_stored() {
-    let db = TestDb::new("badinput");
-    let director = start_director(&db, |c| c.intake.max_request_bytes = 3 * 1024 * 1024).await;
-    let client = reqwest::Client::new();
-    let url = format!("{}/v1/jobs", base(&director));
+    let rig = Rig::start("badinput", |c| c.intake.max_request_bytes = 3 * 1024 * 1024).await;
+    let url = format!("{}/v1/jobs", rig.base());
     let ok = json!({"bucket": "b", "endpoint": "http://127.0.0.1:9/x"});
     let with = |extra: serde_json::Value| {
         let mut job = ok.clone();
@@ -432,7 +350,8 @@ async fn bad_input_is_refused_with_the_field_named_and_nothing_stored() {
         ("body too large", json!({"jobs": [{"bucket": "b", "endpoint": "http://x", "payload": "y".repeat(4 * 1024 * 1024)}]}).to_string(), 413, "body"),
     ];
     for (name, body, status, field) in cases {
-        let response = client
+        let response = rig
+            .client
             .post(&url)
             .header("content-type", "application/json")
             .body(body)
@@ -449,35 +368,31 @@ async fn bad_input_is_refused_with_the_field_named_and_nothing_stored() {
             + error["error"]["message"].as_str().unwrap_or("");
         assert!(named.contains(field), "{name}: {error}");
     }
-    let reader = db.open().await;
-    assert_eq!(reader.count_jobs().await.unwrap(), 0, "nothing stored");
-    assert!(reader.count_by_state().await.unwrap().is_empty());
+    assert_eq!(rig.reader.count_jobs().await.unwrap(), 0, "nothing stored");
+    assert!(rig.reader.count_by_state().await.unwrap().is_empty());
 
     // Unknown and malformed job ids.
-    let missing = client
-        .get(format!("{}/v1/jobs/{}", base(&director), ulid::Ulid::new()))
+    let missing = rig
+        .client
+        .get(format!("{}/v1/jobs/{}", rig.base(), ulid::Ulid::new()))
         .send()
         .await
         .unwrap();
     assert_eq!(missing.status().as_u16(), 404);
-    let malformed = client
-        .get(format!("{}/v1/jobs/nope", base(&director)))
+    let malformed = rig
+        .client
+        .get(format!("{}/v1/jobs/nope", rig.base()))
         .send()
         .await
         .unwrap();
     assert_eq!(malformed.status().as_u16(), 400);
-
-    director.shutdown();
-    director.wait().await.unwrap();
-    reader.close().await;
+    rig.stop().await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn serves_openapi_health_readiness_and_metrics() {
-    let db = TestDb::new("meta");
-    let director = start_director(&db, |_| {}).await;
-    let client = reqwest::Client::new();
-    let get = |path: &str| client.get(format!("{}{path}", base(&director))).send();
+    let rig = Rig::start("meta", |_| {}).await;
+    let get = |path: &str| rig.client.get(format!("{}{path}", rig.base())).send();
     let doc: serde_json::Value = get("/openapi.json").await.unwrap().json().await.unwrap();
     assert!(doc["openapi"].as_str().unwrap().starts_with("3."));
     assert!(doc["paths"]["/v1/jobs"]["post"].is_object());
@@ -488,32 +403,26 @@ async fn serves_openapi_health_readiness_and_metrics() {
     let metrics = get("/metrics").await.unwrap().text().await.unwrap();
     assert!(metrics.contains("spindle_jobs_accepted_total"), "{metrics}");
     assert!(metrics.contains("spindle_jobs_cached"), "{metrics}");
-    director.shutdown();
-    director.wait().await.unwrap();
+    rig.stop().await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn buckets_sharing_an_endpoint_take_turns() {
-    let db = TestDb::new("fair");
-    let sink = sink().await;
     // One request at a time to the endpoint, so the order of deliveries is the scheduler's.
-    let director = start_director(&db, |c| c.scheduler.per_endpoint = 1).await;
-    let client = reqwest::Client::new();
+    let rig = Rig::start("fair", |c| c.scheduler.per_endpoint = 1).await;
     let big: Vec<_> = (0..60)
-        .map(|_| json!({"bucket": "big", "endpoint": sink.url("/slow/5")}))
+        .map(|_| json!({"bucket": "big", "endpoint": rig.sink.url("/slow/5")}))
         .collect();
-    submit(&client, &base(&director), big).await;
-    let small = submit(
-        &client,
-        &base(&director),
-        (0..5)
-            .map(|_| json!({"bucket": "small", "endpoint": sink.url("/slow/5")}))
-            .collect(),
-    )
-    .await;
-    let reader = db.open().await;
-    wait_all_final(&reader, 65, Duration::from_secs(30)).await;
-    let order: Vec<String> = sink.received().into_iter().map(|r| r.job_id).collect();
+    rig.submit(big).await;
+    let small = rig
+        .submit(
+            (0..5)
+                .map(|_| json!({"bucket": "small", "endpoint": rig.sink.url("/slow/5")}))
+                .collect(),
+        )
+        .await;
+    wait_all_final(&rig.reader, 65, Duration::from_secs(30)).await;
+    let order: Vec<String> = rig.sink.received().into_iter().map(|r| r.job_id).collect();
     let small_ids: std::collections::HashSet<_> = small.jobs.iter().map(|j| j.id.clone()).collect();
     let last_small = order.iter().rposition(|id| small_ids.contains(id)).unwrap();
     // Round-robin between the two buckets: the small tenant is done within about twice its
@@ -524,52 +433,5 @@ async fn buckets_sharing_an_endpoint_take_turns() {
         "small bucket's last delivery was #{last_small} of {}",
         order.len()
     );
-    director.shutdown();
-    director.wait().await.unwrap();
-    reader.close().await;
-    sink.stop().await;
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn recovered_jobs_already_due_start_without_new_traffic() {
-    let db = TestDb::new("due");
-    let sink = sink().await;
-    let director = start_director(&db, |_| {}).await;
-    let client = reqwest::Client::new();
-    let jobs: Vec<_> = (0..10)
-        .map(|_| json!({"bucket": "b", "endpoint": sink.url("/fail/1"), "backoff_min_delay_ms": 300}))
-        .collect();
-    submit(&client, &base(&director), jobs).await;
-    let reader = db.open().await;
-    wait_for(
-        Duration::from_secs(10),
-        "first attempts to fail",
-        || async {
-            reader
-                .count_by_state()
-                .await
-                .unwrap()
-                .get(&State::AwaitingRetry)
-                == Some(&10)
-        },
-    )
-    .await;
-    director.shutdown();
-    director.wait().await.unwrap();
-    // Their retry_at passes while no Director runs; the next one must start them unprompted.
-    tokio::time::sleep(Duration::from_millis(400)).await;
-    let director = start_director(&db, |_| {}).await;
-    wait_all_final(&reader, 10, Duration::from_secs(10)).await;
-    assert_eq!(
-        reader
-            .count_by_state()
-            .await
-            .unwrap()
-            .get(&State::Succeeded),
-        Some(&10)
-    );
-    director.shutdown();
-    director.wait().await.unwrap();
-    reader.close().await;
-    sink.stop().await;
+    rig.stop().await;
 }

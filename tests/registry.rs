@@ -182,31 +182,24 @@ async fn consul_errors_or_stalls_lose_the_lease_within_the_ttl() {
     let Some(double) = &c.double else {
         return c.stop().await;
     };
-    let lease = consul_lock(&c.client, &c.key("err500"), b"x", "test", timing(&c))
-        .await
-        .unwrap()
-        .unwrap();
-    double.faults().set_error_500(true);
-    let took = time_to_loss(&lease, c.ttl * 2).await;
-    assert!(
-        took <= c.ttl + Duration::from_millis(200),
-        "500s: lost after {took:?}"
-    );
-    double.faults().clear();
-    lease.release().await;
-
-    let lease = consul_lock(&c.client, &c.key("stall"), b"x", "test", timing(&c))
-        .await
-        .unwrap()
-        .unwrap();
-    double.faults().stall(c.ttl * 3);
-    let took = time_to_loss(&lease, c.ttl * 2).await;
-    assert!(
-        took <= c.ttl + Duration::from_millis(200),
-        "stall: lost after {took:?}"
-    );
-    lease.release().await;
-    double.faults().clear();
+    let faults: [(&str, &dyn Fn()); 2] = [
+        ("500s", &|| double.faults().set_error_500(true)),
+        ("stall", &|| double.faults().stall(c.ttl * 3)),
+    ];
+    for (fault, apply) in faults {
+        let lease = consul_lock(&c.client, &c.key(fault), b"x", "test", timing(&c))
+            .await
+            .unwrap()
+            .unwrap();
+        apply();
+        let took = time_to_loss(&lease, c.ttl * 2).await;
+        assert!(
+            took <= c.ttl + Duration::from_millis(200),
+            "{fault}: lost after {took:?}"
+        );
+        lease.release().await;
+        double.faults().clear();
+    }
     c.stop().await;
 }
 

@@ -234,3 +234,94 @@ impl ConsulUnderTest {
         }
     }
 }
+
+/// One Director on its own JobDB, a recording endpoint, an HTTP client and a JobDB reader.
+pub struct Rig {
+    pub db: TestDb,
+    pub sink: spindle::sink::Sink,
+    pub client: reqwest::Client,
+    pub reader: JobDb,
+    director: Option<Director>,
+}
+
+impl Rig {
+    pub async fn start(tag: &str, tweak: impl FnOnce(&mut DirectorConfig)) -> Rig {
+        let db = TestDb::new(tag);
+        let sink = spindle::sink::Sink::start("127.0.0.1:0".parse().unwrap())
+            .await
+            .expect("sink");
+        let director = start_director(&db, tweak).await;
+        let reader = db.open().await;
+        Rig {
+            db,
+            sink,
+            client: reqwest::Client::new(),
+            reader,
+            director: Some(director),
+        }
+    }
+
+    pub fn director(&self) -> &Director {
+        self.director.as_ref().expect("a director is running")
+    }
+
+    pub fn base(&self) -> String {
+        base(self.director())
+    }
+
+    pub async fn submit(&self, jobs: Vec<Value>) -> SubmitResponse {
+        submit(&self.client, &self.base(), jobs).await
+    }
+
+    /// `n` jobs to one sink path with extra job fields.
+    pub fn jobs(&self, n: usize, path: &str, extra: Value) -> Vec<Value> {
+        (0..n)
+            .map(|_| {
+                let mut job = json!({"bucket": "b", "endpoint": self.sink.url(path)});
+                job.as_object_mut()
+                    .unwrap()
+                    .extend(extra.as_object().cloned().unwrap_or_default());
+                job
+            })
+            .collect()
+    }
+
+    /// Waits until exactly `n` jobs are in `state`.
+    pub async fn wait_in_state(&self, state: State, n: u64, timeout: Duration) {
+        wait_for(timeout, &format!("{n} jobs {state}"), || async {
+            self.reader
+                .count_by_state()
+                .await
+                .expect("count")
+                .get(&state)
+                == Some(&n)
+        })
+        .await;
+    }
+
+    /// Stops the Director cleanly (SIGTERM semantics) and asserts it exited without error.
+    pub async fn stop_director(&mut self) {
+        let director = self.director.take().expect("a director is running");
+        director.shutdown();
+        director.wait().await.expect("clean stop");
+    }
+
+    /// Starts a new Director on the same JobDB.
+    pub async fn restart_director(&mut self, tweak: impl FnOnce(&mut DirectorConfig)) {
+        assert!(self.director.is_none(), "stop the running director first");
+        self.director = Some(start_director(&self.db, tweak).await);
+    }
+
+    /// Takes the running Director out, e.g. to observe how it ends.
+    pub fn take_director(&mut self) -> Director {
+        self.director.take().expect("a director is running")
+    }
+
+    pub async fn stop(mut self) {
+        if self.director.is_some() {
+            self.stop_director().await;
+        }
+        self.reader.close().await;
+        self.sink.stop().await;
+    }
+}
