@@ -420,6 +420,19 @@ async fn consul_faults_never_make_two_writers_and_service_resumes() {
     for (name, n) in &submitted {
         cluster.assert_all_terminal(name, *n).await;
     }
-    drop(directors);
+    // SIGTERM: the Director leaves the catalog, releases its lock and exits 0.
+    let mut leaving = directors.into_iter().next().unwrap();
+    let jobdb = cluster.catalog().await[&leaving.port].clone();
+    leaving.signal(nix::sys::signal::Signal::SIGTERM);
+    let status = tokio::time::timeout(Duration::from_secs(20), leaving.child.wait())
+        .await
+        .unwrap()
+        .unwrap();
+    assert!(status.success(), "SIGTERM exits 0: {status}");
+    assert!(
+        !cluster.catalog().await.contains_key(&leaving.port),
+        "deregistered"
+    );
+    assert_eq!(cluster.holders().await[&jobdb], None, "lock released");
     cluster.stop().await;
 }

@@ -435,3 +435,27 @@ async fn buckets_sharing_an_endpoint_take_turns() {
     );
     rig.stop().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn losing_the_lock_connection_stops_the_director() {
+    let mut rig = Rig::start("lockconn", |c| {
+        c.lock_check_interval = Duration::from_millis(100)
+    })
+    .await;
+    rig.submit(rig.jobs(1, "/ok", json!({}))).await;
+    wait_all_final(&rig.reader, 1, Duration::from_secs(10)).await;
+    // Kill the MySQL connection that holds the JobDB's GET_LOCK, as a network fault would.
+    let holder = rig
+        .reader
+        .lock_connection()
+        .await
+        .unwrap()
+        .expect("the lock is held");
+    rig.reader.kill_connection(holder).await.unwrap();
+    let stopped = tokio::time::timeout(Duration::from_secs(5), rig.take_director().wait()).await;
+    match stopped {
+        Ok(Err(DirectorError::LockLost(_))) => {}
+        other => panic!("expected the director to stop on lock loss, got {other:?}"),
+    }
+    rig.stop().await;
+}

@@ -17,7 +17,7 @@ pub struct ServerLock {
 }
 
 /// The lock name for a database: server-wide, at most 64 characters.
-fn lock_name(database: &str) -> String {
+pub(crate) fn lock_name(database: &str) -> String {
     let mut name = format!("spindle.jobdb.{database}");
     name.truncate(64);
     name

@@ -442,6 +442,25 @@ impl JobDb {
         Ok(u64::try_from(n).unwrap_or(0))
     }
 
+    /// The MySQL connection id holding this JobDB's `GET_LOCK`, if any (for operators and
+    /// fault tests).
+    pub async fn lock_connection(&self) -> Result<Option<u64>, JobDbError> {
+        let id: Option<u64> = sqlx::query_scalar("SELECT CAST(IS_USED_LOCK(?) AS UNSIGNED)")
+            .bind(lock::lock_name(&self.url.database))
+            .fetch_one(&self.pool)
+            .await?;
+        Ok(id)
+    }
+
+    /// Kills a MySQL connection (`KILL CONNECTION`): how an operator evicts a hung owner.
+    pub async fn kill_connection(&self, id: u64) -> Result<(), JobDbError> {
+        sqlx::query("KILL CONNECTION ?")
+            .bind(id)
+            .execute(&self.pool)
+            .await?;
+        Ok(())
+    }
+
     /// Every transition of every job, ordered by job then id: for audits of small JobDBs
     /// (tests, benches, post-mortems), not for a hot path.
     pub async fn all_transitions(&self) -> Result<Vec<(u64, Transition)>, JobDbError> {
