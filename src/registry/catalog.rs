@@ -42,7 +42,7 @@ pub async fn register_director(
         check: TtlCheck {
             check_id: check_id.clone(),
             name: "director ttl".to_owned(),
-            ttl: format!("{}s", ttl.as_secs().max(1)),
+            ttl: super::consul::consul_seconds(ttl),
             status: "passing".to_owned(),
             deregister_critical_service_after: "1m".to_owned(),
         },

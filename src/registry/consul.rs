@@ -308,7 +308,7 @@ impl ConsulClient {
         }
         let body = serde_json::json!({
             "Name": spec.name,
-            "TTL": format!("{}s", spec.ttl.as_secs().max(1)),
+            "TTL": consul_seconds(spec.ttl),
             "LockDelay": format!("{}ms", spec.lock_delay.as_millis()),
             "Behavior": spec.behavior,
             "NodeChecks": [],
@@ -566,6 +566,12 @@ impl ConsulClient {
     }
 }
 
+/// A duration as Consul's whole-seconds text, rounded up (at least "1s"): rounding down would
+/// make the server expect renewals sooner than the client sends them.
+pub fn consul_seconds(d: Duration) -> String {
+    format!("{}s", (d.as_millis().div_ceil(1000)).max(1))
+}
+
 /// Parses Consul's duration text (`"15s"`, `"1m30s"`, `"250ms"`).
 pub fn parse_consul_duration(text: &str) -> Option<Duration> {
     let text = text.trim();
@@ -611,6 +617,13 @@ pub fn parse_consul_duration(text: &str) -> Option<Duration> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn formats_whole_seconds_rounding_up() {
+        assert_eq!(consul_seconds(Duration::from_millis(1500)), "2s");
+        assert_eq!(consul_seconds(Duration::from_secs(10)), "10s");
+        assert_eq!(consul_seconds(Duration::from_millis(10)), "1s");
+    }
 
     #[test]
     fn parses_consul_durations() {
