@@ -77,8 +77,15 @@ pub async fn run(
         let idle = IdleServer::start(&listener, metrics.clone())?;
         // The listener answers "not ready" again before anything else: deregistering may be
         // slow when Consul is what failed.
+        // Finished (or given up) before this Director registers again under the same id, so
+        // a late deregistration cannot remove the new registration.
         if let Some(registration) = registered.take() {
-            tokio::spawn(registration.deregister());
+            if tokio::time::timeout(Duration::from_secs(2), registration.deregister())
+                .await
+                .is_err()
+            {
+                tracing::warn!("deregistration timed out; the check will go critical");
+            }
         }
         let acquired = tokio::select! {
             _ = shutdown.cancelled() => None,
