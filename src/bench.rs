@@ -96,6 +96,8 @@ pub async fn run(args: BenchArgs) -> anyhow::Result<()> {
         .arg(format!("{}/{}", args.mysql.trim_end_matches('/'), name))
         .arg("--log")
         .arg("warn")
+        .arg("--allow-subnet")
+        .arg("127.0.0.0/8")
         .args(&args.director_args)
         .kill_on_drop(true)
         .spawn()

@@ -26,7 +26,7 @@ pub struct Cli {
 #[derive(Debug, Subcommand)]
 pub enum Command {
     /// Run a Director: own one JobDB, accept jobs over RPC, deliver them.
-    Director(DirectorArgs),
+    Director(Box<DirectorArgs>),
     /// Run a Director on a fresh demo JobDB with a local test endpoint, submit a mix of jobs
     /// (successes, retries, a rate limit, discards), and show them reach their final states.
     Demo(crate::demo::DemoArgs),
@@ -138,6 +138,15 @@ pub struct DirectorArgs {
     /// Most bytes of a response body read.
     #[arg(long, env = "SPINDLE_MAX_RESPONSE_BYTES", default_value_t = 64 * 1024)]
     pub max_response_bytes: usize,
+    /// Special-purpose subnets deliveries may reach anyway (repeatable; comma-separated in the
+    /// environment), e.g. `127.0.0.0/8` for local test endpoints. Loopback, private, link-local,
+    /// metadata and other special addresses are blocked unless named here.
+    #[arg(
+        long = "allow-subnet",
+        env = "SPINDLE_ALLOW_SUBNETS",
+        value_delimiter = ','
+    )]
+    pub allow_subnets: Vec<ipnet::IpNet>,
     /// How the Director owns its JobDB.
     #[arg(long, env = "SPINDLE_REGISTRY", value_enum, default_value_t = RegistryKind::Mysql)]
     pub registry: RegistryKind,
@@ -194,6 +203,7 @@ impl DirectorArgs {
         config.intake.max_request_bytes = self.max_request_bytes;
         config.intake.default_ttl = Duration::from_millis(self.default_ttl_ms);
         config.delivery.max_response_bytes = self.max_response_bytes;
+        config.delivery.allow_subnets = self.allow_subnets.clone();
         Ok(config)
     }
 }

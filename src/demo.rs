@@ -43,7 +43,10 @@ pub async fn run(args: DemoArgs) -> anyhow::Result<()> {
         .await
         .context("resetting the demo jobdb")?;
     let sink = Sink::start("127.0.0.1:0".parse()?).await?;
-    let director = director::start(DirectorConfig::new(args.listen, url.clone())).await?;
+    let mut config = DirectorConfig::new(args.listen, url.clone());
+    // The demo's endpoint is on loopback, which deliveries may not reach by default.
+    config.delivery.allow_subnets = vec!["127.0.0.0/8".parse()?];
+    let director = director::start(config).await?;
     let base = format!("http://{}", director.addr());
     println!("director  {base}  (jobdb {})", url.database);
     println!("endpoint  {}", sink.url("/"));

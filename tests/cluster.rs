@@ -51,6 +51,8 @@ impl Director {
                 "200",
                 "--director-id",
                 id,
+                "--allow-subnet",
+                "127.0.0.0/8",
                 "--log",
                 "warn",
             ])

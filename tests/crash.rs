@@ -29,6 +29,8 @@ fn spawn_director(port: u16, jobdb: &str) -> Child {
             jobdb,
             "--log",
             "warn",
+            "--allow-subnet",
+            "127.0.0.0/8",
         ])
         .kill_on_drop(true)
         .spawn()

@@ -7,7 +7,9 @@
 
 pub mod backoff;
 pub mod classify;
+pub mod guard;
 
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use bytes::{Bytes, BytesMut};
@@ -16,6 +18,7 @@ use reqwest::header::RETRY_AFTER;
 
 use crate::job::{AttemptRecord, Job};
 use classify::{classify_status, parse_retry_after, Verdict};
+use guard::{AddressPolicy, Blocked, GuardedResolver};
 
 /// Header carrying the job id on every delivery, so receivers can deduplicate.
 pub const JOB_ID_HEADER: &str = "spindle-job-id";
@@ -31,6 +34,9 @@ pub struct DeliveryConfig {
     pub max_error_response_bytes: usize,
     /// Longest wait for a TCP (and TLS) connection, within the job's own timeout.
     pub connect_timeout: Duration,
+    /// Subnets deliveries may reach even though they are special-purpose (loopback, private,
+    /// ...); everything else special is blocked (see [`guard`]).
+    pub allow_subnets: Vec<ipnet::IpNet>,
 }
 
 impl Default for DeliveryConfig {
@@ -39,6 +45,7 @@ impl Default for DeliveryConfig {
             max_response_bytes: 64 * 1024,
             max_error_response_bytes: 4 * 1024,
             connect_timeout: Duration::from_secs(10),
+            allow_subnets: Vec::new(),
         }
     }
 }
@@ -57,12 +64,16 @@ pub struct AttemptResult {
 pub struct Deliverer {
     client: reqwest::Client,
     config: DeliveryConfig,
+    policy: Arc<AddressPolicy>,
 }
 
 impl Deliverer {
-    /// Builds the client: rustls, no redirects, no proxy from the environment.
+    /// Builds the client: rustls, no redirects, no proxy from the environment, and name
+    /// resolution through the address guard.
     pub fn new(config: DeliveryConfig) -> Result<Self, reqwest::Error> {
+        let policy = Arc::new(AddressPolicy::new(config.allow_subnets.clone()));
         let client = reqwest::Client::builder()
+            .dns_resolver(Arc::new(GuardedResolver::new(policy.clone())))
             .redirect(reqwest::redirect::Policy::none())
             .user_agent(concat!("spindle/", env!("CARGO_PKG_VERSION")))
             .pool_max_idle_per_host(1024)
@@ -71,12 +82,43 @@ impl Deliverer {
             .tcp_nodelay(true)
             .no_proxy()
             .build()?;
-        Ok(Deliverer { client, config })
+        Ok(Deliverer {
+            client,
+            config,
+            policy,
+        })
+    }
+
+    /// The verdict for a job whose endpoint names a blocked address: discarded, never retried.
+    fn blocked(&self, blocked: &Blocked, started: Instant) -> AttemptResult {
+        AttemptResult {
+            verdict: Verdict::Discard {
+                error_type: "blocked-address",
+            },
+            record: AttemptRecord {
+                error_type: Some("blocked-address".to_owned()),
+                error_response: Some(Bytes::from(blocked.to_string())),
+                response_status: None,
+                duration: Some(started.elapsed()),
+            },
+        }
     }
 
     /// Makes attempt number `attempt` (1-based) of `job`.
     pub async fn attempt(&self, job: &Job, attempt: u16) -> AttemptResult {
         let started = Instant::now();
+        // IP literals are not resolved by the client: check them here. The URL parser has
+        // already normalised decimal, octal, hex and short IPv4 forms.
+        if let Ok(url) = url::Url::parse(&job.endpoint) {
+            let literal = match url.host() {
+                Some(url::Host::Ipv4(v4)) => Some(std::net::IpAddr::V4(v4)),
+                Some(url::Host::Ipv6(v6)) => Some(std::net::IpAddr::V6(v6)),
+                _ => None,
+            };
+            if let Some(Err(blocked)) = literal.map(|ip| self.policy.check(ip)) {
+                return self.blocked(&blocked, started);
+            }
+        }
         let method =
             reqwest::Method::from_bytes(job.method.as_bytes()).unwrap_or(reqwest::Method::POST);
         let mut request = self
@@ -123,6 +165,9 @@ impl Deliverer {
                 }
             }
             Err(err) => {
+                if let Some(blocked) = find_blocked(&err) {
+                    return self.blocked(&blocked, started);
+                }
                 let error_type = if err.is_timeout() {
                     "timeout"
                 } else if err.is_connect() {
@@ -175,6 +220,18 @@ fn error_type_of(verdict: &Verdict) -> Option<&'static str> {
 fn truncate(mut bytes: Bytes, max: usize) -> Bytes {
     bytes.truncate(max);
     bytes
+}
+
+/// The guard's refusal, if that is what failed the request.
+fn find_blocked(err: &(dyn std::error::Error + 'static)) -> Option<Blocked> {
+    let mut current = Some(err);
+    while let Some(e) = current {
+        if let Some(blocked) = e.downcast_ref::<Blocked>() {
+            return Some(blocked.clone());
+        }
+        current = e.source();
+    }
+    None
 }
 
 /// The error and its sources on one line, for the transition row.

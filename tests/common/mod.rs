@@ -68,6 +68,8 @@ pub async fn start_director(db: &TestDb, tweak: impl FnOnce(&mut DirectorConfig)
     let mut config = DirectorConfig::new("127.0.0.1:0".parse().unwrap(), db.url.clone());
     config.lock_check_interval = Duration::from_millis(200);
     config.scheduler.shutdown_grace = Duration::from_secs(10);
+    // The tests' endpoints are on loopback, which the address guard blocks by default.
+    config.delivery.allow_subnets = vec!["127.0.0.0/8".parse().unwrap()];
     tweak(&mut config);
     director::start(config).await.expect("director starts")
 }
