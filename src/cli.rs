@@ -147,6 +147,10 @@ pub struct DirectorArgs {
         value_delimiter = ','
     )]
     pub allow_subnets: Vec<ipnet::IpNet>,
+    /// Signing secrets per bucket and endpoint (Standard Webhooks), as a JSON file:
+    /// `{"buckets": {"tenant": ["whsec_..."]}, "endpoints": {"https://host/path": ["whsec_..."]}}`.
+    #[arg(long, env = "SPINDLE_SIGNING_CONFIG")]
+    pub signing_config: Option<std::path::PathBuf>,
     /// How the Director owns its JobDB.
     #[arg(long, env = "SPINDLE_REGISTRY", value_enum, default_value_t = RegistryKind::Mysql)]
     pub registry: RegistryKind,
@@ -204,6 +208,10 @@ impl DirectorArgs {
         config.intake.default_ttl = Duration::from_millis(self.default_ttl_ms);
         config.delivery.max_response_bytes = self.max_response_bytes;
         config.delivery.allow_subnets = self.allow_subnets.clone();
+        if let Some(path) = &self.signing_config {
+            config.delivery.signing =
+                std::sync::Arc::new(crate::delivery::signing::SigningConfig::load(path)?);
+        }
         Ok(config)
     }
 }

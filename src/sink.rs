@@ -5,7 +5,8 @@
 //! `/ok` 200 · `/status/{code}` that status · `/fail/{n}` 500 for a job's first n attempts, then
 //! 200 · `/flaky/{percent}` 503 at random · `/hang` never answers · `/slow/{ms}` answers after a
 //! delay · `/retry-after/{secs}` 429 with `Retry-After` on a job's first attempt, then 200 ·
-//! `/redirect/{code}` that 3xx status pointing at `/ok`.
+//! `/redirect/{code}` that 3xx status pointing at `/ok` · `/capture` 200, keeping the body and
+//! the `webhook-*` headers (for signature checks).
 
 use std::collections::HashMap;
 use std::net::SocketAddr;
@@ -37,6 +38,10 @@ pub struct Received {
     pub at: Instant,
     /// The status answered (0 for `/hang`).
     pub status: u16,
+    /// For `/capture`: the `webhook-*` headers.
+    pub headers: Vec<(String, String)>,
+    /// For `/capture`: the body.
+    pub body: bytes::Bytes,
 }
 
 #[derive(Default)]
@@ -54,6 +59,17 @@ struct Shared {
 impl Shared {
     /// Notes a request and returns how many times this job was seen, this one included.
     fn note(&self, headers: &HeaderMap, path: &str, status: u16) -> u32 {
+        self.note_with(headers, path, status, Vec::new(), bytes::Bytes::new())
+    }
+
+    fn note_with(
+        &self,
+        headers: &HeaderMap,
+        path: &str,
+        status: u16,
+        kept: Vec<(String, String)>,
+        body: bytes::Bytes,
+    ) -> u32 {
         let job_id = header_str(headers, JOB_ID_HEADER).to_owned();
         let attempt = header_str(headers, ATTEMPT_HEADER).parse().unwrap_or(0);
         self.total.fetch_add(1, Ordering::Relaxed);
@@ -67,6 +83,8 @@ impl Shared {
             path: path.to_owned(),
             at: Instant::now(),
             status,
+            headers: kept,
+            body,
         });
         seen
     }
@@ -102,6 +120,7 @@ impl Sink {
             .route("/slow/{ms}", any(slow))
             .route("/retry-after/{secs}", any(retry_after))
             .route("/redirect/{code}", any(redirect))
+            .route("/capture", any(capture))
             .with_state(shared.clone());
         let stop = CancellationToken::new();
         let stopped = stop.clone();
@@ -250,6 +269,21 @@ async fn retry_after(State(s): Shared_, headers: HeaderMap, Path(secs): Path<u64
         s.note(&headers, &path, 200);
         StatusCode::OK.into_response()
     }
+}
+
+async fn capture(State(s): Shared_, headers: HeaderMap, body: bytes::Bytes) -> StatusCode {
+    let kept = headers
+        .iter()
+        .filter(|(name, _)| name.as_str().starts_with("webhook-"))
+        .map(|(name, value)| {
+            (
+                name.as_str().to_owned(),
+                value.to_str().unwrap_or("").to_owned(),
+            )
+        })
+        .collect();
+    s.note_with(&headers, "/capture", 200, kept, body);
+    StatusCode::OK
 }
 
 async fn redirect(State(s): Shared_, headers: HeaderMap, Path(code): Path<u16>) -> Response {

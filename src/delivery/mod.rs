@@ -8,6 +8,7 @@
 pub mod backoff;
 pub mod classify;
 pub mod guard;
+pub mod signing;
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -37,6 +38,8 @@ pub struct DeliveryConfig {
     /// Subnets deliveries may reach even though they are special-purpose (loopback, private,
     /// ...); everything else special is blocked (see [`guard`]).
     pub allow_subnets: Vec<ipnet::IpNet>,
+    /// Which secrets sign which jobs (none by default).
+    pub signing: Arc<signing::SigningConfig>,
 }
 
 impl Default for DeliveryConfig {
@@ -46,6 +49,7 @@ impl Default for DeliveryConfig {
             max_error_response_bytes: 4 * 1024,
             connect_timeout: Duration::from_secs(10),
             allow_subnets: Vec::new(),
+            signing: Arc::default(),
         }
     }
 }
@@ -129,8 +133,20 @@ impl Deliverer {
         for (name, value) in &job.headers {
             request = request.header(name, value);
         }
+        let id = job.id.to_string();
+        let secrets = self.config.signing.secrets_for(job);
+        if !secrets.is_empty() {
+            let timestamp = Utc::now().timestamp();
+            request = request
+                .header(signing::ID_HEADER, &id)
+                .header(signing::TIMESTAMP_HEADER, timestamp)
+                .header(
+                    signing::SIGNATURE_HEADER,
+                    signing::sign(secrets, &id, timestamp, &job.payload),
+                );
+        }
         request = request
-            .header(JOB_ID_HEADER, job.id.to_string())
+            .header(JOB_ID_HEADER, id)
             .header(ATTEMPT_HEADER, attempt);
 
         let result = async {

@@ -76,7 +76,7 @@ pub const MAX_HEADER_BYTES: usize = 8 * 1024;
 pub const METHODS: [&str; 5] = ["POST", "PUT", "PATCH", "DELETE", "GET"];
 /// Headers a job may not set: they describe the connection or the framing, which the client
 /// owns, or they are spindle's own.
-const RESERVED_HEADERS: [&str; 9] = [
+const RESERVED_HEADERS: [&str; 12] = [
     "host",
     "content-length",
     "transfer-encoding",
@@ -86,6 +86,9 @@ const RESERVED_HEADERS: [&str; 9] = [
     "te",
     "spindle-job-id",
     "spindle-attempt",
+    "webhook-id",
+    "webhook-timestamp",
+    "webhook-signature",
 ];
 
 /// `POST /v1/jobs` body.
