@@ -37,6 +37,27 @@ pub enum Command {
     /// The JobDB inventory in Consul: add spare JobDBs, list them.
     #[command(subcommand)]
     Jobdbs(JobdbsCommand),
+    /// API tokens: make a new one.
+    #[command(subcommand)]
+    Tokens(TokensCommand),
+}
+
+/// `spindle tokens` subcommands.
+#[derive(Debug, Subcommand)]
+pub enum TokensCommand {
+    /// Print a new random token, and the entry to add to the `--tokens` file (which stores only
+    /// its SHA-256). Give it buckets (a producer) or `--admin`.
+    New {
+        /// A name for the token, shown in errors and logs instead of the token.
+        #[arg(long)]
+        name: String,
+        /// A bucket the token may submit to and read (repeatable; `*` for all).
+        #[arg(long = "bucket")]
+        buckets: Vec<String>,
+        /// Operator actions and every bucket.
+        #[arg(long)]
+        admin: bool,
+    },
 }
 
 /// How a Director gets exclusive ownership of a JobDB.
@@ -151,6 +172,10 @@ pub struct DirectorArgs {
     /// `{"buckets": {"tenant": ["whsec_..."]}, "endpoints": {"https://host/path": ["whsec_..."]}}`.
     #[arg(long, env = "SPINDLE_SIGNING_CONFIG")]
     pub signing_config: Option<std::path::PathBuf>,
+    /// API tokens (JSON file of names, SHA-256 hashes and scopes; see `spindle tokens new`).
+    /// Without it the RPC API accepts every caller.
+    #[arg(long, env = "SPINDLE_TOKENS_FILE")]
+    pub tokens: Option<std::path::PathBuf>,
     /// How the Director owns its JobDB.
     #[arg(long, env = "SPINDLE_REGISTRY", value_enum, default_value_t = RegistryKind::Mysql)]
     pub registry: RegistryKind,
@@ -208,6 +233,11 @@ impl DirectorArgs {
         config.intake.default_ttl = Duration::from_millis(self.default_ttl_ms);
         config.delivery.max_response_bytes = self.max_response_bytes;
         config.delivery.allow_subnets = self.allow_subnets.clone();
+        if let Some(path) = &self.tokens {
+            config.auth = Some(std::sync::Arc::new(crate::rpc::auth::TokenStore::load(
+                path,
+            )?));
+        }
         if let Some(path) = &self.signing_config {
             config.delivery.signing =
                 std::sync::Arc::new(crate::delivery::signing::SigningConfig::load(path)?);
@@ -272,6 +302,19 @@ pub async fn run(cli: Cli) -> anyhow::Result<()> {
                 record.name
             );
             println!("added spare jobdb {}", record.name);
+        }
+        Command::Tokens(TokensCommand::New {
+            name,
+            buckets,
+            admin,
+        }) => {
+            anyhow::ensure!(
+                admin || !buckets.is_empty(),
+                "give --bucket (repeatable) or --admin"
+            );
+            let (token, entry) = crate::rpc::auth::new_token(&name, &buckets, admin);
+            println!("token (give it to the caller; it is not stored): {token}");
+            println!("entry for the --tokens file: {entry}");
         }
         Command::Jobdbs(JobdbsCommand::List { consul }) => {
             let inventory = crate::registry::inventory::Inventory::new(consul.client()?);

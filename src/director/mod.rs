@@ -63,6 +63,8 @@ pub struct DirectorConfig {
     pub delivery: DeliveryConfig,
     /// Limits and defaults of submitted jobs.
     pub intake: IntakeLimits,
+    /// API tokens; `None` leaves the RPC API open.
+    pub auth: Option<Arc<crate::rpc::auth::TokenStore>>,
 }
 
 impl DirectorConfig {
@@ -88,6 +90,7 @@ impl DirectorConfig {
             },
             delivery: DeliveryConfig::default(),
             intake: IntakeLimits::default(),
+            auth: None,
         }
     }
 }
@@ -293,7 +296,11 @@ async fn serve(
         stopping: stopping.clone(),
         ready: Arc::new(AtomicBool::new(true)),
         ids: Arc::new(Mutex::new(ulid::Generator::new())),
+        auth: config.auth.clone(),
     };
+    if config.auth.is_none() {
+        tracing::warn!("no --tokens file: the rpc api accepts every caller");
+    }
     let stop_serving = {
         let (stopping, lock_lost) = (stopping.clone(), lock_lost.clone());
         async move {

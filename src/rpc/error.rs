@@ -27,6 +27,17 @@ pub enum ApiError {
         /// The limit.
         limit: usize,
     },
+    /// No valid bearer token was presented.
+    #[error("missing or invalid bearer token")]
+    Unauthenticated,
+    /// The token may not do this.
+    #[error("{message}")]
+    Forbidden {
+        /// What was refused, naming the token (never the token itself).
+        message: String,
+        /// The offending field, when there is one.
+        field: Option<String>,
+    },
     /// No such resource.
     #[error("{0}")]
     NotFound(String),
@@ -71,6 +82,24 @@ impl IntoResponse for ApiError {
                 e.to_string(),
                 Some("body".to_owned()),
             ),
+            e @ ApiError::Unauthenticated => {
+                let body = ErrorBody {
+                    error: ErrorDetail {
+                        code: "unauthenticated".to_owned(),
+                        message: e.to_string(),
+                        field: None,
+                    },
+                };
+                return (
+                    StatusCode::UNAUTHORIZED,
+                    [(axum::http::header::WWW_AUTHENTICATE, "Bearer")],
+                    Json(body),
+                )
+                    .into_response();
+            }
+            ApiError::Forbidden { message, field } => {
+                (StatusCode::FORBIDDEN, "forbidden", message, field)
+            }
             ApiError::NotFound(m) => (StatusCode::NOT_FOUND, "not_found", m, None),
             ApiError::Unavailable(m) => (StatusCode::SERVICE_UNAVAILABLE, "unavailable", m, None),
             e @ ApiError::ShuttingDown => (

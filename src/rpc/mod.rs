@@ -3,6 +3,7 @@
 //! commit; they never touch delivery.
 
 pub mod api;
+pub mod auth;
 pub mod error;
 
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -10,7 +11,7 @@ use std::sync::{Arc, Mutex};
 
 use axum::extract::rejection::BytesRejection;
 use axum::extract::{DefaultBodyLimit, Path, State};
-use axum::http::{header, StatusCode};
+use axum::http::{header, HeaderMap, StatusCode};
 use axum::response::IntoResponse;
 use axum::routing::{get, post};
 use axum::{Json, Router};
@@ -44,9 +45,27 @@ pub struct RpcState {
     pub ready: Arc<AtomicBool>,
     /// Job id generator: monotonic within a millisecond, so ids keep submission order.
     pub ids: Arc<Mutex<ulid::Generator>>,
+    /// Known API tokens; `None` leaves the API open (a warning is logged at start).
+    pub auth: Option<Arc<auth::TokenStore>>,
 }
 
 impl RpcState {
+    /// The caller behind the request's bearer token (`None` when authentication is off).
+    fn caller(&self, headers: &HeaderMap) -> Result<Option<auth::Caller>, ApiError> {
+        let Some(store) = &self.auth else {
+            return Ok(None);
+        };
+        let token = headers
+            .get(header::AUTHORIZATION)
+            .and_then(|v| v.to_str().ok())
+            .and_then(|v| v.strip_prefix("Bearer "))
+            .ok_or(ApiError::Unauthenticated)?;
+        store
+            .authenticate(token.trim())
+            .map(Some)
+            .ok_or(ApiError::Unauthenticated)
+    }
+
     fn next_id(&self) -> JobId {
         let generated = self
             .ids
@@ -139,17 +158,21 @@ pub fn idle_router(metrics: Arc<Metrics>) -> Router {
         (status = 202, description = "All jobs persisted", body = SubmitResponse),
         (status = 400, description = "Malformed JSON, or unknown or missing field", body = api::ErrorBody),
         (status = 413, description = "Body, payload or batch too large", body = api::ErrorBody),
+        (status = 401, description = "Missing or invalid bearer token", body = api::ErrorBody),
+        (status = 403, description = "The token may not submit to a job's bucket; nothing stored", body = api::ErrorBody),
         (status = 422, description = "A field has an invalid value", body = api::ErrorBody),
         (status = 503, description = "JobDB unavailable or Director stopping; nothing stored", body = api::ErrorBody)
     )
 )]
 async fn submit_jobs(
     State(state): State<RpcState>,
+    headers: HeaderMap,
     body: Result<Bytes, BytesRejection>,
 ) -> Result<impl IntoResponse, ApiError> {
     if state.stopping.is_cancelled() {
         return Err(ApiError::ShuttingDown);
     }
+    let caller = state.caller(&headers)?;
     let body = body.map_err(|rejection| match rejection.status() {
         StatusCode::PAYLOAD_TOO_LARGE => ApiError::BodyTooLarge {
             limit: state.limits.max_request_bytes,
@@ -161,6 +184,21 @@ async fn submit_jobs(
     })?;
     let request: SubmitRequest = parse_json(&body)?;
     let jobs = api::validate_request(request, &state.limits, Utc::now(), || state.next_id())?;
+    if let Some(caller) = &caller {
+        if let Some((i, job)) = jobs
+            .iter()
+            .enumerate()
+            .find(|(_, job)| !caller.may_use(&job.bucket))
+        {
+            return Err(ApiError::Forbidden {
+                message: format!(
+                    "token {:?} may not submit to bucket {:?}; nothing was stored",
+                    caller.name, job.bucket
+                ),
+                field: Some(format!("jobs[{i}].bucket")),
+            });
+        }
+    }
 
     let (reply, outcome) = oneshot::channel();
     state
@@ -212,13 +250,17 @@ fn parse_json<T: serde::de::DeserializeOwned>(body: &[u8]) -> Result<T, ApiError
     responses(
         (status = 200, description = "The job and its trace", body = JobView),
         (status = 400, description = "Not a job id", body = api::ErrorBody),
+        (status = 401, description = "Missing or invalid bearer token", body = api::ErrorBody),
+        (status = 403, description = "The token may not read this job's bucket", body = api::ErrorBody),
         (status = 404, description = "No such job in this Director's JobDB", body = api::ErrorBody)
     )
 )]
 async fn get_job(
     State(state): State<RpcState>,
+    headers: HeaderMap,
     Path(id): Path<String>,
 ) -> Result<Json<JobView>, ApiError> {
+    let caller = state.caller(&headers)?;
     let id: JobId = id
         .parse()
         .map_err(|e: crate::job::InvalidJobId| ApiError::InvalidJson {
@@ -236,6 +278,15 @@ async fn get_job(
         .map_err(unavailable)?
         .pop()
         .ok_or_else(|| ApiError::NotFound(format!("no job {id} in this director's jobdb")))?;
+    if let Some(caller) = caller.filter(|c| !c.may_use(&job.bucket)) {
+        return Err(ApiError::Forbidden {
+            message: format!(
+                "token {:?} may not read jobs of bucket {:?}",
+                caller.name, job.bucket
+            ),
+            field: None,
+        });
+    }
     let trace = state.db.get_transitions(id).await.map_err(unavailable)?;
     Ok(Json(JobView::new(&job, &trace)))
 }

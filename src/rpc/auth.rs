@@ -1,0 +1,236 @@
+//! Authentication of RPC callers: bearer tokens, stored only as SHA-256 hashes and compared in
+//! constant time, each scoped to a set of buckets (producers) or to everything (admin).
+//!
+//! The token file (`--tokens`):
+//! `{"tokens": [{"name": "producer-a", "sha256": "<hex>", "buckets": ["tenant-1"]},
+//!              {"name": "ops", "sha256": "<hex>", "admin": true}]}`
+//! `spindle tokens new` makes a token and prints its entry. Tokens are never logged; only a
+//! token's name appears in errors.
+
+use std::collections::HashSet;
+use std::path::Path;
+
+use base64::Engine;
+use sha2::{Digest, Sha256};
+use subtle::ConstantTimeEq;
+
+/// What a token may do.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Scope {
+    /// Operator actions and every bucket.
+    Admin,
+    /// Submit to and read these buckets only.
+    Buckets(HashSet<String>),
+}
+
+/// An authenticated caller.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Caller {
+    /// The token's name (safe to show).
+    pub name: String,
+    /// What it may do.
+    pub scope: Scope,
+}
+
+impl Caller {
+    /// Whether the caller may submit to, and read jobs of, `bucket`.
+    pub fn may_use(&self, bucket: &str) -> bool {
+        match &self.scope {
+            Scope::Admin => true,
+            Scope::Buckets(buckets) => buckets.contains(bucket) || buckets.contains("*"),
+        }
+    }
+}
+
+#[derive(Clone)]
+struct Entry {
+    hash: [u8; 32],
+    caller: Caller,
+}
+
+/// The known tokens.
+#[derive(Clone, Default)]
+pub struct TokenStore {
+    entries: Vec<Entry>,
+}
+
+impl std::fmt::Debug for TokenStore {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let names: Vec<_> = self
+            .entries
+            .iter()
+            .map(|e| e.caller.name.as_str())
+            .collect();
+        f.debug_struct("TokenStore").field("names", &names).finish()
+    }
+}
+
+/// A token file that cannot be used.
+#[derive(Debug, thiserror::Error)]
+pub enum TokenFileError {
+    /// Unreadable.
+    #[error("cannot read token file {0}")]
+    Read(String, #[source] std::io::Error),
+    /// Not the expected JSON, or an entry is invalid.
+    #[error("token file {0}: {1}")]
+    Invalid(String, String),
+}
+
+#[derive(serde::Deserialize)]
+#[serde(deny_unknown_fields)]
+struct TokenFile {
+    tokens: Vec<TokenEntry>,
+}
+
+#[derive(serde::Deserialize, serde::Serialize)]
+#[serde(deny_unknown_fields)]
+struct TokenEntry {
+    name: String,
+    sha256: String,
+    #[serde(default)]
+    buckets: Vec<String>,
+    #[serde(default)]
+    admin: bool,
+}
+
+/// The SHA-256 of a token, as stored.
+pub fn hash(token: &str) -> [u8; 32] {
+    Sha256::digest(token.as_bytes()).into()
+}
+
+fn hex(bytes: &[u8]) -> String {
+    bytes.iter().map(|b| format!("{b:02x}")).collect()
+}
+
+fn unhex(text: &str) -> Option<[u8; 32]> {
+    if text.len() != 64 {
+        return None;
+    }
+    let mut out = [0u8; 32];
+    for (i, byte) in out.iter_mut().enumerate() {
+        *byte = u8::from_str_radix(text.get(2 * i..2 * i + 2)?, 16).ok()?;
+    }
+    Some(out)
+}
+
+impl TokenStore {
+    /// Reads a token file.
+    pub fn load(path: &Path) -> Result<Self, TokenFileError> {
+        let name = path.display().to_string();
+        let text =
+            std::fs::read_to_string(path).map_err(|e| TokenFileError::Read(name.clone(), e))?;
+        let file: TokenFile = serde_json::from_str(&text)
+            .map_err(|e| TokenFileError::Invalid(name.clone(), e.to_string()))?;
+        let mut store = TokenStore::default();
+        for entry in file.tokens {
+            let hash = unhex(&entry.sha256).ok_or_else(|| {
+                TokenFileError::Invalid(
+                    name.clone(),
+                    format!("{}: sha256 must be 64 hex digits", entry.name),
+                )
+            })?;
+            if !entry.admin && entry.buckets.is_empty() {
+                return Err(TokenFileError::Invalid(
+                    name.clone(),
+                    format!("{}: give buckets or admin", entry.name),
+                ));
+            }
+            store.entries.push(Entry {
+                hash,
+                caller: Caller {
+                    name: entry.name,
+                    scope: if entry.admin {
+                        Scope::Admin
+                    } else {
+                        Scope::Buckets(entry.buckets.into_iter().collect())
+                    },
+                },
+            });
+        }
+        Ok(store)
+    }
+
+    /// Adds a token (tests and embedded setups).
+    pub fn with_token(mut self, token: &str, name: &str, scope: Scope) -> Self {
+        self.entries.push(Entry {
+            hash: hash(token),
+            caller: Caller {
+                name: name.to_owned(),
+                scope,
+            },
+        });
+        self
+    }
+
+    /// The caller a presented token belongs to. Every entry is compared, each in constant
+    /// time, so timing tells nothing about how much of a hash matched.
+    pub fn authenticate(&self, token: &str) -> Option<Caller> {
+        let presented = hash(token);
+        let mut found = None;
+        for entry in &self.entries {
+            if bool::from(entry.hash.ct_eq(&presented)) {
+                found = Some(entry.caller.clone());
+            }
+        }
+        found
+    }
+}
+
+/// A fresh random token (`spt_` + 32 random bytes, base64url) and its token-file entry.
+pub fn new_token(name: &str, buckets: &[String], admin: bool) -> (String, String) {
+    let bytes: [u8; 32] = rand::random();
+    let token = format!(
+        "spt_{}",
+        base64::engine::general_purpose::URL_SAFE_NO_PAD.encode(bytes)
+    );
+    let entry = TokenEntry {
+        name: name.to_owned(),
+        sha256: hex(&hash(&token)),
+        buckets: buckets.to_vec(),
+        admin,
+    };
+    let entry = serde_json::to_string(&entry).unwrap_or_default();
+    (token, entry)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn tokens_authenticate_by_hash_and_scopes_apply() {
+        let (token, entry) = new_token("p", &["t1".to_owned()], false);
+        let file = tempfile::NamedTempFile::new().unwrap();
+        std::fs::write(file.path(), format!(r#"{{"tokens": [{entry}]}}"#)).unwrap();
+        let store = TokenStore::load(file.path()).unwrap();
+        assert!(!format!("{store:?}").contains(&token));
+        let caller = store.authenticate(&token).expect("known token");
+        assert_eq!(caller.name, "p");
+        assert!(caller.may_use("t1"));
+        assert!(!caller.may_use("t2"));
+        assert!(store.authenticate("spt_wrong").is_none());
+        assert!(store.authenticate("").is_none());
+        let admin = TokenStore::default().with_token("a", "ops", Scope::Admin);
+        assert!(admin.authenticate("a").unwrap().may_use("anything"));
+    }
+
+    #[test]
+    fn bad_token_files_are_refused() {
+        let file = tempfile::NamedTempFile::new().unwrap();
+        std::fs::write(
+            file.path(),
+            r#"{"tokens": [{"name": "x", "sha256": "abc"}]}"#,
+        )
+        .unwrap();
+        assert!(TokenStore::load(file.path()).is_err());
+        std::fs::write(
+            file.path(),
+            format!(
+                r#"{{"tokens": [{{"name": "x", "sha256": "{}"}}]}}"#,
+                "0".repeat(64)
+            ),
+        )
+        .unwrap();
+        assert!(TokenStore::load(file.path()).is_err(), "no scope");
+    }
+}

@@ -1,0 +1,127 @@
+//! API authentication: bearer tokens scoped to buckets (producers) or admin, 401 for missing or
+//! unknown tokens, 403 naming the field for out-of-scope buckets, and nothing stored on refusal.
+
+mod common;
+
+use std::collections::HashSet;
+use std::sync::Arc;
+
+use common::*;
+use serde_json::json;
+use spindle::rpc::auth::{Scope, TokenStore};
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tokens_gate_the_api_by_bucket() {
+    let store = TokenStore::default()
+        .with_token(
+            "spt_producer_secret",
+            "producer-a",
+            Scope::Buckets(HashSet::from(["t1".to_owned()])),
+        )
+        .with_token("spt_admin_secret", "ops", Scope::Admin);
+    let rig = Rig::start("auth", |c| c.auth = Some(Arc::new(store))).await;
+    let url = format!("{}/v1/jobs", rig.base());
+    let job = |bucket: &str| json!({"bucket": bucket, "endpoint": rig.sink.url("/ok")});
+    let post = |token: Option<&str>, jobs: serde_json::Value| {
+        let mut request = rig.client.post(&url).json(&json!({ "jobs": jobs }));
+        if let Some(token) = token {
+            request = request.header("authorization", token);
+        }
+        request.send()
+    };
+
+    // No token, an unknown token, another scheme: 401 with a challenge.
+    for token in [
+        None,
+        Some("Bearer spt_wrong"),
+        Some("Basic c3B0X2FkbWluX3NlY3JldA=="),
+    ] {
+        let response = post(token, json!([job("t1")])).await.unwrap();
+        assert_eq!(response.status().as_u16(), 401, "{token:?}");
+        assert_eq!(response.headers()["www-authenticate"], "Bearer");
+        let body: serde_json::Value = response.json().await.unwrap();
+        assert_eq!(body["error"]["code"], "unauthenticated");
+    }
+
+    // A producer submits to its bucket...
+    let ok = post(Some("Bearer spt_producer_secret"), json!([job("t1")]))
+        .await
+        .unwrap();
+    assert_eq!(ok.status().as_u16(), 202);
+    let own: spindle::rpc::api::SubmitResponse = ok.json().await.unwrap();
+    // ...but a batch touching another bucket is refused whole, naming the field and the token's
+    // name, never the token.
+    let refused = post(
+        Some("Bearer spt_producer_secret"),
+        json!([job("t1"), job("t2")]),
+    )
+    .await
+    .unwrap();
+    assert_eq!(refused.status().as_u16(), 403);
+    let body: serde_json::Value = refused.json().await.unwrap();
+    assert_eq!(body["error"]["field"], "jobs[1].bucket");
+    let message = body["error"]["message"].as_str().unwrap();
+    assert!(
+        message.contains("producer-a") && !message.contains("spt_producer_secret"),
+        "{message}"
+    );
+    assert_eq!(
+        rig.reader.count_jobs().await.unwrap(),
+        1,
+        "nothing of the refused batch stored"
+    );
+
+    // The admin may use any bucket.
+    let admin = post(Some("Bearer spt_admin_secret"), json!([job("t9")]))
+        .await
+        .unwrap();
+    assert_eq!(admin.status().as_u16(), 202);
+    let other: spindle::rpc::api::SubmitResponse = admin.json().await.unwrap();
+
+    // Reading a job needs a token whose scope covers its bucket.
+    let get = |id: &str, token: Option<&str>| {
+        let mut request = rig.client.get(format!("{}/v1/jobs/{id}", rig.base()));
+        if let Some(token) = token {
+            request = request.header("authorization", token);
+        }
+        request.send()
+    };
+    let status = |r: reqwest::Response| r.status().as_u16();
+    assert_eq!(
+        status(
+            get(&own.jobs[0].id, Some("Bearer spt_producer_secret"))
+                .await
+                .unwrap()
+        ),
+        200
+    );
+    assert_eq!(
+        status(
+            get(&other.jobs[0].id, Some("Bearer spt_producer_secret"))
+                .await
+                .unwrap()
+        ),
+        403
+    );
+    assert_eq!(
+        status(
+            get(&other.jobs[0].id, Some("Bearer spt_admin_secret"))
+                .await
+                .unwrap()
+        ),
+        200
+    );
+    assert_eq!(status(get(&other.jobs[0].id, None).await.unwrap()), 401);
+
+    // Health, readiness, metrics and the API description stay open.
+    for path in ["/healthz", "/readyz", "/metrics", "/openapi.json"] {
+        let response = rig
+            .client
+            .get(format!("{}{path}", rig.base()))
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(response.status().as_u16(), 200, "{path}");
+    }
+    rig.stop().await;
+}
