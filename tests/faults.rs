@@ -304,7 +304,7 @@ async fn misbehaving_endpoint() -> (u16, Arc<Mutex<HashMap<String, usize>>>) {
                 *counter.lock().unwrap().entry(path.clone()).or_insert(0) += 1;
                 match path.as_str() {
                     "/reset" if attempt <= 2 => {
-                        let _ = socket.set_linger(Some(Duration::ZERO));
+                        let _ = socket.set_zero_linger();
                         drop(socket);
                     }
                     "/trickle" if attempt <= 1 => {
