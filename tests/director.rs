@@ -346,7 +346,7 @@ async fn bad_input_is_refused_with_the_field_named_and_nothing_stored() {
         ("expiry in the past", with(json!({"expire_at": "2020-01-01T00:00:00Z"})).to_string(), 422, "jobs[1].expire_at"),
         ("bad method", with(json!({"method": "CONNECT"})).to_string(), 422, "jobs[1].method"),
         ("no jobs", json!({"jobs": []}).to_string(), 422, "jobs"),
-        ("too many jobs", json!({"jobs": vec![ok.clone(); 1001]}).to_string(), 413, "jobs"),
+        ("too many jobs", json!({"jobs": vec![ok.clone(); 1001]}).to_string(), 422, "jobs"),
         ("body too large", json!({"jobs": [{"bucket": "b", "endpoint": "http://x", "payload": "y".repeat(4 * 1024 * 1024)}]}).to_string(), 413, "body"),
     ];
     for (name, body, status, field) in cases {

@@ -64,10 +64,10 @@ impl Default for IntakeLimits {
 pub const MIN_TIMEOUT: Duration = Duration::from_millis(10);
 /// Longest endpoint URL.
 pub const MAX_URL_BYTES: usize = 2048;
-/// Longest bucket name.
-pub const MAX_BUCKET_BYTES: usize = 128;
-/// Longest idempotency key.
-pub const MAX_IDEMPOTENCY_KEY_BYTES: usize = 255;
+/// Longest bucket name, in characters (as the VARCHAR column counts them).
+pub const MAX_BUCKET_CHARS: usize = 128;
+/// Longest idempotency key, in characters.
+pub const MAX_IDEMPOTENCY_KEY_CHARS: usize = 255;
 /// Most headers on one job.
 pub const MAX_HEADERS: usize = 64;
 /// Largest header name plus value.
@@ -96,6 +96,7 @@ const RESERVED_HEADERS: [&str; 12] = [
 #[serde(deny_unknown_fields)]
 pub struct SubmitRequest {
     /// 1 to 1000 jobs, persisted atomically.
+    #[schema(min_items = 1, max_items = 1000)]
     pub jobs: Vec<JobSpec>,
 }
 
@@ -103,14 +104,25 @@ pub struct SubmitRequest {
 #[derive(Debug, Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct JobSpec {
-    /// Isolation key: a tenant or a source–destination pair (1–128 bytes, no control characters).
+    /// Isolation key: a tenant or a source–destination pair (1–128 characters, no control
+    /// characters).
+    #[schema(
+        min_length = 1,
+        max_length = 128,
+        pattern = r"^[^\u0000-\u001F\u007F-\u009F]+$"
+    )]
     pub bucket: String,
     /// The http or https URL to deliver to (at most 2048 bytes).
+    #[schema(
+        max_length = 2048,
+        pattern = r"^[hH][tT][tT][pP][sS]?://[^\s\u0000-\u001F\u007F]+$"
+    )]
     pub endpoint: String,
     /// HTTP method: POST (default), PUT, PATCH, DELETE or GET.
     #[serde(default)]
+    #[schema(pattern = "^(POST|PUT|PATCH|DELETE|GET|post|put|patch|delete|get)$")]
     pub method: Option<String>,
-    /// Request headers (at most 64).
+    /// Request headers (at most 64): token names, values without control characters.
     #[serde(default)]
     pub headers: Option<BTreeMap<String, String>>,
     /// The body, as any JSON value (sent as `application/json` unless headers say otherwise).
@@ -122,23 +134,58 @@ pub struct JobSpec {
     #[serde(default)]
     pub payload_base64: Option<String>,
     /// Deadline of one attempt in ms (10..=300000, default 10000).
-    #[serde(default)]
+    #[serde(default, deserialize_with = "integral")]
+    #[schema(minimum = 10, maximum = 300000)]
     pub execution_timeout_ms: Option<u64>,
     /// Delay before the second attempt in ms (1..=3600000, default 1000).
-    #[serde(default)]
+    #[serde(default, deserialize_with = "integral")]
+    #[schema(minimum = 1, maximum = 3600000)]
     pub backoff_min_delay_ms: Option<u64>,
     /// Growth of the delay per attempt (1.0..=10.0, default 2.0).
     #[serde(default)]
+    #[schema(minimum = 1.0, maximum = 10.0)]
     pub backoff_coefficient: Option<f64>,
     /// When to stop retrying and archive (RFC 3339, in the future). Excludes `ttl_ms`.
     #[serde(default)]
     pub expire_at: Option<DateTime<Utc>>,
-    /// Time to live in ms (default 4 h). Excludes `expire_at`.
-    #[serde(default)]
+    /// Time to live in ms (default 4 h, at most 30 days). Excludes `expire_at`.
+    #[serde(default, deserialize_with = "integral")]
+    #[schema(minimum = 1, maximum = 2592000000u64)]
     pub ttl_ms: Option<u64>,
-    /// The producer's idempotency key (at most 255 bytes); stored with the job.
+    /// The producer's idempotency key (1 to 255 characters); stored with the job.
     #[serde(default)]
+    #[schema(min_length = 1, max_length = 255)]
     pub idempotency_key: Option<String>,
+}
+
+/// Whether `name` (as the URL parser normalised it: lower case, IDNA applied) is a DNS name.
+fn valid_host_name(name: &str) -> bool {
+    !name.is_empty()
+        && name.len() <= 253
+        && name.trim_end_matches('.').split('.').all(|label| {
+            (1..=63).contains(&label.len())
+                && label
+                    .bytes()
+                    .all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_')
+        })
+}
+
+/// Reads an optional count of milliseconds: a JSON integer, or a number with no fraction
+/// (`176.0`), which JSON Schema also calls an integer.
+fn integral<'de, D: serde::Deserializer<'de>>(de: D) -> Result<Option<u64>, D::Error> {
+    let number: Option<serde_json::Number> = Option::deserialize(de)?;
+    let Some(number) = number else {
+        return Ok(None);
+    };
+    if let Some(n) = number.as_u64() {
+        return Ok(Some(n));
+    }
+    match number.as_f64() {
+        Some(f) if f.fract() == 0.0 && (0.0..=u64::MAX as f64).contains(&f) => Ok(Some(f as u64)),
+        _ => Err(serde::de::Error::custom(format!(
+            "expected a whole number, got {number}"
+        ))),
+    }
 }
 
 /// A field that failed validation, and why.
@@ -180,7 +227,7 @@ pub fn validate_request(
         return Err(FieldError::new("jobs", "must hold at least one job"));
     }
     if request.jobs.len() > limits.max_jobs_per_request {
-        return Err(FieldError::too_large(
+        return Err(FieldError::new(
             "jobs",
             format!(
                 "holds {} jobs; at most {} are allowed",
@@ -208,10 +255,10 @@ fn validate_job(
 ) -> Result<Job, FieldError> {
     let field = |name: &str| format!("{at}.{name}");
 
-    if spec.bucket.is_empty() || spec.bucket.len() > MAX_BUCKET_BYTES {
+    if spec.bucket.is_empty() || spec.bucket.chars().count() > MAX_BUCKET_CHARS {
         return Err(FieldError::new(
             field("bucket"),
-            format!("must be 1 to {MAX_BUCKET_BYTES} bytes"),
+            format!("must be 1 to {MAX_BUCKET_CHARS} characters"),
         ));
     }
     if spec.bucket.chars().any(char::is_control) {
@@ -222,9 +269,19 @@ fn validate_job(
     }
 
     if spec.endpoint.len() > MAX_URL_BYTES {
-        return Err(FieldError::too_large(
+        return Err(FieldError::new(
             field("endpoint"),
             format!("is longer than {MAX_URL_BYTES} bytes"),
+        ));
+    }
+    if spec
+        .endpoint
+        .chars()
+        .any(|c| c.is_whitespace() || c.is_control())
+    {
+        return Err(FieldError::new(
+            field("endpoint"),
+            "must be an encoded URL: no spaces or control characters",
         ));
     }
     let url = url::Url::parse(&spec.endpoint)
@@ -235,8 +292,15 @@ fn validate_job(
             "scheme must be http or https",
         ));
     }
-    if url.host_str().is_none_or(str::is_empty) {
-        return Err(FieldError::new(field("endpoint"), "must name a host"));
+    match url.host() {
+        None => return Err(FieldError::new(field("endpoint"), "must name a host")),
+        Some(url::Host::Domain(name)) if !valid_host_name(name) => {
+            return Err(FieldError::new(
+                field("endpoint"),
+                "host must be a DNS name or an IP address",
+            ));
+        }
+        Some(_) => {}
     }
 
     let method = spec
@@ -398,10 +462,10 @@ fn validate_job(
     };
 
     if let Some(key) = &spec.idempotency_key {
-        if key.is_empty() || key.len() > MAX_IDEMPOTENCY_KEY_BYTES {
+        if key.is_empty() || key.chars().count() > MAX_IDEMPOTENCY_KEY_CHARS {
             return Err(FieldError::new(
                 field("idempotency_key"),
-                format!("must be 1 to {MAX_IDEMPOTENCY_KEY_BYTES} bytes"),
+                format!("must be 1 to {MAX_IDEMPOTENCY_KEY_CHARS} characters"),
             ));
         }
     }
@@ -652,6 +716,14 @@ mod tests {
             ),
             (
                 serde_json::json!({"bucket": "b", "endpoint": "not a url"}),
+                "jobs[0].endpoint",
+            ),
+            (
+                serde_json::json!({"bucket": "b", "endpoint": "http://a*/"}),
+                "jobs[0].endpoint",
+            ),
+            (
+                serde_json::json!({"bucket": "b", "endpoint": "http://a/b c"}),
                 "jobs[0].endpoint",
             ),
             (

@@ -246,7 +246,8 @@ fn parse_json<T: serde::de::DeserializeOwned>(body: &[u8]) -> Result<T, ApiError
 #[utoipa::path(
     get,
     path = "/v1/jobs/{id}",
-    params(("id" = String, Path, description = "Job id: ULID, or 32 hex digits as HEX(id) prints")),
+    params(("id" = String, Path, description = "Job id: ULID, or 32 hex digits as HEX(id) prints",
+        pattern = "^([0-7][0-9A-HJKMNP-TV-Za-hjkmnp-tv-z]{25}|[0-9A-Fa-f]{32})$")),
     responses(
         (status = 200, description = "The job and its trace", body = JobView),
         (status = 400, description = "Not a job id", body = api::ErrorBody),
@@ -319,8 +320,25 @@ async fn metrics(State(state): State<RpcState>) -> impl IntoResponse {
     )
 }
 
+/// The OpenAPI document, with what the derive cannot express: constraints on header names and
+/// values (JSON Schema `propertyNames`), and a payload that may be any JSON value.
+pub fn openapi_document() -> Result<String, serde_json::Error> {
+    let mut doc = serde_json::to_value(ApiDoc::openapi())?;
+    if let Some(payload) = doc.pointer_mut("/components/schemas/JobSpec/properties/payload") {
+        let description = payload.get("description").cloned().unwrap_or_default();
+        *payload = serde_json::json!({ "description": description });
+    }
+    if let Some(headers) = doc.pointer_mut("/components/schemas/JobSpec/properties/headers") {
+        headers["maxProperties"] = serde_json::json!(api::MAX_HEADERS);
+        headers["propertyNames"] =
+            serde_json::json!({"pattern": "^[!#$%&'*+.^_`|~0-9A-Za-z-]+$", "maxLength": 256});
+        headers["additionalProperties"] = serde_json::json!({"type": "string", "pattern": "^[^\\u0000-\\u0008\\u000A-\\u001F\\u007F]*$", "maxLength": 4096});
+    }
+    serde_json::to_string_pretty(&doc)
+}
+
 async fn openapi() -> impl IntoResponse {
-    match ApiDoc::openapi().to_pretty_json() {
+    match openapi_document() {
         Ok(doc) => ([(header::CONTENT_TYPE, "application/json")], doc).into_response(),
         Err(e) => {
             tracing::error!(error = %e, "openapi document failed to render");
