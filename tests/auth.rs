@@ -125,3 +125,45 @@ async fn tokens_gate_the_api_by_bucket() {
     }
     rig.stop().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_token_over_its_rate_is_told_to_wait() {
+    let scope = Scope::Buckets(HashSet::from(["t1".to_owned()]));
+    let store =
+        TokenStore::default().with_limited_token("spt_limited", "slow-producer", scope, 2, 3);
+    let rig = Rig::start("ratelimit", |c| c.auth = Some(Arc::new(store))).await;
+    let post = || {
+        rig.client
+            .post(format!("{}/v1/jobs", rig.base()))
+            .header("authorization", "Bearer spt_limited")
+            .json(&json!({"jobs": [{"bucket": "t1", "endpoint": rig.sink.url("/ok")}]}))
+            .send()
+    };
+    // A burst of 3 is admitted at once; the 4th request must wait.
+    for _ in 0..3 {
+        assert_eq!(post().await.unwrap().status().as_u16(), 202);
+    }
+    let limited = post().await.unwrap();
+    assert_eq!(limited.status().as_u16(), 429);
+    let wait: u64 = limited.headers()["retry-after"]
+        .to_str()
+        .unwrap()
+        .parse()
+        .unwrap();
+    assert!(wait >= 1);
+    let body: serde_json::Value = limited.json().await.unwrap();
+    assert_eq!(body["error"]["code"], "rate_limited");
+    assert!(body["error"]["message"]
+        .as_str()
+        .unwrap()
+        .contains("slow-producer"));
+    assert_eq!(
+        rig.reader.count_jobs().await.unwrap(),
+        3,
+        "the refused request stored nothing"
+    );
+    // At 2 per second, a request is admitted again within about half a second.
+    tokio::time::sleep(std::time::Duration::from_millis(600)).await;
+    assert_eq!(post().await.unwrap().status().as_u16(), 202);
+    rig.stop().await;
+}

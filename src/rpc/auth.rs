@@ -2,13 +2,22 @@
 //! constant time, each scoped to a set of buckets (producers) or to everything (admin).
 //!
 //! The token file (`--tokens`):
-//! `{"tokens": [{"name": "producer-a", "sha256": "<hex>", "buckets": ["tenant-1"]},
+//! `{"tokens": [{"name": "producer-a", "sha256": "<hex>", "buckets": ["tenant-1"],
+//!               "requests_per_second": 50, "burst": 100},
 //!              {"name": "ops", "sha256": "<hex>", "admin": true}]}`
+//! A token with `requests_per_second` is rate-limited (token bucket, `burst` defaults to the
+//! rate); excess requests get 429 with `Retry-After`.
 //! `spindle tokens new` makes a token and prints its entry. Tokens are never logged; only a
 //! token's name appears in errors.
 
 use std::collections::HashSet;
+use std::num::NonZeroU32;
 use std::path::Path;
+use std::sync::Arc;
+use std::time::Duration;
+
+use governor::clock::{Clock, DefaultClock};
+use governor::{DefaultDirectRateLimiter, Quota, RateLimiter};
 
 use base64::Engine;
 use sha2::{Digest, Sha256};
@@ -24,15 +33,35 @@ pub enum Scope {
 }
 
 /// An authenticated caller.
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone)]
 pub struct Caller {
     /// The token's name (safe to show).
     pub name: String,
     /// What it may do.
     pub scope: Scope,
+    limiter: Option<Arc<DefaultDirectRateLimiter>>,
+}
+
+impl std::fmt::Debug for Caller {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Caller")
+            .field("name", &self.name)
+            .field("scope", &self.scope)
+            .finish()
+    }
 }
 
 impl Caller {
+    /// Takes one request from the token's rate limit: `Err(wait)` when the caller must wait.
+    pub fn admit(&self) -> Result<(), Duration> {
+        match &self.limiter {
+            None => Ok(()),
+            Some(limiter) => limiter
+                .check()
+                .map_err(|not_until| not_until.wait_time_from(DefaultClock::default().now())),
+        }
+    }
+
     /// Whether the caller may submit to, and read jobs of, `bucket`.
     pub fn may_use(&self, bucket: &str) -> bool {
         match &self.scope {
@@ -91,6 +120,18 @@ struct TokenEntry {
     buckets: Vec<String>,
     #[serde(default)]
     admin: bool,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    requests_per_second: Option<u32>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    burst: Option<u32>,
+}
+
+fn limiter(per_second: Option<u32>, burst: Option<u32>) -> Option<Arc<DefaultDirectRateLimiter>> {
+    let rate = NonZeroU32::new(per_second?)?;
+    let burst = burst.and_then(NonZeroU32::new).unwrap_or(rate);
+    Some(Arc::new(RateLimiter::direct(
+        Quota::per_second(rate).allow_burst(burst),
+    )))
 }
 
 /// The SHA-256 of a token, as stored.
@@ -144,10 +185,31 @@ impl TokenStore {
                     } else {
                         Scope::Buckets(entry.buckets.into_iter().collect())
                     },
+                    limiter: limiter(entry.requests_per_second, entry.burst),
                 },
             });
         }
         Ok(store)
+    }
+
+    /// Adds a rate-limited token: `per_second` requests, bursts of `burst`.
+    pub fn with_limited_token(
+        mut self,
+        token: &str,
+        name: &str,
+        scope: Scope,
+        per_second: u32,
+        burst: u32,
+    ) -> Self {
+        self.entries.push(Entry {
+            hash: hash(token),
+            caller: Caller {
+                name: name.to_owned(),
+                scope,
+                limiter: limiter(Some(per_second), Some(burst)),
+            },
+        });
+        self
     }
 
     /// Adds a token (tests and embedded setups).
@@ -157,6 +219,7 @@ impl TokenStore {
             caller: Caller {
                 name: name.to_owned(),
                 scope,
+                limiter: None,
             },
         });
         self
@@ -188,6 +251,8 @@ pub fn new_token(name: &str, buckets: &[String], admin: bool) -> (String, String
         sha256: hex(&hash(&token)),
         buckets: buckets.to_vec(),
         admin,
+        requests_per_second: None,
+        burst: None,
     };
     let entry = serde_json::to_string(&entry).unwrap_or_default();
     (token, entry)

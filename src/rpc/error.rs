@@ -38,6 +38,14 @@ pub enum ApiError {
         /// The offending field, when there is one.
         field: Option<String>,
     },
+    /// The token's request rate is exceeded; nothing was stored.
+    #[error("token {name:?} is over its request rate; retry in {} ms", retry_after.as_millis())]
+    RateLimited {
+        /// The token's name.
+        name: String,
+        /// When a request will be admitted again.
+        retry_after: std::time::Duration,
+    },
     /// No such resource.
     #[error("{0}")]
     NotFound(String),
@@ -99,6 +107,24 @@ impl IntoResponse for ApiError {
             }
             ApiError::Forbidden { message, field } => {
                 (StatusCode::FORBIDDEN, "forbidden", message, field)
+            }
+            ApiError::RateLimited { name, retry_after } => {
+                let seconds = retry_after.as_secs_f64().ceil().max(1.0) as u64;
+                let message =
+                    format!("token {name:?} is over its request rate; retry in {seconds} s");
+                let body = ErrorBody {
+                    error: ErrorDetail {
+                        code: "rate_limited".to_owned(),
+                        message,
+                        field: None,
+                    },
+                };
+                return (
+                    StatusCode::TOO_MANY_REQUESTS,
+                    [(axum::http::header::RETRY_AFTER, seconds.to_string())],
+                    Json(body),
+                )
+                    .into_response();
             }
             ApiError::NotFound(m) => (StatusCode::NOT_FOUND, "not_found", m, None),
             ApiError::Unavailable(m) => (StatusCode::SERVICE_UNAVAILABLE, "unavailable", m, None),

@@ -60,10 +60,16 @@ impl RpcState {
             .and_then(|v| v.to_str().ok())
             .and_then(|v| v.strip_prefix("Bearer "))
             .ok_or(ApiError::Unauthenticated)?;
-        store
+        let caller = store
             .authenticate(token.trim())
-            .map(Some)
-            .ok_or(ApiError::Unauthenticated)
+            .ok_or(ApiError::Unauthenticated)?;
+        caller
+            .admit()
+            .map_err(|retry_after| ApiError::RateLimited {
+                name: caller.name.clone(),
+                retry_after,
+            })?;
+        Ok(Some(caller))
     }
 
     fn next_id(&self) -> JobId {
@@ -161,6 +167,7 @@ pub fn idle_router(metrics: Arc<Metrics>) -> Router {
         (status = 401, description = "Missing or invalid bearer token", body = api::ErrorBody),
         (status = 403, description = "The token may not submit to a job's bucket; nothing stored", body = api::ErrorBody),
         (status = 422, description = "A field has an invalid value", body = api::ErrorBody),
+        (status = 429, description = "The token is over its request rate (see Retry-After); nothing stored", body = api::ErrorBody),
         (status = 503, description = "JobDB unavailable or Director stopping; nothing stored", body = api::ErrorBody)
     )
 )]
