@@ -189,8 +189,7 @@ async fn submit_jobs(
             message: rejection.body_text(),
         },
     })?;
-    let request: SubmitRequest = parse_json(&body)?;
-    let jobs = api::validate_request(request, &state.limits, Utc::now(), || state.next_id())?;
+    let jobs = check_submission(&body, &state.limits, || state.next_id())?;
     if let Some(caller) = &caller {
         if let Some((i, job)) = jobs
             .iter()
@@ -230,6 +229,17 @@ async fn submit_jobs(
         jobs: jobs.iter().map(|job| AcceptedJob::from(&**job)).collect(),
     };
     Ok((StatusCode::ACCEPTED, Json(response)))
+}
+
+/// Parses and validates a `POST /v1/jobs` body into jobs, exactly as the handler does (the fuzz
+/// target calls this too).
+pub fn check_submission(
+    body: &[u8],
+    limits: &IntakeLimits,
+    next_id: impl FnMut() -> JobId,
+) -> Result<Vec<Arc<crate::job::Job>>, ApiError> {
+    let request: SubmitRequest = parse_json(body)?;
+    Ok(api::validate_request(request, limits, Utc::now(), next_id)?)
 }
 
 /// Parses a JSON body, naming the path of the first error (`jobs[2].bucket`).
