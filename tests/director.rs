@@ -403,6 +403,21 @@ async fn serves_openapi_health_readiness_and_metrics() {
     let metrics = get("/metrics").await.unwrap().text().await.unwrap();
     assert!(metrics.contains("spindle_jobs_accepted_total"), "{metrics}");
     assert!(metrics.contains("spindle_jobs_cached"), "{metrics}");
+    promtool_accepts(&metrics);
+    let open_metrics = rig
+        .client
+        .get(format!("{}/metrics", rig.base()))
+        .header("accept", "application/openmetrics-text; version=1.0.0")
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    assert!(
+        open_metrics.trim_end().ends_with("# EOF"),
+        "OpenMetrics on request"
+    );
     rig.stop().await;
 }
 
@@ -458,4 +473,35 @@ async fn losing_the_lock_connection_stops_the_director() {
         other => panic!("expected the director to stop on lock loss, got {other:?}"),
     }
     rig.stop().await;
+}
+
+/// Runs Prometheus's own `promtool check metrics` over an exposition (installing Debian's
+/// `prometheus` package first if `promtool` is missing).
+fn promtool_accepts(exposition: &str) {
+    use std::io::Write;
+    use std::process::{Command, Stdio};
+    if Command::new("promtool").arg("--version").output().is_err() {
+        let installed = Command::new("sh")
+            .args(["-c", "apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq prometheus"])
+            .status()
+            .expect("apt-get");
+        assert!(installed.success(), "could not install promtool");
+    }
+    let mut child = Command::new("promtool")
+        .args(["check", "metrics"])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("promtool");
+    child
+        .stdin
+        .take()
+        .unwrap()
+        .write_all(exposition.as_bytes())
+        .unwrap();
+    let out = child.wait_with_output().unwrap();
+    let complaints =
+        String::from_utf8_lossy(&out.stdout).to_string() + &String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "promtool check metrics: {complaints}");
 }

@@ -134,17 +134,9 @@ pub fn idle_router(metrics: Arc<Metrics>) -> Router {
         )
         .route(
             "/metrics",
-            get(move || {
+            get(move |headers: HeaderMap| {
                 let metrics = metrics.clone();
-                async move {
-                    (
-                        [(
-                            header::CONTENT_TYPE,
-                            "application/openmetrics-text; version=1.0.0; charset=utf-8",
-                        )],
-                        metrics.render(),
-                    )
-                }
+                async move { exposition(&metrics, &headers) }
             }),
         )
         .route("/openapi.json", get(openapi))
@@ -325,16 +317,38 @@ async fn readyz(State(state): State<RpcState>) -> impl IntoResponse {
     }
 }
 
-/// Prometheus metrics (OpenMetrics text).
+/// Prometheus metrics: OpenMetrics when the scraper asks for it, else the classic text format.
 #[utoipa::path(get, path = "/metrics", responses((status = 200, description = "Metrics")))]
-async fn metrics(State(state): State<RpcState>) -> impl IntoResponse {
-    (
-        [(
-            header::CONTENT_TYPE,
-            "application/openmetrics-text; version=1.0.0; charset=utf-8",
-        )],
-        state.metrics.render(),
-    )
+async fn metrics(State(state): State<RpcState>, headers: HeaderMap) -> impl IntoResponse {
+    exposition(&state.metrics, &headers)
+}
+
+/// The metrics in the format the `Accept` header prefers.
+fn exposition(
+    metrics: &Metrics,
+    headers: &HeaderMap,
+) -> ([(header::HeaderName, &'static str); 1], String) {
+    let open_metrics = headers
+        .get(header::ACCEPT)
+        .and_then(|v| v.to_str().ok())
+        .is_some_and(|v| v.contains("application/openmetrics-text"));
+    if open_metrics {
+        (
+            [(
+                header::CONTENT_TYPE,
+                "application/openmetrics-text; version=1.0.0; charset=utf-8",
+            )],
+            metrics.render(),
+        )
+    } else {
+        (
+            [(
+                header::CONTENT_TYPE,
+                "text/plain; version=0.0.4; charset=utf-8",
+            )],
+            metrics.render_prometheus(),
+        )
+    }
 }
 
 /// The OpenAPI document, with what the derive cannot express: constraints on header names and
