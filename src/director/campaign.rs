@@ -46,23 +46,13 @@ pub async fn run(
     cluster: ClusterConfig,
     shutdown: CancellationToken,
 ) -> Result<(), DirectorError> {
-    let listener =
-        std::net::TcpListener::bind(config.listen).map_err(|source| DirectorError::Bind {
-            addr: config.listen,
-            source,
-        })?;
-    listener
-        .set_nonblocking(true)
-        .map_err(|source| DirectorError::Bind {
-            addr: config.listen,
-            source,
-        })?;
-    let bound = listener
-        .local_addr()
-        .map_err(|source| DirectorError::Bind {
-            addr: config.listen,
-            source,
-        })?;
+    let bind_error = |source| DirectorError::Bind {
+        addr: config.listen,
+        source,
+    };
+    let listener = std::net::TcpListener::bind(config.listen).map_err(bind_error)?;
+    listener.set_nonblocking(true).map_err(bind_error)?;
+    let bound = listener.local_addr().map_err(bind_error)?;
     let advertise = cluster.advertise.unwrap_or(bound);
     let metrics = Arc::new(Metrics::default());
     let inventory = Inventory::new(cluster.consul.clone());
@@ -75,10 +65,9 @@ pub async fn run(
     let mut registered: Option<catalog::Registration> = None;
     loop {
         let idle = IdleServer::start(&listener, metrics.clone())?;
-        // The listener answers "not ready" again before anything else: deregistering may be
-        // slow when Consul is what failed.
-        // Finished (or given up) before this Director registers again under the same id, so
-        // a late deregistration cannot remove the new registration.
+        // The listener answers "not ready" before anything else, since deregistering may be
+        // slow when Consul is what failed; deregistration then ends (or is given up) before
+        // this Director registers again under the same id, so it cannot remove the new one.
         if let Some(registration) = registered.take() {
             if tokio::time::timeout(Duration::from_secs(2), registration.deregister())
                 .await
@@ -107,10 +96,7 @@ pub async fn run(
             }
         };
         instance.create_database = false;
-        let std_listener = listener.try_clone().map_err(|source| DirectorError::Bind {
-            addr: bound,
-            source,
-        })?;
+        let std_listener = listener.try_clone().map_err(bind_error)?;
         let director = match start_owned(instance, lease, metrics.clone(), Some(std_listener)).await
         {
             Ok(director) => director,
