@@ -141,6 +141,10 @@ pub struct DirectorArgs {
     /// How long a stopping Director waits for attempts in flight, in ms.
     #[arg(long, env = "SPINDLE_SHUTDOWN_GRACE_MS", default_value_t = 30_000)]
     pub shutdown_grace_ms: u64,
+    /// Jobs waiting at least this long (ms) for their next attempt keep only their metadata in
+    /// memory; the payload is read back from the JobDB when due.
+    #[arg(long, env = "SPINDLE_SPILL_AFTER_MS", default_value_t = 60_000)]
+    pub spill_after_ms: u64,
     /// Most rows in one group-commit transaction.
     #[arg(long, env = "SPINDLE_WRITE_BATCH_ROWS", default_value_t = 4000)]
     pub write_batch_rows: usize,
@@ -227,6 +231,7 @@ impl DirectorArgs {
         config.scheduler.per_endpoint = self.endpoint_concurrency;
         config.scheduler.backoff_cap = Duration::from_millis(self.backoff_cap_ms);
         config.scheduler.shutdown_grace = Duration::from_millis(self.shutdown_grace_ms);
+        config.scheduler.spill_after = Duration::from_millis(self.spill_after_ms);
         config.writer.max_rows = self.write_batch_rows;
         config.intake.max_payload_bytes = self.max_payload_bytes;
         config.intake.max_request_bytes = self.max_request_bytes;

@@ -42,6 +42,8 @@ pub struct Metrics {
     pub in_flight: Gauge,
     /// Attempts whose HTTP request was started.
     pub attempts_started: Counter,
+    /// Unfinished jobs whose payload is not held in memory (read back when due).
+    pub jobs_spilled: Gauge,
     /// When the last attempt started (Unix seconds): shows when a fenced-out Director stopped.
     pub last_attempt_started: Gauge<f64, std::sync::atomic::AtomicU64>,
 }
@@ -105,6 +107,12 @@ impl Default for Metrics {
             "Delivery attempts in flight",
             in_flight.clone(),
         );
+        let jobs_spilled = Gauge::default();
+        registry.register(
+            "jobs_spilled",
+            "Unfinished jobs whose payload waits in the JobDB, not in memory",
+            jobs_spilled.clone(),
+        );
         let attempts_started = Counter::default();
         registry.register(
             "attempts_started",
@@ -119,6 +127,7 @@ impl Default for Metrics {
         );
         Metrics {
             registry,
+            jobs_spilled,
             attempts_started,
             last_attempt_started,
             jobs_accepted,

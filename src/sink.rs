@@ -3,7 +3,7 @@
 //!
 //! Behaviour is chosen by path, per request:
 //! `/ok` 200 · `/status/{code}` that status · `/fail/{n}` 500 for a job's first n attempts, then
-//! 200 · `/flaky/{percent}` 503 at random · `/hang` never answers · `/slow/{ms}` answers after a
+//! 200, keeping each body · `/flaky/{percent}` 503 at random · `/hang` never answers · `/slow/{ms}` answers after a
 //! delay · `/retry-after/{secs}` 429 with `Retry-After` on a job's first attempt, then 200 ·
 //! `/redirect/{code}` that 3xx status pointing at `/ok` · `/capture` 200, keeping the body and
 //! the `webhook-*` headers (for signature checks).
@@ -206,7 +206,12 @@ async fn status(State(s): Shared_, headers: HeaderMap, Path(code): Path<u16>) ->
     (code, format!("sink answered {}", code.as_u16())).into_response()
 }
 
-async fn fail(State(s): Shared_, headers: HeaderMap, Path(n): Path<u32>) -> Response {
+async fn fail(
+    State(s): Shared_,
+    headers: HeaderMap,
+    Path(n): Path<u32>,
+    body: bytes::Bytes,
+) -> Response {
     let path = format!("/fail/{n}");
     let seen = {
         let record = s.record.lock().unwrap_or_else(|p| p.into_inner());
@@ -217,11 +222,22 @@ async fn fail(State(s): Shared_, headers: HeaderMap, Path(n): Path<u32>) -> Resp
             .unwrap_or(0)
             + 1
     };
+    // Bodies and `x-` headers are kept (tests compare what each attempt carried).
+    let kept: Vec<(String, String)> = headers
+        .iter()
+        .filter(|(name, _)| name.as_str().starts_with("x-"))
+        .map(|(name, value)| {
+            (
+                name.as_str().to_owned(),
+                value.to_str().unwrap_or("").to_owned(),
+            )
+        })
+        .collect();
     if seen <= n {
-        s.note(&headers, &path, 500);
+        s.note_with(&headers, &path, 500, kept, body);
         (StatusCode::INTERNAL_SERVER_ERROR, "sink fails on purpose").into_response()
     } else {
-        s.note(&headers, &path, 200);
+        s.note_with(&headers, &path, 200, kept, body);
         StatusCode::OK.into_response()
     }
 }

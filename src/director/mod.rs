@@ -83,6 +83,7 @@ impl DirectorConfig {
                 start_batch: 1024,
                 backoff_cap: Duration::from_secs(3600),
                 shutdown_grace: Duration::from_secs(30),
+                spill_after: Duration::from_secs(60),
             },
             writer: WriterLimits {
                 max_rows: 4000,
@@ -283,6 +284,7 @@ async fn serve(
         events_tx,
         events_rx,
         metrics.clone(),
+        db.clone(),
     );
     scheduler.recover(recovered);
     let scheduler_stop = CancellationToken::new();

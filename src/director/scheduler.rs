@@ -10,7 +10,10 @@
 //! - Picking takes one job from the lane at the head of the ring, from the lane's next bucket
 //!   (round-robin), and moves both to the back: endpoints share the Director fairly, and
 //!   buckets share an endpoint fairly. A hanging endpoint only fills its own slots.
-//! - Jobs waiting for a retry sit in a timer heap keyed by `min(retry_at, expire_at)`.
+//! - Jobs waiting for a retry sit in a timer heap keyed by `min(retry_at, expire_at)`. A job
+//!   whose wait is at least `spill_after` keeps only its metadata in memory (its payload and
+//!   headers are dropped) and is read back from the JobDB, in batches, when it comes due: an
+//!   outage's backlog of retries costs metadata, not payloads.
 //! - Before an attempt starts, its `executing` row is committed (batched with the others picked
 //!   at the same time), so a fenced-out Director cannot start deliveries, and after a crash the
 //!   attempts that were in flight are known.
@@ -31,6 +34,7 @@ use tokio_util::sync::CancellationToken;
 use crate::delivery::classify::Verdict;
 use crate::delivery::{backoff, AttemptResult, Deliverer};
 use crate::job::{Job, JobId, Transition};
+use crate::jobdb::JobDb;
 use crate::metrics::Metrics;
 
 use super::writer::{WriteOp, WriteRejected};
@@ -44,6 +48,10 @@ pub enum Event {
     Started(Vec<JobId>),
     /// The `executing` rows of these jobs could not be written.
     StartFailed(Vec<JobId>, WriteRejected),
+    /// Spilled jobs read back from the JobDB (with the ids that were asked for).
+    Reloaded(Vec<Job>, Vec<JobId>),
+    /// Reading spilled jobs back failed; they are tried again shortly.
+    ReloadFailed(Vec<JobId>),
     /// An attempt ended.
     Finished {
         /// The job.
@@ -66,6 +74,8 @@ pub struct SchedulerLimits {
     pub backoff_cap: Duration,
     /// How long a stopping scheduler waits for attempts in flight.
     pub shutdown_grace: Duration,
+    /// Waits at least this long drop the job's payload from memory until it is due.
+    pub spill_after: Duration,
 }
 
 /// Where a job is, with respect to delivery.
@@ -79,10 +89,14 @@ enum Phase {
     Starting,
     /// Its attempt is in flight.
     InFlight,
+    /// Due, its payload being read back from the JobDB.
+    Reloading,
 }
 
 struct Entry {
     job: Arc<Job>,
+    /// The payload and headers were dropped from memory; read the job back before delivering.
+    spilled: bool,
     /// The job's lane (its endpoint without query), computed once.
     lane: Arc<str>,
     attempts: u16,
@@ -93,6 +107,7 @@ impl Entry {
     fn new(job: Arc<Job>, attempts: u16) -> Self {
         Entry {
             lane: job.endpoint_key().into(),
+            spilled: false,
             job,
             attempts,
             phase: Phase::Ready,
@@ -139,6 +154,10 @@ pub struct Scheduler {
     events_tx: mpsc::UnboundedSender<Event>,
     events: mpsc::UnboundedReceiver<Event>,
     metrics: Arc<Metrics>,
+    /// For reading spilled jobs back (never for writing).
+    db: JobDb,
+    /// Entries whose payload is not in memory.
+    spilled: usize,
     /// Rows waiting to go to the writer, in the order they happened. Only this task sends
     /// them, so a job's rows reach the writer (and get their ids) in order.
     outbox: Vec<Transition>,
@@ -153,6 +172,7 @@ impl Scheduler {
         events_tx: mpsc::UnboundedSender<Event>,
         events: mpsc::UnboundedReceiver<Event>,
         metrics: Arc<Metrics>,
+        db: JobDb,
     ) -> Self {
         Scheduler {
             jobs: HashMap::new(),
@@ -166,6 +186,8 @@ impl Scheduler {
             events_tx,
             events,
             metrics,
+            db,
+            spilled: 0,
             outbox: Vec::new(),
         }
     }
@@ -295,8 +317,60 @@ impl Scheduler {
                 }
                 self.metrics.in_flight.set(self.in_flight as i64);
             }
+            Event::Reloaded(jobs, asked) => {
+                let now = Instant::now();
+                let mut found = std::collections::HashSet::with_capacity(jobs.len());
+                for job in jobs {
+                    found.insert(job.id);
+                    let id = job.id;
+                    if let Some(entry) = self
+                        .jobs
+                        .get_mut(&id)
+                        .filter(|e| e.phase == Phase::Reloading)
+                    {
+                        entry.job = Arc::new(job);
+                        entry.spilled = false;
+                        self.spilled -= 1;
+                        self.enqueue(id);
+                    }
+                }
+                for id in asked.into_iter().filter(|id| !found.contains(id)) {
+                    tracing::error!(job = %id, "spilled job missing from the jobdb; trying again");
+                    self.wait(id, now + Duration::from_secs(5));
+                }
+                self.metrics.jobs_spilled.set(self.spilled as i64);
+            }
+            Event::ReloadFailed(ids) => {
+                let later = Instant::now() + Duration::from_secs(1);
+                for id in ids {
+                    if self
+                        .jobs
+                        .get(&id)
+                        .is_some_and(|e| e.phase == Phase::Reloading)
+                    {
+                        self.wait(id, later);
+                    }
+                }
+            }
             Event::Finished { id, result } => self.finish(id, *result),
         }
+    }
+
+    /// Reads due spilled jobs back from the JobDB, in batches, off the scheduler task.
+    fn reload(&self, ids: Vec<JobId>) {
+        let (db, events) = (self.db.clone(), self.events_tx.clone());
+        tokio::spawn(async move {
+            for chunk in ids.chunks(1000) {
+                let event = match db.get_jobs(chunk).await {
+                    Ok(jobs) => Event::Reloaded(jobs, chunk.to_vec()),
+                    Err(e) => {
+                        tracing::warn!(error = %e, jobs = chunk.len(), "reading spilled jobs back failed");
+                        Event::ReloadFailed(chunk.to_vec())
+                    }
+                };
+                let _ = events.send(event);
+            }
+        });
     }
 
     /// Starts as many attempts as the limits allow, fairly across lanes and buckets: their
@@ -415,6 +489,7 @@ impl Scheduler {
         let now = Instant::now();
         let wall = Utc::now();
         let mut expired = Vec::new();
+        let mut reload = Vec::new();
         while let Some(Reverse((due, id))) = self.timers.peek().copied() {
             if due > now {
                 break;
@@ -428,14 +503,29 @@ impl Scheduler {
             }
             if entry.job.expire_at <= wall {
                 expired.push(id);
+            } else if entry.spilled {
+                reload.push(id);
             } else {
                 self.enqueue(id);
             }
         }
+        for id in &reload {
+            if let Some(entry) = self.jobs.get_mut(id) {
+                entry.phase = Phase::Reloading;
+            }
+        }
+        if !reload.is_empty() {
+            self.reload(reload);
+        }
         if !expired.is_empty() {
-            let rows: Vec<Transition> = expired
+            let removed: Vec<Entry> = expired
                 .iter()
                 .filter_map(|id| self.jobs.remove(id))
+                .collect();
+            self.spilled -= removed.iter().filter(|e| e.spilled).count();
+            self.metrics.jobs_spilled.set(self.spilled as i64);
+            let rows: Vec<Transition> = removed
+                .iter()
                 .map(|e| Transition::archiving(e.job.id, e.attempts, wall))
                 .collect();
             self.metrics.jobs_expired.inc_by(rows.len() as u64);
@@ -496,6 +586,19 @@ impl Scheduler {
         });
     }
 
+    /// Drops a waiting job's payload and headers from memory; it is read back when due.
+    fn spill(&mut self, id: JobId) {
+        if let Some(entry) = self.jobs.get_mut(&id).filter(|e| !e.spilled) {
+            let mut stub = (*entry.job).clone();
+            stub.payload = bytes::Bytes::new();
+            stub.headers = Vec::new();
+            entry.job = Arc::new(stub);
+            entry.spilled = true;
+            self.spilled += 1;
+            self.metrics.jobs_spilled.set(self.spilled as i64);
+        }
+    }
+
     fn finish(&mut self, id: JobId, result: AttemptResult) {
         let Some(key) = self.lane_of(id) else { return };
         self.in_flight -= 1;
@@ -531,9 +634,12 @@ impl Scheduler {
                 let retry_at =
                     now + chrono::Duration::from_std(delay).unwrap_or(chrono::Duration::MAX);
                 let wake = retry_at.min(job.expire_at);
-                let due = Instant::now() + (wake - now).to_std().unwrap_or_default();
+                let wait = (wake - now).to_std().unwrap_or_default();
                 let row = Transition::awaiting_retry(id, attempt, now, retry_at, result.record);
-                self.wait(id, due);
+                if wait >= self.limits.spill_after {
+                    self.spill(id);
+                }
+                self.wait(id, Instant::now() + wait);
                 row
             }
         };
