@@ -218,7 +218,7 @@ async fn keep_consul_lock(
     stop: CancellationToken,
 ) {
     let mut last_renewed = Instant::now();
-    let mut renew_every = ttl / 2;
+    let renew_every = ttl / 2;
     let mut next_renew = Instant::now() + renew_every;
     let watch_stop = stop.child_token();
     let watcher = {
@@ -289,13 +289,11 @@ async fn keep_consul_lock(
             client.session_renew(&session),
         );
         match renew.await {
-            Ok(Ok(server_ttl)) => {
+            Ok(Ok(_server_ttl)) => {
+                // The server may answer with a larger TTL to ask for fewer renewals. We keep
+                // renewing every TTL/2 of our own TTL: our loss deadline is that TTL, so a
+                // slower cadence would declare the lock lost before renewing it.
                 last_renewed = Instant::now();
-                // The server may ask for less frequent renewals by raising the TTL; our own
-                // loss deadline stays the TTL we asked for.
-                if let Some(t) = server_ttl {
-                    renew_every = (t / 2).max(ttl / 2);
-                }
                 next_renew = last_renewed + renew_every;
             }
             Ok(Err(RegistryError::SessionGone(_))) => {
