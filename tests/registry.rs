@@ -12,6 +12,16 @@ use spindle::registry::consul::{Put, ReadOptions};
 use spindle::registry::inventory::{Inventory, JobDbRecord, JobDbState};
 use spindle::registry::lease::{consul_lock, LockTiming};
 
+/// The entry stored at `key` (it must exist).
+async fn stored(c: &ConsulUnderTest, key: &str) -> spindle::registry::consul::KvEntry {
+    c.client
+        .kv_get(key, ReadOptions::default())
+        .await
+        .unwrap()
+        .value
+        .expect("key exists")
+}
+
 fn timing(c: &ConsulUnderTest) -> LockTiming {
     LockTiming {
         ttl: c.ttl,
@@ -122,23 +132,11 @@ async fn locks_are_exclusive_and_tokens_rise_with_every_grant() {
         .expect("released lock");
     let t2 = second.token.unwrap();
     assert!(t2 > t1, "token {t2} after {t1}");
-    let entry = c
-        .client
-        .kv_get(&key, ReadOptions::default())
-        .await
-        .unwrap()
-        .value
-        .unwrap();
+    let entry = stored(&c, &key).await;
     assert_eq!(entry.value, b"b");
     assert!(entry.session.is_some());
     second.release().await;
-    let entry = c
-        .client
-        .kv_get(&key, ReadOptions::default())
-        .await
-        .unwrap()
-        .value
-        .unwrap();
+    let entry = stored(&c, &key).await;
     assert!(
         entry.session.is_none(),
         "release leaves the key unlocked, not deleted"
@@ -194,15 +192,7 @@ async fn an_expired_session_is_noticed_and_its_key_waits_out_the_lock_delay() {
         .await
         .unwrap()
         .unwrap();
-    let session = c
-        .client
-        .kv_get(&key, ReadOptions::default())
-        .await
-        .unwrap()
-        .value
-        .unwrap()
-        .session
-        .unwrap();
+    let session = stored(&c, &key).await.session.unwrap();
     assert!(double.expire_session(&session));
     // The key watch sees the session gone well before any renew deadline.
     let took = time_to_loss(&lease, c.ttl * 2).await;
