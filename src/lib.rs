@@ -14,12 +14,15 @@
 //! - [`metrics`]: Prometheus metrics on an explicit registry.
 //! - [`registry`]: coordination: the Consul client, JobDB leases with fencing tokens, the JobDB
 //!   inventory and the service catalog.
+//! - [`archive`]: the S3 archive of jobs that leave a JobDB (expired, or history of moved
+//!   jobs): gzip NDJSON batches with a manifest each. No SQL.
 //! - [`sink`]: a recording HTTP endpoint for demos, benchmarks and tests.
 //! - [`cli`]: the `spindle` command line (`director`, `demo`, `bench`, `sink`).
 //! - [`bench`] and [`demo`]: the `spindle bench` and `spindle demo` subcommands.
 //!
 //! The `manager/` and `drainer/` crates hold the JobDB manager and drainer binaries.
 
+pub mod archive;
 pub mod bench;
 pub mod cli;
 pub mod delivery;

@@ -1,5 +1,6 @@
 //! Test harness: a uniquely named JobDB per test (dropped afterwards), Directors and sinks on
-//! free loopback ports, and waits on conditions instead of sleeps.
+//! free loopback ports, waits on conditions instead of sleeps, and ([`s3`]) an S3 server
+//! behind a fault proxy.
 #![allow(dead_code)]
 
 use std::collections::BTreeMap;
@@ -11,6 +12,8 @@ use spindle::director::{self, Director, DirectorConfig};
 use spindle::job::{JobId, State, Transition};
 use spindle::jobdb::{self, JobDb, JobDbUrl};
 use spindle::rpc::api::SubmitResponse;
+
+pub mod s3;
 
 /// The MySQL server the tests use (the machine's MariaDB unless overridden).
 pub fn mysql_server() -> String {
