@@ -46,8 +46,8 @@ const SHA256_METADATA: &str = "sha256";
 /// How many manifests [`Archive::manifests`] downloads at once.
 const MANIFEST_FETCH_CONCURRENCY: usize = 8;
 
-/// Where and how to reach the S3-compatible store.
-#[derive(Clone, Debug)]
+/// Where and how to reach the S3-compatible store. Its `Debug` output hides the secret.
+#[derive(Clone)]
 pub struct S3Config {
     /// The store's URL, e.g. `http://127.0.0.1:9000`; `None` uses AWS's own endpoints.
     pub endpoint: Option<String>,
@@ -86,6 +86,26 @@ impl S3Config {
             create_bucket: false,
             timeout: Duration::from_secs(10),
         }
+    }
+}
+
+impl std::fmt::Debug for S3Config {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        // Configs end up in start-up logs; the secret must not.
+        f.debug_struct("S3Config")
+            .field("endpoint", &self.endpoint)
+            .field("region", &self.region)
+            .field("bucket", &self.bucket)
+            .field("prefix", &self.prefix)
+            .field("path_style", &self.path_style)
+            .field("access_key_id", &self.access_key_id)
+            .field(
+                "secret_access_key",
+                &self.secret_access_key.as_ref().map(|_| "<redacted>"),
+            )
+            .field("create_bucket", &self.create_bucket)
+            .field("timeout", &self.timeout)
+            .finish()
     }
 }
 
@@ -1026,6 +1046,15 @@ mod tests {
             !archive.is_manifest_key("elsewhere/d/moved/01JH0000000000000000000000.manifest.json")
         );
         assert!(check_jobdb_name("a/b").is_err() && check_jobdb_name("").is_err());
+    }
+
+    #[test]
+    fn the_config_debug_output_hides_the_secret() {
+        let mut config = S3Config::new("b");
+        config.access_key_id = Some("AKIDEXAMPLE".into());
+        config.secret_access_key = Some("wJalrXUtnFEMI".into());
+        let shown = format!("{config:?}");
+        assert!(shown.contains("AKIDEXAMPLE") && !shown.contains("wJalrXUtnFEMI"));
     }
 
     #[tokio::test]
