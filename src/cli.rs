@@ -40,6 +40,202 @@ pub enum Command {
     /// API tokens: make a new one.
     #[command(subcommand)]
     Tokens(TokensCommand),
+    /// Run the JobDB manager (one active, others stand by): keep spares, retire old JobDBs,
+    /// drop drained ones.
+    Manager(ManagerArgs),
+    /// Run a drainer: move retrying jobs out of retired JobDBs, archive expired ones to S3.
+    Drainer(DrainerArgs),
+}
+
+/// Where the S3 archive is. Credentials come from the standard AWS chain (environment,
+/// profile, instance role) unless given here.
+#[derive(Debug, Clone, Args)]
+pub struct S3Args {
+    /// Bucket of the archive; without it expired jobs stay `archiving` (for a drainer).
+    #[arg(long, env = "SPINDLE_S3_BUCKET")]
+    pub s3_bucket: Option<String>,
+    /// S3-compatible endpoint URL (default: AWS).
+    #[arg(long, env = "SPINDLE_S3_ENDPOINT")]
+    pub s3_endpoint: Option<String>,
+    /// Region.
+    #[arg(long, env = "SPINDLE_S3_REGION", default_value = "us-east-1")]
+    pub s3_region: String,
+    /// Key prefix of every archive object.
+    #[arg(long, env = "SPINDLE_S3_PREFIX", default_value = "spindle/")]
+    pub s3_prefix: String,
+    /// Path-style addressing (most S3-compatible servers need it).
+    #[arg(long, env = "SPINDLE_S3_PATH_STYLE")]
+    pub s3_path_style: bool,
+    /// Access key id (default: the AWS credential chain).
+    #[arg(long, env = "SPINDLE_S3_ACCESS_KEY_ID")]
+    pub s3_access_key_id: Option<String>,
+    /// Secret access key (default: the AWS credential chain).
+    #[arg(long, env = "SPINDLE_S3_SECRET_ACCESS_KEY", hide_env_values = true)]
+    pub s3_secret_access_key: Option<String>,
+    /// Create the bucket when it is missing.
+    #[arg(long, env = "SPINDLE_S3_CREATE_BUCKET")]
+    pub s3_create_bucket: bool,
+    /// Deadline of one S3 operation, in ms.
+    #[arg(long, env = "SPINDLE_S3_TIMEOUT_MS", default_value_t = 10_000)]
+    pub s3_timeout_ms: u64,
+}
+
+impl S3Args {
+    /// The archive configuration, if a bucket is given.
+    pub fn to_config(&self) -> Option<crate::archive::S3Config> {
+        let bucket = self.s3_bucket.clone()?;
+        let mut config = crate::archive::S3Config::new(bucket);
+        config.endpoint = self.s3_endpoint.clone();
+        config.region = self.s3_region.clone();
+        config.prefix = self.s3_prefix.clone();
+        config.path_style = self.s3_path_style;
+        config.access_key_id = self.s3_access_key_id.clone();
+        config.secret_access_key = self.s3_secret_access_key.clone();
+        config.create_bucket = self.s3_create_bucket;
+        config.timeout = Duration::from_millis(self.s3_timeout_ms);
+        Some(config)
+    }
+}
+
+/// Options of `spindle manager`.
+#[derive(Debug, Clone, Args)]
+pub struct ManagerArgs {
+    /// The agent.
+    #[command(flatten)]
+    pub consul: ConsulArgs,
+    /// A MySQL server that hosts JobDBs, `mysql://user[:password]@host[:port]` (repeatable;
+    /// comma-separated in the environment).
+    #[arg(
+        long = "mysql",
+        env = "SPINDLE_MANAGER_MYSQL",
+        value_delimiter = ',',
+        required = true
+    )]
+    pub mysql: Vec<String>,
+    /// Name prefix of the JobDBs it creates.
+    #[arg(long, env = "SPINDLE_MANAGER_PREFIX", default_value = "spindle")]
+    pub prefix: String,
+    /// Spare JobDBs kept ready.
+    #[arg(long, env = "SPINDLE_MANAGER_SPARES", default_value_t = 2)]
+    pub spares: usize,
+    /// Retire an active JobDB this long after it became active, in seconds.
+    #[arg(long, env = "SPINDLE_MANAGER_MAX_AGE_S", default_value_t = 1800)]
+    pub max_age_s: u64,
+    /// Retire an active JobDB whose tables pass this many MiB (its share of the server's
+    /// buffer pool).
+    #[arg(long, env = "SPINDLE_MANAGER_MAX_MIB", default_value_t = 4096)]
+    pub max_mib: u64,
+    /// Pause between two rounds, in ms.
+    #[arg(long, env = "SPINDLE_MANAGER_INTERVAL_MS", default_value_t = 2_000)]
+    pub interval_ms: u64,
+    /// Manager lock session TTL in ms (Consul's minimum is 10 s).
+    #[arg(long, env = "SPINDLE_LOCK_TTL_MS", default_value_t = 10_000)]
+    pub lock_ttl_ms: u64,
+    /// Lock-delay in ms after a holder's session ends.
+    #[arg(long, env = "SPINDLE_LOCK_DELAY_MS", default_value_t = 5_000)]
+    pub lock_delay_ms: u64,
+    /// This manager's identity (default: host name and pid).
+    #[arg(long, env = "SPINDLE_MANAGER_ID")]
+    pub manager_id: Option<String>,
+}
+
+/// Options of `spindle drainer`.
+#[derive(Debug, Clone, Args)]
+pub struct DrainerArgs {
+    /// The agent.
+    #[command(flatten)]
+    pub consul: ConsulArgs,
+    /// The archive (a bucket is required).
+    #[command(flatten)]
+    pub s3: S3Args,
+    /// Admin token for the Directors' import RPC, when they require tokens.
+    #[arg(long, env = "SPINDLE_IMPORT_TOKEN", hide_env_values = true)]
+    pub import_token: Option<String>,
+    /// Jobs per import request (1 to 1000).
+    #[arg(long, env = "SPINDLE_DRAINER_IMPORT_BATCH", default_value_t = 500)]
+    pub import_batch: usize,
+    /// JobDBs drained at once.
+    #[arg(long, env = "SPINDLE_DRAINER_CONCURRENCY", default_value_t = 4)]
+    pub concurrency: usize,
+    /// Pause between two looks at the inventory, in ms.
+    #[arg(long, env = "SPINDLE_DRAINER_POLL_MS", default_value_t = 1_000)]
+    pub poll_ms: u64,
+    /// Lock session TTL in ms (Consul's minimum is 10 s).
+    #[arg(long, env = "SPINDLE_LOCK_TTL_MS", default_value_t = 10_000)]
+    pub lock_ttl_ms: u64,
+    /// Lock-delay in ms after a holder's session ends.
+    #[arg(long, env = "SPINDLE_LOCK_DELAY_MS", default_value_t = 5_000)]
+    pub lock_delay_ms: u64,
+    /// This drainer's identity (default: host name and pid).
+    #[arg(long, env = "SPINDLE_DRAINER_ID")]
+    pub drainer_id: Option<String>,
+}
+
+impl ManagerArgs {
+    /// The manager configuration these options describe.
+    pub fn to_config(&self) -> anyhow::Result<crate::manager::ManagerConfig> {
+        anyhow::ensure!(self.max_age_s > 0, "--max-age-s must be at least 1");
+        Ok(crate::manager::ManagerConfig {
+            consul: self.consul.client()?,
+            servers: self.mysql.clone(),
+            prefix: self.prefix.clone(),
+            spares: self.spares,
+            max_age: Duration::from_secs(self.max_age_s),
+            max_bytes: self.max_mib.saturating_mul(1024 * 1024),
+            interval: Duration::from_millis(self.interval_ms),
+            timing: crate::registry::lease::LockTiming {
+                ttl: Duration::from_millis(self.lock_ttl_ms),
+                lock_delay: Duration::from_millis(self.lock_delay_ms),
+            },
+            manager_id: self
+                .manager_id
+                .clone()
+                .unwrap_or_else(director::default_holder),
+        })
+    }
+}
+
+impl DrainerArgs {
+    /// The drainer configuration these options describe.
+    pub fn to_config(&self) -> anyhow::Result<crate::drainer::DrainerConfig> {
+        let archive = self
+            .s3
+            .to_config()
+            .context("--s3-bucket is required: the drainer archives expired jobs")?;
+        anyhow::ensure!(
+            (1..=1000).contains(&self.import_batch),
+            "--import-batch must be 1 to 1000"
+        );
+        let id = self
+            .drainer_id
+            .clone()
+            .unwrap_or_else(director::default_holder);
+        Ok(crate::drainer::DrainerConfig {
+            consul: self.consul.client()?,
+            timing: crate::registry::lease::LockTiming {
+                ttl: Duration::from_millis(self.lock_ttl_ms),
+                lock_delay: Duration::from_millis(self.lock_delay_ms),
+            },
+            holder: format!("drainer:{id}"),
+            drainer_id: id,
+            archive,
+            import_token: self.import_token.clone(),
+            import_batch: self.import_batch,
+            concurrency: self.concurrency,
+            retry_every: Duration::from_millis(self.poll_ms),
+        })
+    }
+}
+
+/// Runs until SIGINT or SIGTERM: the token those signals cancel.
+fn until_signal() -> tokio_util::sync::CancellationToken {
+    let shutdown = tokio_util::sync::CancellationToken::new();
+    let stopper = shutdown.clone();
+    tokio::spawn(async move {
+        crate::shutdown_signal().await;
+        stopper.cancel();
+    });
+    shutdown
 }
 
 /// `spindle tokens` subcommands.
@@ -205,9 +401,25 @@ pub struct DirectorArgs {
     /// With `--registry consul`: pause between campaign rounds that found no free JobDB, in ms.
     #[arg(long, env = "SPINDLE_CAMPAIGN_RETRY_MS", default_value_t = 2_000)]
     pub campaign_retry_ms: u64,
+    /// The archive for expired jobs.
+    #[command(flatten)]
+    pub s3: S3Args,
 }
 
 impl DirectorArgs {
+    /// [`DirectorArgs::to_config`], connected to the archive when a bucket is given.
+    pub async fn to_config_with_archive(&self) -> anyhow::Result<DirectorConfig> {
+        let mut config = self.to_config()?;
+        if let Some(s3) = self.s3.to_config() {
+            config.archive = Some(
+                crate::archive::Archive::connect(&s3)
+                    .await
+                    .context("connecting to the archive")?,
+            );
+        }
+        Ok(config)
+    }
+
     /// The validated Director configuration these options describe.
     pub fn to_config(&self) -> anyhow::Result<DirectorConfig> {
         let jobdb = self.jobdb.parse().context("--jobdb")?;
@@ -266,8 +478,12 @@ pub async fn run(cli: Cli) -> anyhow::Result<()> {
         .with_writer(std::io::stderr)
         .init();
     match cli.command {
+        Command::Manager(args) => crate::manager::run(args.to_config()?, until_signal()).await?,
+        Command::Drainer(args) => crate::drainer::run(args.to_config()?, until_signal()).await?,
         Command::Director(args) => match args.registry {
-            RegistryKind::Mysql => director::run_until_signal(args.to_config()?).await?,
+            RegistryKind::Mysql => {
+                director::run_until_signal(args.to_config_with_archive().await?).await?
+            }
             RegistryKind::Consul => {
                 let cluster = director::campaign::ClusterConfig {
                     consul: args.consul.client()?,
@@ -280,13 +496,12 @@ pub async fn run(cli: Cli) -> anyhow::Result<()> {
                     retry_every: Duration::from_millis(args.campaign_retry_ms),
                     director_id: args.director_id.clone().unwrap_or_else(director::host_name),
                 };
-                let shutdown = tokio_util::sync::CancellationToken::new();
-                let stopper = shutdown.clone();
-                tokio::spawn(async move {
-                    crate::shutdown_signal().await;
-                    stopper.cancel();
-                });
-                director::campaign::run(args.to_config()?, cluster, shutdown).await?;
+                director::campaign::run(
+                    args.to_config_with_archive().await?,
+                    cluster,
+                    until_signal(),
+                )
+                .await?;
             }
         },
         Command::Jobdbs(JobdbsCommand::Add { jobdb, consul }) => {

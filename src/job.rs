@@ -76,11 +76,13 @@ pub enum State {
     Archiving,
     /// Terminal: stored in the archive.
     Archived,
+    /// Terminal in this JobDB: a drainer moved the job to another JobDB, where it goes on.
+    Moved,
 }
 
 impl State {
     /// Every state, in the order of the JobDB enum.
-    pub const ALL: [State; 7] = [
+    pub const ALL: [State; 8] = [
         State::AwaitingScheduling,
         State::Executing,
         State::Succeeded,
@@ -88,6 +90,7 @@ impl State {
         State::AwaitingRetry,
         State::Archiving,
         State::Archived,
+        State::Moved,
     ];
 
     /// The spelling used in the JobDB and the API.
@@ -100,11 +103,21 @@ impl State {
             State::AwaitingRetry => "awaiting-retry",
             State::Archiving => "archiving",
             State::Archived => "archived",
+            State::Moved => "moved",
         }
     }
 
-    /// Whether nothing more will ever happen to a job in this state.
+    /// Whether nothing more will ever happen to a job in this state, in this JobDB (a moved
+    /// job goes on in the JobDB it was moved to).
     pub const fn is_terminal(self) -> bool {
+        matches!(
+            self,
+            State::Succeeded | State::Discarded | State::Archived | State::Moved
+        )
+    }
+
+    /// Whether this is the job's end everywhere: delivered, given up, or archived.
+    pub const fn is_final(self) -> bool {
         matches!(self, State::Succeeded | State::Discarded | State::Archived)
     }
 
@@ -113,9 +126,9 @@ impl State {
         use State::*;
         matches!(
             (self, next),
-            (AwaitingScheduling, Executing | Archiving)
+            (AwaitingScheduling, Executing | Archiving | Moved)
                 | (Executing, Succeeded | Discarded | AwaitingRetry)
-                | (AwaitingRetry, Executing | Archiving)
+                | (AwaitingRetry, Executing | Archiving | Moved)
                 | (Archiving, Archived)
         )
     }
@@ -294,6 +307,30 @@ impl Transition {
         t
     }
 
+    /// The first row of a job imported from a retired JobDB: it keeps its attempts and its
+    /// next attempt time.
+    pub fn imported(
+        job_id: JobId,
+        attempts: u16,
+        now: DateTime<Utc>,
+        retry_at: DateTime<Utc>,
+    ) -> Self {
+        let mut t = Self::bare(job_id, State::AwaitingRetry, attempts, now);
+        t.retry_at = Some(retry_at);
+        t.error_type = Some("imported".to_owned());
+        t
+    }
+
+    /// A drainer moved the job to another JobDB (named in `job_moves`).
+    pub fn moved(job_id: JobId, attempts: u16, now: DateTime<Utc>) -> Self {
+        Self::bare(job_id, State::Moved, attempts, now)
+    }
+
+    /// The archive confirmed the object holding the job.
+    pub fn archived(job_id: JobId, attempts: u16, now: DateTime<Utc>) -> Self {
+        Self::bare(job_id, State::Archived, attempts, now)
+    }
+
     /// The job expired before being delivered; it waits for the archive.
     pub fn archiving(job_id: JobId, attempts: u16, now: DateTime<Utc>) -> Self {
         let mut t = Self::bare(job_id, State::Archiving, attempts, now);
@@ -336,8 +373,16 @@ mod tests {
         let terminal: Vec<_> = State::ALL.into_iter().filter(|s| s.is_terminal()).collect();
         assert_eq!(
             terminal,
-            vec![State::Succeeded, State::Discarded, State::Archived]
+            vec![
+                State::Succeeded,
+                State::Discarded,
+                State::Archived,
+                State::Moved
+            ]
         );
+        assert!(!State::Moved.is_final());
+        assert!(State::AwaitingRetry.may_precede(State::Moved));
+        assert!(!State::Executing.may_precede(State::Moved));
         assert!(State::Executing.may_precede(State::AwaitingRetry));
         assert!(!State::Succeeded.may_precede(State::Executing));
         assert!(!State::AwaitingScheduling.may_precede(State::Succeeded));

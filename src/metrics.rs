@@ -30,6 +30,12 @@ pub struct Metrics {
     pub attempt_seconds: Family<OutcomeLabels, Histogram>,
     /// Jobs moved to `archiving` on expiry.
     pub jobs_expired: Counter,
+    /// Jobs imported from retired JobDBs.
+    pub jobs_imported: Counter,
+    /// Jobs recorded `archived` after their archive object was confirmed.
+    pub jobs_archived: Counter,
+    /// Archive uploads that failed (retried).
+    pub archive_failures: Counter,
     /// Rows per JobDB transaction.
     pub write_batch_rows: Histogram,
     /// Duration of JobDB transactions.
@@ -76,6 +82,24 @@ impl Default for Metrics {
             "jobs_expired",
             "Jobs that expired undelivered and went to archiving",
             jobs_expired.clone(),
+        );
+        let jobs_imported = Counter::default();
+        registry.register(
+            "jobs_imported",
+            "Jobs imported from retired JobDBs",
+            jobs_imported.clone(),
+        );
+        let jobs_archived = Counter::default();
+        registry.register(
+            "jobs_archived",
+            "Jobs recorded archived after their archive object was confirmed",
+            jobs_archived.clone(),
+        );
+        let archive_failures = Counter::default();
+        registry.register(
+            "archive_upload_failures",
+            "Archive uploads that failed and will be retried",
+            archive_failures.clone(),
         );
         let write_batch_rows = Histogram::new(exponential_buckets(1.0, 2.0, 14));
         registry.register(
@@ -134,6 +158,9 @@ impl Default for Metrics {
             attempts,
             attempt_seconds,
             jobs_expired,
+            jobs_imported,
+            jobs_archived,
+            archive_failures,
             write_batch_rows,
             write_seconds,
             fence_rejections,

@@ -194,7 +194,7 @@ async fn a_batch_reads_back_job_by_job_with_an_independent_client() {
     );
     assert_eq!(
         archive
-            .manifest(JOBDB, BatchKind::Moved, batch)
+            .manifest(JOBDB, BatchKind::History, batch)
             .await
             .unwrap(),
         None
@@ -214,14 +214,14 @@ async fn writing_a_batch_twice_leaves_one_identical_batch() {
     let batch = Ulid::new();
 
     let first = archive
-        .put_batch(JOBDB, BatchKind::Moved, batch, &archived)
+        .put_batch(JOBDB, BatchKind::History, batch, &archived)
         .await
         .expect("first put");
     let after_first = boto3_dump(&s3.moto_endpoint(), &bucket).await;
     // A restarted drainer writes the same batch again with a new connection.
     let again = Archive::connect(&config).await.expect("reconnect");
     let second = again
-        .put_batch(JOBDB, BatchKind::Moved, batch, &archived)
+        .put_batch(JOBDB, BatchKind::History, batch, &archived)
         .await
         .expect("second put");
     let after_second = boto3_dump(&s3.moto_endpoint(), &bucket).await;

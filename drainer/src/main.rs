@@ -1,18 +1,26 @@
-//! `spindle-drainer`: the drainer: moves retrying jobs out of a retired JobDB, archives expired ones to S3, drops it.
-//!
-//! A shell for now: the JobDB lifecycle is built in a later issue ("JobDB lifecycle"). The
-//! binary exists so the workspace layout is the final one and deployments can name it.
+//! `spindle-drainer`: the drainer as its own binary, for deployments that name one process per
+//! role. It is `spindle drainer` (same options, same environment variables); the logic lives in
+//! the library's `spindle::drainer`.
 
 use clap::Parser;
 
-/// spindle-drainer: the drainer: moves retrying jobs out of a retired JobDB, archives expired ones to S3, drops it (not implemented yet).
+/// spindle-drainer: moves retrying jobs out of retired JobDBs, archives expired ones to S3.
 #[derive(Debug, Parser)]
 #[command(name = "spindle-drainer", version, about)]
-struct Cli {}
+struct Cli {
+    /// Log filter (tracing EnvFilter syntax).
+    #[arg(long, env = "SPINDLE_LOG", default_value = "info")]
+    log: String,
+    #[command(flatten)]
+    args: spindle::cli::DrainerArgs,
+}
 
-fn main() -> anyhow::Result<()> {
-    let _ = Cli::parse();
-    anyhow::bail!(
-        "spindle-drainer is not implemented yet: the JobDB lifecycle lands in a later issue"
-    )
+#[tokio::main]
+async fn main() -> anyhow::Result<()> {
+    let cli = Cli::parse();
+    spindle::cli::run(spindle::cli::Cli {
+        log: cli.log,
+        command: spindle::cli::Command::Drainer(cli.args),
+    })
+    .await
 }

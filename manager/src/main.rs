@@ -1,18 +1,26 @@
-//! `spindle-manager`: the JobDB manager: keeps spare JobDBs, retires old ones, pairs drainers.
-//!
-//! A shell for now: the JobDB lifecycle is built in a later issue ("JobDB lifecycle"). The
-//! binary exists so the workspace layout is the final one and deployments can name it.
+//! `spindle-manager`: the JobDB manager as its own binary, for deployments that name one
+//! process per role. It is `spindle manager` (same options, same environment variables); the
+//! logic lives in the library's `spindle::manager`.
 
 use clap::Parser;
 
-/// spindle-manager: the JobDB manager: keeps spare JobDBs, retires old ones, pairs drainers (not implemented yet).
+/// spindle-manager: keeps spare JobDBs, retires old ones, drops drained ones.
 #[derive(Debug, Parser)]
 #[command(name = "spindle-manager", version, about)]
-struct Cli {}
+struct Cli {
+    /// Log filter (tracing EnvFilter syntax).
+    #[arg(long, env = "SPINDLE_LOG", default_value = "info")]
+    log: String,
+    #[command(flatten)]
+    args: spindle::cli::ManagerArgs,
+}
 
-fn main() -> anyhow::Result<()> {
-    let _ = Cli::parse();
-    anyhow::bail!(
-        "spindle-manager is not implemented yet: the JobDB lifecycle lands in a later issue"
-    )
+#[tokio::main]
+async fn main() -> anyhow::Result<()> {
+    let cli = Cli::parse();
+    spindle::cli::run(spindle::cli::Cli {
+        log: cli.log,
+        command: spindle::cli::Command::Manager(cli.args),
+    })
+    .await
 }

@@ -18,6 +18,8 @@
 //! This module does no SQL: selecting jobs and deleting them after a successful write belong to
 //! the JobDB code and the drainer.
 
+pub mod archiver;
+
 use std::collections::HashMap;
 use std::io::{Read, Write};
 use std::sync::Arc;
@@ -115,8 +117,9 @@ impl std::fmt::Debug for S3Config {
 pub enum BatchKind {
     /// Jobs that expired before delivery (their terminal state is `archived`).
     Expired,
-    /// The old history of jobs migrated to another JobDB (see [`ArchivedJob::moved_to`]).
-    Moved,
+    /// The whole trace of every other job of a drained JobDB (succeeded, discarded, or moved
+    /// to another JobDB: see [`ArchivedJob::moved_to`]), kept before the JobDB is dropped.
+    History,
 }
 
 impl BatchKind {
@@ -124,7 +127,7 @@ impl BatchKind {
     pub const fn as_str(self) -> &'static str {
         match self {
             BatchKind::Expired => "expired",
-            BatchKind::Moved => "moved",
+            BatchKind::History => "history",
         }
     }
 }
@@ -289,7 +292,7 @@ pub struct ArchivedJob {
     pub idempotency_key: Option<String>,
     /// The whole history, ordered by row id.
     pub transitions: Vec<ArchivedTransition>,
-    /// For a [`BatchKind::Moved`] batch, the JobDB the job now lives in.
+    /// For a [`BatchKind::History`] batch, the JobDB the job now lives in.
     pub moved_to: Option<String>,
 }
 
@@ -812,7 +815,7 @@ impl Archive {
             return false;
         };
         !jobdb.is_empty()
-            && (*kind == BatchKind::Expired.as_str() || *kind == BatchKind::Moved.as_str())
+            && (*kind == BatchKind::Expired.as_str() || *kind == BatchKind::History.as_str())
             && file
                 .strip_suffix(".manifest.json")
                 .is_some_and(|batch| Ulid::from_string(batch).is_ok())
@@ -1034,11 +1037,11 @@ mod tests {
             "spindle/jobdb_1/expired/01JH0000000000000000000000.ndjson.gz"
         );
         assert_eq!(
-            archive.manifest_key("jobdb_1", BatchKind::Moved, batch),
+            archive.manifest_key("jobdb_1", BatchKind::History, batch),
             "spindle/jobdb_1/moved/01JH0000000000000000000000.manifest.json"
         );
-        assert!(archive.is_manifest_key(&archive.manifest_key("d", BatchKind::Moved, batch)));
-        assert!(!archive.is_manifest_key(&archive.object_key("d", BatchKind::Moved, batch)));
+        assert!(archive.is_manifest_key(&archive.manifest_key("d", BatchKind::History, batch)));
+        assert!(!archive.is_manifest_key(&archive.object_key("d", BatchKind::History, batch)));
         assert!(
             !archive.is_manifest_key("spindle/d/other/01JH0000000000000000000000.manifest.json")
         );

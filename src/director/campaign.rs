@@ -15,7 +15,7 @@ use std::time::Duration;
 use rand::Rng;
 use tokio_util::sync::CancellationToken;
 
-use super::{start_owned, DirectorConfig, DirectorError};
+use super::{start_owned, Director, DirectorConfig, DirectorError};
 use crate::metrics::Metrics;
 use crate::registry::catalog;
 use crate::registry::consul::ConsulClient;
@@ -63,7 +63,9 @@ pub async fn run(
     tracing::info!(addr = %bound, "director campaigning for a jobdb");
 
     let mut registered: Option<catalog::Registration> = None;
-    loop {
+    // Directors of retired JobDBs finishing their attempts in flight.
+    let mut retiring = tokio::task::JoinSet::new();
+    'campaign: loop {
         let idle = IdleServer::start(&listener, metrics.clone())?;
         // The listener answers "not ready" before anything else, since deregistering may be
         // slow when Consul is what failed; deregistration then ends (or is given up) before
@@ -82,78 +84,203 @@ pub async fn run(
         };
         idle.stop().await;
         let Some((listed, lease)) = acquired else {
+            finish_retiring(&mut retiring).await;
             return Ok(());
         };
-        let name = listed.record.name.clone();
-        let mut instance = config.clone();
-        instance.jobdb = match listed.record.url.parse() {
-            Ok(url) => url,
-            Err(e) => {
-                tracing::error!(jobdb = name, error = %e, "inventory record has a bad url; skipping it");
-                lease.release().await;
-                tokio::time::sleep(cluster.retry_every).await;
-                continue;
-            }
+        let Some(mut director) = start_on(
+            &config,
+            &cluster,
+            &inventory,
+            &listener,
+            &metrics,
+            listed.clone(),
+            lease,
+        )
+        .await
+        else {
+            tokio::time::sleep(cluster.retry_every).await;
+            continue;
         };
-        instance.create_database = false;
-        let std_listener = listener.try_clone().map_err(bind_error)?;
-        let director = match start_owned(instance, lease, metrics.clone(), Some(std_listener)).await
-        {
-            Ok(director) => director,
-            Err(e) => {
-                tracing::error!(jobdb = name, error = %e, "could not start on the jobdb; campaigning again");
-                tokio::time::sleep(cluster.retry_every).await;
-                continue;
-            }
-        };
-        if listed.record.state == JobDbState::Spare {
-            match inventory
-                .set_state(&listed, JobDbState::Active, &config.holder)
-                .await
-            {
-                Ok(true) => {}
-                Ok(false) => {
-                    tracing::warn!(jobdb = name, "inventory record changed while taking it")
-                }
-                Err(e) => {
-                    tracing::warn!(jobdb = name, error = %e, "could not mark the jobdb active")
-                }
-            }
-        }
+        let mut name = listed.record.name.clone();
         registered = register(&cluster, &service_id, advertise, &name).await;
-        let stopper = director.stopper();
-        let mut running = tokio::spawn(director.wait());
-        let (stopped_by_us, joined) = tokio::select! {
-            _ = shutdown.cancelled() => {
-                stopper.cancel();
-                (true, (&mut running).await)
+        loop {
+            let stopper = director.stopper();
+            let mut running = tokio::spawn(director.wait());
+            let event = tokio::select! {
+                _ = shutdown.cancelled() => Serving::Shutdown,
+                joined = &mut running => Serving::Ended(joined),
+                _ = retire_requested(&inventory, &name, cluster.retry_every) => Serving::Retiring,
+            };
+            let joined = match event {
+                Serving::Shutdown => {
+                    stopper.cancel();
+                    let joined = (&mut running).await;
+                    if let Some(registration) = registered.take() {
+                        registration.deregister().await;
+                    }
+                    log_end(&name, &metrics, joined, true);
+                    finish_retiring(&mut retiring).await;
+                    return Ok(());
+                }
+                Serving::Ended(joined) => joined,
+                Serving::Retiring => {
+                    // Hand-off: the old Director keeps taking jobs until a new JobDB is
+                    // owned and served, so intake never pauses.
+                    tracing::info!(
+                        jobdb = name,
+                        "jobdb retiring: taking a new one for new work"
+                    );
+                    let taken = tokio::select! {
+                        _ = shutdown.cancelled() => None,
+                        joined = &mut running => {
+                            log_end(&name, &metrics, joined, false);
+                            continue 'campaign;
+                        }
+                        taken = campaign(&inventory, &cluster.director_id, cluster.timing, cluster.retry_every) => Some(taken),
+                    };
+                    let Some((listed, lease)) = taken else {
+                        stopper.cancel();
+                        let joined = (&mut running).await;
+                        if let Some(registration) = registered.take() {
+                            registration.deregister().await;
+                        }
+                        log_end(&name, &metrics, joined, true);
+                        finish_retiring(&mut retiring).await;
+                        return Ok(());
+                    };
+                    let Some(next) = start_on(
+                        &config,
+                        &cluster,
+                        &inventory,
+                        &listener,
+                        &metrics,
+                        listed.clone(),
+                        lease,
+                    )
+                    .await
+                    else {
+                        // Keep serving the retiring JobDB; the next round tries again.
+                        director = Director::from_running(stopper, running);
+                        continue;
+                    };
+                    // The old Director stops taking jobs now, finishes its attempts in
+                    // flight, writes their outcomes and releases the JobDB to a drainer.
+                    stopper.cancel();
+                    let old = std::mem::replace(&mut name, listed.record.name.clone());
+                    let metrics_of_old = metrics.clone();
+                    retiring.spawn(async move {
+                        let joined = running.await;
+                        log_end(&old, &metrics_of_old, joined, true);
+                        tracing::info!(jobdb = old, "retired jobdb released to the drainers");
+                    });
+                    if let Some(registration) = registered.take() {
+                        registration.forget().await;
+                    }
+                    registered = register(&cluster, &service_id, advertise, &name).await;
+                    director = next;
+                    continue;
+                }
+            };
+            log_end(&name, &metrics, joined, false);
+            if shutdown.is_cancelled() {
+                finish_retiring(&mut retiring).await;
+                return Ok(());
             }
-            joined = &mut running => (false, joined),
-        };
-        let outcome = joined.map_err(DirectorError::Task).and_then(|r| r);
-        if stopped_by_us || shutdown.is_cancelled() {
-            if let Some(registration) = registered.take() {
-                registration.deregister().await;
-            }
-        }
-        match outcome {
-            Ok(()) if stopped_by_us || shutdown.is_cancelled() => return Ok(()),
-            Ok(()) => tracing::warn!(jobdb = name, "director stopped; campaigning again"),
-            Err(DirectorError::LockLost(_)) => {
-                tracing::error!(
-                    jobdb = name,
-                    fence_rejections = metrics.fence_rejections.get(),
-                    "lost the jobdb; campaigning again"
-                )
-            }
-            Err(e) => {
-                tracing::error!(jobdb = name, error = %e, "director failed; campaigning again")
-            }
-        }
-        if shutdown.is_cancelled() {
-            return Ok(());
+            continue 'campaign;
         }
     }
+}
+
+enum Serving {
+    Shutdown,
+    Ended(Result<Result<(), DirectorError>, tokio::task::JoinError>),
+    Retiring,
+}
+
+/// Waits for the Directors of retired JobDBs to finish.
+async fn finish_retiring(retiring: &mut tokio::task::JoinSet<()>) {
+    while retiring.join_next().await.is_some() {}
+}
+
+fn log_end(
+    name: &str,
+    metrics: &Metrics,
+    joined: Result<Result<(), DirectorError>, tokio::task::JoinError>,
+    stopped_by_us: bool,
+) {
+    match joined.map_err(DirectorError::Task).and_then(|r| r) {
+        Ok(()) if stopped_by_us => tracing::info!(jobdb = name, "director stopped"),
+        Ok(()) => tracing::warn!(jobdb = name, "director stopped; campaigning again"),
+        Err(DirectorError::LockLost(_)) => tracing::error!(
+            jobdb = name,
+            fence_rejections = metrics.fence_rejections.get(),
+            "lost the jobdb; campaigning again"
+        ),
+        Err(e) => tracing::error!(jobdb = name, error = %e, "director failed; campaigning again"),
+    }
+}
+
+/// Returns once the manager has marked `name` retiring (polling the inventory).
+async fn retire_requested(inventory: &Inventory, name: &str, every: Duration) {
+    let every = every.min(Duration::from_secs(1));
+    loop {
+        match inventory.get(name).await {
+            Ok(Some(listed)) if listed.record.state == JobDbState::Retiring => return,
+            Ok(_) => {}
+            Err(e) => tracing::debug!(error = %e, "reading the inventory failed"),
+        }
+        tokio::time::sleep(every).await;
+    }
+}
+
+/// Starts a Director on a JobDB whose lock was just taken, and marks a spare active.
+async fn start_on(
+    config: &DirectorConfig,
+    cluster: &ClusterConfig,
+    inventory: &Inventory,
+    listener: &std::net::TcpListener,
+    metrics: &Arc<Metrics>,
+    listed: Listed,
+    lease: Lease,
+) -> Option<Director> {
+    let name = listed.record.name.clone();
+    let mut instance = config.clone();
+    instance.jobdb = match listed.record.url.parse() {
+        Ok(url) => url,
+        Err(e) => {
+            tracing::error!(jobdb = name, error = %e, "inventory record has a bad url; skipping it");
+            lease.release().await;
+            return None;
+        }
+    };
+    instance.create_database = false;
+    let std_listener = match listener.try_clone() {
+        Ok(l) => l,
+        Err(e) => {
+            tracing::error!(error = %e, "cannot share the rpc listener");
+            lease.release().await;
+            return None;
+        }
+    };
+    let director = match start_owned(instance, lease, metrics.clone(), Some(std_listener)).await {
+        Ok(director) => director,
+        Err(e) => {
+            tracing::error!(jobdb = name, error = %e, "could not start on the jobdb; campaigning again");
+            let _ = cluster;
+            return None;
+        }
+    };
+    if listed.record.state == JobDbState::Spare {
+        match inventory
+            .set_state(&listed, JobDbState::Active, &config.holder)
+            .await
+        {
+            Ok(true) => {}
+            Ok(false) => tracing::warn!(jobdb = name, "inventory record changed while taking it"),
+            Err(e) => tracing::warn!(jobdb = name, error = %e, "could not mark the jobdb active"),
+        }
+    }
+    Some(director)
 }
 
 async fn register(

@@ -28,6 +28,7 @@ use tokio::sync::{mpsc, oneshot};
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 
+use crate::archive::archiver::{self, Archiver, Recorder};
 use crate::delivery::{Deliverer, DeliveryConfig};
 use crate::job::{AttemptRecord, State, Transition};
 use crate::jobdb::{JobDb, JobDbError, JobDbUrl};
@@ -65,6 +66,8 @@ pub struct DirectorConfig {
     pub intake: IntakeLimits,
     /// API tokens; `None` leaves the RPC API open.
     pub auth: Option<Arc<crate::rpc::auth::TokenStore>>,
+    /// Where expired jobs are archived; `None` leaves them `archiving` for a drainer.
+    pub archive: Option<crate::archive::Archive>,
 }
 
 impl DirectorConfig {
@@ -92,6 +95,7 @@ impl DirectorConfig {
             delivery: DeliveryConfig::default(),
             intake: IntakeLimits::default(),
             auth: None,
+            archive: None,
         }
     }
 }
@@ -163,6 +167,18 @@ impl Director {
     /// Waits until the Director has stopped.
     pub async fn wait(self) -> Result<(), DirectorError> {
         self.task.await?
+    }
+
+    /// A Director whose [`Director::wait`] was already spawned, put back together.
+    pub(crate) fn from_running(
+        stopping: CancellationToken,
+        waiting: JoinHandle<Result<(), DirectorError>>,
+    ) -> Self {
+        Director {
+            addr: SocketAddr::from(([0, 0, 0, 0], 0)),
+            stopping,
+            task: tokio::spawn(async move { waiting.await? }),
+        }
     }
 }
 
@@ -276,7 +292,7 @@ async fn serve(
         .run(),
     );
 
-    let recovered = recover(unfinished, &writer_tx).await?;
+    let (recovered, archiving) = recover(unfinished, &writer_tx).await?;
     let mut scheduler = Scheduler::new(
         config.scheduler,
         writer_tx.clone(),
@@ -287,6 +303,35 @@ async fn serve(
         db.clone(),
     );
     scheduler.recover(recovered);
+    let archiver_stop = CancellationToken::new();
+    let archiver_task = match config.archive.clone() {
+        Some(archive) => {
+            let (tx, rx) = mpsc::unbounded_channel();
+            scheduler.archive_to(tx);
+            let archiver = Archiver {
+                db: db.clone(),
+                token,
+                archive,
+                recorder: Recorder::Writer(writer_tx.clone()),
+                metrics: metrics.clone(),
+            };
+            Some(tokio::spawn(archiver::run_for_director(
+                archiver,
+                rx,
+                archiving,
+                archiver_stop.clone(),
+            )))
+        }
+        None => {
+            if !archiving.is_empty() {
+                tracing::warn!(
+                    jobs = archiving.len(),
+                    "no archive configured: expired jobs stay archiving until a drainer takes them"
+                );
+            }
+            None
+        }
+    };
     let scheduler_stop = CancellationToken::new();
     let scheduler_task = tokio::spawn(scheduler.run(scheduler_stop.clone()));
 
@@ -299,6 +344,7 @@ async fn serve(
         ready: Arc::new(AtomicBool::new(true)),
         ids: Arc::new(Mutex::new(ulid::Generator::new())),
         auth: config.auth.clone(),
+        imports: Arc::new(tokio::sync::Mutex::new(())),
     };
     if config.auth.is_none() {
         tracing::warn!("no --tokens file: the rpc api accepts every caller");
@@ -333,6 +379,12 @@ async fn serve(
                 tracing::warn!(error = %e, "rpc server ended with an error");
             }
             scheduler_task.await?;
+            // An upload in progress is abandoned: its plan stays in the JobDB for whoever
+            // owns it next.
+            archiver_stop.cancel();
+            if let Some(task) = archiver_task {
+                task.await?;
+            }
             // Every sender is gone now, so the writer drains what is queued and ends.
             writer_task.await?;
             let lost = lock_lost.is_cancelled();
@@ -358,11 +410,11 @@ async fn serve(
 async fn recover(
     unfinished: Vec<(crate::job::Job, crate::job::Progress)>,
     writer: &mpsc::Sender<WriteOp>,
-) -> Result<Vec<Recovered>, DirectorError> {
+) -> Result<(Vec<Recovered>, Vec<crate::job::JobId>), DirectorError> {
     let now = Utc::now();
     let mut interrupted = Vec::new();
     let mut recovered = Vec::with_capacity(unfinished.len());
-    let mut archiving = 0usize;
+    let mut archiving = Vec::new();
     for (job, progress) in unfinished {
         let retry_at = match progress.state {
             State::AwaitingScheduling => None,
@@ -382,7 +434,7 @@ async fn recover(
             }
             // Left for the archive; terminal states are never loaded.
             _ => {
-                archiving += 1;
+                archiving.push(job.id);
                 continue;
             }
         };
@@ -395,7 +447,7 @@ async fn recover(
     tracing::info!(
         recovered = recovered.len(),
         interrupted = interrupted.len(),
-        archiving,
+        archiving = archiving.len(),
         "recovery loaded unfinished jobs"
     );
     if !interrupted.is_empty() {
@@ -411,7 +463,7 @@ async fn recover(
             return Err(DirectorError::Recovery);
         }
     }
-    Ok(recovered)
+    Ok((recovered, archiving))
 }
 
 /// Runs a Director until SIGINT or SIGTERM, then stops it cleanly.

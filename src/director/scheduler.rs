@@ -44,6 +44,8 @@ use super::writer::{WriteOp, WriteRejected};
 pub enum Event {
     /// New jobs, durable in the JobDB.
     Accepted(Vec<Arc<Job>>),
+    /// Jobs imported from a retired JobDB, durable in this one.
+    Imported(Vec<Recovered>),
     /// The `executing` rows of these jobs are durable: deliver them now.
     Started(Vec<JobId>),
     /// The `executing` rows of these jobs could not be written.
@@ -161,6 +163,8 @@ pub struct Scheduler {
     /// Rows waiting to go to the writer, in the order they happened. Only this task sends
     /// them, so a job's rows reach the writer (and get their ids) in order.
     outbox: Vec<Transition>,
+    /// Told the ids of jobs that expired (the archiver takes them from `archiving`).
+    expired_tx: Option<mpsc::UnboundedSender<Vec<JobId>>>,
 }
 
 impl Scheduler {
@@ -189,6 +193,18 @@ impl Scheduler {
             db,
             spilled: 0,
             outbox: Vec::new(),
+            expired_tx: None,
+        }
+    }
+
+    /// Tells `archiver` the ids of the jobs that expire from now on.
+    pub fn archive_to(&mut self, archiver: mpsc::UnboundedSender<Vec<JobId>>) {
+        self.expired_tx = Some(archiver);
+    }
+
+    fn expired(&self, ids: Vec<JobId>) {
+        if let Some(tx) = &self.expired_tx {
+            let _ = tx.send(ids);
         }
     }
 
@@ -283,6 +299,7 @@ impl Scheduler {
                 }
                 self.metrics.jobs_cached.set(self.jobs.len() as i64);
             }
+            Event::Imported(jobs) => self.recover(jobs),
             Event::Started(ids) => {
                 let mut lanes = Vec::new();
                 for id in ids {
@@ -531,6 +548,7 @@ impl Scheduler {
             self.metrics.jobs_expired.inc_by(rows.len() as u64);
             self.metrics.jobs_cached.set(self.jobs.len() as i64);
             self.outbox.extend(rows);
+            self.expired(expired);
         }
     }
 
@@ -541,6 +559,7 @@ impl Scheduler {
             self.metrics.jobs_cached.set(self.jobs.len() as i64);
             self.outbox
                 .push(Transition::archiving(id, entry.attempts, now));
+            self.expired(vec![id]);
         }
     }
 

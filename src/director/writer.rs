@@ -16,7 +16,8 @@ use crate::job::{Job, Transition};
 use crate::jobdb::{JobDb, JobDbError};
 use crate::metrics::Metrics;
 
-use super::scheduler::Event;
+use super::scheduler::{Event, Recovered};
+use crate::jobdb::lifecycle::Origin;
 
 /// Why a write was not made.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, thiserror::Error)]
@@ -39,6 +40,15 @@ pub enum WriteOp {
         /// Where the outcome goes once known.
         reply: oneshot::Sender<Result<Ulid, WriteRejected>>,
     },
+    /// Jobs imported from a retired JobDB (each gets its `imported` row and its origin).
+    Import {
+        /// The jobs with their progress.
+        jobs: Vec<Recovered>,
+        /// The retired JobDB they come from.
+        from_jobdb: String,
+        /// Told once they are durable (or will never be).
+        reply: oneshot::Sender<Result<(), WriteRejected>>,
+    },
     /// State transitions of known jobs, optionally acknowledged after COMMIT.
     Transitions {
         /// Rows to append, in order.
@@ -57,11 +67,15 @@ pub struct WriterLimits {
     pub max_bytes: usize,
 }
 
+type Ack = oneshot::Sender<Result<(), WriteRejected>>;
+
 #[derive(Default)]
 struct Batch {
     jobs: Vec<Arc<Job>>,
     rows: Vec<(u64, Transition)>,
     submits: Vec<Submitted>,
+    imports: Vec<(Ack, Vec<Recovered>)>,
+    origins: Vec<Origin>,
     dones: Vec<oneshot::Sender<Result<(), WriteRejected>>>,
     bytes: usize,
 }
@@ -115,6 +129,29 @@ impl Writer {
                 });
                 batch.jobs.extend(jobs);
             }
+            WriteOp::Import {
+                jobs,
+                from_jobdb,
+                reply,
+            } => {
+                let now = chrono::Utc::now();
+                for r in &jobs {
+                    batch.bytes += r.job.payload.len();
+                    let retry_at = r.retry_at.unwrap_or(now);
+                    batch.rows.push((
+                        self.next_id,
+                        Transition::imported(r.job.id, r.attempts, now, retry_at),
+                    ));
+                    self.next_id += 1;
+                    batch.origins.push(Origin {
+                        job_id: r.job.id,
+                        from_jobdb: from_jobdb.clone(),
+                        imported_at: now,
+                    });
+                    batch.jobs.push(r.job.clone());
+                }
+                batch.imports.push((reply, jobs));
+            }
             WriteOp::Transitions { rows, done } => {
                 for row in rows {
                     batch.rows.push((self.next_id, row));
@@ -132,7 +169,10 @@ impl Writer {
                 return fail(batch, WriteRejected::LockLost);
             }
             let started = Instant::now();
-            let result = self.db.append(self.token, &batch.jobs, &batch.rows).await;
+            let result = self
+                .db
+                .append_with_origins(self.token, &batch.jobs, &batch.rows, &batch.origins)
+                .await;
             let committed = match result {
                 Ok(()) => true,
                 Err(JobDbError::Fenced { ours, current }) => {
@@ -157,11 +197,15 @@ impl Writer {
             }
             // Not committed: producers get a clear 503 now (they may retry), while transitions
             // of jobs already owned must reach the JobDB, so they wait and go again.
-            if !batch.submits.is_empty() {
+            if !batch.submits.is_empty() || !batch.imports.is_empty() {
                 let new_jobs = batch.jobs.len();
                 for s in batch.submits.drain(..) {
                     let _ = s.reply.send(Err(WriteRejected::Unavailable));
                 }
+                for (reply, _) in batch.imports.drain(..) {
+                    let _ = reply.send(Err(WriteRejected::Unavailable));
+                }
+                batch.origins.clear();
                 let fresh: std::collections::HashSet<_> =
                     batch.jobs.drain(..).map(|j| j.id).collect();
                 batch.rows.retain(|(_, t)| !fresh.contains(&t.job_id));
@@ -203,7 +247,14 @@ impl Writer {
 
     fn acknowledge(&self, batch: Batch) {
         let transaction = Ulid::new();
-        let mut jobs = batch.jobs.into_iter();
+        for (reply, jobs) in batch.imports {
+            self.metrics.jobs_imported.inc_by(jobs.len() as u64);
+            let _ = self.scheduler.send(Event::Imported(jobs));
+            let _ = reply.send(Ok(()));
+        }
+        let imported: std::collections::HashSet<_> =
+            batch.origins.iter().map(|o| o.job_id).collect();
+        let mut jobs = batch.jobs.into_iter().filter(|j| !imported.contains(&j.id));
         for submitted in batch.submits {
             let accepted: Vec<Arc<Job>> = jobs.by_ref().take(submitted.jobs).collect();
             self.metrics.jobs_accepted.inc_by(accepted.len() as u64);
@@ -221,6 +272,9 @@ impl Writer {
 fn fail(batch: Batch, why: WriteRejected) {
     for s in batch.submits {
         let _ = s.reply.send(Err(why));
+    }
+    for (reply, _) in batch.imports {
+        let _ = reply.send(Err(why));
     }
     for done in batch.dones {
         let _ = done.send(Err(why));

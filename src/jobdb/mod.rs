@@ -4,6 +4,7 @@
 //! transitions in fenced transactions ([`JobDb::append`]); readers trace jobs and count states.
 //! Exclusive ownership without Consul comes from [`lock::ServerLock`] (MySQL `GET_LOCK`).
 
+pub mod lifecycle;
 pub mod lock;
 
 use std::collections::HashMap;
@@ -296,6 +297,18 @@ impl JobDb {
         jobs: &[Arc<Job>],
         transitions: &[(u64, Transition)],
     ) -> Result<(), JobDbError> {
+        self.append_with_origins(token, jobs, transitions, &[])
+            .await
+    }
+
+    /// [`JobDb::append`], also recording where imported jobs came from (`job_origins`).
+    pub async fn append_with_origins(
+        &self,
+        token: u64,
+        jobs: &[Arc<Job>],
+        transitions: &[(u64, Transition)],
+        origins: &[lifecycle::Origin],
+    ) -> Result<(), JobDbError> {
         let mut tx = self.pool.begin().await?;
         for chunk in chunks_by_size(jobs, |job| job.payload.len() + job.endpoint.len()) {
             insert_jobs(chunk).build().execute(&mut *tx).await?;
@@ -305,20 +318,13 @@ impl JobDb {
         }) {
             insert_transitions(chunk).build().execute(&mut *tx).await?;
         }
-        let current: u64 = sqlx::query_scalar(
-            "SELECT fencing_token FROM jobdb_owner WHERE id = 1 LOCK IN SHARE MODE",
-        )
-        .fetch_one(&mut *tx)
-        .await?;
-        if current != token {
-            tx.rollback().await?;
-            return Err(JobDbError::Fenced {
-                ours: token,
-                current,
-            });
+        for chunk in origins.chunks(MAX_ROWS_PER_INSERT) {
+            lifecycle::insert_origins(chunk)
+                .build()
+                .execute(&mut *tx)
+                .await?;
         }
-        tx.commit().await?;
-        Ok(())
+        commit_fenced(tx, token).await
     }
 
     /// Whether a transition row exists: tells, after a failed COMMIT, whether it happened.
@@ -347,7 +353,7 @@ impl JobDb {
              FROM job_state_transitions t \
              JOIN (SELECT job_id, MAX(id) AS id FROM job_state_transitions GROUP BY job_id) last \
                ON last.job_id = t.job_id AND last.id = t.id \
-             WHERE t.state NOT IN ('succeeded', 'discarded', 'archived')",
+             WHERE t.state NOT IN ('succeeded', 'discarded', 'archived', 'moved')",
         )
         .fetch_all(&self.pool)
         .await?;
@@ -481,6 +487,23 @@ impl JobDb {
             .await?;
         Ok(u64::try_from(n).unwrap_or(0))
     }
+}
+
+/// Checks the fencing token as the last statement of `tx` and commits only if it is ours.
+async fn commit_fenced(mut tx: sqlx::Transaction<'_, MySql>, token: u64) -> Result<(), JobDbError> {
+    let current: u64 =
+        sqlx::query_scalar("SELECT fencing_token FROM jobdb_owner WHERE id = 1 LOCK IN SHARE MODE")
+            .fetch_one(&mut *tx)
+            .await?;
+    if current != token {
+        tx.rollback().await?;
+        return Err(JobDbError::Fenced {
+            ours: token,
+            current,
+        });
+    }
+    tx.commit().await?;
+    Ok(())
 }
 
 /// Splits rows into INSERT-sized chunks: at most [`MAX_BYTES_PER_INSERT`] bytes each, and a

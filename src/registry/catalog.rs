@@ -79,6 +79,13 @@ pub async fn register_director(
 }
 
 impl Registration {
+    /// Stops the heartbeat but leaves the service registered: for registering the same id
+    /// again with new metadata (a Director that moved to a new JobDB), without a gap.
+    pub async fn forget(self) {
+        self.stop.cancel();
+        let _ = self.heartbeat.await;
+    }
+
     /// Stops the heartbeat and removes the instance from the catalog.
     pub async fn deregister(self) {
         self.stop.cancel();

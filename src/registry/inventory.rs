@@ -28,6 +28,8 @@ pub enum JobDbState {
     Retiring,
     /// A drainer is moving its remaining jobs out.
     Draining,
+    /// Every job in it is terminal and moved histories are archived: the manager drops it.
+    Drained,
     /// Dropped.
     Dropped,
 }
@@ -133,6 +135,15 @@ impl Inventory {
             });
         }
         Ok(out)
+    }
+
+    /// One JobDB with its lock holder, if it is in the inventory.
+    pub async fn get(&self, name: &str) -> Result<Option<Listed>, RegistryError> {
+        Ok(self
+            .list()
+            .await?
+            .into_iter()
+            .find(|l| l.record.name == name))
     }
 
     /// Moves a JobDB to `state` if its record is still at `modify_index`; `false` if it moved.

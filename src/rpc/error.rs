@@ -52,6 +52,14 @@ pub enum ApiError {
     /// The JobDB cannot take the request now; nothing was stored.
     #[error("{0}")]
     Unavailable(String),
+    /// The request names a state of this Director that is not the current one.
+    #[error("{message}")]
+    Conflict {
+        /// What differs.
+        message: String,
+        /// The field naming the expected state.
+        field: Option<String>,
+    },
     /// The Director is stopping and takes no new work.
     #[error("the director is shutting down; submit to another one")]
     ShuttingDown,
@@ -128,6 +136,9 @@ impl IntoResponse for ApiError {
             }
             ApiError::NotFound(m) => (StatusCode::NOT_FOUND, "not_found", m, None),
             ApiError::Unavailable(m) => (StatusCode::SERVICE_UNAVAILABLE, "unavailable", m, None),
+            ApiError::Conflict { message, field } => {
+                (StatusCode::CONFLICT, "conflict", message, field)
+            }
             e @ ApiError::ShuttingDown => (
                 StatusCode::SERVICE_UNAVAILABLE,
                 "shutting_down",

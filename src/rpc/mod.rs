@@ -5,6 +5,7 @@
 pub mod api;
 pub mod auth;
 pub mod error;
+pub mod import;
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
@@ -47,6 +48,8 @@ pub struct RpcState {
     pub ids: Arc<Mutex<ulid::Generator>>,
     /// Known API tokens; `None` leaves the API open (a warning is logged at start).
     pub auth: Option<Arc<auth::TokenStore>>,
+    /// Held by the import in progress (imports are checked and written one at a time).
+    pub imports: Arc<tokio::sync::Mutex<()>>,
 }
 
 impl RpcState {
@@ -90,7 +93,7 @@ impl RpcState {
         title = "spindle",
         description = "Database-as-a-queue HTTP delivery engine: Director RPC API"
     ),
-    paths(submit_jobs, get_job, healthz, readyz, metrics),
+    paths(submit_jobs, get_job, import::import_jobs, healthz, readyz, metrics),
     components(schemas(
         api::SubmitRequest,
         api::JobSpec,
@@ -99,7 +102,10 @@ impl RpcState {
         api::JobView,
         api::TransitionView,
         api::ErrorBody,
-        api::ErrorDetail
+        api::ErrorDetail,
+        import::ImportRequest,
+        import::ImportJob,
+        import::ImportResponse
     ))
 )]
 pub struct ApiDoc;
@@ -110,6 +116,7 @@ pub fn router(state: RpcState) -> Router {
     Router::new()
         .route("/v1/jobs", post(submit_jobs))
         .route("/v1/jobs/{id}", get(get_job))
+        .route("/v1/import", post(import::import_jobs))
         .route("/healthz", get(healthz))
         .route("/readyz", get(readyz))
         .route("/metrics", get(metrics))

@@ -1,0 +1,400 @@
+//! The JobDB statements of its lifecycle: imports, a drainer's planned moves, archive batches.
+//!
+//! Every plan is written (fenced, so only the current owner plans) before the work it
+//! describes, and every step's outcome is an appended row: a process killed at any point
+//! finds the unfinished plans and redoes exactly them.
+
+use std::collections::{HashMap, HashSet};
+
+use chrono::{DateTime, Utc};
+use sqlx::{MySql, QueryBuilder};
+use ulid::Ulid;
+
+use super::{
+    commit_fenced, job_id_of, text, transition_from_row, JobDb, JobDbError, MAX_IDS_PER_SELECT,
+    MAX_ROWS_PER_INSERT,
+};
+pub use crate::archive::BatchKind;
+use crate::job::{JobId, State, Transition};
+
+/// Where an imported job came from.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Origin {
+    /// The job (same id in both JobDBs).
+    pub job_id: JobId,
+    /// The retired JobDB it was moved out of.
+    pub from_jobdb: String,
+    /// When it was imported.
+    pub imported_at: DateTime<Utc>,
+}
+
+/// A planned archive batch.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct PlannedBatch {
+    /// Batch id (also the object's name).
+    pub batch: Ulid,
+    /// What it holds.
+    pub kind: BatchKind,
+    /// The S3 key of its data object.
+    pub object_key: String,
+    /// Its jobs, sorted.
+    pub jobs: Vec<JobId>,
+}
+
+/// A planned move whose job is not yet recorded `moved`.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct PlannedMove {
+    /// The import batch.
+    pub batch: Ulid,
+    /// The JobDB the jobs were sent to.
+    pub to_jobdb: String,
+    /// Its jobs still not `moved`, sorted.
+    pub jobs: Vec<JobId>,
+}
+
+pub(super) fn insert_origins(origins: &[Origin]) -> QueryBuilder<'_, MySql> {
+    let mut qb = QueryBuilder::<MySql>::new(
+        "INSERT IGNORE INTO job_origins (job_id, from_jobdb, imported_at) ",
+    );
+    qb.push_values(origins, |mut row, o| {
+        row.push_bind(o.job_id.to_bytes().to_vec())
+            .push_bind(o.from_jobdb.as_str())
+            .push_bind(o.imported_at.naive_utc());
+    });
+    qb
+}
+
+fn ids_query<'a>(prefix: &'a str, ids: &'a [JobId], suffix: &'a str) -> QueryBuilder<'a, MySql> {
+    let mut qb = QueryBuilder::<MySql>::new(prefix);
+    let mut list = qb.separated(", ");
+    for id in ids {
+        list.push_bind(id.to_bytes().to_vec());
+    }
+    qb.push(suffix);
+    qb
+}
+
+fn ulid_of(row: &sqlx::mysql::MySqlRow, column: &str) -> Result<Ulid, JobDbError> {
+    job_id_of(row, column).map(|id| id.0)
+}
+
+impl JobDb {
+    /// Which of these jobs have a row here (imports skip them: an import is idempotent).
+    pub async fn existing_jobs(&self, ids: &[JobId]) -> Result<HashSet<JobId>, JobDbError> {
+        let mut out = HashSet::new();
+        for chunk in ids.chunks(MAX_IDS_PER_SELECT) {
+            let rows = ids_query("SELECT id FROM jobs WHERE id IN (", chunk, ")")
+                .build()
+                .fetch_all(&self.pool)
+                .await?;
+            for row in rows {
+                out.insert(job_id_of(&row, "id")?);
+            }
+        }
+        Ok(out)
+    }
+
+    /// The full histories of these jobs, oldest row first (jobs without rows are absent).
+    pub async fn histories_of(
+        &self,
+        ids: &[JobId],
+    ) -> Result<HashMap<JobId, Vec<(u64, Transition)>>, JobDbError> {
+        let mut out: HashMap<JobId, Vec<(u64, Transition)>> = HashMap::new();
+        for chunk in ids.chunks(MAX_IDS_PER_SELECT) {
+            let rows = ids_query(
+                "SELECT id, job_id, time, retry_at, attempts, state, error_type, error_response, \
+                 error_response_encoding, response_status, duration_ms \
+                 FROM job_state_transitions WHERE job_id IN (",
+                chunk,
+                ") ORDER BY job_id, id",
+            )
+            .build()
+            .fetch_all(&self.pool)
+            .await?;
+            for row in &rows {
+                let (id, t) = transition_from_row(row)?;
+                out.entry(t.job_id).or_default().push((id, t));
+            }
+        }
+        Ok(out)
+    }
+
+    /// The latest row of each of these jobs.
+    pub async fn latest_of(&self, ids: &[JobId]) -> Result<HashMap<JobId, Transition>, JobDbError> {
+        Ok(self
+            .histories_of(ids)
+            .await?
+            .into_iter()
+            .filter_map(|(id, mut h)| h.pop().map(|(_, t)| (id, t)))
+            .collect())
+    }
+
+    /// How many jobs are not in a terminal state here (a JobDB is dropped only at zero).
+    pub async fn unfinished_count(&self) -> Result<u64, JobDbError> {
+        let n: i64 = sqlx::query_scalar(
+            "SELECT COUNT(*) FROM job_state_transitions t \
+             JOIN (SELECT job_id, MAX(id) AS id FROM job_state_transitions GROUP BY job_id) last \
+               ON last.job_id = t.job_id AND last.id = t.id \
+             WHERE t.state NOT IN ('succeeded', 'discarded', 'archived', 'moved')",
+        )
+        .fetch_one(&self.pool)
+        .await?;
+        Ok(u64::try_from(n).unwrap_or(0))
+    }
+
+    /// Bytes the JobDB's tables take (data and indexes), as the server reports them: what
+    /// the manager compares with its memory budget.
+    pub async fn data_bytes(&self) -> Result<u64, JobDbError> {
+        let n: Option<u64> = sqlx::query_scalar(
+            "SELECT CAST(SUM(data_length + index_length) AS UNSIGNED) \
+             FROM information_schema.tables WHERE table_schema = ?",
+        )
+        .bind(self.name())
+        .fetch_one(&self.pool)
+        .await?;
+        Ok(n.unwrap_or(0))
+    }
+
+    /// Plans a move: these jobs go to `to_jobdb` in import batch `batch`. Fenced.
+    pub async fn plan_moves(
+        &self,
+        token: u64,
+        batch: Ulid,
+        to_jobdb: &str,
+        ids: &[JobId],
+    ) -> Result<(), JobDbError> {
+        let mut tx = self.pool.begin().await?;
+        let now = Utc::now().naive_utc();
+        for chunk in ids.chunks(MAX_ROWS_PER_INSERT) {
+            let mut qb = QueryBuilder::<MySql>::new(
+                "INSERT INTO job_moves (job_id, batch_id, to_jobdb, planned_at) ",
+            );
+            qb.push_values(chunk, |mut row, id| {
+                row.push_bind(id.to_bytes().to_vec())
+                    .push_bind(batch.to_bytes().to_vec())
+                    .push_bind(to_jobdb)
+                    .push_bind(now);
+            });
+            qb.build().execute(&mut *tx).await?;
+        }
+        commit_fenced(tx, token).await
+    }
+
+    /// Moves that were planned but whose jobs are not yet recorded `moved`, by batch (each
+    /// job under its current plan only).
+    pub async fn planned_moves(&self) -> Result<Vec<PlannedMove>, JobDbError> {
+        let rows = sqlx::query(
+            "SELECT job_id, batch_id, to_jobdb FROM job_moves ORDER BY job_id, batch_id",
+        )
+        .fetch_all(&self.pool)
+        .await?;
+        let mut current: HashMap<JobId, (Ulid, String)> = HashMap::new();
+        for row in &rows {
+            current.insert(
+                job_id_of(row, "job_id")?,
+                (ulid_of(row, "batch_id")?, text(row, "to_jobdb")?),
+            );
+        }
+        let ids: Vec<JobId> = current.keys().copied().collect();
+        let latest = self.latest_of(&ids).await?;
+        let mut planned: HashMap<Ulid, PlannedMove> = HashMap::new();
+        for (id, (batch, to_jobdb)) in current {
+            if latest.get(&id).is_some_and(|t| t.state == State::Moved) {
+                continue;
+            }
+            planned
+                .entry(batch)
+                .or_insert_with(|| PlannedMove {
+                    batch,
+                    to_jobdb,
+                    jobs: Vec::new(),
+                })
+                .jobs
+                .push(id);
+        }
+        let mut out: Vec<PlannedMove> = planned.into_values().collect();
+        for p in &mut out {
+            p.jobs.sort();
+        }
+        out.sort_by_key(|p| p.batch);
+        Ok(out)
+    }
+
+    /// Plans an archive batch of `ids`. Fenced; fails if a job is already in a batch of
+    /// this kind (a job is archived once).
+    pub async fn plan_archive_batch(
+        &self,
+        token: u64,
+        planned: &PlannedBatch,
+    ) -> Result<(), JobDbError> {
+        let mut tx = self.pool.begin().await?;
+        sqlx::query(
+            "INSERT INTO archive_batches (batch_id, kind, object_key, planned_at) \
+             VALUES (?, ?, ?, ?)",
+        )
+        .bind(planned.batch.to_bytes().to_vec())
+        .bind(planned.kind.as_str())
+        .bind(planned.object_key.as_str())
+        .bind(Utc::now().naive_utc())
+        .execute(&mut *tx)
+        .await?;
+        for chunk in planned.jobs.chunks(MAX_ROWS_PER_INSERT) {
+            let mut qb = QueryBuilder::<MySql>::new(
+                "INSERT INTO archive_batch_jobs (job_id, kind, batch_id) ",
+            );
+            qb.push_values(chunk, |mut row, id| {
+                row.push_bind(id.to_bytes().to_vec())
+                    .push_bind(planned.kind.as_str())
+                    .push_bind(planned.batch.to_bytes().to_vec());
+            });
+            qb.build().execute(&mut *tx).await?;
+        }
+        commit_fenced(tx, token).await
+    }
+
+    /// The batches (of `kind`) that already hold some of these jobs, each with all its jobs.
+    pub async fn archive_batches_of(
+        &self,
+        kind: BatchKind,
+        ids: &[JobId],
+    ) -> Result<Vec<PlannedBatch>, JobDbError> {
+        let mut batches = HashSet::new();
+        for chunk in ids.chunks(MAX_IDS_PER_SELECT) {
+            let mut qb = QueryBuilder::<MySql>::new(
+                "SELECT DISTINCT batch_id FROM archive_batch_jobs WHERE kind = ",
+            );
+            qb.push_bind(kind.as_str()).push(" AND job_id IN (");
+            let mut list = qb.separated(", ");
+            for id in chunk {
+                list.push_bind(id.to_bytes().to_vec());
+            }
+            qb.push(")");
+            for row in qb.build().fetch_all(&self.pool).await? {
+                batches.insert(ulid_of(&row, "batch_id")?);
+            }
+        }
+        let mut out = Vec::with_capacity(batches.len());
+        for batch in batches {
+            if let Some(planned) = self.archive_batch(batch).await? {
+                out.push(planned);
+            }
+        }
+        out.sort_by_key(|b| b.batch);
+        Ok(out)
+    }
+
+    /// One planned batch with its jobs.
+    pub async fn archive_batch(&self, batch: Ulid) -> Result<Option<PlannedBatch>, JobDbError> {
+        let Some(row) =
+            sqlx::query("SELECT kind, object_key FROM archive_batches WHERE batch_id = ?")
+                .bind(batch.to_bytes().to_vec())
+                .fetch_optional(&self.pool)
+                .await?
+        else {
+            return Ok(None);
+        };
+        let kind = match text(&row, "kind")?.as_str() {
+            "history" => BatchKind::History,
+            "expired" => BatchKind::Expired,
+            other => return Err(JobDbError::Corrupt(format!("archive batch kind {other:?}"))),
+        };
+        let object_key = text(&row, "object_key")?;
+        let rows =
+            sqlx::query("SELECT job_id FROM archive_batch_jobs WHERE batch_id = ? ORDER BY job_id")
+                .bind(batch.to_bytes().to_vec())
+                .fetch_all(&self.pool)
+                .await?;
+        let jobs = rows
+            .iter()
+            .map(|r| job_id_of(r, "job_id"))
+            .collect::<Result<Vec<_>, _>>()?;
+        Ok(Some(PlannedBatch {
+            batch,
+            kind,
+            object_key,
+            jobs,
+        }))
+    }
+
+    /// Records that S3 confirmed a batch's object, with the transitions that follow from it
+    /// (`archived` rows for expired jobs; none for histories), in one fenced commit.
+    pub async fn confirm_archive_batch(
+        &self,
+        token: u64,
+        batch: Ulid,
+        sha256: &str,
+        transitions: &[(u64, Transition)],
+    ) -> Result<(), JobDbError> {
+        let mut tx = self.pool.begin().await?;
+        sqlx::query(
+            "INSERT IGNORE INTO archive_confirmations (batch_id, sha256, confirmed_at) \
+             VALUES (?, ?, ?)",
+        )
+        .bind(batch.to_bytes().to_vec())
+        .bind(sha256)
+        .bind(Utc::now().naive_utc())
+        .execute(&mut *tx)
+        .await?;
+        for chunk in transitions.chunks(MAX_ROWS_PER_INSERT) {
+            super::insert_transitions(chunk)
+                .build()
+                .execute(&mut *tx)
+                .await?;
+        }
+        commit_fenced(tx, token).await
+    }
+
+    /// Jobs that ended here (succeeded, discarded, moved) whose trace is not yet in a
+    /// confirmed `history` batch: a drained JobDB is dropped only when there are none.
+    pub async fn without_archived_history(&self) -> Result<Vec<JobId>, JobDbError> {
+        let rows = sqlx::query(
+            "SELECT t.job_id FROM job_latest t \
+             LEFT JOIN archive_batch_jobs b ON b.job_id = t.job_id AND b.kind = 'history' \
+             LEFT JOIN archive_confirmations c ON c.batch_id = b.batch_id \
+             WHERE t.state IN ('succeeded', 'discarded', 'moved') AND c.batch_id IS NULL \
+             ORDER BY t.job_id",
+        )
+        .fetch_all(&self.pool)
+        .await?;
+        rows.iter().map(|r| job_id_of(r, "job_id")).collect()
+    }
+
+    /// Databases on this JobDB's server whose name matches a `LIKE` pattern.
+    pub async fn databases_like(&self, pattern: &str) -> Result<Vec<String>, JobDbError> {
+        let rows = sqlx::query(
+            "SELECT schema_name AS name FROM information_schema.schemata WHERE schema_name LIKE ?",
+        )
+        .bind(pattern)
+        .fetch_all(&self.pool)
+        .await?;
+        rows.iter().map(|r| text(r, "name")).collect()
+    }
+
+    /// The JobDB each of these jobs is (currently) planned to move to.
+    pub async fn move_targets(&self, ids: &[JobId]) -> Result<HashMap<JobId, String>, JobDbError> {
+        let mut out = HashMap::new();
+        for chunk in ids.chunks(MAX_IDS_PER_SELECT) {
+            let rows = ids_query(
+                "SELECT job_id, to_jobdb FROM job_moves WHERE job_id IN (",
+                chunk,
+                ") ORDER BY job_id, batch_id",
+            )
+            .build()
+            .fetch_all(&self.pool)
+            .await?;
+            for row in rows {
+                out.insert(job_id_of(&row, "job_id")?, text(&row, "to_jobdb")?);
+            }
+        }
+        Ok(out)
+    }
+
+    /// Where an imported job came from, if it was imported.
+    pub async fn origin_of(&self, id: JobId) -> Result<Option<String>, JobDbError> {
+        let row = sqlx::query("SELECT from_jobdb FROM job_origins WHERE job_id = ?")
+            .bind(id.to_bytes().to_vec())
+            .fetch_optional(&self.pool)
+            .await?;
+        row.map(|r| text(&r, "from_jobdb")).transpose()
+    }
+}

@@ -1,0 +1,296 @@
+//! `POST /v1/import`: a drainer hands a live Director the jobs of a retired JobDB that still
+//! await a retry. Each keeps its id, attempts, creation and expiry times and next attempt, and
+//! records the JobDB it came from. Admin scope only.
+//!
+//! Idempotent per JobDB: jobs already present are skipped, so a drainer that lost the answer
+//! sends the same batch again. The caller names the JobDB it expects this Director to own;
+//! a Director that owns another one (or none) answers 409/503 and stores nothing, so a batch
+//! planned for one JobDB can never land in two.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use axum::extract::rejection::BytesRejection;
+use axum::extract::State;
+use axum::http::{HeaderMap, StatusCode};
+use axum::Json;
+use base64::Engine;
+use bytes::Bytes;
+use chrono::{DateTime, Utc};
+use serde::{Deserialize, Serialize};
+use tokio::sync::oneshot;
+use utoipa::ToSchema;
+
+use super::api::FieldError;
+use super::auth::Scope;
+use super::error::ApiError;
+use super::RpcState;
+use crate::director::scheduler::Recovered;
+use crate::director::writer::{WriteOp, WriteRejected};
+use crate::job::{Job, JobId, RetryPolicy};
+
+/// Most jobs in one import request.
+pub const MAX_IMPORT_JOBS: usize = 1000;
+
+/// Jobs moved out of a retired JobDB.
+#[derive(Clone, Debug, Serialize, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct ImportRequest {
+    /// The JobDB the caller expects this Director to own (409 if it owns another).
+    pub jobdb: String,
+    /// The retired JobDB the jobs come from.
+    pub from_jobdb: String,
+    /// 1 to 1000 jobs.
+    pub jobs: Vec<ImportJob>,
+}
+
+/// One job as it was stored in the retired JobDB, with its progress.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct ImportJob {
+    /// The job's id (ULID), kept.
+    pub id: String,
+    /// Its bucket.
+    pub bucket: String,
+    /// Its endpoint URL.
+    pub endpoint: String,
+    /// Its HTTP method.
+    pub method: String,
+    /// Its headers as `[name, value]` pairs, in order.
+    pub headers: Vec<(String, String)>,
+    /// Its body, base64.
+    pub payload_base64: String,
+    /// Deadline of one attempt.
+    pub execution_timeout_ms: u32,
+    /// Delay before the second attempt.
+    pub backoff_min_delay_ms: u32,
+    /// Growth of the delay per attempt.
+    pub backoff_coefficient: f64,
+    /// When it was first accepted.
+    pub created_at: DateTime<Utc>,
+    /// When it stops being retried.
+    pub expire_at: DateTime<Utc>,
+    /// The producer's idempotency key.
+    pub idempotency_key: Option<String>,
+    /// Attempts made so far.
+    pub attempts: u16,
+    /// When its next attempt is due.
+    pub retry_at: DateTime<Utc>,
+}
+
+/// What an import did.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+pub struct ImportResponse {
+    /// The JobDB the jobs are now in.
+    pub jobdb: String,
+    /// Jobs stored by this request.
+    pub imported: usize,
+    /// Jobs that were already there (an earlier attempt of the same import).
+    pub already_present: usize,
+}
+
+impl ImportJob {
+    /// The import form of a stored job and its progress.
+    pub fn new(job: &Job, attempts: u16, retry_at: DateTime<Utc>) -> Self {
+        ImportJob {
+            id: job.id.to_string(),
+            bucket: job.bucket.to_string(),
+            endpoint: job.endpoint.to_string(),
+            method: job.method.to_string(),
+            headers: job.headers.clone(),
+            payload_base64: base64::engine::general_purpose::STANDARD.encode(&job.payload),
+            execution_timeout_ms: u32::try_from(job.execution_timeout.as_millis())
+                .unwrap_or(u32::MAX),
+            backoff_min_delay_ms: u32::try_from(job.retry.min_delay.as_millis())
+                .unwrap_or(u32::MAX),
+            backoff_coefficient: job.retry.coefficient,
+            created_at: job.created_at,
+            expire_at: job.expire_at,
+            idempotency_key: job.idempotency_key.clone(),
+            attempts,
+            retry_at,
+        }
+    }
+
+    /// The job back, checked (`i` is its index, for error paths).
+    pub fn to_job(&self, i: usize) -> Result<Job, FieldError> {
+        let field = |name: &str| format!("jobs[{i}].{name}");
+        let id: JobId = self
+            .id
+            .parse()
+            .map_err(|_| FieldError::new(field("id"), "is not a ULID"))?;
+        let url = url::Url::parse(&self.endpoint)
+            .map_err(|e| FieldError::new(field("endpoint"), format!("is not a URL: {e}")))?;
+        if !matches!(url.scheme(), "http" | "https") {
+            return Err(FieldError::new(field("endpoint"), "must be http or https"));
+        }
+        if self.bucket.is_empty() || self.bucket.len() > 128 {
+            return Err(FieldError::new(field("bucket"), "must be 1 to 128 bytes"));
+        }
+        if self.method.is_empty()
+            || self.method.len() > 10
+            || !self.method.bytes().all(|b| b.is_ascii_uppercase())
+        {
+            return Err(FieldError::new(
+                field("method"),
+                "must be an upper-case HTTP method",
+            ));
+        }
+        if !self.backoff_coefficient.is_finite() || self.backoff_coefficient < 1.0 {
+            return Err(FieldError::new(
+                field("backoff_coefficient"),
+                "must be a number ≥ 1",
+            ));
+        }
+        if self.expire_at < self.created_at {
+            return Err(FieldError::new(field("expire_at"), "is before created_at"));
+        }
+        let payload = base64::engine::general_purpose::STANDARD
+            .decode(&self.payload_base64)
+            .map_err(|_| FieldError::new(field("payload_base64"), "is not base64"))?;
+        Ok(Job {
+            id,
+            bucket: self.bucket.as_str().into(),
+            endpoint: self.endpoint.as_str().into(),
+            method: self.method.as_str().into(),
+            headers: self.headers.clone(),
+            payload: Bytes::from(payload),
+            execution_timeout: Duration::from_millis(self.execution_timeout_ms.into()),
+            retry: RetryPolicy {
+                min_delay: Duration::from_millis(self.backoff_min_delay_ms.into()),
+                coefficient: self.backoff_coefficient,
+            },
+            created_at: self.created_at,
+            expire_at: self.expire_at,
+            idempotency_key: self.idempotency_key.clone(),
+        })
+    }
+}
+
+/// Import jobs from a retired JobDB (admin).
+#[utoipa::path(
+    post,
+    path = "/v1/import",
+    request_body = ImportRequest,
+    responses(
+        (status = 200, description = "Every job is stored in this Director's JobDB", body = ImportResponse),
+        (status = 400, description = "Malformed JSON, or unknown or missing field", body = super::api::ErrorBody),
+        (status = 401, description = "Missing or invalid bearer token", body = super::api::ErrorBody),
+        (status = 403, description = "The token is not an admin token; nothing stored", body = super::api::ErrorBody),
+        (status = 409, description = "This Director owns another JobDB than `jobdb`; nothing stored", body = super::api::ErrorBody),
+        (status = 413, description = "Body or batch too large", body = super::api::ErrorBody),
+        (status = 422, description = "A field has an invalid value", body = super::api::ErrorBody),
+        (status = 503, description = "JobDB unavailable or Director stopping; nothing stored", body = super::api::ErrorBody)
+    )
+)]
+pub(super) async fn import_jobs(
+    State(state): State<RpcState>,
+    headers: HeaderMap,
+    body: Result<Bytes, BytesRejection>,
+) -> Result<(StatusCode, Json<ImportResponse>), ApiError> {
+    if state.stopping.is_cancelled() {
+        return Err(ApiError::ShuttingDown);
+    }
+    if let Some(caller) = state.caller(&headers)? {
+        if !matches!(caller.scope, Scope::Admin) {
+            return Err(ApiError::Forbidden {
+                message: format!(
+                    "token {:?} is not an admin token; nothing was stored",
+                    caller.name
+                ),
+                field: None,
+            });
+        }
+    }
+    let body = body.map_err(|rejection| match rejection.status() {
+        StatusCode::PAYLOAD_TOO_LARGE => ApiError::BodyTooLarge {
+            limit: state.limits.max_request_bytes,
+        },
+        _ => ApiError::InvalidJson {
+            field: None,
+            message: rejection.body_text(),
+        },
+    })?;
+    let request: ImportRequest =
+        serde_path_to_error::deserialize(&mut serde_json::Deserializer::from_slice(&body))
+            .map_err(|e| ApiError::InvalidJson {
+                field: Some(e.path().to_string()),
+                message: e.inner().to_string(),
+            })?;
+    if request.jobdb != state.db.name() {
+        return Err(ApiError::Conflict {
+            message: format!(
+                "this director owns jobdb {:?}, not {:?}; nothing was stored",
+                state.db.name(),
+                request.jobdb
+            ),
+            field: Some("jobdb".to_owned()),
+        });
+    }
+    if !crate::registry::inventory::valid_name(&request.from_jobdb) {
+        return Err(FieldError::new("from_jobdb", "must be 1 to 48 of [a-z0-9_]").into());
+    }
+    if request.jobs.is_empty() || request.jobs.len() > MAX_IMPORT_JOBS {
+        return Err(
+            FieldError::new("jobs", format!("must hold 1 to {MAX_IMPORT_JOBS} jobs")).into(),
+        );
+    }
+    let mut jobs = Vec::with_capacity(request.jobs.len());
+    for (i, spec) in request.jobs.iter().enumerate() {
+        jobs.push((spec.to_job(i)?, spec.attempts, spec.retry_at));
+    }
+
+    // One import at a time: the check for jobs already present and their insert must not
+    // interleave with another import of the same jobs.
+    let _one_at_a_time = state.imports.lock().await;
+    let ids: Vec<JobId> = jobs.iter().map(|(job, _, _)| job.id).collect();
+    let present = state.db.existing_jobs(&ids).await.map_err(|e| {
+        tracing::warn!(error = %e, "import: reading existing jobs failed");
+        ApiError::Unavailable("the jobdb is unavailable; nothing was stored".into())
+    })?;
+    let fresh: Vec<Recovered> = jobs
+        .into_iter()
+        .filter(|(job, _, _)| !present.contains(&job.id))
+        .map(|(job, attempts, retry_at)| Recovered {
+            job: Arc::new(job),
+            attempts,
+            retry_at: Some(retry_at),
+        })
+        .collect();
+    let imported = fresh.len();
+    if imported > 0 {
+        let (reply, outcome) = oneshot::channel();
+        state
+            .writer
+            .send(WriteOp::Import {
+                jobs: fresh,
+                from_jobdb: request.from_jobdb.clone(),
+                reply,
+            })
+            .await
+            .map_err(|_| ApiError::ShuttingDown)?;
+        match outcome.await {
+            Ok(Ok(())) => {}
+            Ok(Err(WriteRejected::Unavailable)) => {
+                return Err(ApiError::Unavailable(
+                    "the jobdb is unavailable; nothing was stored".into(),
+                ))
+            }
+            Ok(Err(WriteRejected::LockLost)) | Err(_) => return Err(ApiError::ShuttingDown),
+        }
+    }
+    tracing::info!(
+        from = request.from_jobdb,
+        imported,
+        already_present = present.len(),
+        "jobs imported"
+    );
+    Ok((
+        StatusCode::OK,
+        Json(ImportResponse {
+            jobdb: state.db.name().to_owned(),
+            imported,
+            already_present: present.len(),
+        }),
+    ))
+}

@@ -1,0 +1,838 @@
+//! The JobDB lifecycle with real parts: Directors, the manager and the drainer as processes of
+//! the `spindle` binary, coordinated through the in-repo Consul double, on the machine's
+//! MariaDB, archiving to a real S3-compatible server (moto) read back with boto3.
+//!
+//! - JobDBs cycle under load and every accepted job ends in exactly one final state, counted
+//!   over every JobDB still there plus the archive; dropped databases are gone; intake never
+//!   stops (the longest submit latency is printed).
+//! - A drainer killed with SIGKILL at random points converges without loss or duplicates.
+//! - While S3 fails, expired jobs stay `archiving`; none is `archived` without its object.
+//! - A standby manager takes over when the active one is killed.
+//!
+//! Longer runs: `SPINDLE_LIFECYCLE_SCALE=10 cargo test --release --test lifecycle -- --nocapture`
+//! (the 50,000-job, 3-minute cycling run is `cycling_run_long`, `--ignored`).
+
+mod common;
+
+use std::collections::{HashMap, HashSet};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use common::s3::{Mode, S3Server};
+use common::*;
+use serde_json::{json, Value};
+use spindle::archive::{Archive, BatchKind};
+use spindle::job::{JobId, State};
+use spindle::jobdb::JobDb;
+use spindle::registry::inventory::{Inventory, JobDbRecord, JobDbState};
+use spindle::sink::Sink;
+use tokio::process::{Child, Command};
+
+const TTL_MS: &str = "1000";
+const LOCK_DELAY_MS: &str = "500";
+
+fn scale() -> usize {
+    std::env::var("SPINDLE_LIFECYCLE_SCALE")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(1)
+}
+
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+/// A `spindle` process.
+struct Proc {
+    child: Child,
+    port: u16,
+}
+
+impl Proc {
+    fn base(&self) -> String {
+        format!("http://127.0.0.1:{}", self.port)
+    }
+
+    async fn kill9(&mut self) {
+        let _ = self.child.start_kill();
+        let _ = self.child.wait().await;
+    }
+
+    async fn term(&mut self) {
+        if let Some(pid) = self.child.id() {
+            let _ = nix::sys::signal::kill(
+                nix::unistd::Pid::from_raw(pid as i32),
+                nix::sys::signal::Signal::SIGTERM,
+            );
+        }
+        let _ = tokio::time::timeout(Duration::from_secs(40), self.child.wait()).await;
+    }
+}
+
+/// Consul, S3, a sink, and the processes of one test; its databases are dropped at the end.
+struct Life {
+    consul: ConsulUnderTest,
+    s3: S3Server,
+    bucket: String,
+    archive: Archive,
+    inventory: Inventory,
+    sink: Sink,
+    prefix: String,
+    client: reqwest::Client,
+}
+
+impl Life {
+    async fn start() -> Life {
+        let consul = ConsulUnderTest::start().await;
+        assert!(
+            consul.double.is_some(),
+            "the lifecycle tests use the in-repo double"
+        );
+        let s3 = S3Server::start().await;
+        let bucket = common::s3::unique_bucket("life");
+        let mut config = s3.config(&bucket);
+        // What the processes use (`--s3-prefix` default).
+        config.prefix = "spindle/".into();
+        let archive = Archive::connect(&config).await.expect("archive");
+        let prefix = format!("lc{}", &ulid::Ulid::new().to_string().to_lowercase()[16..]);
+        Life {
+            inventory: Inventory::new(consul.client.clone()),
+            consul,
+            s3,
+            bucket,
+            archive,
+            sink: Sink::start("127.0.0.1:0".parse().unwrap()).await.unwrap(),
+            prefix,
+            client: reqwest::Client::new(),
+        }
+    }
+
+    fn consul_url(&self) -> String {
+        self.consul.double.as_ref().unwrap().url()
+    }
+
+    fn s3_args(&self) -> Vec<String> {
+        [
+            "--s3-bucket",
+            &self.bucket,
+            "--s3-endpoint",
+            &self.s3.endpoint(),
+            "--s3-path-style",
+            "--s3-access-key-id",
+            "test",
+            "--s3-secret-access-key",
+            "test",
+            "--s3-timeout-ms",
+            "3000",
+        ]
+        .iter()
+        .map(|s| s.to_string())
+        .collect()
+    }
+
+    fn spawn(&self, args: Vec<String>) -> Proc {
+        let port = free_port();
+        let child = Command::new(env!("CARGO_BIN_EXE_spindle"))
+            .args(args.iter().map(|a| a.replace("{port}", &port.to_string())))
+            .env(
+                "SPINDLE_LOG",
+                std::env::var("SPINDLE_TEST_LOG").unwrap_or("warn".into()),
+            )
+            .kill_on_drop(true)
+            .spawn()
+            .expect("spawn spindle");
+        Proc { child, port }
+    }
+
+    fn director(&self, id: &str) -> Proc {
+        let mut args: Vec<String> = [
+            "director",
+            "--registry",
+            "consul",
+            "--consul-addr",
+            &self.consul_url(),
+            "--listen",
+            "127.0.0.1:{port}",
+            "--lock-ttl-ms",
+            TTL_MS,
+            "--lock-delay-ms",
+            LOCK_DELAY_MS,
+            "--service-ttl-ms",
+            "3000",
+            "--campaign-retry-ms",
+            "200",
+            "--director-id",
+            id,
+            "--allow-subnet",
+            "127.0.0.0/8",
+            "--shutdown-grace-ms",
+            "5000",
+        ]
+        .iter()
+        .map(|s| s.to_string())
+        .collect();
+        args.extend(self.s3_args());
+        self.spawn(args)
+    }
+
+    fn manager(&self, id: &str, max_age_s: u64, spares: usize) -> Proc {
+        self.spawn(
+            [
+                "manager",
+                "--consul-addr",
+                &self.consul_url(),
+                "--mysql",
+                &mysql_server(),
+                "--prefix",
+                &self.prefix,
+                "--spares",
+                &spares.to_string(),
+                "--max-age-s",
+                &max_age_s.to_string(),
+                "--interval-ms",
+                "300",
+                "--lock-ttl-ms",
+                TTL_MS,
+                "--lock-delay-ms",
+                LOCK_DELAY_MS,
+                "--manager-id",
+                id,
+            ]
+            .iter()
+            .map(|s| s.to_string())
+            .collect(),
+        )
+    }
+
+    fn drainer(&self, id: &str) -> Proc {
+        let mut args: Vec<String> = [
+            "drainer",
+            "--consul-addr",
+            &self.consul_url(),
+            "--lock-ttl-ms",
+            TTL_MS,
+            "--lock-delay-ms",
+            LOCK_DELAY_MS,
+            "--poll-ms",
+            "200",
+            "--drainer-id",
+            id,
+        ]
+        .iter()
+        .map(|s| s.to_string())
+        .collect();
+        args.extend(self.s3_args());
+        self.spawn(args)
+    }
+
+    /// Creates a JobDB of this test and adds it to the inventory in `state`.
+    async fn add_jobdb(&self, tag: &str, state: JobDbState) -> (String, JobDb) {
+        let name = format!("{}_{tag}", self.prefix);
+        let url = format!("{}/{name}", mysql_server());
+        let db = JobDb::open(&url.parse().unwrap(), true, 4).await.unwrap();
+        let record = JobDbRecord {
+            name: name.clone(),
+            url,
+            state,
+            changed_at: chrono::Utc::now(),
+            changed_by: "test".into(),
+        };
+        assert!(self.inventory.add(&record).await.unwrap());
+        (name, db)
+    }
+
+    /// Every database of this test that exists on the server.
+    async fn databases(&self) -> HashSet<String> {
+        let db = JobDb::open(
+            &format!("{}/mysql", mysql_server()).parse().unwrap(),
+            false,
+            1,
+        )
+        .await
+        .unwrap();
+        let names = db
+            .databases_like(&format!("{}\\_%", self.prefix))
+            .await
+            .unwrap();
+        db.close().await;
+        names.into_iter().collect()
+    }
+
+    /// Where every job ended: final states found in the JobDBs still there, plus every job
+    /// in the archive (expired ones, and the histories of dropped JobDBs).
+    async fn census(&self) -> Census {
+        let mut census = Census::default();
+        for l in self.inventory.list().await.unwrap() {
+            if l.record.state == JobDbState::Dropped {
+                continue;
+            }
+            // A drained JobDB may be dropped while we look: its jobs are in the archive
+            // (listed after this), so a JobDB that vanishes is skipped.
+            let Ok(db) = JobDb::open(&l.record.url.parse().unwrap(), false, 2).await else {
+                continue;
+            };
+            let Ok(rows) = db.all_transitions().await else {
+                continue;
+            };
+            db.close().await;
+            let mut by_job: std::collections::BTreeMap<JobId, Vec<spindle::job::Transition>> =
+                Default::default();
+            for (_, t) in rows {
+                by_job.entry(t.job_id).or_default().push(t);
+            }
+            for (id, history) in by_job {
+                assert_legal(&history);
+                let last = history.last().unwrap().state;
+                census.note(id, last, &l.record.name);
+            }
+        }
+        for m in self.archive.manifests(None).await.unwrap() {
+            for job in self.archive.read_batch(&m.object_key).await.unwrap() {
+                let id = job.job_id().unwrap();
+                let last = job.last_state();
+                census.archived_copies.entry(id).or_default().push(m.kind);
+                match (m.kind, last) {
+                    // The object holds the job up to `archiving`; `archived` follows its
+                    // confirmation, in a JobDB that may be gone by now.
+                    (BatchKind::Expired, _) => census.note(id, State::Archived, "archive"),
+                    (_, Some(state)) if state.is_final() => census.note(id, state, "archive"),
+                    _ => {}
+                }
+            }
+        }
+        census
+    }
+
+    async fn stop(self) {
+        let names = self.databases().await;
+        for name in names {
+            let url: spindle::jobdb::JobDbUrl =
+                format!("{}/{name}", mysql_server()).parse().unwrap();
+            let _ = spindle::jobdb::drop_database(&url).await;
+        }
+        self.sink.stop().await;
+        self.consul.stop().await;
+    }
+}
+
+#[derive(Default)]
+struct Census {
+    /// Final states (succeeded, discarded, archived) seen per job, with where.
+    finals: HashMap<JobId, Vec<(State, String)>>,
+    /// Archive batch kinds each job appears in.
+    archived_copies: HashMap<JobId, Vec<BatchKind>>,
+}
+
+impl Census {
+    fn note(&mut self, id: JobId, state: State, place: &str) {
+        let entry = self.finals.entry(id).or_default();
+        if state.is_final() {
+            // A job archived as expired is also `archived` in its live JobDB: one end, two
+            // records of it.
+            if state == State::Archived && entry.iter().any(|(s, _)| *s == State::Archived) {
+                return;
+            }
+            entry.push((state, place.to_owned()));
+        }
+    }
+
+    /// Asserts every accepted job has exactly one final state and nothing else appears.
+    fn assert_exactly_once(&self, accepted: &HashSet<JobId>) -> HashMap<State, usize> {
+        let mut by_state = HashMap::new();
+        for id in accepted {
+            let finals = self.finals.get(id).map(Vec::as_slice).unwrap_or(&[]);
+            assert_eq!(finals.len(), 1, "job {id} ended {finals:?}");
+            *by_state.entry(finals[0].0).or_default() += 1;
+        }
+        let invented: Vec<_> = self
+            .finals
+            .keys()
+            .filter(|id| !accepted.contains(id))
+            .collect();
+        assert!(invented.is_empty(), "jobs nobody submitted: {invented:?}");
+        for (id, kinds) in &self.archived_copies {
+            let expired = kinds.iter().filter(|k| **k == BatchKind::Expired).count();
+            assert!(expired <= 1, "job {id} archived {expired} times");
+        }
+        by_state
+    }
+}
+
+/// Submits `jobs` to any of `bases` until one takes them; returns ids and the latency.
+async fn submit_anywhere(
+    client: &reqwest::Client,
+    bases: &[String],
+    start: usize,
+    jobs: &[Value],
+) -> (Vec<JobId>, Duration) {
+    let began = Instant::now();
+    for round in 0..200 {
+        let base = &bases[(start + round) % bases.len()];
+        let response = client
+            .post(format!("{base}/v1/jobs"))
+            .json(&json!({ "jobs": jobs }))
+            .timeout(Duration::from_secs(10))
+            .send()
+            .await;
+        if let Ok(r) = response {
+            if r.status() == reqwest::StatusCode::ACCEPTED {
+                let body: Value = r.json().await.unwrap();
+                let ids = body["jobs"]
+                    .as_array()
+                    .unwrap()
+                    .iter()
+                    .map(|j| j["id"].as_str().unwrap().parse().unwrap())
+                    .collect();
+                return (ids, began.elapsed());
+            }
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    panic!("no director took a submission for 200 rounds");
+}
+
+struct Load {
+    accepted: HashSet<JobId>,
+    submits: usize,
+    longest: Duration,
+}
+
+/// Submits batches for `duration` across the Directors: 60% to an endpoint that answers at
+/// once, 25% to one that fails 30% of attempts, 10% to one that is down (then expires to the
+/// archive), 5% to one that refuses (discarded).
+async fn load(life: &Life, bases: Vec<String>, duration: Duration, per_second: usize) -> Load {
+    let batch = 50;
+    let every = Duration::from_secs_f64(batch as f64 / per_second as f64);
+    let mut out = Load {
+        accepted: HashSet::new(),
+        submits: 0,
+        longest: Duration::ZERO,
+    };
+    let started = Instant::now();
+    let mut next = Instant::now();
+    let mut i = 0usize;
+    while started.elapsed() < duration {
+        let jobs: Vec<Value> = (0..batch)
+            .map(|k| {
+                let n = (i * batch + k) % 20;
+                let (path, ttl) = match n {
+                    0..=11 => ("/ok", 60_000),
+                    12..=16 => ("/flaky/30", 60_000),
+                    17 | 18 => ("/status/503", 4_000),
+                    _ => ("/status/400", 60_000),
+                };
+                json!({"bucket": format!("b{}", n % 4), "endpoint": life.sink.url(path),
+                       "backoff_min_delay_ms": 300, "backoff_coefficient": 1.5, "ttl_ms": ttl})
+            })
+            .collect();
+        let (ids, took) = submit_anywhere(&life.client, &bases, i, &jobs).await;
+        out.accepted.extend(ids);
+        out.longest = out.longest.max(took);
+        out.submits += 1;
+        i += 1;
+        next += every;
+        tokio::time::sleep_until(next.into()).await;
+    }
+    out
+}
+
+async fn cycling_run(duration: Duration, per_second: usize, max_age_s: u64, min_cycles: usize) {
+    let life = Life::start().await;
+    let mut manager = life.manager("m1", max_age_s, 2);
+    let mut drainer = life.drainer("dr1");
+    wait_for(Duration::from_secs(30), "spares created", || async {
+        life.inventory
+            .list()
+            .await
+            .unwrap()
+            .iter()
+            .filter(|l| l.record.state == JobDbState::Spare)
+            .count()
+            >= 2
+    })
+    .await;
+    let mut directors = vec![life.director("d1"), life.director("d2")];
+    let bases: Vec<String> = directors.iter().map(Proc::base).collect();
+    wait_for(Duration::from_secs(30), "directors ready", || async {
+        for b in &bases {
+            let ok = life.client.get(format!("{b}/readyz")).send().await;
+            if !matches!(ok, Ok(r) if r.status().is_success()) {
+                return false;
+            }
+        }
+        true
+    })
+    .await;
+
+    let load = load(&life, bases.clone(), duration, per_second).await;
+    println!(
+        "lifecycle: {} jobs accepted in {} submits over {:.0} s; longest submit {:.0} ms",
+        load.accepted.len(),
+        load.submits,
+        duration.as_secs_f64(),
+        load.longest.as_secs_f64() * 1000.0
+    );
+    // Let every job end: retries finish or expire, retired JobDBs drain and drop.
+    let settle = Instant::now();
+    let mut census = life.census().await;
+    while census.finals.values().filter(|f| !f.is_empty()).count() < load.accepted.len()
+        && settle.elapsed() < Duration::from_secs(120)
+    {
+        tokio::time::sleep(Duration::from_secs(2)).await;
+        census = life.census().await;
+    }
+    let by_state = census.assert_exactly_once(&load.accepted);
+    let listed = life.inventory.list().await.unwrap();
+    let dropped: Vec<&str> = listed
+        .iter()
+        .filter(|l| l.record.state == JobDbState::Dropped)
+        .map(|l| l.record.name.as_str())
+        .collect();
+    let existing = life.databases().await;
+    for name in &dropped {
+        assert!(
+            !existing.contains(*name),
+            "dropped jobdb {name} still exists"
+        );
+    }
+    println!(
+        "lifecycle: final states {by_state:?}; jobdbs dropped {} (cycles), inventory {:?}",
+        dropped.len(),
+        listed
+            .iter()
+            .map(|l| (l.record.name.clone(), l.record.state))
+            .collect::<Vec<_>>()
+    );
+    assert!(
+        dropped.len() >= min_cycles,
+        "only {} jobdbs cycled",
+        dropped.len()
+    );
+    for d in &mut directors {
+        d.term().await;
+    }
+    drainer.term().await;
+    manager.term().await;
+    life.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn jobdbs_cycle_under_load_and_every_job_ends_once() {
+    let s = scale() as u64;
+    cycling_run(Duration::from_secs(20 * s), 150, 6, 2).await;
+}
+
+/// The run: ≥ 50,000 jobs over ≥ 3 minutes, retire age 20 s, ≥ 4 cycles.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "3-minute run; cargo test --release --test lifecycle -- --ignored --nocapture"]
+async fn cycling_run_long() {
+    cycling_run(Duration::from_secs(190), 280, 20, 4).await;
+}
+
+/// Fills a JobDB as a Director would have left it: `n` jobs awaiting a retry, a tenth of them
+/// already expired, some with their attempt in flight.
+async fn fill_retired(db: &JobDb, sink: &Sink, n: usize) -> (HashSet<JobId>, HashSet<JobId>) {
+    use spindle::job::{AttemptRecord, Job, RetryPolicy, Transition};
+    let token = db.take_ownership("test").await.unwrap();
+    let now = chrono::Utc::now();
+    let mut next_id = 1u64;
+    let (mut live, mut expired) = (HashSet::new(), HashSet::new());
+    let mut gen = ulid::Generator::new();
+    for chunk in (0..n).collect::<Vec<_>>().chunks(1000) {
+        let mut jobs = Vec::new();
+        let mut rows = Vec::new();
+        for &i in chunk {
+            let id = JobId(gen.generate().unwrap());
+            let past = i % 10 == 0;
+            let job = Job {
+                id,
+                bucket: format!("b{}", i % 3).into(),
+                endpoint: sink.url("/ok").into(),
+                method: "POST".into(),
+                headers: vec![("content-type".into(), "application/json".into())],
+                payload: bytes::Bytes::from(format!("{{\"n\":{i}}}")),
+                execution_timeout: Duration::from_secs(5),
+                retry: RetryPolicy {
+                    min_delay: Duration::from_millis(100),
+                    coefficient: 2.0,
+                },
+                created_at: now - chrono::Duration::seconds(60),
+                expire_at: if past {
+                    now - chrono::Duration::seconds(1)
+                } else {
+                    now + chrono::Duration::hours(1)
+                },
+                idempotency_key: None,
+            };
+            let mut push = |t: Transition| {
+                rows.push((next_id, t));
+                next_id += 1;
+            };
+            push(Transition::awaiting_scheduling(&job));
+            push(Transition::executing(id, 1, now));
+            if i % 7 != 3 {
+                push(Transition::awaiting_retry(
+                    id,
+                    1,
+                    now,
+                    now,
+                    AttemptRecord {
+                        error_type: Some("status".into()),
+                        response_status: Some(503),
+                        ..Default::default()
+                    },
+                ));
+            }
+            if past {
+                expired.insert(id);
+            } else {
+                live.insert(id);
+            }
+            jobs.push(Arc::new(job));
+        }
+        db.append(token, &jobs, &rows).await.unwrap();
+    }
+    (live, expired)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_drainer_killed_at_random_converges_without_loss_or_duplicates() {
+    let n = 3000 * scale();
+    let kills = 20;
+    let life = Life::start().await;
+    let (retired, db) = life.add_jobdb("old", JobDbState::Retiring).await;
+    let (live, expired) = fill_retired(&db, &life.sink, n).await;
+    db.close().await;
+    let (spare, _spare_db) = life.add_jobdb("new", JobDbState::Spare).await;
+    let mut director = life.director("d1");
+    wait_for(
+        Duration::from_secs(20),
+        "the director on the spare",
+        || async {
+            life.inventory
+                .get(&spare)
+                .await
+                .unwrap()
+                .is_some_and(|l| l.holder.is_some())
+        },
+    )
+    .await;
+
+    let started = Instant::now();
+    for k in 0..kills {
+        let mut drainer = life.drainer(&format!("dr{k}"));
+        let pause = 150 + (ulid::Ulid::new().random() % 1200) as u64;
+        tokio::time::sleep(Duration::from_millis(pause)).await;
+        drainer.kill9().await;
+    }
+    let mut drainer = life.drainer("dr-final");
+    wait_for(Duration::from_secs(120), "the jobdb drained", || async {
+        life.inventory
+            .get(&retired)
+            .await
+            .unwrap()
+            .is_some_and(|l| l.record.state == JobDbState::Drained)
+    })
+    .await;
+    println!(
+        "drainer: {} jobs ({} live, {} expired) drained through {kills} kill -9s in {:.1} s",
+        n,
+        live.len(),
+        expired.len(),
+        started.elapsed().as_secs_f64()
+    );
+
+    // In the retired JobDB: every job moved or archived, once.
+    let old = JobDb::open(
+        &format!("{}/{retired}", mysql_server()).parse().unwrap(),
+        false,
+        2,
+    )
+    .await
+    .unwrap();
+    let old_histories = histories(&old).await;
+    assert_eq!(old_histories.len(), n);
+    for (id, history) in &old_histories {
+        assert_legal(history);
+        let last = history.last().unwrap().state;
+        if expired.contains(id) {
+            assert_eq!(last, State::Archived, "{id}");
+        } else {
+            assert_eq!(last, State::Moved, "{id}");
+        }
+    }
+    // In the live JobDB: each moved job exactly once (one job row; the primary key), and
+    // nothing else.
+    let new = JobDb::open(
+        &format!("{}/{spare}", mysql_server()).parse().unwrap(),
+        false,
+        2,
+    )
+    .await
+    .unwrap();
+    let present = new
+        .existing_jobs(&live.iter().copied().collect::<Vec<_>>())
+        .await
+        .unwrap();
+    assert_eq!(present.len(), live.len(), "every live job imported");
+    assert_eq!(
+        new.count_jobs().await.unwrap(),
+        live.len() as u64,
+        "nothing else imported"
+    );
+    for id in live.iter().take(50) {
+        assert_eq!(
+            new.origin_of(*id).await.unwrap().as_deref(),
+            Some(retired.as_str())
+        );
+    }
+    // In the archive: each expired job in exactly one object; every moved job's old history.
+    let census = life.census().await;
+    for id in &expired {
+        let kinds = &census.archived_copies[id];
+        assert_eq!(
+            kinds.iter().filter(|k| **k == BatchKind::Expired).count(),
+            1,
+            "{id}"
+        );
+    }
+    for id in &live {
+        let kinds = census.archived_copies.get(id).cloned().unwrap_or_default();
+        assert_eq!(
+            kinds.iter().filter(|k| **k == BatchKind::History).count(),
+            1,
+            "{id}"
+        );
+    }
+    old.close().await;
+    new.close().await;
+    drainer.term().await;
+    director.term().await;
+    life.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn while_s3_fails_expired_jobs_stay_archiving() {
+    let life = Life::start().await;
+    let (jobdb, _db) = life.add_jobdb("s3", JobDbState::Spare).await;
+    let mut director = life.director("d1");
+    wait_for(Duration::from_secs(20), "the director", || async {
+        life.inventory
+            .get(&jobdb)
+            .await
+            .unwrap()
+            .is_some_and(|l| l.holder.is_some())
+    })
+    .await;
+    let reader = JobDb::open(
+        &format!("{}/{jobdb}", mysql_server()).parse().unwrap(),
+        false,
+        2,
+    )
+    .await
+    .unwrap();
+    let n = 300;
+    for mode in [Mode::Error503, Mode::Down] {
+        life.s3.set_mode(mode);
+        let jobs: Vec<Value> = (0..n)
+            .map(|i| {
+                json!({"bucket": "b", "endpoint": life.sink.url("/status/503"), "ttl_ms": 1000 + i,
+                            "backoff_min_delay_ms": 200})
+            })
+            .collect();
+        let base = director.base();
+        submit_anywhere(&life.client, &[base], 0, &jobs).await;
+        tokio::time::sleep(Duration::from_secs(4)).await;
+        let counts = reader.count_by_state().await.unwrap();
+        assert_eq!(
+            counts.get(&State::Archived),
+            None,
+            "{mode:?}: archived without an object: {counts:?}"
+        );
+        assert!(
+            counts.get(&State::Archiving).copied().unwrap_or(0) > 0,
+            "{mode:?}: {counts:?}"
+        );
+        assert!(life
+            .archive
+            .manifests(None)
+            .await
+            .unwrap_or_default()
+            .is_empty());
+    }
+    life.s3.set_mode(Mode::Pass);
+    wait_all_final(&reader, 2 * n as u64, Duration::from_secs(60)).await;
+    let counts = reader.count_by_state().await.unwrap();
+    assert_eq!(
+        counts.get(&State::Archived),
+        Some(&(2 * n as u64)),
+        "{counts:?}"
+    );
+    // Read back with an independent client: every job in exactly one object.
+    let dump = common::s3::boto3_dump(&life.s3.moto_endpoint(), &life.bucket).await;
+    let mut seen = HashMap::<String, usize>::new();
+    for (key, value) in &dump {
+        if key.ends_with(".ndjson.gz") {
+            for line in value["records"].as_array().unwrap() {
+                *seen
+                    .entry(line["id"].as_str().unwrap().to_owned())
+                    .or_default() += 1;
+            }
+        }
+    }
+    assert_eq!(seen.len(), 2 * n, "objects hold every job");
+    assert!(seen.values().all(|c| *c == 1), "no job in two objects");
+    reader.close().await;
+    director.term().await;
+    life.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_standby_manager_takes_over_within_the_lock_bound() {
+    let life = Life::start().await;
+    let mut first = life.manager("m1", 3600, 1);
+    wait_for(
+        Duration::from_secs(20),
+        "the first manager's spare",
+        || async {
+            life.inventory
+                .list()
+                .await
+                .unwrap()
+                .iter()
+                .any(|l| l.record.state == JobDbState::Spare)
+        },
+    )
+    .await;
+    let _standby = life.manager("m2", 3600, 2);
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let spares = |listed: Vec<spindle::registry::inventory::Listed>| {
+        listed
+            .iter()
+            .filter(|l| l.record.state == JobDbState::Spare)
+            .count()
+    };
+    assert_eq!(
+        spares(life.inventory.list().await.unwrap()),
+        1,
+        "the standby does nothing"
+    );
+    first.kill9().await;
+    let killed = Instant::now();
+    wait_for(Duration::from_secs(20), "the standby to manage", || async {
+        spares(life.inventory.list().await.unwrap()) >= 2
+    })
+    .await;
+    let took = killed.elapsed();
+    let bound = Duration::from_millis(2 * 1000 + 500 + 2000);
+    println!(
+        "manager: standby took over {:.2} s after kill -9 (bound 2×TTL + lock-delay + 2 s)",
+        took.as_secs_f64()
+    );
+    assert!(took <= bound, "takeover took {took:?}");
+    life.stop().await;
+}
