@@ -230,8 +230,8 @@ async fn writing_a_batch_twice_leaves_one_identical_batch() {
     assert_eq!(
         sorted_keys(&after_second),
         vec![
-            format!("{JOBDB}/moved/{batch}.manifest.json"),
-            format!("{JOBDB}/moved/{batch}.ndjson.gz"),
+            format!("{JOBDB}/history/{batch}.manifest.json"),
+            format!("{JOBDB}/history/{batch}.ndjson.gz"),
         ]
     );
     assert_eq!(

@@ -1038,7 +1038,7 @@ mod tests {
         );
         assert_eq!(
             archive.manifest_key("jobdb_1", BatchKind::History, batch),
-            "spindle/jobdb_1/moved/01JH0000000000000000000000.manifest.json"
+            "spindle/jobdb_1/history/01JH0000000000000000000000.manifest.json"
         );
         assert!(archive.is_manifest_key(&archive.manifest_key("d", BatchKind::History, batch)));
         assert!(!archive.is_manifest_key(&archive.object_key("d", BatchKind::History, batch)));
