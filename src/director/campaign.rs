@@ -89,7 +89,6 @@ pub async fn run(
         };
         let Some(mut director) = start_on(
             &config,
-            &cluster,
             &inventory,
             &listener,
             &metrics,
@@ -150,7 +149,6 @@ pub async fn run(
                     };
                     let Some(next) = start_on(
                         &config,
-                        &cluster,
                         &inventory,
                         &listener,
                         &metrics,
@@ -236,7 +234,6 @@ async fn retire_requested(inventory: &Inventory, name: &str, every: Duration) {
 /// Starts a Director on a JobDB whose lock was just taken, and marks a spare active.
 async fn start_on(
     config: &DirectorConfig,
-    cluster: &ClusterConfig,
     inventory: &Inventory,
     listener: &std::net::TcpListener,
     metrics: &Arc<Metrics>,
@@ -266,7 +263,6 @@ async fn start_on(
         Ok(director) => director,
         Err(e) => {
             tracing::error!(jobdb = name, error = %e, "could not start on the jobdb; campaigning again");
-            let _ = cluster;
             return None;
         }
     };

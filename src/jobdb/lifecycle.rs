@@ -359,6 +359,29 @@ impl JobDb {
         rows.iter().map(|r| job_id_of(r, "job_id")).collect()
     }
 
+    /// Deletes every job and transition, `chunk` rows per statement: the purge a DROP of a
+    /// retired JobDB replaces (kept for the benchmark that compares them, and for operators
+    /// emptying a JobDB in place).
+    pub async fn delete_all_in_chunks(&self, chunk: u32) -> Result<u64, JobDbError> {
+        let mut deleted = 0;
+        for statement in [
+            "DELETE FROM job_state_transitions LIMIT ?",
+            "DELETE FROM jobs LIMIT ?",
+        ] {
+            loop {
+                let done = sqlx::query(statement)
+                    .bind(chunk)
+                    .execute(&self.pool)
+                    .await?;
+                deleted += done.rows_affected();
+                if done.rows_affected() == 0 {
+                    break;
+                }
+            }
+        }
+        Ok(deleted)
+    }
+
     /// Databases on this JobDB's server whose name matches a `LIKE` pattern.
     pub async fn databases_like(&self, pattern: &str) -> Result<Vec<String>, JobDbError> {
         let rows = sqlx::query(
