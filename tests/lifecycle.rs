@@ -606,7 +606,7 @@ async fn fill_retired(
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_drainer_killed_at_random_converges_without_loss_or_duplicates() {
-    let n = 3000 * scale();
+    let n = 6000 * scale();
     let kills = 20;
     let life = Life::start().await;
     let (retired, db) = life.add_jobdb("old", JobDbState::Retiring).await;
