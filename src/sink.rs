@@ -116,6 +116,7 @@ impl Sink {
             .route("/status/{code}", any(status))
             .route("/fail/{n}", any(fail))
             .route("/flaky/{percent}", any(flaky))
+            .route("/down-until/{unix_ms}", any(down_until))
             .route("/hang", any(hang))
             .route("/slow/{ms}", any(slow))
             .route("/retry-after/{secs}", any(retry_after))
@@ -250,6 +251,17 @@ async fn flaky(State(s): Shared_, headers: HeaderMap, Path(percent): Path<u32>) 
         StatusCode::OK
     };
     s.note(&headers, &format!("/flaky/{percent}"), code.as_u16());
+    code
+}
+
+/// 503 until the given Unix time (ms), then 200: an endpoint that is down for a while.
+async fn down_until(State(s): Shared_, headers: HeaderMap, Path(unix_ms): Path<i64>) -> StatusCode {
+    let code = if chrono::Utc::now().timestamp_millis() < unix_ms {
+        StatusCode::SERVICE_UNAVAILABLE
+    } else {
+        StatusCode::OK
+    };
+    s.note(&headers, &format!("/down-until/{unix_ms}"), code.as_u16());
     code
 }
 

@@ -325,10 +325,15 @@ struct Census {
     finals: HashMap<JobId, Vec<(State, String)>>,
     /// Archive batch kinds each job appears in.
     archived_copies: HashMap<JobId, Vec<BatchKind>>,
+    /// Jobs moved out of a retired JobDB at least once.
+    moved: HashSet<JobId>,
 }
 
 impl Census {
     fn note(&mut self, id: JobId, state: State, place: &str) {
+        if state == State::Moved {
+            self.moved.insert(id);
+        }
         let entry = self.finals.entry(id).or_default();
         if state.is_final() {
             // A job archived as expired is also `archived` in its live JobDB: one end, two
@@ -402,9 +407,16 @@ struct Load {
 }
 
 /// Submits batches for `duration` across the Directors: 60% to an endpoint that answers at
-/// once, 25% to one that fails 30% of attempts, 10% to one that is down (then expires to the
-/// archive), 5% to one that refuses (discarded).
-async fn load(life: &Life, bases: Vec<String>, duration: Duration, per_second: usize) -> Load {
+/// once, 25% to one that fails 30% of attempts, 5% to one that is down for `outage` from the
+/// start (its jobs retry across JobDB cycles, are moved, and succeed once it is back), 5% to
+/// one that stays down (they expire to the archive), 5% to one that refuses (discarded).
+async fn load(
+    life: &Life,
+    bases: Vec<String>,
+    duration: Duration,
+    per_second: usize,
+    outage: Duration,
+) -> Load {
     let batch = 50;
     let every = Duration::from_secs_f64(batch as f64 / per_second as f64);
     let mut out = Load {
@@ -412,6 +424,8 @@ async fn load(life: &Life, bases: Vec<String>, duration: Duration, per_second: u
         submits: 0,
         longest: Duration::ZERO,
     };
+    let back_at = chrono::Utc::now().timestamp_millis() + outage.as_millis() as i64;
+    let down = format!("/down-until/{back_at}");
     let started = Instant::now();
     let mut next = Instant::now();
     let mut i = 0usize;
@@ -420,10 +434,11 @@ async fn load(life: &Life, bases: Vec<String>, duration: Duration, per_second: u
             .map(|k| {
                 let n = (i * batch + k) % 20;
                 let (path, ttl) = match n {
-                    0..=11 => ("/ok", 60_000),
-                    12..=16 => ("/flaky/30", 60_000),
-                    17 | 18 => ("/status/503", 4_000),
-                    _ => ("/status/400", 60_000),
+                    0..=11 => ("/ok", 600_000),
+                    12..=16 => ("/flaky/30", 600_000),
+                    17 => (down.as_str(), 600_000),
+                    18 => ("/status/503", 4_000),
+                    _ => ("/status/400", 600_000),
                 };
                 json!({"bucket": format!("b{}", n % 4), "endpoint": life.sink.url(path),
                        "backoff_min_delay_ms": 300, "backoff_coefficient": 1.5, "ttl_ms": ttl})
@@ -440,7 +455,13 @@ async fn load(life: &Life, bases: Vec<String>, duration: Duration, per_second: u
     out
 }
 
-async fn cycling_run(duration: Duration, per_second: usize, max_age_s: u64, min_cycles: usize) {
+async fn cycling_run(
+    duration: Duration,
+    per_second: usize,
+    max_age_s: u64,
+    min_cycles: usize,
+    outage: Duration,
+) {
     let life = Life::start().await;
     let mut manager = life.manager("m1", max_age_s, 2);
     let mut drainer = life.drainer("dr1");
@@ -468,7 +489,7 @@ async fn cycling_run(duration: Duration, per_second: usize, max_age_s: u64, min_
     })
     .await;
 
-    let load = load(&life, bases.clone(), duration, per_second).await;
+    let load = load(&life, bases.clone(), duration, per_second, outage).await;
     println!(
         "lifecycle: {} jobs accepted in {} submits over {:.0} s; longest submit {:.0} ms",
         load.accepted.len(),
@@ -523,14 +544,28 @@ async fn cycling_run(duration: Duration, per_second: usize, max_age_s: u64, min_
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn jobdbs_cycle_under_load_and_every_job_ends_once() {
     let s = scale() as u64;
-    cycling_run(Duration::from_secs(20 * s), 150, 6, 2).await;
+    cycling_run(
+        Duration::from_secs(20 * s),
+        150,
+        6,
+        2,
+        Duration::from_secs(10 * s),
+    )
+    .await;
 }
 
 /// The run: ≥ 50,000 jobs over ≥ 3 minutes, retire age 20 s, ≥ 4 cycles.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 #[ignore = "3-minute run; cargo test --release --test lifecycle -- --ignored --nocapture"]
 async fn cycling_run_long() {
-    cycling_run(Duration::from_secs(190), 280, 20, 4).await;
+    cycling_run(
+        Duration::from_secs(190),
+        280,
+        20,
+        4,
+        Duration::from_secs(60),
+    )
+    .await;
 }
 
 /// Fills a JobDB as a Director would have left it: `n` jobs awaiting a retry, a tenth of them
