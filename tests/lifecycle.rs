@@ -797,12 +797,25 @@ async fn while_s3_fails_expired_jobs_stay_archiving() {
             counts.get(&State::Archiving).copied().unwrap_or(0) > 0,
             "{mode:?}: {counts:?}"
         );
-        assert!(life
-            .archive
-            .manifests(None)
+        let metrics = life
+            .client
+            .get(format!("{}/metrics", director.base()))
+            .send()
             .await
-            .unwrap_or_default()
-            .is_empty());
+            .unwrap()
+            .text()
+            .await
+            .unwrap();
+        let failures: f64 = metrics
+            .lines()
+            .find(|l| l.starts_with("spindle_archive_upload_failures_total "))
+            .and_then(|l| l.split_whitespace().nth(1))
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(0.0);
+        assert!(failures > 0.0, "{mode:?}: uploads are being retried");
+        // Straight to moto, past the failing proxy: nothing was stored.
+        let stored = common::s3::boto3_keys(&life.s3.moto_endpoint(), &life.bucket).await;
+        assert!(stored.is_empty(), "{mode:?}: objects stored: {stored:?}");
     }
     life.s3.set_mode(Mode::Pass);
     wait_all_final(&reader, 2 * n as u64, Duration::from_secs(60)).await;
