@@ -533,6 +533,14 @@ async fn cycling_run(
         "only {} jobdbs cycled",
         dropped.len()
     );
+    println!(
+        "lifecycle: {} jobs were moved out of a retired jobdb at least once",
+        census.moved.len()
+    );
+    assert!(
+        !census.moved.is_empty(),
+        "the outage left jobs retrying across a cycle"
+    );
     for d in &mut directors {
         d.term().await;
     }
