@@ -884,17 +884,42 @@ async fn a_standby_manager_takes_over_within_the_lock_bound() {
     );
     first.kill9().await;
     let killed = Instant::now();
+    let holder = || async {
+        life.consul
+            .client
+            .kv_get(
+                spindle::manager::LOCK_KEY,
+                spindle::registry::consul::ReadOptions::default(),
+            )
+            .await
+            .unwrap()
+            .value
+            .filter(|e| e.session.is_some())
+            .map(|e| String::from_utf8_lossy(&e.value).into_owned())
+    };
+    wait_for(
+        Duration::from_secs(20),
+        "the standby to hold the lock",
+        || async { holder().await.as_deref() == Some("m2") },
+    )
+    .await;
+    let locked = killed.elapsed();
     wait_for(Duration::from_secs(20), "the standby to manage", || async {
         spares(life.inventory.list().await.unwrap()) >= 2
     })
     .await;
-    let took = killed.elapsed();
-    let bound = Duration::from_millis(2 * 1000 + 500 + 2000);
+    let acted = killed.elapsed();
+    // Consul frees a dead session's lock within 2×TTL, then the lock-delay runs; a standby
+    // tries every second.
+    let bound = Duration::from_millis(2 * 1000 + 500 + 1000 + 500);
     println!(
-        "manager: standby took over {:.2} s after kill -9 (bound 2×TTL + lock-delay + 2 s)",
-        took.as_secs_f64()
+        "manager: standby held the lock {:.2} s and created its first spare {:.2} s after kill -9 \
+         (lock bound 2×TTL + lock-delay + retry = {:.1} s)",
+        locked.as_secs_f64(),
+        acted.as_secs_f64(),
+        bound.as_secs_f64()
     );
-    assert!(took <= bound, "takeover took {took:?}");
+    assert!(locked <= bound, "takeover took {locked:?}");
     life.stop().await;
 }
 
