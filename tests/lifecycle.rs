@@ -299,7 +299,7 @@ impl Life {
                     // The object holds the job up to `archiving`; `archived` follows its
                     // confirmation, in a JobDB that may be gone by now.
                     (BatchKind::Expired, _) => census.note(id, State::Archived, "archive"),
-                    (_, Some(state)) if state.is_final() => census.note(id, state, "archive"),
+                    (_, Some(state)) => census.note(id, state, "archive"),
                     _ => {}
                 }
             }
