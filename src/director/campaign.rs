@@ -112,13 +112,15 @@ pub async fn run(
             };
             let joined = match event {
                 Serving::Shutdown => {
-                    stopper.cancel();
-                    let joined = (&mut running).await;
-                    if let Some(registration) = registered.take() {
-                        registration.deregister().await;
-                    }
-                    log_end(&name, &metrics, joined, true);
-                    finish_retiring(&mut retiring).await;
+                    stop_all(
+                        stopper,
+                        running,
+                        registered.take(),
+                        &name,
+                        &metrics,
+                        &mut retiring,
+                    )
+                    .await;
                     return Ok(());
                 }
                 Serving::Ended(joined) => joined,
@@ -138,13 +140,15 @@ pub async fn run(
                         taken = campaign(&inventory, &cluster.director_id, cluster.timing, cluster.retry_every) => Some(taken),
                     };
                     let Some((listed, lease)) = taken else {
-                        stopper.cancel();
-                        let joined = (&mut running).await;
-                        if let Some(registration) = registered.take() {
-                            registration.deregister().await;
-                        }
-                        log_end(&name, &metrics, joined, true);
-                        finish_retiring(&mut retiring).await;
+                        stop_all(
+                            stopper,
+                            running,
+                            registered.take(),
+                            &name,
+                            &metrics,
+                            &mut retiring,
+                        )
+                        .await;
                         return Ok(());
                     };
                     let Some(next) = start_on(
@@ -193,6 +197,25 @@ enum Serving {
     Shutdown,
     Ended(Result<Result<(), DirectorError>, tokio::task::JoinError>),
     Retiring,
+}
+
+/// Shutdown while serving: stops the Director, deregisters, and waits for it and for the
+/// Directors of retired JobDBs still finishing.
+async fn stop_all(
+    stopper: CancellationToken,
+    running: tokio::task::JoinHandle<Result<(), DirectorError>>,
+    registered: Option<catalog::Registration>,
+    name: &str,
+    metrics: &Metrics,
+    retiring: &mut tokio::task::JoinSet<()>,
+) {
+    stopper.cancel();
+    let joined = running.await;
+    if let Some(registration) = registered {
+        registration.deregister().await;
+    }
+    log_end(name, metrics, joined, true);
+    finish_retiring(retiring).await;
 }
 
 /// Waits for the Directors of retired JobDBs to finish.
