@@ -62,6 +62,9 @@ pub async fn run(
     );
     tracing::info!(addr = %bound, "director campaigning for a jobdb");
 
+    let start = |listed: Listed, lease: Lease| {
+        start_on(&config, &inventory, &listener, &metrics, listed, lease)
+    };
     let mut registered: Option<catalog::Registration> = None;
     // Directors of retired JobDBs finishing their attempts in flight.
     let mut retiring = tokio::task::JoinSet::new();
@@ -87,16 +90,7 @@ pub async fn run(
             finish_retiring(&mut retiring).await;
             return Ok(());
         };
-        let Some(mut director) = start_on(
-            &config,
-            &inventory,
-            &listener,
-            &metrics,
-            listed.clone(),
-            lease,
-        )
-        .await
-        else {
+        let Some(mut director) = start(listed.clone(), lease).await else {
             tokio::time::sleep(cluster.retry_every).await;
             continue;
         };
@@ -110,20 +104,10 @@ pub async fn run(
                 joined = &mut running => Serving::Ended(joined),
                 _ = retire_requested(&inventory, &name, cluster.retry_every) => Serving::Retiring,
             };
+            // `None`: shutting down.
             let joined = match event {
-                Serving::Shutdown => {
-                    stop_all(
-                        stopper,
-                        running,
-                        registered.take(),
-                        &name,
-                        &metrics,
-                        &mut retiring,
-                    )
-                    .await;
-                    return Ok(());
-                }
-                Serving::Ended(joined) => joined,
+                Serving::Shutdown => None,
+                Serving::Ended(joined) => Some(joined),
                 Serving::Retiring => {
                     // Hand-off: the old Director keeps taking jobs until a new JobDB is
                     // owned and served, so intake never pauses.
@@ -139,49 +123,47 @@ pub async fn run(
                         }
                         taken = campaign(&inventory, &cluster.director_id, cluster.timing, cluster.retry_every) => Some(taken),
                     };
-                    let Some((listed, lease)) = taken else {
-                        stop_all(
-                            stopper,
-                            running,
-                            registered.take(),
-                            &name,
-                            &metrics,
-                            &mut retiring,
-                        )
-                        .await;
-                        return Ok(());
-                    };
-                    let Some(next) = start_on(
-                        &config,
-                        &inventory,
-                        &listener,
-                        &metrics,
-                        listed.clone(),
-                        lease,
-                    )
-                    .await
-                    else {
-                        // Keep serving the retiring JobDB; the next round tries again.
-                        director = Director::from_running(stopper, running);
-                        continue;
-                    };
-                    // The old Director stops taking jobs now, finishes its attempts in
-                    // flight, writes their outcomes and releases the JobDB to a drainer.
-                    stopper.cancel();
-                    let old = std::mem::replace(&mut name, listed.record.name.clone());
-                    let metrics_of_old = metrics.clone();
-                    retiring.spawn(async move {
-                        let joined = running.await;
-                        log_end(&old, &metrics_of_old, joined, true);
-                        tracing::info!(jobdb = old, "retired jobdb released to the drainers");
-                    });
-                    if let Some(registration) = registered.take() {
-                        registration.forget().await;
+                    match taken {
+                        None => None,
+                        Some((listed, lease)) => {
+                            let next = start(listed.clone(), lease).await;
+                            let Some(next) = next else {
+                                // Keep serving the retiring JobDB; the next round tries again.
+                                director = Director::from_running(stopper, running);
+                                continue;
+                            };
+                            // The old Director stops taking jobs now, finishes its attempts in
+                            // flight, writes their outcomes and releases the JobDB to a drainer.
+                            stopper.cancel();
+                            let old = std::mem::replace(&mut name, listed.record.name.clone());
+                            let metrics_of_old = metrics.clone();
+                            retiring.spawn(async move {
+                                let joined = running.await;
+                                log_end(&old, &metrics_of_old, joined, true);
+                                tracing::info!(
+                                    jobdb = old,
+                                    "retired jobdb released to the drainers"
+                                );
+                            });
+                            if let Some(registration) = registered.take() {
+                                registration.forget().await;
+                            }
+                            registered = register(&cluster, &service_id, advertise, &name).await;
+                            director = next;
+                            continue;
+                        }
                     }
-                    registered = register(&cluster, &service_id, advertise, &name).await;
-                    director = next;
-                    continue;
                 }
+            };
+            let Some(joined) = joined else {
+                stopper.cancel();
+                let joined = running.await;
+                if let Some(registration) = registered.take() {
+                    registration.deregister().await;
+                }
+                log_end(&name, &metrics, joined, true);
+                finish_retiring(&mut retiring).await;
+                return Ok(());
             };
             log_end(&name, &metrics, joined, false);
             if shutdown.is_cancelled() {
@@ -197,25 +179,6 @@ enum Serving {
     Shutdown,
     Ended(Result<Result<(), DirectorError>, tokio::task::JoinError>),
     Retiring,
-}
-
-/// Shutdown while serving: stops the Director, deregisters, and waits for it and for the
-/// Directors of retired JobDBs still finishing.
-async fn stop_all(
-    stopper: CancellationToken,
-    running: tokio::task::JoinHandle<Result<(), DirectorError>>,
-    registered: Option<catalog::Registration>,
-    name: &str,
-    metrics: &Metrics,
-    retiring: &mut tokio::task::JoinSet<()>,
-) {
-    stopper.cancel();
-    let joined = running.await;
-    if let Some(registration) = registered {
-        registration.deregister().await;
-    }
-    log_end(name, metrics, joined, true);
-    finish_retiring(retiring).await;
 }
 
 /// Waits for the Directors of retired JobDBs to finish.
