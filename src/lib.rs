@@ -14,6 +14,9 @@
 //! - [`metrics`]: Prometheus metrics on an explicit registry.
 //! - [`registry`]: coordination: the Consul client, JobDB leases with fencing tokens, the JobDB
 //!   inventory and the service catalog.
+//! - [`router`]: the router's core: the Redis dedup store (Tapjoy's layout, Lua claims, owner
+//!   ids), time-bounded placements of logical shards on stores, and shuffle sharding of buckets
+//!   onto Directors. No HTTP.
 //! - [`archive`]: the S3 archive of jobs that leave a JobDB (expired, or history of moved
 //!   jobs): gzip NDJSON batches with a manifest each. No SQL.
 //! - [`sink`]: a recording HTTP endpoint for demos, benchmarks and tests.
@@ -34,6 +37,7 @@ pub mod jobdb;
 pub mod manager;
 pub mod metrics;
 pub mod registry;
+pub mod router;
 pub mod rpc;
 pub mod sink;
 

@@ -1,0 +1,1186 @@
+//! The dedup store: idempotency keys claimed in sharded Redis, the Tapjoy way
+//! (`seeds/tapjoy-real-time-dedup.txt`).
+//!
+//! # Ids and owners
+//! A key is the 16-byte [`DedupKey`]: SHA-256 of (bucket, idempotency key), truncated to 128
+//! bits. A claim is made by an *owner*, the ULID of the job the router is about to create
+//! ([`JobId`], 16 bytes), so that a claim retried by the same submission is recognised as itself
+//! ([`ClaimOutcome::Mine`]) and a repeat by another submission learns which job holds the key
+//! ([`ClaimOutcome::Duplicate`]).
+//!
+//! Why SHA-256 and not XXH3-128: idempotency keys are chosen by producers, and with a
+//! non-cryptographic hash a tenant who knows (or guesses) another tenant's key can manufacture
+//! a colliding key of its own and have the other tenant's job refused as a "duplicate" of its
+//! own job. Truncated SHA-256 makes that a 2^128 second-preimage search. It costs about 0.2 µs
+//! per key on this machine's SHA-extensions (`sha2` is already a dependency); the placement and
+//! shuffle hashes, which see no adversarial input, use XXH3.
+//!
+//! # Time slots and the window
+//! Every claim carries the key's own time `at` (given by the caller: the submission's arrival
+//! time, or a time the producer attached to the key). Time is cut into *slots* of
+//! `slot = window / slots_per_window` (`k = slots_per_window`); a claim is written into the slot
+//! of its own time, `s = floor(at / slot)`. Two claims of the same key are duplicates when their
+//! times are at most `window` apart, in either order, so a claim checks the slots
+//! `s - k ..= s + k`: two times at most `window = k · slot` apart are at most `k` slots apart.
+//! Keys are therefore found if within `window` of each other and never if more than
+//! `window + slot` apart. Checking *later* slots too is what makes this hold when own times
+//! arrive out of order (producer clocks, two routers racing across a slot boundary).
+//!
+//! Claims are only accepted within `max_skew` of the router's clock, so no entry can exist in a
+//! slot after `now + 2·max_skew` (router clocks are assumed to agree within `max_skew`): the
+//! forward check stops there, which keeps the typical claim at `k + 1` or `k + 2` slots and
+//! means placements are never needed more than `2·max_skew` ahead (a layout change must
+//! therefore be proposed with a lead of at least that; [`DedupStore::connect`] checks it).
+//!
+//! The trade-off is set by `k`. Each claim reads up to `2k + 1` slots; a slot's hashes expire
+//! (`PEXPIREAT`, Redis' clock) at the end of the slot plus `window + 2·max_skew`, so an entry
+//! lives between `window` and `window + slot` (plus skew) after its own time, on average
+//! `window · (1 + 1/(2k))`. `k = 1` (slots as long as the window) reads 2 to 3 hashes per claim
+//! and keeps entries 1.5 windows on average; `k = 4` reads 5 to 6 and keeps 1.125 windows.
+//! Tapjoy reads one hash because its messages carry their own timestamp, so a duplicate lands
+//! in the very same bucket; we cannot assume producers do.
+//!
+//! # Redis layout
+//! The hash of key `id` in slot `s` is `<prefix><s>:<h>`, where `h` is the top `hash_bits` bits
+//! of the id (decimal), and the field is the id without the whole bytes `h` already fixes
+//! (`id[hash_bits / 8 ..]`). Choose `hash_bits` so that the keys of one slot spread to fewer
+//! than `hash-max-listpack-entries` (default 128) fields per hash, about 60 on average with
+//! `2^hash_bits = keys per slot / 60`: the hash then stays a listpack (one compact allocation;
+//! a few bytes of overhead per entry) instead of a hash table. Values are at most 29 bytes,
+//! well below `hash-max-listpack-value` (64).
+//!
+//! The value is the owner's 16 bytes when *confirmed*, or the owner followed by a deadline
+//! (decimal milliseconds, Redis clock) while *pending*.
+//!
+//! # Pending and confirmed claims
+//! A claim is pending until the router has persisted the job: it calls [`DedupStore::confirm`]
+//! after the Director accepted the job, and [`DedupStore::release`] if it knows the job was not
+//! persisted. A pending claim whose deadline (`pending_ttl` after it was made or last
+//! re-claimed by its owner) has passed counts as absent, and the next script that meets it
+//! deletes it: a router that died between claim and persist blocks the key for at most
+//! `pending_ttl`. `pending_ttl` must exceed the longest submission to a Director, or a slow
+//! persist could let a second submission in (confirm then reports [`ConfirmOutcome::Lost`]).
+//! Confirm also restores a claim that expired and was taken by nobody
+//! ([`ConfirmOutcome::Restored`]). A repeat that meets another owner's *pending* claim gets
+//! `Duplicate { confirmed: false }`: the original may still fail, so the router should ask the
+//! producer to retry later rather than promise the original job exists.
+//!
+//! # The script
+//! One `EVALSHA` per (store, batch of up to `max_batch` claims). The router sorts a store's
+//! claims by hash before cutting them into script calls, and the script handles each run of
+//! claims sharing a hash (and slot range) together, as Tapjoy does per bucket: one `HMGET` of
+//! all their fields per slot of the range, then, claim by claim in order, it ignores (and will
+//! delete) expired pending entries, refreshes or confirms the owner's own entry, reports another
+//! owner's, or records a new entry in the claim's own slot; then one `HDEL`, one `HSET` and one
+//! `PEXPIREAT` per hash apply the run. A call from Lua costs about a microsecond, as much as the
+//! work itself, so batching per hash is what makes big batches fast; the batch's distinct slot
+//! ranges are likewise sent once and their key prefixes formatted once. The script returns
+//! `(position, kind, owner)` only for claims that were *not* newly claimed, so the usual
+//! all-new batch gets an empty reply. A script runs atomically, so two claims of the same key
+//! on one store (even in one batch) are serialised: exactly one is `Claimed`.
+//!
+//! # Shards and placements
+//! The key's logical shard (top bits of the id, see [`DedupKey::logical_shard`]) and the
+//! placement of each slot's start instant pick the store that holds the slot's entries, so a
+//! slot's data is always found where it was written, whatever placements came later (see
+//! [`super::placement`]). Around a placement change, a claim's slot range can span two stores
+//! (or more). Such a claim runs the script on each of its stores *in one global order* (by
+//! store id), writing its entry into its own slot on each, and stops at the first store that
+//! reports another owner, releasing what it wrote on the earlier ones. Two racing claims of the
+//! same key within the window share at least one store (the one holding the earlier claim's
+//! slot lies in both ranges), so the first shared store in that order serialises them: one of
+//! them sees the other there. Outside transitions every range maps to one store and a batch is
+//! one script call per store.
+//!
+//! Errors leave a batch in an unknown state (some claims may be written, as pending): the
+//! caller retries with the same owners, which yields `Mine` for what was written, or lets the
+//! pending claims expire.
+
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::fmt;
+use std::sync::{Arc, RwLock};
+use std::time::Duration;
+
+use chrono::{DateTime, Utc};
+use futures::{StreamExt, TryStreamExt};
+use redis::aio::{ConnectionManager, ConnectionManagerConfig};
+use sha2::{Digest, Sha256};
+
+use super::placement::{PlacementError, PlacementManager};
+use crate::job::JobId;
+
+/// Domain separation of the key hash (and its version: changing it forgets every claim).
+const KEY_DOMAIN: &[u8] = b"spindle/dedup/v1\0";
+
+/// The claim (and confirm) script; see the module documentation.
+const CLAIM_LUA: &str = r#"
+-- ARGV: key prefix, mode ('c' claim | 'f' confirm), pending TTL ms, slot ms, ms a hash outlives
+-- its slot, number of slot ranges R, then R × (own slot, first slot, last slot), then per key:
+-- field, owner (16 bytes), hash index, range number (1-based). Keys come sorted by hash index
+-- and range, so that each run sharing both is one HMGET per slot and one HSET.
+-- Returns {position, kind, owner} for keys not newly claimed: kind 1 = the owner's own entry,
+-- 2 = another owner's confirmed entry, 3 = another owner's pending entry.
+local prefix = ARGV[1]
+local confirming = ARGV[2] == 'f'
+local time = redis.call('TIME')
+local now = tonumber(time[1]) * 1000 + math.floor(tonumber(time[2]) / 1000)
+local deadline = string.format('%.0f', now + tonumber(ARGV[3]))
+local slot_ms = tonumber(ARGV[4])
+local keep_ms = tonumber(ARGV[5])
+-- Key prefixes are built once per range: formatting a number costs as much as a Redis call.
+local ranges = {}
+local at = 7
+for r = 1, tonumber(ARGV[6]) do
+  local slot = tonumber(ARGV[at])
+  local scan = {}
+  for s = tonumber(ARGV[at + 1]), tonumber(ARGV[at + 2]) do
+    scan[#scan + 1] = prefix .. string.format('%.0f', s) .. ':'
+  end
+  ranges[r] = {
+    own = prefix .. string.format('%.0f', slot) .. ':',
+    scan = scan,
+    expire_at = string.format('%.0f', (slot + 1) * slot_ms + keep_ms),
+  }
+  at = at + 3
+end
+-- Appends `values` to the list of `key` in `map` (lists and the key order are created lazily:
+-- this path is rare).
+local function append(map, key, a, b)
+  map = map or { order = {} }
+  local list = map[key]
+  if not list then
+    list = {}
+    map[key] = list
+    map.order[#map.order + 1] = key
+  end
+  list[#list + 1] = a
+  if b then
+    list[#list + 1] = b
+  end
+  return map
+end
+local out = {}
+local expiring = {}
+local position = 0
+local n = #ARGV
+local i = at
+while i <= n do
+  -- One run: the keys sharing a hash index and a range.
+  local hash, number = ARGV[i + 2], ARGV[i + 3]
+  local range = ranges[tonumber(number)]
+  local scan = range.scan
+  local stop = i + 4
+  while stop <= n and ARGV[stop + 2] == hash and ARGV[stop + 3] == number do
+    stop = stop + 4
+  end
+  local count = (stop - i) / 4
+  local fields = {}
+  for g = 1, count do
+    fields[g] = ARGV[i + (g - 1) * 4]
+  end
+  local keys, seen = {}, {}
+  for s = 1, #scan do
+    keys[s] = scan[s] .. hash
+    seen[s] = redis.call('HMGET', keys[s], unpack(fields))
+  end
+  local own = range.own .. hash
+  -- Writes are collected and applied after the run: deletions of expired entries first, then
+  -- sets (a new entry may replace an expired one in the same hash). `fresh` is what this run
+  -- wrote into `own`, so that a key repeated within the run sees its earlier claim.
+  local own_sets = {}
+  local deletes, refreshes = nil, nil
+  local fresh = {}
+  for g = 1, count do
+    position = position + 1
+    local field, owner = fields[g], ARGV[i + (g - 1) * 4 + 1]
+    local mine_key, mine_pending, other, other_pending = nil, false, nil, false
+    local earlier = fresh[field]
+    if earlier then
+      if string.sub(earlier, 1, 16) == owner then
+        mine_key, mine_pending = own, #earlier > 16
+      else
+        other, other_pending = string.sub(earlier, 1, 16), #earlier > 16
+      end
+    end
+    for s = 1, #scan do
+      local value = seen[s][g]
+      if value then
+        local pending = #value > 16
+        if pending and tonumber(string.sub(value, 17)) <= now then
+          deletes = append(deletes, keys[s], field)
+        elseif string.sub(value, 1, 16) == owner then
+          mine_key, mine_pending = keys[s], pending
+        elseif not other then
+          other, other_pending = string.sub(value, 1, 16), pending
+        end
+      end
+    end
+    local value = confirming and owner or (owner .. deadline)
+    if mine_key then
+      if mine_pending then
+        if mine_key == own then
+          own_sets[#own_sets + 1] = field
+          own_sets[#own_sets + 1] = value
+          fresh[field] = value
+        else
+          refreshes = append(refreshes, mine_key, field, value)
+        end
+      end
+      out[#out + 1] = position
+      out[#out + 1] = 1
+      out[#out + 1] = owner
+    elseif other then
+      out[#out + 1] = position
+      out[#out + 1] = other_pending and 3 or 2
+      out[#out + 1] = other
+    else
+      own_sets[#own_sets + 1] = field
+      own_sets[#own_sets + 1] = value
+      fresh[field] = value
+    end
+  end
+  if deletes then
+    for _, key in ipairs(deletes.order) do
+      redis.call('HDEL', key, unpack(deletes[key]))
+    end
+  end
+  if refreshes then
+    for _, key in ipairs(refreshes.order) do
+      redis.call('HSET', key, unpack(refreshes[key]))
+    end
+  end
+  if #own_sets > 0 then
+    redis.call('HSET', own, unpack(own_sets))
+    if not expiring[own] then
+      redis.call('PEXPIREAT', own, range.expire_at)
+      expiring[own] = true
+    end
+  end
+  i = stop
+end
+return out
+"#;
+
+/// The release script: deletes a key's entries only where the given owner holds them.
+const RELEASE_LUA: &str = r#"
+-- ARGV: key prefix, number of slot ranges R, then R × (first slot, last slot), then per key:
+-- field, owner (16 bytes), hash index, range number (1-based).
+-- Returns the positions of keys that had an entry of that owner.
+local prefix = ARGV[1]
+local ranges = {}
+local at = 3
+for r = 1, tonumber(ARGV[2]) do
+  local scan = {}
+  for s = tonumber(ARGV[at]), tonumber(ARGV[at + 1]) do
+    scan[#scan + 1] = prefix .. string.format('%.0f', s) .. ':'
+  end
+  ranges[r] = scan
+  at = at + 2
+end
+local out = {}
+local position = 0
+for i = at, #ARGV, 4 do
+  position = position + 1
+  local field, owner, hash = ARGV[i], ARGV[i + 1], ARGV[i + 2]
+  local scan = ranges[tonumber(ARGV[i + 3])]
+  local released = false
+  for j = 1, #scan do
+    local key = scan[j] .. hash
+    local value = redis.call('HGET', key, field)
+    if value and string.sub(value, 1, 16) == owner then
+      redis.call('HDEL', key, field)
+      released = true
+    end
+  end
+  if released then
+    out[#out + 1] = position
+  end
+end
+return out
+"#;
+
+/// A dedup key: 128 bits of SHA-256 over (bucket, idempotency key).
+#[derive(Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct DedupKey([u8; 16]);
+
+impl DedupKey {
+    /// The key of `idempotency_key` in `bucket` (the bucket is length-prefixed, so
+    /// `("ab", "c")` and `("a", "bc")` differ).
+    pub fn new(bucket: &str, idempotency_key: &str) -> Self {
+        let mut hasher = Sha256::new();
+        hasher.update(KEY_DOMAIN);
+        hasher.update((bucket.len() as u64).to_be_bytes());
+        hasher.update(bucket.as_bytes());
+        hasher.update(idempotency_key.as_bytes());
+        let digest = hasher.finalize();
+        let mut id = [0u8; 16];
+        id.copy_from_slice(&digest[..16]);
+        DedupKey(id)
+    }
+
+    /// A key from its 16 bytes.
+    pub fn from_bytes(bytes: [u8; 16]) -> Self {
+        DedupKey(bytes)
+    }
+
+    /// The 16 bytes.
+    pub fn as_bytes(&self) -> &[u8; 16] {
+        &self.0
+    }
+
+    fn top32(&self) -> u32 {
+        u32::from_be_bytes([self.0[0], self.0[1], self.0[2], self.0[3]])
+    }
+
+    /// The key's logical shard among `logical_shards`: the top bits of the id (multiply-shift,
+    /// so any count works; with a power of two it is exactly the top `log2` bits, the same
+    /// bits that start the hash index, so one Redis hash never spans two logical shards).
+    pub fn logical_shard(&self, logical_shards: u32) -> u32 {
+        ((u64::from(self.top32()) * u64::from(logical_shards)) >> 32) as u32
+    }
+
+    /// The hash index: the top `bits` bits (0 to 24).
+    fn hash_index(&self, bits: u8) -> u32 {
+        if bits == 0 {
+            0
+        } else {
+            self.top32() >> (32 - u32::from(bits))
+        }
+    }
+
+    /// The field: the id without the whole bytes the hash index fixes.
+    fn field(&self, bits: u8) -> &[u8] {
+        &self.0[usize::from(bits / 8)..]
+    }
+}
+
+impl fmt::Debug for DedupKey {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "DedupKey({:032x})", u128::from_be_bytes(self.0))
+    }
+}
+
+/// Settings of the dedup store. Every router of a deployment must use the same `window`,
+/// `slots_per_window`, `hash_bits` and `key_prefix`: they define where entries live.
+#[derive(Clone, Debug)]
+pub struct DedupConfig {
+    /// Claims of the same key whose own times are at most this far apart are duplicates.
+    pub window: Duration,
+    /// `k`: slots per window (see the module documentation for the trade-off).
+    pub slots_per_window: u32,
+    /// Hashes per slot are `2^hash_bits` (0 to 24): size it to the keys of a slot.
+    pub hash_bits: u8,
+    /// How long a claim stays pending without being confirmed before it counts as absent.
+    pub pending_ttl: Duration,
+    /// Largest accepted distance between a claim's time and the router's clock (and between
+    /// router clocks).
+    pub max_skew: Duration,
+    /// Prefix of every Redis key.
+    pub key_prefix: String,
+    /// Claims per script call (at most 3,000).
+    pub max_batch: usize,
+    /// Script calls in flight per `claim`/`confirm`/`release` call.
+    pub max_in_flight: usize,
+    /// Timeout of a connection attempt.
+    pub connect_timeout: Duration,
+    /// Timeout of one script call.
+    pub response_timeout: Duration,
+}
+
+impl Default for DedupConfig {
+    fn default() -> Self {
+        DedupConfig {
+            window: Duration::from_secs(24 * 3600),
+            slots_per_window: 2,
+            hash_bits: 16,
+            pending_ttl: Duration::from_secs(60),
+            max_skew: Duration::from_secs(30),
+            key_prefix: "sd:".to_owned(),
+            max_batch: 1000,
+            max_in_flight: 8,
+            connect_timeout: Duration::from_secs(5),
+            response_timeout: Duration::from_secs(5),
+        }
+    }
+}
+
+impl DedupConfig {
+    fn ms(d: Duration) -> i64 {
+        i64::try_from(d.as_millis()).unwrap_or(i64::MAX / 4)
+    }
+
+    /// The slot length.
+    pub fn slot(&self) -> Duration {
+        self.window / self.slots_per_window.max(1)
+    }
+
+    /// How long after an instant its entries may still be looked up: placements (and stores)
+    /// serving an instant must outlive it by this much.
+    pub fn horizon(&self) -> Duration {
+        self.window + self.slot() + 2 * self.max_skew
+    }
+
+    fn validate(&self) -> Result<(), DedupError> {
+        let window = Self::ms(self.window);
+        let k = i64::from(self.slots_per_window);
+        if k == 0 || window < k || window % k != 0 {
+            return Err(DedupError::Config(format!(
+                "window ({window} ms) must be a positive multiple of slots_per_window ({k}) ms"
+            )));
+        }
+        if self.hash_bits > 24 {
+            return Err(DedupError::Config("hash_bits must be 0 to 24".to_owned()));
+        }
+        // The script passes up to 2 × max_batch values to one Redis call through Lua's
+        // `unpack`, which is limited by Lua's C stack (8,000 slots).
+        if !(1..=3000).contains(&self.max_batch) || self.max_in_flight == 0 {
+            return Err(DedupError::Config(
+                "max_batch must be 1 to 3000 and max_in_flight positive".to_owned(),
+            ));
+        }
+        if self.pending_ttl.is_zero() {
+            return Err(DedupError::Config(
+                "pending_ttl must be positive".to_owned(),
+            ));
+        }
+        Ok(())
+    }
+}
+
+/// A Redis store: an id (as placements name it) and its URL.
+#[derive(Clone)]
+pub struct StoreSpec {
+    /// Store id.
+    pub id: String,
+    /// `redis://[:password@]host:port[/db]`.
+    pub url: String,
+}
+
+impl fmt::Debug for StoreSpec {
+    /// Hides the URL's credentials.
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let shown = match url::Url::parse(&self.url) {
+            Ok(mut u) => {
+                if u.password().is_some() {
+                    let _ = u.set_password(Some("***"));
+                }
+                u.to_string()
+            }
+            Err(_) => "<unparsable url>".to_owned(),
+        };
+        f.debug_struct("StoreSpec")
+            .field("id", &self.id)
+            .field("url", &shown)
+            .finish()
+    }
+}
+
+/// One claim: a key, its own time, and the job that would own it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Claim {
+    /// The key.
+    pub key: DedupKey,
+    /// The key's own time: selects its slot (and through it, its placement).
+    pub at: DateTime<Utc>,
+    /// The job that claims the key.
+    pub owner: JobId,
+}
+
+/// What a claim found.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ClaimOutcome {
+    /// The key was free: it is now claimed (pending) by this owner.
+    Claimed,
+    /// The key was already claimed by this owner: a retry of the same submission.
+    Mine,
+    /// The key is claimed by another job within the window.
+    Duplicate {
+        /// The job holding the key.
+        owner: JobId,
+        /// Whether its claim is confirmed (its job persisted) or still pending.
+        confirmed: bool,
+    },
+}
+
+/// What a confirmation found.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ConfirmOutcome {
+    /// The owner's pending claim is now confirmed (or was already).
+    Confirmed,
+    /// The owner's claim had expired and nobody took the key: it is claimed again, confirmed.
+    Restored,
+    /// Another job holds the key: the owner's job is a duplicate that got through (its claim
+    /// expired before the confirmation; `pending_ttl` is too short).
+    Lost {
+        /// The job holding the key.
+        owner: JobId,
+    },
+}
+
+/// Errors of the dedup store.
+#[derive(Debug, thiserror::Error)]
+pub enum DedupError {
+    /// A Redis store failed (connection, timeout, script error).
+    #[error("dedup store {store} failed")]
+    Redis {
+        /// Store id.
+        store: String,
+        /// The cause.
+        #[source]
+        source: redis::RedisError,
+    },
+    /// A placement names a store this router has no URL for.
+    #[error("placement names dedup store {0}, which this router is not configured with")]
+    UnknownStore(String),
+    /// A placement could not be read or created.
+    #[error("dedup placement unavailable")]
+    Placement(#[from] PlacementError),
+    /// A claim's time is further than `max_skew` from the router's clock.
+    #[error("claim {index}: time {at} is more than max_skew from now")]
+    Skewed {
+        /// Position of the claim in the batch.
+        index: usize,
+        /// Its time.
+        at: DateTime<Utc>,
+    },
+    /// The configuration is invalid.
+    #[error("invalid dedup configuration: {0}")]
+    Config(String),
+    /// A store answered something the script never returns.
+    #[error("dedup store {store} answered unexpectedly: {reason}")]
+    Protocol {
+        /// Store id.
+        store: String,
+        /// What was wrong.
+        reason: String,
+    },
+}
+
+/// One store's connection.
+struct Shard {
+    id: String,
+    conn: ConnectionManager,
+}
+
+/// A placement as store indexes: for each logical shard, an index into `Inner::shards`.
+struct Route {
+    logical_shards: u32,
+    store_of: Vec<u16>,
+}
+
+impl Route {
+    fn store(&self, key: &DedupKey) -> u16 {
+        self.store_of[key.logical_shard(self.logical_shards) as usize]
+    }
+}
+
+/// Where one claim's entries live: computed per call from its time and the placements.
+struct Plan {
+    hash: u32,
+    slot: i64,
+    first: i64,
+    last: i64,
+    /// Store indexes, ascending: the global order multi-store claims follow.
+    stores: Vec<u16>,
+}
+
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Mode {
+    Claim,
+    Confirm,
+}
+
+/// What one store reported for one claim.
+#[derive(Clone, Copy)]
+enum Found {
+    Mine,
+    Other { owner: [u8; 16], pending: bool },
+}
+
+/// One script call's result: the store, the claims sent (indexes) and what it reported.
+type ScriptResult = (u16, Vec<usize>, Vec<(usize, Found)>);
+
+/// Progress of one claim through its stores.
+#[derive(Default)]
+struct Progress {
+    next: usize,
+    written_on: Vec<u16>,
+    mine: bool,
+    done: bool,
+    other: Option<(JobId, bool)>,
+}
+
+struct Inner {
+    config: DedupConfig,
+    slot_ms: i64,
+    /// Sorted by id: index order is the global store order.
+    shards: Vec<Shard>,
+    index: HashMap<String, u16>,
+    placements: Arc<PlacementManager>,
+    routes: RwLock<BTreeMap<i64, Arc<Route>>>,
+    claim_script: redis::Script,
+    release_script: redis::Script,
+}
+
+/// The dedup store: claims, confirms and releases keys across Redis stores, routed by
+/// placement. Cheap to clone.
+#[derive(Clone)]
+pub struct DedupStore {
+    inner: Arc<Inner>,
+}
+
+impl fmt::Debug for DedupStore {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("DedupStore")
+            .field("stores", &self.store_ids())
+            .field("config", &self.inner.config)
+            .finish()
+    }
+}
+
+impl DedupStore {
+    /// Connects to every store (failing if one is unreachable) and checks the configuration.
+    pub async fn connect(
+        config: DedupConfig,
+        stores: Vec<StoreSpec>,
+        placements: Arc<PlacementManager>,
+    ) -> Result<Self, DedupError> {
+        config.validate()?;
+        // The claim path creates placements up to 2·max_skew ahead (its forward check). A
+        // proposal must take effect later than that, or epochs it was meant for would already
+        // be issued under the old layout (harmless, but the change would come late).
+        if placements.settings().lead < 2 * config.max_skew {
+            return Err(DedupError::Config(format!(
+                "placement lead ({:?}) must be at least 2 × max_skew ({:?})",
+                placements.settings().lead,
+                config.max_skew
+            )));
+        }
+        let mut specs = stores;
+        specs.sort_by(|a, b| a.id.cmp(&b.id));
+        if specs.windows(2).any(|w| w[0].id == w[1].id) {
+            return Err(DedupError::Config("store ids must be distinct".to_owned()));
+        }
+        if specs.len() > usize::from(u16::MAX) {
+            return Err(DedupError::Config("too many stores".to_owned()));
+        }
+        let manager_config = ConnectionManagerConfig::new()
+            .set_connection_timeout(Some(config.connect_timeout))
+            .set_response_timeout(Some(config.response_timeout));
+        let mut shards = Vec::with_capacity(specs.len());
+        for spec in specs {
+            let redis_err = |source| DedupError::Redis {
+                store: spec.id.clone(),
+                source,
+            };
+            let client = redis::Client::open(spec.url.as_str()).map_err(redis_err)?;
+            let conn = ConnectionManager::new_with_config(client, manager_config.clone())
+                .await
+                .map_err(redis_err)?;
+            shards.push(Shard { id: spec.id, conn });
+        }
+        let index = shards
+            .iter()
+            .enumerate()
+            .map(|(i, s)| (s.id.clone(), i as u16))
+            .collect();
+        let slot_ms = DedupConfig::ms(config.slot());
+        Ok(DedupStore {
+            inner: Arc::new(Inner {
+                config,
+                slot_ms,
+                shards,
+                index,
+                placements,
+                routes: RwLock::new(BTreeMap::new()),
+                claim_script: redis::Script::new(CLAIM_LUA),
+                release_script: redis::Script::new(RELEASE_LUA),
+            }),
+        })
+    }
+
+    /// The configuration.
+    pub fn config(&self) -> &DedupConfig {
+        &self.inner.config
+    }
+
+    /// The store ids, sorted.
+    pub fn store_ids(&self) -> Vec<String> {
+        self.inner.shards.iter().map(|s| s.id.clone()).collect()
+    }
+
+    /// The placements this store routes by.
+    pub fn placements(&self) -> &Arc<PlacementManager> {
+        &self.inner.placements
+    }
+
+    /// Claims each key for its owner; one outcome per claim, in order. If a batch holds the
+    /// same key twice, exactly one is `Claimed` (the first, when both fall in one script call).
+    pub async fn claim(&self, claims: &[Claim]) -> Result<Vec<ClaimOutcome>, DedupError> {
+        let progress = self.run(claims, Mode::Claim).await?;
+        Ok(progress
+            .into_iter()
+            .map(|p| match p.other {
+                Some((owner, pending)) => ClaimOutcome::Duplicate {
+                    owner,
+                    confirmed: !pending,
+                },
+                None if p.mine => ClaimOutcome::Mine,
+                None => ClaimOutcome::Claimed,
+            })
+            .collect())
+    }
+
+    /// Confirms claims whose jobs are persisted: they no longer expire before the window does.
+    /// Pass the same key, time and owner as the claim.
+    pub async fn confirm(&self, claims: &[Claim]) -> Result<Vec<ConfirmOutcome>, DedupError> {
+        let progress = self.run(claims, Mode::Confirm).await?;
+        Ok(progress
+            .into_iter()
+            .map(|p| match p.other {
+                Some((owner, _)) => ConfirmOutcome::Lost { owner },
+                None if p.mine => ConfirmOutcome::Confirmed,
+                None => ConfirmOutcome::Restored,
+            })
+            .collect())
+    }
+
+    /// Deletes each claim if (and only if) its owner still holds it: for a job that was never
+    /// persisted. `true` where something was deleted. Times are not checked against the clock.
+    pub async fn release(&self, claims: &[Claim]) -> Result<Vec<bool>, DedupError> {
+        let plans = self.plan(claims, false).await?;
+        let mut calls: Vec<(u16, Vec<usize>)> = Vec::new();
+        let mut by_store: BTreeMap<u16, Vec<usize>> = BTreeMap::new();
+        for (i, plan) in plans.iter().enumerate() {
+            for &store in &plan.stores {
+                by_store.entry(store).or_default().push(i);
+            }
+        }
+        for (store, members) in by_store {
+            for chunk in members.chunks(self.inner.config.max_batch) {
+                calls.push((store, chunk.to_vec()));
+            }
+        }
+        let results: Vec<Vec<usize>> = futures::stream::iter(calls)
+            .map(|(store, members)| {
+                let plans = &plans;
+                async move {
+                    let triples: Vec<(usize, i64, i64)> = members
+                        .iter()
+                        .map(|&i| (i, plans[i].first, plans[i].last))
+                        .collect();
+                    self.release_on(store, claims, plans, &triples).await
+                }
+            })
+            .buffer_unordered(self.inner.config.max_in_flight)
+            .try_collect()
+            .await?;
+        let mut released = vec![false; claims.len()];
+        for i in results.into_iter().flatten() {
+            released[i] = true;
+        }
+        Ok(released)
+    }
+
+    /// Runs claims (or confirmations) through their stores in global store order, in rounds.
+    async fn run(&self, claims: &[Claim], mode: Mode) -> Result<Vec<Progress>, DedupError> {
+        // Only a new claim's time is checked against the clock: a confirmation comes as late as
+        // the persist took, for a time that was checked when it was claimed.
+        let plans = self.plan(claims, mode == Mode::Claim).await?;
+        let mut progress: Vec<Progress> = claims.iter().map(|_| Progress::default()).collect();
+        loop {
+            let mut by_store: BTreeMap<u16, Vec<usize>> = BTreeMap::new();
+            for (i, p) in progress.iter().enumerate() {
+                if !p.done {
+                    by_store.entry(plans[i].stores[p.next]).or_default().push(i);
+                }
+            }
+            if by_store.is_empty() {
+                break;
+            }
+            let mut calls = Vec::new();
+            for (store, mut members) in by_store {
+                // Runs of claims sharing a hash become one HMGET/HSET in the script. The index
+                // breaks ties, so repeats of a key keep their order.
+                members.sort_unstable_by_key(|&i| {
+                    let plan = &plans[i];
+                    (plan.hash, plan.slot, plan.first, plan.last, i)
+                });
+                for chunk in members.chunks(self.inner.config.max_batch) {
+                    calls.push((store, chunk.to_vec()));
+                }
+            }
+            let results: Vec<ScriptResult> = futures::stream::iter(calls)
+                .map(|(store, members)| {
+                    let plans = &plans;
+                    async move {
+                        let found = self.script_on(store, mode, claims, plans, &members).await?;
+                        Ok::<_, DedupError>((store, members, found))
+                    }
+                })
+                .buffer_unordered(self.inner.config.max_in_flight)
+                .try_collect()
+                .await?;
+            for (store, members, found) in results {
+                let mut reported: HashMap<usize, Found> = found.into_iter().collect();
+                for i in members {
+                    let p = &mut progress[i];
+                    match reported.remove(&i) {
+                        Some(Found::Other { owner, pending }) => {
+                            p.other = Some((JobId::from_bytes(owner), pending));
+                            p.done = true;
+                            continue;
+                        }
+                        Some(Found::Mine) => p.mine = true,
+                        None => p.written_on.push(store),
+                    }
+                    p.next += 1;
+                    p.done = p.next == plans[i].stores.len();
+                }
+            }
+        }
+        if mode == Mode::Claim {
+            self.roll_back(claims, &plans, &progress).await;
+        }
+        Ok(progress)
+    }
+
+    /// Releases what a claim wrote on its earlier stores before a later one reported another
+    /// owner. Best effort: what is left behind is pending and expires by itself.
+    async fn roll_back(&self, claims: &[Claim], plans: &[Plan], progress: &[Progress]) {
+        let mut by_store: BTreeMap<u16, Vec<(usize, i64, i64)>> = BTreeMap::new();
+        for (i, p) in progress.iter().enumerate() {
+            if p.other.is_some() {
+                for &store in &p.written_on {
+                    let slot = plans[i].slot;
+                    by_store.entry(store).or_default().push((i, slot, slot));
+                }
+            }
+        }
+        for (store, triples) in by_store {
+            if let Err(error) = self.release_on(store, claims, plans, &triples).await {
+                tracing::warn!(
+                    store = %self.inner.shards[usize::from(store)].id,
+                    claims = triples.len(),
+                    error = %error,
+                    "rolling back partial dedup claims failed; they expire as pending"
+                );
+            }
+        }
+    }
+
+    /// Computes each claim's slot range and stores. `check_skew` refuses times too far from now.
+    async fn plan(&self, claims: &[Claim], check_skew: bool) -> Result<Vec<Plan>, DedupError> {
+        let config = &self.inner.config;
+        let slot_ms = self.inner.slot_ms;
+        let k = i64::from(config.slots_per_window);
+        let skew_ms = DedupConfig::ms(config.max_skew);
+        let now_ms = Utc::now().timestamp_millis();
+        let horizon = (now_ms + 2 * skew_ms).div_euclid(slot_ms);
+        let period = self.inner.placements.period_ms().await? as i64;
+
+        let mut ranges = Vec::with_capacity(claims.len());
+        let mut epochs = BTreeSet::new();
+        for (index, claim) in claims.iter().enumerate() {
+            let at = claim.at.timestamp_millis();
+            if check_skew && (at - now_ms).abs() > skew_ms {
+                return Err(DedupError::Skewed {
+                    index,
+                    at: claim.at,
+                });
+            }
+            let slot = at.div_euclid(slot_ms);
+            let first = slot - k;
+            let last = (slot + k).min(horizon).max(slot);
+            for s in first..=last {
+                epochs.insert((s * slot_ms).div_euclid(period));
+            }
+            ranges.push((slot, first, last));
+        }
+        let mut routes = HashMap::with_capacity(epochs.len());
+        for epoch in epochs {
+            routes.insert(epoch, self.route(epoch).await?);
+        }
+        Ok(claims
+            .iter()
+            .zip(ranges)
+            .map(|(claim, (slot, first, last))| {
+                let mut stores: Vec<u16> = Vec::with_capacity(2);
+                for s in first..=last {
+                    let store = routes[&(s * slot_ms).div_euclid(period)].store(&claim.key);
+                    if !stores.contains(&store) {
+                        stores.push(store);
+                    }
+                }
+                stores.sort_unstable();
+                Plan {
+                    hash: claim.key.hash_index(config.hash_bits),
+                    slot,
+                    first,
+                    last,
+                    stores,
+                }
+            })
+            .collect())
+    }
+
+    /// The placement of `epoch` as store indexes (cached).
+    async fn route(&self, epoch: i64) -> Result<Arc<Route>, DedupError> {
+        if let Some(route) = self
+            .inner
+            .routes
+            .read()
+            .unwrap_or_else(|p| p.into_inner())
+            .get(&epoch)
+        {
+            return Ok(route.clone());
+        }
+        let placement = self.inner.placements.placement_of_epoch(epoch).await?;
+        let mut by_position = Vec::with_capacity(placement.stores.len());
+        for id in &placement.stores {
+            match self.inner.index.get(id) {
+                Some(&i) => by_position.push(i),
+                None => return Err(DedupError::UnknownStore(id.clone())),
+            }
+        }
+        let route = Arc::new(Route {
+            logical_shards: placement.logical_shards,
+            store_of: placement
+                .shards
+                .iter()
+                .map(|&s| by_position[usize::from(s)])
+                .collect(),
+        });
+        let mut routes = self.inner.routes.write().unwrap_or_else(|p| p.into_inner());
+        routes.insert(epoch, route.clone());
+        // Keep the routes of the last few thousand epochs: far more than any window needs.
+        while routes.len() > 4096 {
+            routes.pop_first();
+        }
+        Ok(route)
+    }
+
+    fn redis_error(&self, store: u16, source: redis::RedisError) -> DedupError {
+        DedupError::Redis {
+            store: self.inner.shards[usize::from(store)].id.clone(),
+            source,
+        }
+    }
+
+    fn protocol_error(&self, store: u16, reason: String) -> DedupError {
+        DedupError::Protocol {
+            store: self.inner.shards[usize::from(store)].id.clone(),
+            reason,
+        }
+    }
+
+    /// One claim-script call on `store` for the claims at `members` (indexes into `claims`).
+    async fn script_on(
+        &self,
+        store: u16,
+        mode: Mode,
+        claims: &[Claim],
+        plans: &[Plan],
+        members: &[usize],
+    ) -> Result<Vec<(usize, Found)>, DedupError> {
+        let config = &self.inner.config;
+        let (ranges, range_of) = distinct(members.iter().map(|&i| {
+            let plan = &plans[i];
+            (plan.slot, plan.first, plan.last)
+        }));
+        let mut call = self.inner.claim_script.prepare_invoke();
+        call.arg(config.key_prefix.as_str())
+            .arg(if mode == Mode::Claim { "c" } else { "f" })
+            .arg(DedupConfig::ms(config.pending_ttl))
+            .arg(self.inner.slot_ms)
+            .arg(DedupConfig::ms(config.window) + 2 * DedupConfig::ms(config.max_skew))
+            .arg(ranges.len());
+        for (slot, first, last) in &ranges {
+            call.arg(*slot).arg(*first).arg(*last);
+        }
+        for (&i, range) in members.iter().zip(range_of) {
+            let claim = &claims[i];
+            call.arg(claim.key.field(config.hash_bits))
+                .arg(&claim.owner.to_bytes()[..])
+                .arg(plans[i].hash)
+                .arg(range);
+        }
+        let mut conn = self.inner.shards[usize::from(store)].conn.clone();
+        let reply: redis::Value = call
+            .invoke_async(&mut conn)
+            .await
+            .map_err(|e| self.redis_error(store, e))?;
+        let redis::Value::Array(items) = reply else {
+            return Err(self.protocol_error(store, format!("not an array: {reply:?}")));
+        };
+        if items.len() % 3 != 0 {
+            return Err(self.protocol_error(store, format!("{} items", items.len())));
+        }
+        let mut out = Vec::with_capacity(items.len() / 3);
+        for triple in items.chunks(3) {
+            let (
+                redis::Value::Int(position),
+                redis::Value::Int(kind),
+                redis::Value::BulkString(owner),
+            ) = (&triple[0], &triple[1], &triple[2])
+            else {
+                return Err(self.protocol_error(store, format!("bad entry {triple:?}")));
+            };
+            let position = usize::try_from(*position)
+                .ok()
+                .and_then(|p| p.checked_sub(1))
+                .filter(|p| *p < members.len())
+                .ok_or_else(|| self.protocol_error(store, format!("position {position}")))?;
+            let owner: [u8; 16] = owner
+                .as_slice()
+                .try_into()
+                .map_err(|_| self.protocol_error(store, "owner is not 16 bytes".to_owned()))?;
+            let found = match kind {
+                1 => Found::Mine,
+                2 => Found::Other {
+                    owner,
+                    pending: false,
+                },
+                3 => Found::Other {
+                    owner,
+                    pending: true,
+                },
+                other => return Err(self.protocol_error(store, format!("kind {other}"))),
+            };
+            out.push((members[position], found));
+        }
+        Ok(out)
+    }
+
+    /// One release-script call on `store` for `(claim index, first slot, last slot)` triples;
+    /// returns the claim indexes that had an entry of their owner.
+    async fn release_on(
+        &self,
+        store: u16,
+        claims: &[Claim],
+        plans: &[Plan],
+        triples: &[(usize, i64, i64)],
+    ) -> Result<Vec<usize>, DedupError> {
+        let config = &self.inner.config;
+        let (ranges, range_of) = distinct(triples.iter().map(|&(_, first, last)| (first, last)));
+        let mut call = self.inner.release_script.prepare_invoke();
+        call.arg(config.key_prefix.as_str()).arg(ranges.len());
+        for (first, last) in &ranges {
+            call.arg(*first).arg(*last);
+        }
+        for (&(i, _, _), range) in triples.iter().zip(range_of) {
+            call.arg(claims[i].key.field(config.hash_bits))
+                .arg(&claims[i].owner.to_bytes()[..])
+                .arg(plans[i].hash)
+                .arg(range);
+        }
+        let mut conn = self.inner.shards[usize::from(store)].conn.clone();
+        let positions: Vec<i64> = call
+            .invoke_async(&mut conn)
+            .await
+            .map_err(|e| self.redis_error(store, e))?;
+        positions
+            .into_iter()
+            .map(|p| {
+                usize::try_from(p)
+                    .ok()
+                    .and_then(|p| p.checked_sub(1))
+                    .and_then(|p| triples.get(p))
+                    .map(|t| t.0)
+                    .ok_or_else(|| self.protocol_error(store, format!("position {p}")))
+            })
+            .collect()
+    }
+}
+
+/// The distinct values of `items` in first-seen order, and each item's 1-based number among
+/// them (the scripts' range numbers: a batch's claims share a handful of slot ranges).
+fn distinct<T: Copy + Eq + std::hash::Hash>(
+    items: impl Iterator<Item = T>,
+) -> (Vec<T>, Vec<usize>) {
+    let mut seen: HashMap<T, usize> = HashMap::new();
+    let mut values = Vec::new();
+    let numbers = items
+        .map(|item| {
+            *seen.entry(item).or_insert_with(|| {
+                values.push(item);
+                values.len()
+            })
+        })
+        .collect();
+    (values, numbers)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn ranges_are_numbered_in_first_seen_order() {
+        let (values, numbers) = distinct([(1, 2), (3, 4), (1, 2), (5, 6)].into_iter());
+        assert_eq!(values, vec![(1, 2), (3, 4), (5, 6)]);
+        assert_eq!(numbers, vec![1, 2, 1, 3]);
+    }
+
+    #[test]
+    fn keys_are_length_prefixed_and_stable() {
+        assert_ne!(DedupKey::new("ab", "c"), DedupKey::new("a", "bc"));
+        assert_eq!(DedupKey::new("b", "k"), DedupKey::new("b", "k"));
+        // Pinned: changing the derivation silently forgets every stored claim.
+        assert_eq!(
+            format!("{:?}", DedupKey::new("bucket", "key-1")),
+            "DedupKey(3cdf3436054252cb56127a70aff2adcd)"
+        );
+    }
+
+    #[test]
+    fn hash_index_and_logical_shard_share_the_top_bits() {
+        let key = DedupKey::from_bytes([
+            0b1010_1100,
+            0b0101_0011,
+            0xff,
+            0,
+            1,
+            2,
+            3,
+            4,
+            5,
+            6,
+            7,
+            8,
+            9,
+            10,
+            11,
+            12,
+        ]);
+        assert_eq!(key.logical_shard(1024), 0b10_1011_0001);
+        assert_eq!(key.hash_index(16), 0b1010_1100_0101_0011);
+        assert_eq!(key.hash_index(16) >> 6, key.logical_shard(1024));
+        assert_eq!(key.hash_index(0), 0);
+        assert_eq!(key.field(16).len(), 14);
+        assert_eq!(key.field(15).len(), 15);
+        assert_eq!(key.logical_shard(3), ((0xac53ff00u64 * 3) >> 32) as u32);
+    }
+
+    #[test]
+    fn config_checks() {
+        let mut config = DedupConfig::default();
+        assert!(config.validate().is_ok());
+        assert_eq!(config.slot(), Duration::from_secs(12 * 3600));
+        config.window = Duration::from_millis(1001);
+        config.slots_per_window = 2;
+        assert!(config.validate().is_err());
+        config.window = Duration::from_secs(2);
+        config.hash_bits = 25;
+        assert!(config.validate().is_err());
+    }
+
+    #[test]
+    fn store_spec_hides_passwords() {
+        let spec = StoreSpec {
+            id: "a".to_owned(),
+            url: "redis://:hunter2@127.0.0.1:6379/0".to_owned(),
+        };
+        assert!(!format!("{spec:?}").contains("hunter2"));
+    }
+}

@@ -1,0 +1,1224 @@
+//! The router's dedup store against real Redis: claims, duplicates and retries by the same
+//! owner over batches; the window across time slots in both directions; pending claims that
+//! expire; release by owner only; hashes that expire; three private Redis shards; a placement
+//! change (and a race across it); and the placement get-or-create race in Consul.
+//!
+//! Single-store cases use the machine's shared Redis (`SPINDLE_TEST_REDIS`, default
+//! `redis://127.0.0.1:6379`) under a key prefix of their own, deleted at the end (and every key
+//! expires with its window anyway). Multi-store cases start private `redis-server`s on free
+//! ports and kill them when done. Claim times are given explicitly, so no case sleeps to move
+//! through time except the two that wait for Redis to expire something.
+//!
+//! `dedup_benchmark` (ignored) measures claims per second and bytes per stored id; run it in
+//! release mode: `cargo test --release --test dedup dedup_benchmark -- --ignored --nocapture`.
+
+mod common;
+
+use std::collections::HashMap;
+use std::process::{Child, Command, Stdio};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use chrono::{DateTime, TimeZone, Utc};
+use common::{wait_for, ConsulUnderTest};
+use spindle::job::JobId;
+use spindle::router::dedup::{
+    Claim, ClaimOutcome, ConfirmOutcome, DedupConfig, DedupKey, DedupStore, StoreSpec,
+};
+use spindle::router::placement::{Placement, PlacementManager, PlacementSettings};
+
+/// The shared Redis server.
+fn shared_redis() -> String {
+    std::env::var("SPINDLE_TEST_REDIS").unwrap_or_else(|_| "redis://127.0.0.1:6379".to_owned())
+}
+
+/// A key prefix of this test alone.
+fn unique_prefix(tag: &str) -> String {
+    format!("sdt:{tag}:{}:", ulid::Ulid::new())
+}
+
+/// A `redis-server` of this test alone on a free port, killed on drop.
+struct PrivateRedis {
+    child: Child,
+    port: u16,
+}
+
+impl PrivateRedis {
+    /// Starts one and waits until it answers PING (retrying on another port if the free port
+    /// was taken in between).
+    async fn start(extra: &[&str]) -> PrivateRedis {
+        for _ in 0..5 {
+            let port = std::net::TcpListener::bind("127.0.0.1:0")
+                .and_then(|l| l.local_addr())
+                .expect("free port")
+                .port();
+            let mut child = Command::new("redis-server")
+                .args(["--port", &port.to_string(), "--bind", "127.0.0.1"])
+                .args(["--save", "", "--appendonly", "no"])
+                .args(extra)
+                .stdout(Stdio::null())
+                .stderr(Stdio::null())
+                .spawn()
+                .expect("redis-server on PATH");
+            let deadline = Instant::now() + Duration::from_secs(10);
+            loop {
+                if let Ok(Some(_)) = child.try_wait() {
+                    break; // exited: most likely the port was taken
+                }
+                if ping(&format!("redis://127.0.0.1:{port}")).await {
+                    return PrivateRedis { child, port };
+                }
+                assert!(Instant::now() < deadline, "redis-server did not start");
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+        }
+        panic!("could not start a private redis-server");
+    }
+
+    fn url(&self) -> String {
+        format!("redis://127.0.0.1:{}", self.port)
+    }
+}
+
+impl Drop for PrivateRedis {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+async fn ping(url: &str) -> bool {
+    let Ok(client) = redis::Client::open(url) else {
+        return false;
+    };
+    let Ok(mut conn) = client.get_multiplexed_async_connection().await else {
+        return false;
+    };
+    redis::cmd("PING")
+        .query_async::<String>(&mut conn)
+        .await
+        .is_ok()
+}
+
+async fn connection(url: &str) -> redis::aio::MultiplexedConnection {
+    redis::Client::open(url)
+        .unwrap()
+        .get_multiplexed_async_connection()
+        .await
+        .expect("redis connection")
+}
+
+/// Every key under `prefix`.
+async fn redis_keys(url: &str, prefix: &str) -> Vec<Vec<u8>> {
+    let mut conn = connection(url).await;
+    let mut cursor = 0u64;
+    let mut out = Vec::new();
+    loop {
+        let (next, batch): (u64, Vec<Vec<u8>>) = redis::cmd("SCAN")
+            .arg(cursor)
+            .arg("MATCH")
+            .arg(format!("{prefix}*"))
+            .arg("COUNT")
+            .arg(1000)
+            .query_async(&mut conn)
+            .await
+            .unwrap();
+        out.extend(batch);
+        if next == 0 {
+            return out;
+        }
+        cursor = next;
+    }
+}
+
+/// Fields stored under `prefix`.
+async fn fields(url: &str, prefix: &str) -> usize {
+    let mut conn = connection(url).await;
+    let mut total = 0;
+    for key in redis_keys(url, prefix).await {
+        let n: usize = redis::cmd("HLEN")
+            .arg(&key)
+            .query_async(&mut conn)
+            .await
+            .unwrap();
+        total += n;
+    }
+    total
+}
+
+/// Deletes every key under `prefix`.
+async fn cleanup(url: &str, prefix: &str) {
+    let mut conn = connection(url).await;
+    for key in redis_keys(url, prefix).await {
+        let _: i64 = redis::cmd("UNLINK")
+            .arg(&key)
+            .query_async(&mut conn)
+            .await
+            .unwrap();
+    }
+}
+
+/// Small window and slots (2 s of 1 s each), a skew large enough for hand-picked times.
+fn config(prefix: &str) -> DedupConfig {
+    DedupConfig {
+        window: Duration::from_secs(2),
+        slots_per_window: 2,
+        hash_bits: 8,
+        pending_ttl: Duration::from_secs(30),
+        max_skew: Duration::from_secs(60),
+        key_prefix: prefix.to_owned(),
+        max_batch: 1000,
+        ..DedupConfig::default()
+    }
+}
+
+fn settings(prefix: &str, period: Duration, lead: Duration) -> PlacementSettings {
+    PlacementSettings {
+        prefix: prefix.to_owned(),
+        period,
+        lead,
+        ..PlacementSettings::default()
+    }
+}
+
+/// A dedup store over the shared Redis (one store, "shared"), placements in memory.
+async fn shared_store(config: DedupConfig) -> DedupStore {
+    let placements = Arc::new(PlacementManager::in_memory(settings(
+        "mem",
+        Duration::from_secs(3600),
+        Duration::from_secs(600),
+    )));
+    placements
+        .bootstrap(vec!["shared".to_owned()], 1024)
+        .await
+        .unwrap();
+    DedupStore::connect(
+        config,
+        vec![StoreSpec {
+            id: "shared".to_owned(),
+            url: shared_redis(),
+        }],
+        placements,
+    )
+    .await
+    .expect("connect to the shared redis")
+}
+
+fn new_owner() -> JobId {
+    JobId(ulid::Ulid::new())
+}
+
+fn new_keys(tag: &str, n: usize) -> Vec<DedupKey> {
+    let batch = ulid::Ulid::new();
+    (0..n)
+        .map(|i| DedupKey::new(tag, &format!("{batch}-{i}")))
+        .collect()
+}
+
+fn claims_of(keys: &[DedupKey], at: DateTime<Utc>, owners: &[JobId]) -> Vec<Claim> {
+    keys.iter()
+        .zip(owners)
+        .map(|(&key, &owner)| Claim { key, at, owner })
+        .collect()
+}
+
+fn owners(n: usize) -> Vec<JobId> {
+    (0..n).map(|_| new_owner()).collect()
+}
+
+/// A time `offset_ms` after the start of the current 1 s slot (+1 ms, off the boundary).
+fn slot_aligned(offset_ms: i64) -> DateTime<Utc> {
+    let now = Utc::now().timestamp_millis();
+    Utc.timestamp_millis_opt(now - now.rem_euclid(1000) + 1 + offset_ms)
+        .unwrap()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn claims_duplicates_and_mine_over_batches() {
+    let prefix = unique_prefix("batches");
+    let store = shared_store(config(&prefix)).await;
+    let n = 2_500; // three script calls of at most 1,000
+    let keys = new_keys("b", n);
+    let (first, second) = (owners(n), owners(n));
+    let at = Utc::now();
+
+    let outcomes = store.claim(&claims_of(&keys, at, &first)).await.unwrap();
+    assert!(outcomes.iter().all(|o| *o == ClaimOutcome::Claimed));
+
+    let retried = store.claim(&claims_of(&keys, at, &first)).await.unwrap();
+    assert!(
+        retried.iter().all(|o| *o == ClaimOutcome::Mine),
+        "same owner is a retry"
+    );
+
+    let repeated = store.claim(&claims_of(&keys, at, &second)).await.unwrap();
+    for (outcome, owner) in repeated.iter().zip(&first) {
+        assert_eq!(
+            *outcome,
+            ClaimOutcome::Duplicate {
+                owner: *owner,
+                confirmed: false
+            }
+        );
+    }
+
+    let confirmed = store.confirm(&claims_of(&keys, at, &first)).await.unwrap();
+    assert!(confirmed.iter().all(|o| *o == ConfirmOutcome::Confirmed));
+    let repeated = store.claim(&claims_of(&keys, at, &second)).await.unwrap();
+    assert!(repeated.iter().zip(&first).all(|(o, owner)| *o
+        == ClaimOutcome::Duplicate {
+            owner: *owner,
+            confirmed: true
+        }));
+    // A confirmed claim stays confirmed when its owner claims again.
+    assert!(store
+        .claim(&claims_of(&keys[..10], at, &first[..10]))
+        .await
+        .unwrap()
+        .iter()
+        .all(|o| *o == ClaimOutcome::Mine));
+    assert!(store
+        .claim(&claims_of(&keys[..10], at, &second[..10]))
+        .await
+        .unwrap()
+        .iter()
+        .all(|o| matches!(
+            o,
+            ClaimOutcome::Duplicate {
+                confirmed: true,
+                ..
+            }
+        )));
+
+    // The same key twice in one batch: the first claim wins, the second sees it.
+    let fresh = new_keys("b", 1)[0];
+    let (x, y) = (new_owner(), new_owner());
+    let mixed = vec![
+        claim(fresh, at, x),
+        claim(fresh, at, y),
+        claim(fresh, at, x),
+        claim(keys[0], at, x),
+    ];
+    assert_eq!(
+        store.claim(&mixed).await.unwrap(),
+        vec![
+            ClaimOutcome::Claimed,
+            ClaimOutcome::Duplicate {
+                owner: x,
+                confirmed: false
+            },
+            ClaimOutcome::Mine,
+            ClaimOutcome::Duplicate {
+                owner: first[0],
+                confirmed: true
+            },
+        ]
+    );
+
+    // Claims far from the router's clock are refused as a whole batch.
+    let skewed = store
+        .claim(&[claim(fresh, at + chrono::Duration::minutes(5), y)])
+        .await;
+    assert!(matches!(
+        skewed,
+        Err(spindle::router::dedup::DedupError::Skewed { index: 0, .. })
+    ));
+    assert!(store.claim(&[]).await.unwrap().is_empty());
+    cleanup(&shared_redis(), &prefix).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn duplicates_are_found_across_slots_within_the_window_and_not_beyond() {
+    let prefix = unique_prefix("window");
+    let store = shared_store(config(&prefix)).await; // window 2 s = 2 slots of 1 s
+    let t0 = slot_aligned(0);
+    let cases: [(i64, bool); 8] = [
+        (0, true),
+        (999, true),    // same slot
+        (1_500, true),  // next slot
+        (2_000, true),  // exactly the window, two slots on
+        (2_998, true),  // beyond the window but within window + slot: still two slots on
+        (-1_900, true), // an earlier own time claimed later is found too
+        (3_000, false), // three slots on: never
+        (-3_000, false),
+    ];
+    let keys = new_keys("w", cases.len());
+    let originals = owners(cases.len());
+    let claimed = store
+        .claim(&claims_of(&keys, t0, &originals))
+        .await
+        .unwrap();
+    assert!(claimed.iter().all(|o| *o == ClaimOutcome::Claimed));
+    for (i, (offset, duplicate)) in cases.iter().enumerate() {
+        let at = t0 + chrono::Duration::milliseconds(*offset);
+        let outcome = store
+            .claim(&[claim(keys[i], at, new_owner())])
+            .await
+            .unwrap()[0];
+        let expected = if *duplicate {
+            ClaimOutcome::Duplicate {
+                owner: originals[i],
+                confirmed: false,
+            }
+        } else {
+            ClaimOutcome::Claimed
+        };
+        assert_eq!(outcome, expected, "repeat {offset} ms after the original");
+    }
+
+    // The same in one batch: several slot ranges (and runs sharing hashes) in one script call.
+    let keys = new_keys("w", 400);
+    let originals = owners(keys.len());
+    store
+        .claim(&claims_of(&keys, t0, &originals))
+        .await
+        .unwrap();
+    let repeats: Vec<Claim> = keys
+        .iter()
+        .enumerate()
+        .map(|(i, &key)| Claim {
+            key,
+            at: t0 + chrono::Duration::milliseconds(cases[i % cases.len()].0),
+            owner: new_owner(),
+        })
+        .collect();
+    let outcomes = store.claim(&repeats).await.unwrap();
+    for (i, outcome) in outcomes.iter().enumerate() {
+        let expected = if cases[i % cases.len()].1 {
+            ClaimOutcome::Duplicate {
+                owner: originals[i],
+                confirmed: false,
+            }
+        } else {
+            ClaimOutcome::Claimed
+        };
+        assert_eq!(*outcome, expected, "key {i} in one batch");
+    }
+    cleanup(&shared_redis(), &prefix).await;
+}
+
+/// The raw value of a key's entry in the slot of `at`, read through the documented layout
+/// (hash `<prefix><slot>:<top 8 bits>`, field = the other 15 bytes), and Redis' clock in ms.
+async fn raw_entry(prefix: &str, key: &DedupKey, at: DateTime<Utc>) -> (Option<Vec<u8>>, i64) {
+    let mut conn = connection(&shared_redis()).await;
+    let slot = at.timestamp_millis().div_euclid(1000);
+    let hash = format!("{prefix}{slot}:{}", key.as_bytes()[0]);
+    let value: Option<Vec<u8>> = redis::cmd("HGET")
+        .arg(hash)
+        .arg(&key.as_bytes()[1..])
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    let (secs, micros): (i64, i64) = redis::cmd("TIME").query_async(&mut conn).await.unwrap();
+    (value, secs * 1000 + micros / 1000)
+}
+
+/// One claim.
+fn claim(key: DedupKey, at: DateTime<Utc>, owner: JobId) -> Claim {
+    Claim { key, at, owner }
+}
+
+/// Whether the key's pending entry in the slot of `at` has passed its deadline (Redis clock).
+async fn deadline_passed(prefix: &str, key: &DedupKey, at: DateTime<Utc>) -> bool {
+    let (value, now) = raw_entry(prefix, key, at).await;
+    let value = value.expect("entry present until someone meets it");
+    let deadline: i64 = std::str::from_utf8(&value[16..]).unwrap().parse().unwrap();
+    now > deadline
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_pending_claim_expires_and_frees_the_key() {
+    let prefix = unique_prefix("pending");
+    let mut cfg = config(&prefix);
+    cfg.pending_ttl = Duration::from_millis(400);
+    let store = shared_store(cfg).await;
+    let [abandoned, restored] = new_keys("p", 2)[..] else {
+        unreachable!()
+    };
+    let at = Utc::now();
+    let [a, b, c, d, e] = [(); 5].map(|_| new_owner());
+    let pending = |owner| ClaimOutcome::Duplicate {
+        owner,
+        confirmed: false,
+    };
+
+    let claimed_at = Instant::now();
+    let outcomes = store.claim(&[claim(abandoned, at, a)]).await.unwrap();
+    assert_eq!(outcomes, vec![ClaimOutcome::Claimed]);
+    let outcomes = store.claim(&[claim(abandoned, at, b)]).await.unwrap();
+    assert_eq!(outcomes, vec![pending(a)]);
+    assert_eq!(
+        &raw_entry(&prefix, &abandoned, at).await.0.unwrap()[..16],
+        &a.to_bytes()[..]
+    );
+
+    // A's job never persists: once the pending TTL passes, the key is free again. One batch
+    // meets the expired entry, takes the key for B, and sees B's claim for the repeats.
+    wait_for(
+        Duration::from_secs(5),
+        "the pending deadline to pass",
+        || deadline_passed(&prefix, &abandoned, at),
+    )
+    .await;
+    assert!(claimed_at.elapsed() >= Duration::from_millis(390));
+    let batch = [
+        claim(abandoned, at, b),
+        claim(abandoned, at, e),
+        claim(abandoned, at, b),
+    ];
+    assert_eq!(
+        store.claim(&batch).await.unwrap(),
+        vec![ClaimOutcome::Claimed, pending(b), ClaimOutcome::Mine]
+    );
+    // A's late confirmation learns that its job is a duplicate.
+    let confirmed = store.confirm(&[claim(abandoned, at, a)]).await.unwrap();
+    assert_eq!(confirmed, vec![ConfirmOutcome::Lost { owner: b }]);
+    let confirmed = store.confirm(&[claim(abandoned, at, b)]).await.unwrap();
+    assert_eq!(confirmed, vec![ConfirmOutcome::Confirmed]);
+
+    // A confirmation after the claim expired, with nobody else on the key, restores it.
+    store.claim(&[claim(restored, at, c)]).await.unwrap();
+    wait_for(
+        Duration::from_secs(5),
+        "the pending deadline to pass",
+        || deadline_passed(&prefix, &restored, at),
+    )
+    .await;
+    let confirmed = store.confirm(&[claim(restored, at, c)]).await.unwrap();
+    assert_eq!(confirmed, vec![ConfirmOutcome::Restored]);
+    assert_eq!(
+        raw_entry(&prefix, &restored, at).await.0.unwrap(),
+        c.to_bytes()
+    );
+    let outcomes = store.claim(&[claim(restored, at, d)]).await.unwrap();
+    assert_eq!(
+        outcomes,
+        vec![ClaimOutcome::Duplicate {
+            owner: c,
+            confirmed: true
+        }]
+    );
+    cleanup(&shared_redis(), &prefix).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_confirmation_later_than_the_skew_is_accepted() {
+    let prefix = unique_prefix("late");
+    let store = shared_store(DedupConfig {
+        max_skew: Duration::from_millis(100),
+        ..config(&prefix)
+    })
+    .await;
+    let key = new_keys("l", 1)[0];
+    let (owner, other) = (new_owner(), new_owner());
+    let at = Utc::now();
+    store.claim(&[Claim { key, at, owner }]).await.unwrap();
+    // The job took longer to persist than the skew allows a new claim's time to be old.
+    wait_for(
+        Duration::from_secs(5),
+        "the claim time to be stale",
+        || async { Utc::now() > at + chrono::Duration::milliseconds(300) },
+    )
+    .await;
+    assert!(
+        store.claim(&[Claim { key, at, owner }]).await.is_err(),
+        "stale claim refused"
+    );
+    assert_eq!(
+        store.confirm(&[Claim { key, at, owner }]).await.unwrap(),
+        vec![ConfirmOutcome::Confirmed]
+    );
+    let outcomes = store.claim(&[claim(key, Utc::now(), other)]).await.unwrap();
+    let expected = ClaimOutcome::Duplicate {
+        owner,
+        confirmed: true,
+    };
+    assert_eq!(outcomes, vec![expected]);
+    cleanup(&shared_redis(), &prefix).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn only_the_owner_releases_a_claim() {
+    let prefix = unique_prefix("release");
+    let store = shared_store(config(&prefix)).await;
+    let n = 50;
+    let keys = new_keys("r", n);
+    let (holders, strangers, later) = (owners(n), owners(n), owners(n));
+    let at = Utc::now();
+    store.claim(&claims_of(&keys, at, &holders)).await.unwrap();
+
+    let refused = store
+        .release(&claims_of(&keys, at, &strangers))
+        .await
+        .unwrap();
+    assert!(refused.iter().all(|r| !r), "a stranger released a claim");
+    assert!(store
+        .claim(&claims_of(&keys, at, &later))
+        .await
+        .unwrap()
+        .iter()
+        .all(|o| matches!(o, ClaimOutcome::Duplicate { .. })));
+
+    let released = store
+        .release(&claims_of(&keys, at, &holders))
+        .await
+        .unwrap();
+    assert!(released.iter().all(|r| *r));
+    assert_eq!(fields(&shared_redis(), &prefix).await, 0);
+    assert!(store
+        .claim(&claims_of(&keys, at, &later))
+        .await
+        .unwrap()
+        .iter()
+        .all(|o| *o == ClaimOutcome::Claimed));
+    let again = store
+        .release(&claims_of(&keys, at, &holders))
+        .await
+        .unwrap();
+    assert!(again.iter().all(|r| !r), "released twice");
+    cleanup(&shared_redis(), &prefix).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn hashes_expire_with_the_window() {
+    let prefix = unique_prefix("expire");
+    let cfg = DedupConfig {
+        window: Duration::from_secs(1),
+        slots_per_window: 1,
+        max_skew: Duration::from_millis(200),
+        ..config(&prefix)
+    };
+    let store = shared_store(cfg).await;
+    let n = 300;
+    let keys = new_keys("e", n);
+    store
+        .claim(&claims_of(&keys, Utc::now(), &owners(n)))
+        .await
+        .unwrap();
+    let url = shared_redis();
+    let stored = keys_with_ttl(&url, &prefix).await;
+    assert!(!stored.is_empty());
+    // Each hash lives until its slot's end + window + 2 × skew: at most 2.4 s from now.
+    for (key, ttl) in &stored {
+        assert!(
+            (1..=2_400).contains(ttl),
+            "{} has ttl {ttl} ms",
+            String::from_utf8_lossy(key)
+        );
+    }
+    let mut conn = connection(&url).await;
+    let encoding: String = redis::cmd("OBJECT")
+        .arg("ENCODING")
+        .arg(&stored[0].0)
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    assert_eq!(encoding, "listpack", "small hashes stay compact");
+    wait_for(Duration::from_secs(10), "every hash to expire", || async {
+        redis_keys(&url, &prefix).await.is_empty()
+    })
+    .await;
+}
+
+async fn keys_with_ttl(url: &str, prefix: &str) -> Vec<(Vec<u8>, i64)> {
+    let mut conn = connection(url).await;
+    let mut out = Vec::new();
+    for key in redis_keys(url, prefix).await {
+        let ttl: i64 = redis::cmd("PTTL")
+            .arg(&key)
+            .query_async(&mut conn)
+            .await
+            .unwrap();
+        out.push((key, ttl));
+    }
+    out
+}
+
+/// Private Redis servers named `r0`, `r1`, …
+async fn private_stores(n: usize) -> (Vec<PrivateRedis>, Vec<StoreSpec>) {
+    let mut servers = Vec::new();
+    let mut specs = Vec::new();
+    for i in 0..n {
+        let server = PrivateRedis::start(&[]).await;
+        specs.push(StoreSpec {
+            id: format!("r{i}"),
+            url: server.url(),
+        });
+        servers.push(server);
+    }
+    (servers, specs)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn three_private_shards_split_the_keys() {
+    let (servers, specs) = private_stores(3).await;
+    let prefix = "sd3:";
+    let placements = Arc::new(PlacementManager::in_memory(PlacementSettings::default()));
+    placements
+        .bootstrap(specs.iter().map(|s| s.id.clone()).collect(), 1024)
+        .await
+        .unwrap();
+    let store = DedupStore::connect(config(prefix), specs, placements)
+        .await
+        .unwrap();
+    let n = 3_000;
+    let keys = new_keys("s", n);
+    let (first, second) = (owners(n), owners(n));
+    let at = Utc::now();
+    assert!(store
+        .claim(&claims_of(&keys, at, &first))
+        .await
+        .unwrap()
+        .iter()
+        .all(|o| *o == ClaimOutcome::Claimed));
+    let mut total = 0;
+    for server in &servers {
+        let here = fields(&server.url(), prefix).await;
+        assert!((700..1300).contains(&here), "{here} of {n} on one shard");
+        total += here;
+    }
+    assert_eq!(total, n, "each key stored once");
+    let repeated = store.claim(&claims_of(&keys, at, &second)).await.unwrap();
+    assert!(repeated.iter().zip(&first).all(|(o, owner)| *o
+        == ClaimOutcome::Duplicate {
+            owner: *owner,
+            confirmed: false
+        }));
+    drop(servers);
+}
+
+/// Two routers (each its own placement cache) over one Consul and two private Redis stores.
+struct ChangeRig {
+    consul: ConsulUnderTest,
+    _servers: Vec<PrivateRedis>,
+    urls: Vec<String>,
+    routers: Vec<DedupStore>,
+}
+
+const CHANGE_PREFIX: &str = "sdc:";
+
+impl ChangeRig {
+    async fn start() -> ChangeRig {
+        let consul = ConsulUnderTest::start().await;
+        let (servers, specs) = private_stores(2).await;
+        // 1 s slots; a layout change takes effect at least 4.5 s ahead (more than 2 × skew).
+        let config = DedupConfig {
+            window: Duration::from_secs(6),
+            slots_per_window: 6,
+            max_skew: Duration::from_secs(2),
+            max_batch: 50,
+            ..config(CHANGE_PREFIX)
+        };
+        let mut routers = Vec::new();
+        for _ in 0..2 {
+            let placements = Arc::new(PlacementManager::consul(
+                consul.client.clone(),
+                settings(
+                    &consul.key("placements"),
+                    Duration::from_millis(500),
+                    Duration::from_millis(4_500),
+                ),
+            ));
+            placements
+                .bootstrap(vec!["r0".to_owned()], 1024)
+                .await
+                .unwrap();
+            routers.push(
+                DedupStore::connect(config.clone(), specs.clone(), placements)
+                    .await
+                    .unwrap(),
+            );
+        }
+        ChangeRig {
+            consul,
+            urls: servers.iter().map(|s| s.url()).collect(),
+            _servers: servers,
+            routers,
+        }
+    }
+
+    /// Adds store r1; returns the start of the first slot under the new placement, once the
+    /// clock is within half a second of it (claims must be within 2 s of the clock).
+    async fn add_store(&self) -> DateTime<Utc> {
+        let layout = self.routers[0]
+            .placements()
+            .propose(vec!["r0".to_owned(), "r1".to_owned()], vec![])
+            .await
+            .unwrap();
+        let from = layout.effective_from.timestamp_millis();
+        let switch = Utc
+            .timestamp_millis_opt(from + (1_000 - from.rem_euclid(1_000)) % 1_000)
+            .unwrap();
+        assert!(switch > Utc::now() + chrono::Duration::seconds(4));
+        wait_for(
+            Duration::from_secs(15),
+            "the change to come near",
+            || async { Utc::now() >= switch - chrono::Duration::milliseconds(500) },
+        )
+        .await;
+        switch
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_placement_change_never_lets_a_duplicate_through() {
+    let rig = ChangeRig::start().await;
+    let router = &rig.routers[0];
+    let n = 1_000;
+    let keys = new_keys("c", n);
+    let originals = owners(n);
+    let t0 = Utc::now();
+    let before = router.placements().placement_at(t0).await.unwrap();
+    assert_eq!(before.stores, vec!["r0".to_owned()]);
+    assert!(router
+        .claim(&claims_of(&keys, t0, &originals))
+        .await
+        .unwrap()
+        .iter()
+        .all(|o| *o == ClaimOutcome::Claimed));
+    assert_eq!(fields(&rig.urls[1], CHANGE_PREFIX).await, 0);
+
+    let switch = rig.add_store().await;
+    // The issued placement of t0 is untouched; the new one has just started.
+    assert_eq!(router.placements().placement_at(t0).await.unwrap(), before);
+    let after = router.placements().placement_at(switch).await.unwrap();
+    assert_eq!(after.stores, vec!["r0".to_owned(), "r1".to_owned()]);
+    assert!(after.layout_generation > before.layout_generation);
+
+    // Repeats whose own time falls under the new placement still find the originals, through
+    // the other router too (its own cache, same Consul).
+    let t1 = switch + chrono::Duration::milliseconds(100);
+    for router in &rig.routers {
+        let repeats = router
+            .claim(&claims_of(&keys, t1, &owners(n)))
+            .await
+            .unwrap();
+        for (outcome, owner) in repeats.iter().zip(&originals) {
+            assert_eq!(
+                *outcome,
+                ClaimOutcome::Duplicate {
+                    owner: *owner,
+                    confirmed: false
+                }
+            );
+        }
+    }
+    // New keys under the new placement spread over both stores.
+    let fresh = new_keys("c", n);
+    assert!(router
+        .claim(&claims_of(&fresh, t1, &owners(n)))
+        .await
+        .unwrap()
+        .iter()
+        .all(|o| *o == ClaimOutcome::Claimed));
+    let on_r1 = fields(&rig.urls[1], CHANGE_PREFIX).await;
+    assert!(
+        (200..800).contains(&on_r1),
+        "{on_r1} of {n} new keys on the new store"
+    );
+    rig.consul.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn racing_claims_across_a_placement_change_admit_exactly_one() {
+    let rig = ChangeRig::start().await;
+    let switch = rig.add_store().await;
+    // Router 0 claims with an own time in the last slot before the change (all on r0),
+    // router 1 with one in the first slot after it (half the keys' logical shards on r1).
+    let before = switch - chrono::Duration::milliseconds(500);
+    let after = switch + chrono::Duration::milliseconds(500);
+    let n = 2_000;
+    let keys = new_keys("race", n);
+    let (mine, theirs) = (owners(n), owners(n));
+    // One call each, racing: 40 script calls of 50 claims per router, 8 in flight at a time.
+    let (ca, cb) = (
+        claims_of(&keys, before, &mine),
+        claims_of(&keys, after, &theirs),
+    );
+    let (ra, rb) = tokio::join!(rig.routers[0].claim(&ca), rig.routers[1].claim(&cb));
+    let (ra, rb) = (ra.unwrap(), rb.unwrap());
+    for i in 0..n {
+        match (ra[i], rb[i]) {
+            (ClaimOutcome::Claimed, ClaimOutcome::Duplicate { owner, .. }) => {
+                assert_eq!(owner, mine[i])
+            }
+            (ClaimOutcome::Duplicate { owner, .. }, ClaimOutcome::Claimed) => {
+                assert_eq!(owner, theirs[i])
+            }
+            other => panic!("key {i}: {other:?}"),
+        }
+    }
+    let placement = rig.routers[1]
+        .placements()
+        .placement_at(after)
+        .await
+        .unwrap();
+    let moved = keys
+        .iter()
+        .filter(|key| placement.store_of(key.logical_shard(1024)) == "r1")
+        .count();
+    assert!(
+        moved > n / 4,
+        "only {moved} keys changed store: the race is not exercised"
+    );
+    rig.consul.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn concurrent_creators_get_the_same_placement() {
+    let consul = ConsulUnderTest::start().await;
+    let prefix = consul.key("placements");
+    let managers: Vec<Arc<PlacementManager>> = (0..2)
+        .map(|_| {
+            Arc::new(PlacementManager::consul(
+                consul.client.clone(),
+                settings(&prefix, Duration::from_secs(60), Duration::from_secs(60)),
+            ))
+        })
+        .collect();
+
+    // Bootstrap race: different store lists, one winner.
+    let (x, y) = tokio::join!(
+        managers[0].bootstrap(vec!["a".to_owned()], 64),
+        managers[1].bootstrap(vec!["b".to_owned()], 64)
+    );
+    assert_eq!(x.unwrap(), y.unwrap());
+
+    // Issue race: 16 creators, two different candidates for one epoch, one winner.
+    let record = managers[0].layout().await.unwrap().unwrap();
+    let epoch = managers[0]
+        .epoch_of_ms(Utc::now().timestamp_millis())
+        .await
+        .unwrap()
+        + 10;
+    let mut candidates = Vec::new();
+    for stores in [["a"], ["b"]] {
+        let mut layout = record.current.clone();
+        layout.stores = stores.iter().map(|s| s.to_string()).collect();
+        candidates.push(Placement::build(epoch, record.period_ms, &layout).unwrap());
+    }
+    let tasks: Vec<_> = (0..16)
+        .map(|i| {
+            let manager = managers[i % 2].clone();
+            let candidate = candidates[i / 2 % 2].clone();
+            tokio::spawn(async move { manager.issue(candidate).await.unwrap() })
+        })
+        .collect();
+    let mut issued = Vec::new();
+    for task in tasks {
+        issued.push(task.await.unwrap());
+    }
+    assert!(issued.windows(2).all(|w| w[0] == w[1]), "creators disagree");
+
+    // get-or-create race over several epochs from both managers.
+    let base = Utc::now();
+    let lookups: Vec<_> = (0..20)
+        .map(|i| {
+            let manager = managers[i % 2].clone();
+            let at = base + chrono::Duration::minutes((i / 2) as i64 + 20);
+            tokio::spawn(async move { (i / 2, manager.placement_at(at).await.unwrap()) })
+        })
+        .collect();
+    let mut by_epoch: HashMap<usize, Arc<Placement>> = HashMap::new();
+    for task in lookups {
+        let (slot, placement) = task.await.unwrap();
+        if let Some(seen) = by_epoch.get(&slot) {
+            assert_eq!(*seen, placement, "two placements for one epoch");
+        }
+        by_epoch.insert(slot, placement);
+    }
+    consul.stop().await;
+}
+
+/// One benchmark run: `ids` claims through one router over `servers` private Redis servers.
+///
+/// `per_call` claims per `claim` call, from `tasks` concurrent tasks; the store cuts each call
+/// into script calls of `batch`, `in_flight` at a time.
+async fn bench_run(
+    shards: usize,
+    ids: usize,
+    per_call: usize,
+    tasks: usize,
+    in_flight: usize,
+    hash_bits: u8,
+    slots_per_window: u32,
+) {
+    let batch = env_usize("DEDUP_BENCH_BATCH", 1_000);
+    let (servers, specs) = private_stores(shards).await;
+    let prefix = "b:";
+    let placements = Arc::new(PlacementManager::in_memory(PlacementSettings::default()));
+    placements
+        .bootstrap(specs.iter().map(|s| s.id.clone()).collect(), 1024)
+        .await
+        .unwrap();
+    let config = DedupConfig {
+        window: Duration::from_secs(24 * 3600),
+        slots_per_window,
+        hash_bits,
+        pending_ttl: Duration::from_secs(600),
+        // The passes share one claim time and may take a while on a busy machine.
+        max_skew: Duration::from_secs(120),
+        key_prefix: prefix.to_owned(),
+        max_batch: batch,
+        max_in_flight: in_flight,
+        ..DedupConfig::default()
+    };
+    let store = DedupStore::connect(config, specs, placements)
+        .await
+        .unwrap();
+    // Warm up: placements cached, scripts loaded, connections open.
+    let warm: Vec<Claim> = (0..shards * 64)
+        .map(|i| Claim {
+            key: DedupKey::new("warm", &i.to_string()),
+            at: Utc::now(),
+            owner: new_owner(),
+        })
+        .collect();
+    store.claim(&warm).await.unwrap();
+    store.release(&warm).await.unwrap();
+
+    let hashing = Instant::now();
+    let keys: Vec<DedupKey> = (0..ids)
+        .map(|i| DedupKey::new("bench-bucket", &format!("order-{i:08}")))
+        .collect();
+    let hash_ns = hashing.elapsed().as_nanos() as f64 / ids as f64;
+    let at = Utc::now();
+    let claims: Arc<Vec<Claim>> = Arc::new(
+        keys.iter()
+            .map(|&key| Claim {
+                key,
+                at,
+                owner: new_owner(),
+            })
+            .collect(),
+    );
+    let memory_before = used_memory(&servers).await;
+
+    let pass = |claims: Arc<Vec<Claim>>, what: &'static str| {
+        let store = store.clone();
+        async move {
+            let next = Arc::new(AtomicUsize::new(0));
+            let started = Instant::now();
+            let workers: Vec<_> = (0..tasks)
+                .map(|_| {
+                    let (store, claims, next) = (store.clone(), claims.clone(), next.clone());
+                    tokio::spawn(async move {
+                        let mut counts = [0usize; 3];
+                        loop {
+                            let start = next.fetch_add(per_call, Ordering::Relaxed);
+                            if start >= claims.len() {
+                                return counts;
+                            }
+                            let end = (start + per_call).min(claims.len());
+                            let slice = &claims[start..end];
+                            if what == "confirm" {
+                                for o in store.confirm(slice).await.unwrap() {
+                                    counts[usize::from(o != ConfirmOutcome::Confirmed)] += 1;
+                                }
+                            } else {
+                                for o in store.claim(slice).await.unwrap() {
+                                    counts[match o {
+                                        ClaimOutcome::Claimed => 0,
+                                        ClaimOutcome::Mine => 1,
+                                        ClaimOutcome::Duplicate { .. } => 2,
+                                    }] += 1;
+                                }
+                            }
+                        }
+                    })
+                })
+                .collect();
+            let mut counts = [0usize; 3];
+            for w in workers {
+                let c = w.await.unwrap();
+                (0..3).for_each(|i| counts[i] += c[i]);
+            }
+            (started.elapsed(), counts)
+        }
+    };
+
+    // Each pass: wall time, this process's CPU time, and the servers' time inside scripts.
+    let measured = |claims: Arc<Vec<Claim>>, what: &'static str| {
+        let pass = &pass;
+        let servers = &servers;
+        async move {
+            reset_stats(servers).await;
+            let cpu = cpu_seconds();
+            let (wall, counts) = pass(claims, what).await;
+            let cpu = cpu_seconds() - cpu;
+            let (calls, usec) = script_stats(servers).await;
+            (wall, cpu, calls, usec, counts)
+        }
+    };
+    let claim = measured(claims.clone(), "claim").await;
+    assert_eq!(claim.4[0], ids, "every id new: {:?}", claim.4);
+    let memory_pending = used_memory(&servers).await;
+    let confirm = measured(claims.clone(), "confirm").await;
+    assert_eq!(confirm.4[0], ids, "every claim confirmed: {:?}", confirm.4);
+    let memory_confirmed = used_memory(&servers).await;
+    let repeats: Arc<Vec<Claim>> = Arc::new(
+        claims
+            .iter()
+            .map(|c| Claim {
+                owner: new_owner(),
+                ..*c
+            })
+            .collect(),
+    );
+    let repeat = measured(repeats, "claim").await;
+    assert_eq!(repeat.4[2], ids, "every repeat a duplicate: {:?}", repeat.4);
+
+    let mut hashes = 0usize;
+    let mut encodings: HashMap<String, usize> = HashMap::new();
+    for server in &servers {
+        let mut conn = connection(&server.url()).await;
+        let n: usize = redis::cmd("DBSIZE").query_async(&mut conn).await.unwrap();
+        hashes += n;
+        for key in redis_keys(&server.url(), prefix)
+            .await
+            .into_iter()
+            .take(200)
+        {
+            let e: String = redis::cmd("OBJECT")
+                .arg("ENCODING")
+                .arg(key)
+                .query_async(&mut conn)
+                .await
+                .unwrap();
+            *encodings.entry(e).or_default() += 1;
+        }
+    }
+    let line = |name: &str, (wall, cpu, calls, usec, _): &(Duration, f64, u64, u64, [usize; 3])| {
+        format!(
+            "  {name:<20} {:>6.2} s {:>9.0} ids/s | router CPU {:>5.2} µs/id | in scripts {:>5.2} µs/id ({} calls, {:.1} ms each)",
+            wall.as_secs_f64(),
+            ids as f64 / wall.as_secs_f64(),
+            cpu * 1e6 / ids as f64,
+            *usec as f64 / ids as f64,
+            calls,
+            *usec as f64 / 1000.0 / (*calls).max(1) as f64,
+        )
+    };
+    println!(
+        "dedup benchmark: {shards} redis shard(s), {ids} ids, {per_call} per claim call from {tasks} task(s), script calls of {batch}, {in_flight} in flight per call, hash_bits {hash_bits}, {slots_per_window} slots per window\n\
+         \x20 key hashing (SHA-256): {hash_ns:.0} ns/id\n{}\n{}\n{}\n\
+         \x20 memory per id: {:.1} bytes pending, {:.1} bytes confirmed (used_memory delta / ids)\n\
+         \x20 {hashes} hashes ({:.0} ids each), encodings of a sample: {encodings:?}",
+        line("claim (all new)", &claim),
+        line("confirm", &confirm),
+        line("claim (all repeats)", &repeat),
+        (memory_pending - memory_before) as f64 / ids as f64,
+        (memory_confirmed - memory_before) as f64 / ids as f64,
+        ids as f64 / hashes as f64,
+    );
+    drop(servers);
+}
+
+/// Resets the servers' command statistics.
+async fn reset_stats(servers: &[PrivateRedis]) {
+    for server in servers {
+        let mut conn = connection(&server.url()).await;
+        let _: String = redis::cmd("CONFIG")
+            .arg("RESETSTAT")
+            .query_async(&mut conn)
+            .await
+            .unwrap();
+    }
+}
+
+/// Script calls and microseconds spent in them (`EVALSHA` and `EVAL`), over the servers.
+async fn script_stats(servers: &[PrivateRedis]) -> (u64, u64) {
+    let (mut calls, mut usec) = (0, 0);
+    for server in servers {
+        let mut conn = connection(&server.url()).await;
+        let info: String = redis::cmd("INFO")
+            .arg("commandstats")
+            .query_async(&mut conn)
+            .await
+            .unwrap();
+        for line in info.lines() {
+            let Some(stats) = line
+                .strip_prefix("cmdstat_evalsha:")
+                .or_else(|| line.strip_prefix("cmdstat_eval:"))
+            else {
+                continue;
+            };
+            for field in stats.split(',') {
+                match field.split_once('=') {
+                    Some(("calls", v)) => calls += v.parse::<u64>().unwrap_or(0),
+                    Some(("usec", v)) => usec += v.parse::<u64>().unwrap_or(0),
+                    _ => {}
+                }
+            }
+        }
+    }
+    (calls, usec)
+}
+
+/// This process's CPU time (user + system), from `/proc/self/stat` (clock ticks of 10 ms).
+fn cpu_seconds() -> f64 {
+    let stat = std::fs::read_to_string("/proc/self/stat").unwrap_or_default();
+    // Fields after the command name (which is in parentheses and may contain spaces).
+    let rest = stat.rsplit_once(')').map(|(_, r)| r).unwrap_or("");
+    let fields: Vec<&str> = rest.split_whitespace().collect();
+    let ticks = |i: usize| {
+        fields
+            .get(i)
+            .and_then(|v| v.parse::<f64>().ok())
+            .unwrap_or(0.0)
+    };
+    // utime and stime are fields 14 and 15 of the line, 12 and 13 after the name.
+    (ticks(11) + ticks(12)) / 100.0
+}
+
+/// Sum of `used_memory` over the servers.
+async fn used_memory(servers: &[PrivateRedis]) -> i64 {
+    let mut total = 0;
+    for server in servers {
+        let mut conn = connection(&server.url()).await;
+        let info: String = redis::cmd("INFO")
+            .arg("memory")
+            .query_async(&mut conn)
+            .await
+            .unwrap();
+        total += info
+            .lines()
+            .find_map(|l| l.strip_prefix("used_memory:"))
+            .and_then(|v| v.trim().parse::<i64>().ok())
+            .expect("used_memory in INFO memory");
+    }
+    total
+}
+
+/// A benchmark knob from the environment.
+fn env_usize(name: &str, default: usize) -> usize {
+    std::env::var(name)
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(default)
+}
+
+/// Claims per second through one router against 1 and 3 Redis shards, and bytes per stored
+/// id. Not a pass/fail test: run it in release mode and read the output.
+#[tokio::test(flavor = "multi_thread")]
+#[ignore = "benchmark: run with --release --ignored --nocapture"]
+async fn dedup_benchmark() {
+    let ids = env_usize("DEDUP_BENCH_IDS", 2_000_000);
+    let batch = env_usize("DEDUP_BENCH_BATCH", 1_000);
+    let in_flight = env_usize("DEDUP_BENCH_IN_FLIGHT", 8);
+    let slots = env_usize("DEDUP_BENCH_SLOTS", 2) as u32;
+    // 2^15 hashes: about 61 ids per hash, under the default hash-max-listpack-entries (128).
+    let hash_bits = env_usize("DEDUP_BENCH_HASH_BITS", 15) as u8;
+    let shard_counts: Vec<usize> = std::env::var("DEDUP_BENCH_SHARDS")
+        .unwrap_or_else(|_| "1,3".to_owned())
+        .split(',')
+        .filter_map(|v| v.trim().parse().ok())
+        .collect();
+    for shards in shard_counts {
+        // As a router sees them: calls of one batch each, several at once.
+        bench_run(shards, ids, batch, in_flight, in_flight, hash_bits, slots).await;
+        // Tapjoy's setting: one call with every id (sorted, cut into script calls of `batch`).
+        bench_run(shards, ids, ids, 1, in_flight, hash_bits, slots).await;
+    }
+}
