@@ -513,7 +513,8 @@ impl Drain {
         let now = Utc::now();
         let request = ImportRequest {
             jobdb: plan.to_jobdb.clone(),
-            from_jobdb: o.db.name().to_owned(),
+            from_jobdb: Some(o.db.name().to_owned()),
+            not_after: None,
             jobs: jobs
                 .iter()
                 .map(|job| {

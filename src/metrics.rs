@@ -202,32 +202,9 @@ impl Metrics {
             .observe(took.as_secs_f64());
     }
 
-    /// The classic Prometheus text format (0.0.4), which every Prometheus and `promtool` read:
-    /// the OpenMetrics rendering with counter families named by their `_total` samples and
-    /// without the `# EOF` trailer.
+    /// The classic Prometheus text format (0.0.4); see [`to_prometheus_text`].
     pub fn render_prometheus(&self) -> String {
-        let open_metrics = self.render();
-        let counters: std::collections::HashSet<&str> = open_metrics
-            .lines()
-            .filter_map(|l| l.strip_prefix("# TYPE "))
-            .filter_map(|l| l.strip_suffix(" counter"))
-            .collect();
-        let mut out = String::with_capacity(open_metrics.len());
-        for line in open_metrics.lines() {
-            if line == "# EOF" || line.starts_with("# UNIT ") {
-                continue;
-            }
-            let renamed = ["# HELP ", "# TYPE "].iter().find_map(|prefix| {
-                let rest = line.strip_prefix(prefix)?;
-                let (name, tail) = rest.split_once(' ')?;
-                counters
-                    .contains(name)
-                    .then(|| format!("{prefix}{name}_total {tail}"))
-            });
-            out.push_str(renamed.as_deref().unwrap_or(line));
-            out.push('\n');
-        }
-        out
+        to_prometheus_text(&self.render())
     }
 
     /// The OpenMetrics text exposition.
@@ -237,4 +214,30 @@ impl Metrics {
         let _ = encode(&mut out, &self.registry);
         out
     }
+}
+
+/// The classic Prometheus text format (0.0.4), which every Prometheus and `promtool` read, of an
+/// OpenMetrics rendering: counter families named by their `_total` samples, no `# EOF` trailer.
+pub fn to_prometheus_text(open_metrics: &str) -> String {
+    let counters: std::collections::HashSet<&str> = open_metrics
+        .lines()
+        .filter_map(|l| l.strip_prefix("# TYPE "))
+        .filter_map(|l| l.strip_suffix(" counter"))
+        .collect();
+    let mut out = String::with_capacity(open_metrics.len());
+    for line in open_metrics.lines() {
+        if line == "# EOF" || line.starts_with("# UNIT ") {
+            continue;
+        }
+        let renamed = ["# HELP ", "# TYPE "].iter().find_map(|prefix| {
+            let rest = line.strip_prefix(prefix)?;
+            let (name, tail) = rest.split_once(' ')?;
+            counters
+                .contains(name)
+                .then(|| format!("{prefix}{name}_total {tail}"))
+        });
+        out.push_str(renamed.as_deref().unwrap_or(line));
+        out.push('\n');
+    }
+    out
 }

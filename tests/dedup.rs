@@ -453,8 +453,10 @@ async fn a_pending_claim_expires_and_frees_the_key() {
         &a.to_bytes()[..]
     );
 
-    // A's job never persists: once the pending TTL passes, the key is free again. One batch
-    // meets the expired entry, takes the key for B, and sees B's claim for the repeats.
+    // A's job never persists: once the pending TTL passes, a claim reports A's claim as lapsed
+    // and leaves it in place (A's job might have been stored by a router that died before
+    // confirming); once the caller has checked it was not, a take-over frees the key. One batch
+    // meets the lapsed entry, takes the key for B, and sees B's claim for the repeats.
     wait_for(
         Duration::from_secs(5),
         "the pending deadline to pass",
@@ -462,13 +464,22 @@ async fn a_pending_claim_expires_and_frees_the_key() {
     )
     .await;
     assert!(claimed_at.elapsed() >= Duration::from_millis(390));
+    assert_eq!(
+        store.claim(&[claim(abandoned, at, b)]).await.unwrap(),
+        vec![ClaimOutcome::Lapsed { owner: a }]
+    );
+    assert_eq!(
+        &raw_entry(&prefix, &abandoned, at).await.0.unwrap()[..16],
+        &a.to_bytes()[..],
+        "a plain claim leaves a lapsed entry in place"
+    );
     let batch = [
         claim(abandoned, at, b),
         claim(abandoned, at, e),
         claim(abandoned, at, b),
     ];
     assert_eq!(
-        store.claim(&batch).await.unwrap(),
+        store.take_over(&batch).await.unwrap(),
         vec![ClaimOutcome::Claimed, pending(b), ClaimOutcome::Mine]
     );
     // A's late confirmation learns that its job is a duplicate.
@@ -1021,7 +1032,8 @@ async fn bench_run(
                                     counts[match o {
                                         ClaimOutcome::Claimed => 0,
                                         ClaimOutcome::Mine => 1,
-                                        ClaimOutcome::Duplicate { .. } => 2,
+                                        ClaimOutcome::Duplicate { .. }
+                                        | ClaimOutcome::Lapsed { .. } => 2,
                                     }] += 1;
                                 }
                             }

@@ -33,21 +33,7 @@ async fn healthy_latencies(
             submitted.insert(job.id, at);
         }
     }
-    wait_for(Duration::from_secs(20), "healthy deliveries", || async {
-        let per_job = sink.per_job();
-        submitted.keys().all(|id| per_job.contains_key(id))
-    })
-    .await;
-    let arrived: HashMap<String, Instant> = sink
-        .received()
-        .into_iter()
-        .filter(|r| r.path == "/ok")
-        .map(|r| (r.job_id, r.at))
-        .collect();
-    submitted
-        .iter()
-        .map(|(id, at)| arrived[id].duration_since(*at))
-        .collect()
+    delivery_latencies(sink, &submitted, Duration::from_secs(20)).await
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

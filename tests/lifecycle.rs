@@ -18,6 +18,7 @@ use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use common::procs::Proc;
 use common::s3::{Mode, S3Server};
 use common::*;
 use serde_json::{json, Value};
@@ -26,7 +27,6 @@ use spindle::job::{JobId, State};
 use spindle::jobdb::JobDb;
 use spindle::registry::inventory::{Inventory, JobDbRecord, JobDbState};
 use spindle::sink::Sink;
-use tokio::process::{Child, Command};
 
 const TTL_MS: &str = "1000";
 const LOCK_DELAY_MS: &str = "500";
@@ -36,41 +36,6 @@ fn scale() -> usize {
         .ok()
         .and_then(|s| s.parse().ok())
         .unwrap_or(1)
-}
-
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
-}
-
-/// A `spindle` process.
-struct Proc {
-    child: Child,
-    port: u16,
-}
-
-impl Proc {
-    fn base(&self) -> String {
-        format!("http://127.0.0.1:{}", self.port)
-    }
-
-    async fn kill9(&mut self) {
-        let _ = self.child.start_kill();
-        let _ = self.child.wait().await;
-    }
-
-    async fn term(&mut self) {
-        if let Some(pid) = self.child.id() {
-            let _ = nix::sys::signal::kill(
-                nix::unistd::Pid::from_raw(pid as i32),
-                nix::sys::signal::Signal::SIGTERM,
-            );
-        }
-        let _ = tokio::time::timeout(Duration::from_secs(40), self.child.wait()).await;
-    }
 }
 
 /// Consul, S3, a sink, and the processes of one test; its databases are dropped at the end.
@@ -135,17 +100,7 @@ impl Life {
     }
 
     fn spawn(&self, args: Vec<String>) -> Proc {
-        let port = free_port();
-        let child = Command::new(env!("CARGO_BIN_EXE_spindle"))
-            .args(args.iter().map(|a| a.replace("{port}", &port.to_string())))
-            .env(
-                "SPINDLE_LOG",
-                std::env::var("SPINDLE_TEST_LOG").unwrap_or("warn".into()),
-            )
-            .kill_on_drop(true)
-            .spawn()
-            .expect("spawn spindle");
-        Proc { child, port }
+        Proc::spawn(&args, 0)
     }
 
     fn director(&self, id: &str) -> Proc {

@@ -344,7 +344,7 @@ async fn serve(
         ready: Arc::new(AtomicBool::new(true)),
         ids: Arc::new(Mutex::new(ulid::Generator::new())),
         auth: config.auth.clone(),
-        imports: Arc::new(tokio::sync::Mutex::new(())),
+        imports: Arc::default(),
     };
     if config.auth.is_none() {
         tracing::warn!("no --tokens file: the rpc api accepts every caller");

@@ -391,6 +391,9 @@ impl JobDb {
 
     /// The jobs with these ids (those that exist).
     pub async fn get_jobs(&self, ids: &[JobId]) -> Result<Vec<Job>, JobDbError> {
+        if ids.is_empty() {
+            return Ok(Vec::new());
+        }
         let mut qb = QueryBuilder::<MySql>::new(
             "SELECT id, bucket, endpoint, method, headers, payload, execution_timeout_ms, \
              backoff_min_delay_ms, backoff_coefficient, created_at, expire_at, idempotency_key \

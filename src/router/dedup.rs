@@ -114,14 +114,17 @@ const KEY_DOMAIN: &[u8] = b"spindle/dedup/v1\0";
 
 /// The claim (and confirm) script; see the module documentation.
 const CLAIM_LUA: &str = r#"
--- ARGV: key prefix, mode ('c' claim | 'f' confirm), pending TTL ms, slot ms, ms a hash outlives
+-- ARGV: key prefix, mode ('c' claim | 't' take over | 'f' confirm), pending TTL ms, slot ms, ms a hash outlives
 -- its slot, number of slot ranges R, then R × (own slot, first slot, last slot), then per key:
 -- field, owner (16 bytes), hash index, range number (1-based). Keys come sorted by hash index
 -- and range, so that each run sharing both is one HMGET per slot and one HSET.
 -- Returns {position, kind, owner} for keys not newly claimed: kind 1 = the owner's own entry,
--- 2 = another owner's confirmed entry, 3 = another owner's pending entry.
+-- 2 = another owner's confirmed entry, 3 = another owner's pending entry, 4 = another owner's
+-- lapsed pending entry (claim mode only: kept, so the caller can check that its job was never
+-- stored before taking the key over; take-over mode deletes it like confirm mode does).
 local prefix = ARGV[1]
 local confirming = ARGV[2] == 'f'
+local careful = ARGV[2] == 'c'
 local time = redis.call('TIME')
 local now = tonumber(time[1]) * 1000 + math.floor(tonumber(time[2]) / 1000)
 local deadline = string.format('%.0f', now + tonumber(ARGV[3]))
@@ -193,7 +196,7 @@ while i <= n do
   for g = 1, count do
     position = position + 1
     local field, owner = fields[g], ARGV[i + (g - 1) * 4 + 1]
-    local mine_key, mine_pending, other, other_pending = nil, false, nil, false
+    local mine_key, mine_pending, other, other_pending, other_lapsed = nil, false, nil, false, false
     local earlier = fresh[field]
     if earlier then
       if string.sub(earlier, 1, 16) == owner then
@@ -207,7 +210,13 @@ while i <= n do
       if value then
         local pending = #value > 16
         if pending and tonumber(string.sub(value, 17)) <= now then
-          deletes = append(deletes, keys[s], field)
+          if careful and string.sub(value, 1, 16) ~= owner then
+            if not other then
+              other, other_pending, other_lapsed = string.sub(value, 1, 16), true, true
+            end
+          else
+            deletes = append(deletes, keys[s], field)
+          end
         elseif string.sub(value, 1, 16) == owner then
           mine_key, mine_pending = keys[s], pending
         elseif not other then
@@ -231,7 +240,7 @@ while i <= n do
       out[#out + 1] = owner
     elseif other then
       out[#out + 1] = position
-      out[#out + 1] = other_pending and 3 or 2
+      out[#out + 1] = other_lapsed and 4 or (other_pending and 3 or 2)
       out[#out + 1] = other
     else
       own_sets[#own_sets + 1] = field
@@ -500,6 +509,12 @@ pub enum ClaimOutcome {
         /// Whether its claim is confirmed (its job persisted) or still pending.
         confirmed: bool,
     },
+    /// Another job's claim is pending past its deadline: the router that made it did not
+    /// confirm in time (it died, or its forward is unresolved). Its job may exist.
+    Lapsed {
+        /// The job holding the lapsed claim.
+        owner: JobId,
+    },
 }
 
 /// What a confirmation found.
@@ -587,6 +602,7 @@ struct Plan {
 #[derive(Clone, Copy, PartialEq, Eq)]
 enum Mode {
     Claim,
+    TakeOver,
     Confirm,
 }
 
@@ -594,7 +610,11 @@ enum Mode {
 #[derive(Clone, Copy)]
 enum Found {
     Mine,
-    Other { owner: [u8; 16], pending: bool },
+    Other {
+        owner: [u8; 16],
+        pending: bool,
+        lapsed: bool,
+    },
 }
 
 /// One script call's result: the store, the claims sent (indexes) and what it reported.
@@ -607,7 +627,8 @@ struct Progress {
     written_on: Vec<u16>,
     mine: bool,
     done: bool,
-    other: Option<(JobId, bool)>,
+    /// Another owner, whether its claim is pending, whether it lapsed.
+    other: Option<(JobId, bool, bool)>,
 }
 
 struct Inner {
@@ -716,12 +737,31 @@ impl DedupStore {
 
     /// Claims each key for its owner; one outcome per claim, in order. If a batch holds the
     /// same key twice, exactly one is `Claimed` (the first, when both fall in one script call).
+    ///
+    /// Another job's claim that lapsed (pending past its deadline) is reported as
+    /// [`ClaimOutcome::Lapsed`] and left in place: its job may have been stored by a router
+    /// that died before confirming. Check that it was not, then call [`DedupStore::take_over`].
     pub async fn claim(&self, claims: &[Claim]) -> Result<Vec<ClaimOutcome>, DedupError> {
-        let progress = self.run(claims, Mode::Claim).await?;
+        self.claim_in(claims, Mode::Claim).await
+    }
+
+    /// [`DedupStore::claim`], treating lapsed claims of other jobs as absent (and deleting them):
+    /// for keys whose lapsed holder is known not to have been stored.
+    pub async fn take_over(&self, claims: &[Claim]) -> Result<Vec<ClaimOutcome>, DedupError> {
+        self.claim_in(claims, Mode::TakeOver).await
+    }
+
+    async fn claim_in(
+        &self,
+        claims: &[Claim],
+        mode: Mode,
+    ) -> Result<Vec<ClaimOutcome>, DedupError> {
+        let progress = self.run(claims, mode).await?;
         Ok(progress
             .into_iter()
             .map(|p| match p.other {
-                Some((owner, pending)) => ClaimOutcome::Duplicate {
+                Some((owner, _, true)) => ClaimOutcome::Lapsed { owner },
+                Some((owner, pending, false)) => ClaimOutcome::Duplicate {
                     owner,
                     confirmed: !pending,
                 },
@@ -738,7 +778,7 @@ impl DedupStore {
         Ok(progress
             .into_iter()
             .map(|p| match p.other {
-                Some((owner, _)) => ConfirmOutcome::Lost { owner },
+                Some((owner, _, _)) => ConfirmOutcome::Lost { owner },
                 None if p.mine => ConfirmOutcome::Confirmed,
                 None => ConfirmOutcome::Restored,
             })
@@ -786,7 +826,7 @@ impl DedupStore {
     async fn run(&self, claims: &[Claim], mode: Mode) -> Result<Vec<Progress>, DedupError> {
         // Only a new claim's time is checked against the clock: a confirmation comes as late as
         // the persist took, for a time that was checked when it was claimed.
-        let plans = self.plan(claims, mode == Mode::Claim).await?;
+        let plans = self.plan(claims, mode != Mode::Confirm).await?;
         let mut progress: Vec<Progress> = claims.iter().map(|_| Progress::default()).collect();
         loop {
             let mut by_store: BTreeMap<u16, Vec<usize>> = BTreeMap::new();
@@ -826,8 +866,12 @@ impl DedupStore {
                 for i in members {
                     let p = &mut progress[i];
                     match reported.remove(&i) {
-                        Some(Found::Other { owner, pending }) => {
-                            p.other = Some((JobId::from_bytes(owner), pending));
+                        Some(Found::Other {
+                            owner,
+                            pending,
+                            lapsed,
+                        }) => {
+                            p.other = Some((JobId::from_bytes(owner), pending, lapsed));
                             p.done = true;
                             continue;
                         }
@@ -839,7 +883,7 @@ impl DedupStore {
                 }
             }
         }
-        if mode == Mode::Claim {
+        if mode != Mode::Confirm {
             self.roll_back(claims, &plans, &progress).await;
         }
         Ok(progress)
@@ -990,7 +1034,11 @@ impl DedupStore {
         }));
         let mut call = self.inner.claim_script.prepare_invoke();
         call.arg(config.key_prefix.as_str())
-            .arg(if mode == Mode::Claim { "c" } else { "f" })
+            .arg(match mode {
+                Mode::Claim => "c",
+                Mode::TakeOver => "t",
+                Mode::Confirm => "f",
+            })
             .arg(DedupConfig::ms(config.pending_ttl))
             .arg(self.inner.slot_ms)
             .arg(DedupConfig::ms(config.window) + 2 * DedupConfig::ms(config.max_skew))
@@ -1037,13 +1085,10 @@ impl DedupStore {
                 .map_err(|_| self.protocol_error(store, "owner is not 16 bytes".to_owned()))?;
             let found = match kind {
                 1 => Found::Mine,
-                2 => Found::Other {
+                2..=4 => Found::Other {
                     owner,
-                    pending: false,
-                },
-                3 => Found::Other {
-                    owner,
-                    pending: true,
+                    pending: *kind != 2,
+                    lapsed: *kind == 4,
                 },
                 other => return Err(self.protocol_error(store, format!("kind {other}"))),
             };

@@ -21,5 +21,7 @@
 //! ([`dedup::DedupStore::release`]) the claims depending on whether the Director persisted them.
 
 pub mod dedup;
+pub mod directors;
 pub mod placement;
+pub mod service;
 pub mod shuffle;

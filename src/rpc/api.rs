@@ -497,30 +497,58 @@ pub struct SubmitResponse {
     pub jobs: Vec<AcceptedJob>,
 }
 
-/// One accepted job.
+/// What became of one job of a submission. A Director answers `accepted` for every job of a
+/// 202; a router also answers `duplicate`, `pending` and `failed`.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum JobStatus {
+    /// Persisted now, under `id`.
+    #[default]
+    Accepted,
+    /// Its idempotency key was used within the dedup window: `id` is the original job's, and
+    /// nothing new was stored.
+    Duplicate,
+    /// Another submission of the same key is being stored and is not confirmed yet (`id` is
+    /// its job): nothing was stored for this one; submit it again later, with the same key.
+    Pending,
+    /// Not stored (`error` says why); submit it again, with the same idempotency key if any.
+    Failed,
+}
+
+/// One job of a submission's answer.
 #[derive(Debug, Serialize, Deserialize, ToSchema)]
 pub struct AcceptedJob {
-    /// The job id (ULID).
+    /// The job id (ULID): this job's, or for a duplicate the original job's.
     pub id: String,
+    /// What became of it.
+    #[serde(default)]
+    pub status: JobStatus,
     /// The bucket given.
     pub bucket: String,
-    /// When the job was accepted.
-    pub created_at: DateTime<Utc>,
-    /// When it stops being retried.
-    pub expire_at: DateTime<Utc>,
+    /// When the job was accepted (for `accepted`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub created_at: Option<DateTime<Utc>>,
+    /// When it stops being retried (for `accepted`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub expire_at: Option<DateTime<Utc>>,
     /// The idempotency key given, if any.
-    #[serde(skip_serializing_if = "Option::is_none")]
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub idempotency_key: Option<String>,
+    /// For `pending` and `failed`: why.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub error: Option<String>,
 }
 
 impl From<&Job> for AcceptedJob {
     fn from(job: &Job) -> Self {
         AcceptedJob {
             id: job.id.to_string(),
+            status: JobStatus::Accepted,
             bucket: job.bucket.to_string(),
-            created_at: job.created_at,
-            expire_at: job.expire_at,
+            created_at: Some(job.created_at),
+            expire_at: Some(job.expire_at),
             idempotency_key: job.idempotency_key.clone(),
+            error: None,
         }
     }
 }

@@ -1,13 +1,22 @@
-//! `POST /v1/import`: a drainer hands a live Director the jobs of a retired JobDB that still
-//! await a retry. Each keeps its id, attempts, creation and expiry times and next attempt, and
-//! records the JobDB it came from. Admin scope only.
+//! `POST /v1/import`: jobs that already have an id enter this Director's JobDB. Admin scope only.
 //!
-//! Idempotent per JobDB: jobs already present are skipped, so a drainer that lost the answer
+//! Two callers:
+//! - a drainer hands over the jobs of a retired JobDB that still await a retry (`from_jobdb`
+//!   set): each keeps its id, attempts, creation and expiry times and next attempt, gets an
+//!   `imported` row and records the JobDB it came from;
+//! - a router forwards new jobs whose ids it chose when it claimed their idempotency keys
+//!   (`from_jobdb` absent): they start like submitted jobs (`awaiting-scheduling`), and a
+//!   `not_after` instant (the end of the router's claim) is refused once passed, so a forward
+//!   that arrives after its claim could have been taken over stores nothing.
+//!
+//! Idempotent per JobDB: jobs already present are skipped, so a caller that lost the answer
 //! sends the same batch again. The caller names the JobDB it expects this Director to own;
 //! a Director that owns another one (or none) answers 409/503 and stores nothing, so a batch
-//! planned for one JobDB can never land in two.
+//! meant for one JobDB can never land in two. Requests sharing a job id are checked and written
+//! one after the other; others run concurrently and share the writer's group commits.
 
-use std::sync::Arc;
+use std::collections::HashSet;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use axum::extract::rejection::BytesRejection;
@@ -18,7 +27,7 @@ use base64::Engine;
 use bytes::Bytes;
 use chrono::{DateTime, Utc};
 use serde::{Deserialize, Serialize};
-use tokio::sync::oneshot;
+use tokio::sync::{oneshot, Notify};
 use utoipa::ToSchema;
 
 use super::api::FieldError;
@@ -38,8 +47,12 @@ pub const MAX_IMPORT_JOBS: usize = 1000;
 pub struct ImportRequest {
     /// The JobDB the caller expects this Director to own (409 if it owns another).
     pub jobdb: String,
-    /// The retired JobDB the jobs come from.
-    pub from_jobdb: String,
+    /// The retired JobDB the jobs come from; absent for new jobs forwarded by a router.
+    #[serde(default)]
+    pub from_jobdb: Option<String>,
+    /// New jobs only: refuse the request (409, nothing stored) once this instant has passed.
+    #[serde(default)]
+    pub not_after: Option<DateTime<Utc>>,
     /// 1 to 1000 jobs.
     pub jobs: Vec<ImportJob>,
 }
@@ -72,9 +85,10 @@ pub struct ImportJob {
     pub expire_at: DateTime<Utc>,
     /// The producer's idempotency key.
     pub idempotency_key: Option<String>,
-    /// Attempts made so far.
+    /// Attempts made so far (0 for new jobs).
+    #[serde(default)]
     pub attempts: u16,
-    /// When its next attempt is due.
+    /// When its next attempt is due (new jobs: when they were accepted).
     pub retry_at: DateTime<Utc>,
 }
 
@@ -202,15 +216,7 @@ pub(super) async fn import_jobs(
             });
         }
     }
-    let body = body.map_err(|rejection| match rejection.status() {
-        StatusCode::PAYLOAD_TOO_LARGE => ApiError::BodyTooLarge {
-            limit: state.limits.max_request_bytes,
-        },
-        _ => ApiError::InvalidJson {
-            field: None,
-            message: rejection.body_text(),
-        },
-    })?;
+    let body = super::request_body(body, &state.limits)?;
     let request: ImportRequest =
         serde_path_to_error::deserialize(&mut serde_json::Deserializer::from_slice(&body))
             .map_err(|e| ApiError::InvalidJson {
@@ -227,8 +233,26 @@ pub(super) async fn import_jobs(
             field: Some("jobdb".to_owned()),
         });
     }
-    if !crate::registry::inventory::valid_name(&request.from_jobdb) {
-        return Err(FieldError::new("from_jobdb", "must be 1 to 48 of [a-z0-9_]").into());
+    if let Some(from) = &request.from_jobdb {
+        if !crate::registry::inventory::valid_name(from) {
+            return Err(FieldError::new("from_jobdb", "must be 1 to 48 of [a-z0-9_]").into());
+        }
+    }
+    if let Some(not_after) = request.not_after {
+        if request.from_jobdb.is_some() {
+            return Err(
+                FieldError::new("not_after", "is only for new jobs (without from_jobdb)").into(),
+            );
+        }
+        if Utc::now() > not_after {
+            return Err(ApiError::Conflict {
+                message: format!(
+                    "not_after ({not_after}) has passed: the claim may have been taken over; \
+                     nothing was stored"
+                ),
+                field: Some("not_after".to_owned()),
+            });
+        }
     }
     if request.jobs.is_empty() || request.jobs.len() > MAX_IMPORT_JOBS {
         return Err(
@@ -237,13 +261,20 @@ pub(super) async fn import_jobs(
     }
     let mut jobs = Vec::with_capacity(request.jobs.len());
     for (i, spec) in request.jobs.iter().enumerate() {
+        if request.from_jobdb.is_none() && spec.attempts != 0 {
+            return Err(FieldError::new(
+                format!("jobs[{i}].attempts"),
+                "must be 0 for new jobs (without from_jobdb)",
+            )
+            .into());
+        }
         jobs.push((spec.to_job(i)?, spec.attempts, spec.retry_at));
     }
 
-    // One import at a time: the check for jobs already present and their insert must not
-    // interleave with another import of the same jobs.
-    let _one_at_a_time = state.imports.lock().await;
+    // Requests sharing an id are checked and written one after the other: the check for jobs
+    // already present and their insert must not interleave with another request's.
     let ids: Vec<JobId> = jobs.iter().map(|(job, _, _)| job.id).collect();
+    let _held = state.imports.hold(&ids).await;
     let present = state.db.existing_jobs(&ids).await.map_err(|e| {
         tracing::warn!(error = %e, "import: reading existing jobs failed");
         ApiError::Unavailable("the jobdb is unavailable; nothing was stored".into())
@@ -259,17 +290,35 @@ pub(super) async fn import_jobs(
         .collect();
     let imported = fresh.len();
     if imported > 0 {
-        let (reply, outcome) = oneshot::channel();
+        let (op, outcome) = match &request.from_jobdb {
+            Some(from) => {
+                let (reply, outcome) = oneshot::channel();
+                let op = WriteOp::Import {
+                    jobs: fresh,
+                    from_jobdb: from.clone(),
+                    reply,
+                };
+                (op, Outcome::Imported(outcome))
+            }
+            None => {
+                let (reply, outcome) = oneshot::channel();
+                let op = WriteOp::Submit {
+                    jobs: fresh.into_iter().map(|r| r.job).collect(),
+                    reply,
+                };
+                (op, Outcome::Submitted(outcome))
+            }
+        };
         state
             .writer
-            .send(WriteOp::Import {
-                jobs: fresh,
-                from_jobdb: request.from_jobdb.clone(),
-                reply,
-            })
+            .send(op)
             .await
             .map_err(|_| ApiError::ShuttingDown)?;
-        match outcome.await {
+        let outcome = match outcome {
+            Outcome::Imported(rx) => rx.await,
+            Outcome::Submitted(rx) => rx.await.map(|r| r.map(|_| ())),
+        };
+        match outcome {
             Ok(Ok(())) => {}
             Ok(Err(WriteRejected::Unavailable)) => {
                 return Err(ApiError::Unavailable(
@@ -279,8 +328,8 @@ pub(super) async fn import_jobs(
             Ok(Err(WriteRejected::LockLost)) | Err(_) => return Err(ApiError::ShuttingDown),
         }
     }
-    tracing::info!(
-        from = request.from_jobdb,
+    tracing::debug!(
+        from = request.from_jobdb.as_deref().unwrap_or("router"),
         imported,
         already_present = present.len(),
         "jobs imported"
@@ -293,4 +342,56 @@ pub(super) async fn import_jobs(
             already_present: present.len(),
         }),
     ))
+}
+
+/// Where a write's outcome arrives: imports are acknowledged, submissions get a transaction id.
+enum Outcome {
+    Imported(oneshot::Receiver<Result<(), WriteRejected>>),
+    Submitted(oneshot::Receiver<Result<ulid::Ulid, WriteRejected>>),
+}
+
+/// Job ids of the imports in progress: requests sharing an id wait for each other.
+#[derive(Debug, Default)]
+pub struct InFlight {
+    ids: Mutex<HashSet<JobId>>,
+    released: Notify,
+}
+
+/// Holds ids in an [`InFlight`] set until dropped.
+pub struct Held<'a> {
+    set: &'a InFlight,
+    ids: Vec<JobId>,
+}
+
+impl InFlight {
+    /// Waits until none of `ids` is held by another request, then holds them.
+    pub async fn hold(&self, ids: &[JobId]) -> Held<'_> {
+        loop {
+            let released = self.released.notified();
+            tokio::pin!(released);
+            released.as_mut().enable();
+            {
+                let mut held = self.ids.lock().unwrap_or_else(|p| p.into_inner());
+                if !ids.iter().any(|id| held.contains(id)) {
+                    held.extend(ids.iter().copied());
+                    return Held {
+                        set: self,
+                        ids: ids.to_vec(),
+                    };
+                }
+            }
+            released.await;
+        }
+    }
+}
+
+impl Drop for Held<'_> {
+    fn drop(&mut self) {
+        let mut held = self.set.ids.lock().unwrap_or_else(|p| p.into_inner());
+        for id in &self.ids {
+            held.remove(id);
+        }
+        drop(held);
+        self.set.released.notify_waiters();
+    }
 }

@@ -48,42 +48,29 @@ pub struct RpcState {
     pub ids: Arc<Mutex<ulid::Generator>>,
     /// Known API tokens; `None` leaves the API open (a warning is logged at start).
     pub auth: Option<Arc<auth::TokenStore>>,
-    /// Held by the import in progress (imports are checked and written one at a time).
-    pub imports: Arc<tokio::sync::Mutex<()>>,
+    /// Job ids of the imports in progress (requests sharing an id run one at a time).
+    pub imports: Arc<import::InFlight>,
 }
 
 impl RpcState {
     /// The caller behind the request's bearer token (`None` when authentication is off).
     fn caller(&self, headers: &HeaderMap) -> Result<Option<auth::Caller>, ApiError> {
-        let Some(store) = &self.auth else {
-            return Ok(None);
-        };
-        let token = headers
-            .get(header::AUTHORIZATION)
-            .and_then(|v| v.to_str().ok())
-            .and_then(|v| v.strip_prefix("Bearer "))
-            .ok_or(ApiError::Unauthenticated)?;
-        let caller = store
-            .authenticate(token.trim())
-            .ok_or(ApiError::Unauthenticated)?;
-        caller
-            .admit()
-            .map_err(|retry_after| ApiError::RateLimited {
-                name: caller.name.clone(),
-                retry_after,
-            })?;
-        Ok(Some(caller))
+        caller_of(self.auth.as_deref(), headers)
     }
 
     fn next_id(&self) -> JobId {
-        let generated = self
-            .ids
-            .lock()
-            .map(|mut generator| generator.generate())
-            .unwrap_or_else(|poisoned| poisoned.into_inner().generate());
-        // The generator only fails when 2^80 ids were made in one millisecond.
-        JobId(generated.unwrap_or_else(|_| ulid::Ulid::new()))
+        next_id(&self.ids)
     }
+}
+
+/// A new job id from `ids`: monotonic within a millisecond, so ids keep submission order.
+pub fn next_id(ids: &Mutex<ulid::Generator>) -> JobId {
+    let generated = ids
+        .lock()
+        .map(|mut generator| generator.generate())
+        .unwrap_or_else(|poisoned| poisoned.into_inner().generate());
+    // The generator only fails when 2^80 ids were made in one millisecond.
+    JobId(generated.unwrap_or_else(|_| ulid::Ulid::new()))
 }
 
 /// The OpenAPI document of the RPC API.
@@ -99,6 +86,7 @@ impl RpcState {
         api::JobSpec,
         api::SubmitResponse,
         api::AcceptedJob,
+        api::JobStatus,
         api::JobView,
         api::TransitionView,
         api::ErrorBody,
@@ -179,31 +167,9 @@ async fn submit_jobs(
         return Err(ApiError::ShuttingDown);
     }
     let caller = state.caller(&headers)?;
-    let body = body.map_err(|rejection| match rejection.status() {
-        StatusCode::PAYLOAD_TOO_LARGE => ApiError::BodyTooLarge {
-            limit: state.limits.max_request_bytes,
-        },
-        _ => ApiError::InvalidJson {
-            field: None,
-            message: rejection.body_text(),
-        },
-    })?;
+    let body = request_body(body, &state.limits)?;
     let jobs = check_submission(&body, &state.limits, || state.next_id())?;
-    if let Some(caller) = &caller {
-        if let Some((i, job)) = jobs
-            .iter()
-            .enumerate()
-            .find(|(_, job)| !caller.may_use(&job.bucket))
-        {
-            return Err(ApiError::Forbidden {
-                message: format!(
-                    "token {:?} may not submit to bucket {:?}; nothing was stored",
-                    caller.name, job.bucket
-                ),
-                field: Some(format!("jobs[{i}].bucket")),
-            });
-        }
-    }
+    check_buckets(caller.as_ref(), &jobs)?;
 
     let (reply, outcome) = oneshot::channel();
     state
@@ -228,6 +194,73 @@ async fn submit_jobs(
         jobs: jobs.iter().map(|job| AcceptedJob::from(&**job)).collect(),
     };
     Ok((StatusCode::ACCEPTED, Json(response)))
+}
+
+/// The caller behind a request's bearer token, admitted by its rate limit (`None` when `store`
+/// is `None`: authentication is off).
+pub fn caller_of(
+    store: Option<&auth::TokenStore>,
+    headers: &HeaderMap,
+) -> Result<Option<auth::Caller>, ApiError> {
+    let Some(store) = store else {
+        return Ok(None);
+    };
+    let token = headers
+        .get(header::AUTHORIZATION)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.strip_prefix("Bearer "))
+        .ok_or(ApiError::Unauthenticated)?;
+    let caller = store
+        .authenticate(token.trim())
+        .ok_or(ApiError::Unauthenticated)?;
+    caller
+        .admit()
+        .map_err(|retry_after| ApiError::RateLimited {
+            name: caller.name.clone(),
+            retry_after,
+        })?;
+    Ok(Some(caller))
+}
+
+/// The request body, or the error that answers a body too large or unreadable.
+pub fn request_body(
+    body: Result<Bytes, BytesRejection>,
+    limits: &IntakeLimits,
+) -> Result<Bytes, ApiError> {
+    body.map_err(|rejection| match rejection.status() {
+        StatusCode::PAYLOAD_TOO_LARGE => ApiError::BodyTooLarge {
+            limit: limits.max_request_bytes,
+        },
+        _ => ApiError::InvalidJson {
+            field: None,
+            message: rejection.body_text(),
+        },
+    })
+}
+
+/// Refuses the whole batch (403, naming the first offending job) when the caller may not use
+/// one of its buckets.
+pub fn check_buckets(
+    caller: Option<&auth::Caller>,
+    jobs: &[Arc<crate::job::Job>],
+) -> Result<(), ApiError> {
+    let Some(caller) = caller else {
+        return Ok(());
+    };
+    match jobs
+        .iter()
+        .enumerate()
+        .find(|(_, job)| !caller.may_use(&job.bucket))
+    {
+        Some((i, job)) => Err(ApiError::Forbidden {
+            message: format!(
+                "token {:?} may not submit to bucket {:?}; nothing was stored",
+                caller.name, job.bucket
+            ),
+            field: Some(format!("jobs[{i}].bucket")),
+        }),
+        None => Ok(()),
+    }
 }
 
 /// Parses and validates a `POST /v1/jobs` body into jobs, exactly as the handler does (the fuzz

@@ -13,6 +13,7 @@ use spindle::job::{JobId, State, Transition};
 use spindle::jobdb::{self, JobDb, JobDbUrl};
 use spindle::rpc::api::SubmitResponse;
 
+pub mod procs;
 pub mod s3;
 
 /// The MySQL server the tests use (the machine's MariaDB unless overridden).
@@ -335,4 +336,27 @@ impl Rig {
         self.reader.close().await;
         self.sink.stop().await;
     }
+}
+
+/// Waits until the sink received every submitted job (id → submit instant), then returns each
+/// job's submit-to-delivery latency (first arrival at `/ok`).
+pub async fn delivery_latencies(
+    sink: &spindle::sink::Sink,
+    submitted: &std::collections::HashMap<String, std::time::Instant>,
+    timeout: Duration,
+) -> Vec<Duration> {
+    wait_for(timeout, "deliveries", || async {
+        let per_job = sink.per_job();
+        submitted.keys().all(|id| per_job.contains_key(id))
+    })
+    .await;
+    let mut arrived: std::collections::HashMap<String, std::time::Instant> =
+        std::collections::HashMap::new();
+    for r in sink.received().into_iter().filter(|r| r.path == "/ok") {
+        arrived.entry(r.job_id).or_insert(r.at);
+    }
+    submitted
+        .iter()
+        .map(|(id, at)| arrived[id].duration_since(*at))
+        .collect()
 }
