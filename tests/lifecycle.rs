@@ -253,8 +253,8 @@ impl Life {
                 match (m.kind, last) {
                     // The object holds the job up to `archiving`; `archived` follows its
                     // confirmation, in a JobDB that may be gone by now.
-                    (BatchKind::Expired, _) => census.note(id, State::Archived, "archive"),
-                    (_, Some(state)) => census.note(id, state, "archive"),
+                    (BatchKind::Expired, _) => census.note(id, State::Archived, &m.jobdb),
+                    (_, Some(state)) => census.note(id, state, &m.jobdb),
                     _ => {}
                 }
             }
@@ -291,9 +291,12 @@ impl Census {
         }
         let entry = self.finals.entry(id).or_default();
         if state.is_final() {
-            // A job archived as expired is also `archived` in its live JobDB: one end, two
-            // records of it.
-            if state == State::Archived && entry.iter().any(|(s, _)| *s == State::Archived) {
+            // One end, two records of it: a job archived as expired is also `archived` in its
+            // JobDB; and a JobDB read live may be drained before the archive is read, its
+            // history batch then holding the same end (the place is the JobDB either way).
+            if entry.iter().any(|(s, p)| {
+                *s == state && (p == place || (state == State::Archived && *s == State::Archived))
+            }) {
                 return;
             }
             entry.push((state, place.to_owned()));

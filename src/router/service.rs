@@ -836,12 +836,7 @@ async fn get_job(
     Path(id): Path<String>,
 ) -> Result<Response, ApiError> {
     crate::rpc::caller_of(shared.settings.auth.as_deref(), &headers)?;
-    let id: JobId = id
-        .parse()
-        .map_err(|e: crate::job::InvalidJobId| ApiError::InvalidJson {
-            field: Some("id".into()),
-            message: e.to_string(),
-        })?;
+    let id = crate::rpc::parse_job_id(&id)?;
     let directors = shared.directors.all();
     let lookups = directors.iter().map(|d| {
         let mut call = shared.http.get(format!("{}/v1/jobs/{id}", d.base));

@@ -263,6 +263,15 @@ pub fn check_buckets(
     }
 }
 
+/// A job id from a path segment (ULID or `HEX(id)`), or the 400 that names it.
+pub fn parse_job_id(id: &str) -> Result<JobId, ApiError> {
+    id.parse()
+        .map_err(|e: crate::job::InvalidJobId| ApiError::InvalidJson {
+            field: Some("id".into()),
+            message: e.to_string(),
+        })
+}
+
 /// Parses and validates a `POST /v1/jobs` body into jobs, exactly as the handler does (the fuzz
 /// target calls this too).
 pub fn check_submission(
@@ -311,12 +320,7 @@ async fn get_job(
     Path(id): Path<String>,
 ) -> Result<Json<JobView>, ApiError> {
     let caller = state.caller(&headers)?;
-    let id: JobId = id
-        .parse()
-        .map_err(|e: crate::job::InvalidJobId| ApiError::InvalidJson {
-            field: Some("id".into()),
-            message: e.to_string(),
-        })?;
+    let id = parse_job_id(&id)?;
     let unavailable = |e: crate::jobdb::JobDbError| {
         tracing::warn!(error = %e, "job lookup failed");
         ApiError::Unavailable("the jobdb is unavailable".into())
