@@ -15,12 +15,12 @@
 mod common;
 
 use std::collections::HashMap;
-use std::process::{Child, Command, Stdio};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use chrono::{DateTime, TimeZone, Utc};
+use common::redis_server::PrivateRedis;
 use common::{wait_for, ConsulUnderTest};
 use spindle::job::JobId;
 use spindle::router::dedup::{
@@ -36,69 +36,6 @@ fn shared_redis() -> String {
 /// A key prefix of this test alone.
 fn unique_prefix(tag: &str) -> String {
     format!("sdt:{tag}:{}:", ulid::Ulid::new())
-}
-
-/// A `redis-server` of this test alone on a free port, killed on drop.
-struct PrivateRedis {
-    child: Child,
-    port: u16,
-}
-
-impl PrivateRedis {
-    /// Starts one and waits until it answers PING (retrying on another port if the free port
-    /// was taken in between).
-    async fn start(extra: &[&str]) -> PrivateRedis {
-        for _ in 0..5 {
-            let port = std::net::TcpListener::bind("127.0.0.1:0")
-                .and_then(|l| l.local_addr())
-                .expect("free port")
-                .port();
-            let mut child = Command::new("redis-server")
-                .args(["--port", &port.to_string(), "--bind", "127.0.0.1"])
-                .args(["--save", "", "--appendonly", "no"])
-                .args(extra)
-                .stdout(Stdio::null())
-                .stderr(Stdio::null())
-                .spawn()
-                .expect("redis-server on PATH");
-            let deadline = Instant::now() + Duration::from_secs(10);
-            loop {
-                if let Ok(Some(_)) = child.try_wait() {
-                    break; // exited: most likely the port was taken
-                }
-                if ping(&format!("redis://127.0.0.1:{port}")).await {
-                    return PrivateRedis { child, port };
-                }
-                assert!(Instant::now() < deadline, "redis-server did not start");
-                tokio::time::sleep(Duration::from_millis(20)).await;
-            }
-        }
-        panic!("could not start a private redis-server");
-    }
-
-    fn url(&self) -> String {
-        format!("redis://127.0.0.1:{}", self.port)
-    }
-}
-
-impl Drop for PrivateRedis {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
-async fn ping(url: &str) -> bool {
-    let Ok(client) = redis::Client::open(url) else {
-        return false;
-    };
-    let Ok(mut conn) = client.get_multiplexed_async_connection().await else {
-        return false;
-    };
-    redis::cmd("PING")
-        .query_async::<String>(&mut conn)
-        .await
-        .is_ok()
 }
 
 async fn connection(url: &str) -> redis::aio::MultiplexedConnection {

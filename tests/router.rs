@@ -49,10 +49,20 @@ struct Cluster {
     router_port: u16,
     client: reqwest::Client,
     shard_size: usize,
+    /// `--redis` of the router.
+    stores: String,
+    /// A private Redis the test may crash (the only store when set).
+    private_redis: Option<common::redis_server::PrivateRedis>,
 }
 
 impl Cluster {
-    async fn start(directors: usize, shard_size: usize) -> Cluster {
+    /// Directors, each on a JobDB of its own, and a router over the shared Redis (stores `a`
+    /// and `b`, databases 0 and 1; the first layout names only `a`), or over `private` alone.
+    async fn start(
+        directors: usize,
+        shard_size: usize,
+        private: Option<common::redis_server::PrivateRedis>,
+    ) -> Cluster {
         let consul = ConsulUnderTest::start().await;
         assert!(
             consul.double.is_some(),
@@ -91,6 +101,11 @@ impl Cluster {
                 .build()
                 .unwrap(),
             shard_size,
+            stores: match &private {
+                Some(redis) => format!("a={}", redis.url()),
+                None => format!("a={REDIS}/0,b={REDIS}/1"),
+            },
+            private_redis: private,
         };
         for i in 0..directors {
             let director = cluster.director(i, 0);
@@ -137,7 +152,7 @@ impl Cluster {
     async fn start_router(&mut self) {
         let prefix = format!("{}:", self.tag);
         let placement_prefix = placement_settings(&self.tag).prefix;
-        let stores = format!("a={REDIS}/0,b={REDIS}/1");
+        let stores = self.stores.clone();
         let shard = self.shard_size.to_string();
         self.router = Some(Proc::spawn(
             &args(&[
@@ -282,16 +297,21 @@ async fn delete_keys(url: &str, prefix: &str) {
 type Answers = Arc<Mutex<HashMap<String, Vec<(JobStatus, String)>>>>;
 
 /// What made producers submit again: transport errors, 503s, `pending` and `failed` jobs.
-static RETRIES: [std::sync::atomic::AtomicUsize; 4] =
-    [const { std::sync::atomic::AtomicUsize::new(0) }; 4];
+type Retries = Arc<[std::sync::atomic::AtomicUsize; 4]>;
 
-fn retried(kind: usize) {
-    RETRIES[kind].fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+fn retried(retries: &Retries, kind: usize) {
+    retries[kind].fetch_add(1, std::sync::atomic::Ordering::Relaxed);
 }
 
 /// Submits `jobs` until every one is settled (`accepted` or `duplicate`): the whole batch again
 /// after a transport error or a 503, the unsettled jobs again after a 202.
-async fn submit_settled(client: &reqwest::Client, base: &str, jobs: Vec<Value>, answers: &Answers) {
+async fn submit_settled(
+    client: &reqwest::Client,
+    base: &str,
+    jobs: Vec<Value>,
+    answers: &Answers,
+    retries: &Retries,
+) {
     let mut open = jobs;
     let mut pause = Duration::from_millis(100);
     let started = Instant::now();
@@ -316,13 +336,13 @@ async fn submit_settled(client: &reqwest::Client, base: &str, jobs: Vec<Value>, 
                     status == reqwest::StatusCode::SERVICE_UNAVAILABLE,
                     "router answered {status}: {text}"
                 );
-                retried(1);
+                retried(retries, 1);
                 tokio::time::sleep(pause).await;
                 pause = (pause * 2).min(Duration::from_secs(1));
                 continue;
             }
             Err(_) => {
-                retried(0);
+                retried(retries, 0);
                 tokio::time::sleep(pause).await;
                 pause = (pause * 2).min(Duration::from_secs(1));
                 continue;
@@ -341,11 +361,14 @@ async fn submit_settled(client: &reqwest::Client, base: &str, jobs: Vec<Value>, 
                             .push((answer.status, answer.id));
                     }
                     JobStatus::Pending | JobStatus::Failed => {
-                        retried(if answer.status == JobStatus::Pending {
-                            2
-                        } else {
-                            3
-                        });
+                        retried(
+                            retries,
+                            if answer.status == JobStatus::Pending {
+                                2
+                            } else {
+                                3
+                            },
+                        );
                         again.push(job.clone())
                     }
                 }
@@ -358,15 +381,55 @@ async fn submit_settled(client: &reqwest::Client, base: &str, jobs: Vec<Value>, 
     }
 }
 
+/// A fault injected once a share of the keys is settled.
+#[derive(Clone, Copy, Debug)]
+enum Fault {
+    /// `spindle placements propose --store a --store b`.
+    AddStore,
+    /// SIGKILL the router, restart it on its port.
+    KillRouter,
+    /// SIGKILL a Director, restart it with the same id and port.
+    KillDirector,
+    /// SIGKILL the private Redis, restart it on its port and data.
+    CrashRedis,
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn duplicates_are_accepted_once_through_kills_and_a_placement_change() {
-    let total = env_usize("SPINDLE_ROUTER_JOBS", 6_000);
+    let cluster = Cluster::start(3, 2, None).await;
+    let faults = [
+        (Fault::AddStore, 0.15),
+        (Fault::KillRouter, 0.35),
+        (Fault::KillDirector, 0.55),
+        (Fault::KillRouter, 0.75),
+    ];
+    exactly_once(cluster, env_usize("SPINDLE_ROUTER_JOBS", 6_000), &faults).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_redis_crash_under_the_router_loses_no_claim() {
+    let dir = tempfile::tempdir().unwrap();
+    let redis = common::redis_server::PrivateRedis::start_durable(dir.path()).await;
+    let cluster = Cluster::start(2, 2, Some(redis)).await;
+    let faults = [(Fault::CrashRedis, 0.4)];
+    exactly_once(
+        cluster,
+        env_usize("SPINDLE_ROUTER_REDIS_JOBS", 3_000),
+        &faults,
+    )
+    .await;
+}
+
+/// Producers submit `total` keyed jobs, every tenth repeating a recent key, retrying whatever
+/// is not settled, while `faults` happen; then each key must be stored exactly once and every
+/// answer for it must name that job.
+async fn exactly_once(mut cluster: Cluster, total: usize, faults: &[(Fault, f64)]) {
     let producers = 4;
     let batch = 100;
-    let mut cluster = Cluster::start(3, 2).await;
     let base = cluster.base();
     let ok = cluster.sink.url("/ok");
     let answers: Answers = Arc::default();
+    let retries: Retries = Arc::default();
     // Keys whose first answer arrived, with when: repeats pick from these.
     let settled: Arc<Mutex<Vec<(String, String, Instant)>>> = Arc::default();
     let repeats = Arc::new(Mutex::new(0usize));
@@ -377,6 +440,7 @@ async fn duplicates_are_accepted_once_through_kills_and_a_placement_change() {
     for p in 0..producers {
         let (client, base, ok) = (cluster.client.clone(), base.clone(), ok.clone());
         let (answers, settled, repeats) = (answers.clone(), settled.clone(), repeats.clone());
+        let retries = retries.clone();
         tasks.spawn(async move {
             let mut made = 0;
             let mut n = 0;
@@ -416,7 +480,7 @@ async fn duplicates_are_accepted_once_through_kills_and_a_placement_change() {
                     made += 1;
                 }
                 n += 1;
-                submit_settled(&client, &base, jobs, &answers).await;
+                submit_settled(&client, &base, jobs, &answers, &retries).await;
                 let now = Instant::now();
                 settled
                     .lock()
@@ -426,8 +490,6 @@ async fn duplicates_are_accepted_once_through_kills_and_a_placement_change() {
         });
     }
 
-    // The faults, spaced over the run: a placement change adding store `b`, the router killed
-    // (SIGKILL) and restarted twice, and a Director killed and restarted in between.
     let consul_url = cluster.consul_url();
     let placement_prefix = placement_settings(&cluster.tag).prefix;
     // Each fault waits for a share of the keys to be settled, so all land mid-load.
@@ -441,54 +503,61 @@ async fn duplicates_are_accepted_once_through_kills_and_a_placement_change() {
             .await;
         }
     };
-    progress(0.15).await;
-    let proposed = tokio::process::Command::new(env!("CARGO_BIN_EXE_spindle"))
-        .args([
-            "placements",
-            "propose",
-            "--consul-addr",
-            &consul_url,
-            "--placement-prefix",
-            &placement_prefix,
-            "--placement-lead-ms",
-            "4000",
-            "--store",
-            "a",
-            "--store",
-            "b",
-        ])
-        .output()
-        .await
-        .unwrap();
-    assert!(proposed.status.success(), "{proposed:?}");
-    let change_at = Instant::now() + Duration::from_secs(5);
-    let mut kills = Vec::new();
-    for (fault, share) in [("router", 0.35), ("director", 0.55), ("router", 0.75)] {
+    let mut change_at = None;
+    let mut injected = Vec::new();
+    for &(fault, share) in faults {
         progress(share).await;
         match fault {
-            "router" => {
+            Fault::AddStore => {
+                let proposed = tokio::process::Command::new(env!("CARGO_BIN_EXE_spindle"))
+                    .args([
+                        "placements",
+                        "propose",
+                        "--consul-addr",
+                        &consul_url,
+                        "--placement-prefix",
+                        &placement_prefix,
+                        "--placement-lead-ms",
+                        "4000",
+                        "--store",
+                        "a",
+                        "--store",
+                        "b",
+                    ])
+                    .output()
+                    .await
+                    .unwrap();
+                assert!(proposed.status.success(), "{proposed:?}");
+                change_at = Some(Instant::now() + Duration::from_secs(5));
+            }
+            Fault::KillRouter => {
                 cluster.router.as_mut().unwrap().kill9().await;
                 tokio::time::sleep(Duration::from_millis(300)).await;
                 cluster.start_router().await;
             }
-            _ => {
+            Fault::KillDirector => {
                 let port = cluster.directors[1].port;
                 cluster.directors[1].kill9().await;
                 tokio::time::sleep(Duration::from_millis(500)).await;
                 cluster.directors[1] = cluster.director(1, port);
             }
+            Fault::CrashRedis => {
+                let redis = cluster.private_redis.as_mut().unwrap();
+                redis.crash_and_restart(Duration::from_secs(1)).await;
+            }
         }
-        kills.push((fault, started.elapsed()));
+        injected.push((fault, started.elapsed()));
     }
     while let Some(done) = tasks.join_next().await {
         done.unwrap();
     }
     let submit_took = started.elapsed();
-    let ran_past_change = Instant::now() > change_at;
-    assert!(
-        ran_past_change,
-        "the run ended before the placement change took effect"
-    );
+    if let Some(change_at) = change_at {
+        assert!(
+            Instant::now() > change_at,
+            "the run ended before the placement change took effect"
+        );
+    }
 
     // Exactly one stored job per key, the one every answer for the key names.
     let answers = answers.lock().unwrap().clone();
@@ -543,13 +612,18 @@ async fn duplicates_are_accepted_once_through_kills_and_a_placement_change() {
         },
     )
     .await;
-    // The new layout took entries: store `b` holds keys of this test.
-    let on_b = count_keys(&format!("{REDIS}/1"), &format!("{}:", cluster.tag)).await;
-    assert!(
-        on_b > 0,
-        "no dedup entry landed on the store the placement change added"
-    );
-    let retries: Vec<usize> = RETRIES
+    // After a placement change the new layout took entries: store `b` holds keys of this test.
+    let on_b = if change_at.is_some() {
+        let on_b = count_keys(&format!("{REDIS}/1"), &format!("{}:", cluster.tag)).await;
+        assert!(
+            on_b > 0,
+            "no dedup entry landed on the store the placement change added"
+        );
+        on_b
+    } else {
+        0
+    };
+    let retries: Vec<usize> = retries
         .iter()
         .map(|r| r.load(std::sync::atomic::Ordering::Relaxed))
         .collect();
@@ -562,17 +636,25 @@ async fn duplicates_are_accepted_once_through_kills_and_a_placement_change() {
     println!(
         "router exactly-once: {total} jobs submitted ({planned_repeats} planned repeats) in {:.1} s \
          by {producers} producers; {} keys, each stored once; {duplicates} duplicate answers; \
-         faults at {kills:?}; placement change passed: {ran_past_change}; jobs delivered twice \
+         faults at {injected:?}; jobs delivered twice \
          (in flight at the director kill): {delivered_twice}; producers submitted again after \
          {retries:?} (transport errors, 503s, pending jobs, failed jobs); {on_b} hashes on the \
          added store",
         submit_took.as_secs_f64(),
         answers.len()
     );
-    assert!(
-        retries[0] > 0,
-        "the router kills broke no request: {retries:?}"
-    );
+    if faults.iter().any(|(f, _)| matches!(f, Fault::KillRouter)) {
+        assert!(
+            retries[0] > 0,
+            "the router kills broke no request: {retries:?}"
+        );
+    }
+    if faults.iter().any(|(f, _)| matches!(f, Fault::CrashRedis)) {
+        assert!(
+            retries[1] > 0,
+            "the redis crash refused no request: {retries:?}"
+        );
+    }
     cluster.stop().await;
 }
 
@@ -604,13 +686,16 @@ async fn calm_latencies(cluster: &Cluster, buckets: &[String], run: Duration) ->
 async fn a_bucket_stays_on_its_shard_and_a_hanging_tenant_does_not_slow_the_others() {
     let directors = env_usize("SPINDLE_ROUTER_DIRECTORS", 8);
     let run = Duration::from_secs(env_usize("SPINDLE_ROUTER_ISOLATION_S", 4) as u64);
-    let cluster = Cluster::start(directors, 2).await;
+    let cluster = Cluster::start(directors, 2, None).await;
     let calm: Vec<String> = (0..6).map(|i| format!("calm-{i}")).collect();
 
     let mut baseline = calm_latencies(&cluster, &calm, run).await;
 
     // The noisy tenant: every request hangs until the 1 s attempt timeout, retried at once.
-    let hang = cluster.sink.url("/hang");
+    // On a server of its own, as a tenant's endpoint would be: the calm tenants' endpoint (the
+    // in-test sink, which also times arrivals) does not share its connections or threads.
+    let noisy_sink = Proc::spawn(&args(&["sink", "--listen", "127.0.0.1:{port}"]), 0);
+    let hang = format!("{}/hang", noisy_sink.base());
     let noisy: Vec<_> = (0..400)
         .map(|_| {
             json!({"bucket": "noisy", "endpoint": hang, "execution_timeout_ms": 1000,
@@ -620,11 +705,25 @@ async fn a_bucket_stays_on_its_shard_and_a_hanging_tenant_does_not_slow_the_othe
     for chunk in noisy.chunks(200) {
         submit(&cluster.client, &cluster.base(), chunk.to_vec()).await;
     }
-    let sink = &cluster.sink;
+    let (client, procs) = (&cluster.client, &cluster.directors);
     wait_for(
         Duration::from_secs(10),
         "the hanging endpoint to fill its slots",
-        || async { sink.received().iter().filter(|r| r.path == "/hang").count() >= 64 },
+        || async {
+            let mut in_flight = 0.0;
+            for d in procs {
+                let Ok(r) = client.get(format!("{}/metrics", d.base())).send().await else {
+                    continue;
+                };
+                let text = r.text().await.unwrap_or_default();
+                in_flight += text
+                    .lines()
+                    .filter_map(|l| l.strip_prefix("spindle_attempts_in_flight "))
+                    .filter_map(|v| v.trim().parse::<f64>().ok())
+                    .sum::<f64>();
+            }
+            in_flight >= 64.0
+        },
     )
     .await;
     let mut with_noise = calm_latencies(&cluster, &calm, run).await;

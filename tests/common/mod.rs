@@ -14,6 +14,7 @@ use spindle::jobdb::{self, JobDb, JobDbUrl};
 use spindle::rpc::api::SubmitResponse;
 
 pub mod procs;
+pub mod redis_server;
 pub mod s3;
 
 /// The MySQL server the tests use (the machine's MariaDB unless overridden).
