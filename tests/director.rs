@@ -490,37 +490,6 @@ async fn losing_the_lock_connection_stops_the_director() {
     rig.stop().await;
 }
 
-/// Runs Prometheus's own `promtool check metrics` over an exposition (installing Debian's
-/// `prometheus` package first if `promtool` is missing).
-fn promtool_accepts(exposition: &str) {
-    use std::io::Write;
-    use std::process::{Command, Stdio};
-    if Command::new("promtool").arg("--version").output().is_err() {
-        let installed = Command::new("sh")
-            .args(["-c", "apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq prometheus"])
-            .status()
-            .expect("apt-get");
-        assert!(installed.success(), "could not install promtool");
-    }
-    let mut child = Command::new("promtool")
-        .args(["check", "metrics"])
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("promtool");
-    child
-        .stdin
-        .take()
-        .unwrap()
-        .write_all(exposition.as_bytes())
-        .unwrap();
-    let out = child.wait_with_output().unwrap();
-    let complaints =
-        String::from_utf8_lossy(&out.stdout).to_string() + &String::from_utf8_lossy(&out.stderr);
-    assert!(out.status.success(), "promtool check metrics: {complaints}");
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn long_waits_spill_payloads_and_reload_them_intact() {
     use base64::Engine;

@@ -439,6 +439,9 @@ async fn exactly_once(mut cluster: Cluster, total: usize, faults: &[(Fault, f64)
     // Keys whose first answer arrived, with when: repeats pick from these.
     let settled: Arc<Mutex<Vec<(String, String, Instant)>>> = Arc::default();
     let repeats = Arc::new(Mutex::new(0usize));
+    // Set when a placement change is proposed: producers past half their jobs wait for it to
+    // take effect, so the second half of the load always runs under the new layout.
+    let change_gate: Arc<Mutex<Option<Instant>>> = Arc::default();
     let started = Instant::now();
 
     let mut tasks = tokio::task::JoinSet::new();
@@ -446,11 +449,15 @@ async fn exactly_once(mut cluster: Cluster, total: usize, faults: &[(Fault, f64)
     for p in 0..producers {
         let (client, base, ok) = (cluster.client.clone(), base.clone(), ok.clone());
         let (answers, settled, repeats) = (answers.clone(), settled.clone(), repeats.clone());
-        let retries = retries.clone();
+        let (retries, change_gate) = (retries.clone(), change_gate.clone());
         tasks.spawn(async move {
             let mut made = 0;
             let mut n = 0;
             while made < per_producer {
+                let gate = *change_gate.lock().unwrap();
+                if let Some(at) = gate.filter(|_| made >= per_producer / 2) {
+                    tokio::time::sleep_until(at.into()).await;
+                }
                 let mut jobs = Vec::with_capacity(batch);
                 let mut fresh = Vec::new();
                 for j in 0..batch.min(per_producer - made) {
@@ -535,6 +542,7 @@ async fn exactly_once(mut cluster: Cluster, total: usize, faults: &[(Fault, f64)
                     .unwrap();
                 assert!(proposed.status.success(), "{proposed:?}");
                 change_at = Some(Instant::now() + Duration::from_secs(5));
+                *change_gate.lock().unwrap() = change_at;
             }
             Fault::KillRouter => {
                 cluster.router.as_mut().unwrap().kill9().await;
@@ -659,6 +667,26 @@ async fn exactly_once(mut cluster: Cluster, total: usize, faults: &[(Fault, f64)
         assert!(
             retries[1] > 0,
             "the redis crash refused no request: {retries:?}"
+        );
+    }
+    // The router's metrics pass promtool and count what happened since its last start.
+    let metrics = cluster
+        .client
+        .get(format!("{}/metrics", cluster.base()))
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    promtool_accepts(&metrics);
+    for sample in [
+        "spindle_router_jobs_total{status=\"accepted\"}",
+        "spindle_router_forwards_total{outcome=\"stored\"}",
+    ] {
+        assert!(
+            metrics.contains(sample),
+            "{sample} missing from:\n{metrics}"
         );
     }
     cluster.stop().await;

@@ -361,3 +361,34 @@ pub async fn delivery_latencies(
         .map(|(id, at)| arrived[id].duration_since(*at))
         .collect()
 }
+
+/// Runs Prometheus's own `promtool check metrics` over an exposition (installing Debian's
+/// `prometheus` package first if `promtool` is missing).
+pub fn promtool_accepts(exposition: &str) {
+    use std::io::Write;
+    use std::process::{Command, Stdio};
+    if Command::new("promtool").arg("--version").output().is_err() {
+        let installed = Command::new("sh")
+            .args(["-c", "apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq prometheus"])
+            .status()
+            .expect("apt-get");
+        assert!(installed.success(), "could not install promtool");
+    }
+    let mut child = Command::new("promtool")
+        .args(["check", "metrics"])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("promtool");
+    child
+        .stdin
+        .take()
+        .unwrap()
+        .write_all(exposition.as_bytes())
+        .unwrap();
+    let out = child.wait_with_output().unwrap();
+    let complaints =
+        String::from_utf8_lossy(&out.stdout).to_string() + &String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "promtool check metrics: {complaints}");
+}
