@@ -508,15 +508,7 @@ async fn long_waits_spill_payloads_and_reload_them_intact() {
     let reply = rig.submit(jobs).await;
     // While they wait 1.2-1.5 s for their retry, none of their payloads is in memory.
     wait_for(Duration::from_secs(10), "payloads spilled", || async {
-        let text = rig
-            .client
-            .get(format!("{}/metrics", rig.base()))
-            .send()
-            .await
-            .unwrap()
-            .text()
-            .await
-            .unwrap();
+        let text = metrics_text(&rig.client, &rig.base()).await;
         text.lines().any(|l| l == "spindle_jobs_spilled 40")
     })
     .await;
@@ -539,15 +531,7 @@ async fn long_waits_spill_payloads_and_reload_them_intact() {
             "reloaded headers"
         );
     }
-    let text = rig
-        .client
-        .get(format!("{}/metrics", rig.base()))
-        .send()
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
+    let text = metrics_text(&rig.client, &rig.base()).await;
     assert!(
         text.lines().any(|l| l == "spindle_jobs_spilled 0"),
         "all reloaded"

@@ -763,15 +763,7 @@ async fn while_s3_fails_expired_jobs_stay_archiving() {
             counts.get(&State::Archiving).copied().unwrap_or(0) > 0,
             "{mode:?}: {counts:?}"
         );
-        let metrics = life
-            .client
-            .get(format!("{}/metrics", director.base()))
-            .send()
-            .await
-            .unwrap()
-            .text()
-            .await
-            .unwrap();
+        let metrics = metrics_text(&life.client, &director.base()).await;
         let failures: f64 = metrics
             .lines()
             .find(|l| l.starts_with("spindle_archive_upload_failures_total "))

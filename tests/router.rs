@@ -670,15 +670,7 @@ async fn exactly_once(mut cluster: Cluster, total: usize, faults: &[(Fault, f64)
         );
     }
     // The router's metrics pass promtool and count what happened since its last start.
-    let metrics = cluster
-        .client
-        .get(format!("{}/metrics", cluster.base()))
-        .send()
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
+    let metrics = metrics_text(&cluster.client, &cluster.base()).await;
     promtool_accepts(&metrics);
     for sample in [
         "spindle_router_jobs_total{status=\"accepted\"}",

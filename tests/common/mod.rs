@@ -392,3 +392,15 @@ pub fn promtool_accepts(exposition: &str) {
         String::from_utf8_lossy(&out.stdout).to_string() + &String::from_utf8_lossy(&out.stderr);
     assert!(out.status.success(), "promtool check metrics: {complaints}");
 }
+
+/// The `/metrics` text of the server at `base`.
+pub async fn metrics_text(client: &reqwest::Client, base: &str) -> String {
+    client
+        .get(format!("{base}/metrics"))
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap()
+}
