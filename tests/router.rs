@@ -684,6 +684,14 @@ async fn exactly_once(mut cluster: Cluster, total: usize, faults: &[(Fault, f64)
     cluster.stop().await;
 }
 
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_router_conforms_to_its_openapi_document() {
+    let _one = ONE_AT_A_TIME.lock().await;
+    let cluster = Cluster::start(1, 1, None).await;
+    schemathesis_passes(&format!("{}/openapi.json", cluster.base())).await;
+    cluster.stop().await;
+}
+
 /// Submits 20 jobs of each calm bucket every 50 ms for `run`, and returns each job's
 /// submit-to-delivery latency once all arrived.
 async fn calm_latencies(cluster: &Cluster, buckets: &[String], run: Duration) -> Vec<Duration> {
