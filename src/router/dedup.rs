@@ -742,21 +742,30 @@ impl DedupStore {
     /// [`ClaimOutcome::Lapsed`] and left in place: its job may have been stored by a router
     /// that died before confirming. Check that it was not, then call [`DedupStore::take_over`].
     pub async fn claim(&self, claims: &[Claim]) -> Result<Vec<ClaimOutcome>, DedupError> {
-        self.claim_in(claims, Mode::Claim).await
+        self.claim_in(claims, Mode::Claim, true).await
     }
 
     /// [`DedupStore::claim`], treating lapsed claims of other jobs as absent (and deleting them):
     /// for keys whose lapsed holder is known not to have been stored.
     pub async fn take_over(&self, claims: &[Claim]) -> Result<Vec<ClaimOutcome>, DedupError> {
-        self.claim_in(claims, Mode::TakeOver).await
+        self.claim_in(claims, Mode::TakeOver, true).await
+    }
+
+    /// Claims again what these owners claimed earlier, however long ago (within the window):
+    /// it refreshes the deadline of a pending claim, or restores one that lapsed if nobody took
+    /// it. Unlike [`DedupStore::claim`], the claims' times are not checked against the clock,
+    /// because they were when first claimed.
+    pub async fn refresh(&self, claims: &[Claim]) -> Result<Vec<ClaimOutcome>, DedupError> {
+        self.claim_in(claims, Mode::Claim, false).await
     }
 
     async fn claim_in(
         &self,
         claims: &[Claim],
         mode: Mode,
+        check_clock: bool,
     ) -> Result<Vec<ClaimOutcome>, DedupError> {
-        let progress = self.run(claims, mode).await?;
+        let progress = self.run(claims, mode, check_clock).await?;
         Ok(progress
             .into_iter()
             .map(|p| match p.other {
@@ -774,7 +783,7 @@ impl DedupStore {
     /// Confirms claims whose jobs are persisted: they no longer expire before the window does.
     /// Pass the same key, time and owner as the claim.
     pub async fn confirm(&self, claims: &[Claim]) -> Result<Vec<ConfirmOutcome>, DedupError> {
-        let progress = self.run(claims, Mode::Confirm).await?;
+        let progress = self.run(claims, Mode::Confirm, false).await?;
         Ok(progress
             .into_iter()
             .map(|p| match p.other {
@@ -823,10 +832,17 @@ impl DedupStore {
     }
 
     /// Runs claims (or confirmations) through their stores in global store order, in rounds.
-    async fn run(&self, claims: &[Claim], mode: Mode) -> Result<Vec<Progress>, DedupError> {
+    async fn run(
+        &self,
+        claims: &[Claim],
+        mode: Mode,
+        check_clock: bool,
+    ) -> Result<Vec<Progress>, DedupError> {
         // Only a new claim's time is checked against the clock: a confirmation comes as late as
         // the persist took, for a time that was checked when it was claimed.
-        let plans = self.plan(claims, mode != Mode::Confirm).await?;
+        let plans = self
+            .plan(claims, check_clock && mode != Mode::Confirm)
+            .await?;
         let mut progress: Vec<Progress> = claims.iter().map(|_| Progress::default()).collect();
         loop {
             let mut by_store: BTreeMap<u16, Vec<usize>> = BTreeMap::new();

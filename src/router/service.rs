@@ -744,7 +744,7 @@ async fn refresh_claims(shared: &Shared, claims: &[Claim], claimed_at: &mut Date
         return true;
     }
     let now = Utc::now();
-    match shared.dedup.claim(claims).await {
+    match shared.dedup.refresh(claims).await {
         Ok(outcomes) => {
             if outcomes
                 .iter()

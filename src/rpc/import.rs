@@ -289,6 +289,14 @@ pub(super) async fn import_jobs(
         })
         .collect();
     let imported = fresh.len();
+    // Checked again now that the request may have waited (for the ids, for the JobDB): a job
+    // must never be stored after `not_after`, or a lapsed claim could be taken over with it.
+    if request.not_after.is_some_and(|t| Utc::now() > t) {
+        return Err(ApiError::Conflict {
+            message: "not_after passed while the request waited; nothing was stored".into(),
+            field: Some("not_after".to_owned()),
+        });
+    }
     if imported > 0 {
         let (op, outcome) = match &request.from_jobdb {
             Some(from) => {

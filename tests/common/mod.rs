@@ -13,6 +13,7 @@ use spindle::job::{JobId, State, Transition};
 use spindle::jobdb::{self, JobDb, JobDbUrl};
 use spindle::rpc::api::SubmitResponse;
 
+pub mod mariadb;
 pub mod procs;
 pub mod redis_server;
 pub mod s3;
