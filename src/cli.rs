@@ -394,6 +394,9 @@ pub struct ManagerArgs {
     /// This manager's identity (default: host name and pid).
     #[arg(long, env = "SPINDLE_MANAGER_ID")]
     pub manager_id: Option<String>,
+    /// Serve `/metrics` and `/healthz` here (default: no metrics server).
+    #[arg(long, env = "SPINDLE_METRICS_LISTEN")]
+    pub metrics_listen: Option<SocketAddr>,
 }
 
 /// Options of `spindle drainer`.
@@ -426,6 +429,9 @@ pub struct DrainerArgs {
     /// This drainer's identity (default: host name and pid).
     #[arg(long, env = "SPINDLE_DRAINER_ID")]
     pub drainer_id: Option<String>,
+    /// Serve `/metrics` and `/healthz` here (default: no metrics server).
+    #[arg(long, env = "SPINDLE_METRICS_LISTEN")]
+    pub metrics_listen: Option<SocketAddr>,
 }
 
 impl ManagerArgs {
@@ -448,6 +454,7 @@ impl ManagerArgs {
                 .manager_id
                 .clone()
                 .unwrap_or_else(director::default_holder),
+            metrics: std::sync::Arc::default(),
         })
     }
 }
@@ -480,8 +487,23 @@ impl DrainerArgs {
             import_batch: self.import_batch,
             concurrency: self.concurrency,
             retry_every: Duration::from_millis(self.poll_ms),
+            metrics: std::sync::Arc::default(),
         })
     }
+}
+
+/// [`until_signal`], with `/metrics` served on `addr` (when given) until then.
+async fn metrics_until_signal(
+    addr: Option<SocketAddr>,
+    metrics: &std::sync::Arc<crate::metrics::Metrics>,
+) -> anyhow::Result<tokio_util::sync::CancellationToken> {
+    let stop = until_signal();
+    if let Some(addr) = addr {
+        crate::rpc::serve_metrics(addr, metrics.clone(), stop.clone())
+            .await
+            .with_context(|| format!("--metrics-listen {addr}"))?;
+    }
+    Ok(stop)
 }
 
 /// Runs until SIGINT or SIGTERM: the token those signals cancel.
@@ -735,8 +757,16 @@ pub async fn run(cli: Cli) -> anyhow::Result<()> {
         .with_writer(std::io::stderr)
         .init();
     match cli.command {
-        Command::Manager(args) => crate::manager::run(args.to_config()?, until_signal()).await?,
-        Command::Drainer(args) => crate::drainer::run(args.to_config()?, until_signal()).await?,
+        Command::Manager(args) => {
+            let config = args.to_config()?;
+            let stop = metrics_until_signal(args.metrics_listen, &config.metrics).await?;
+            crate::manager::run(config, stop).await?
+        }
+        Command::Drainer(args) => {
+            let config = args.to_config()?;
+            let stop = metrics_until_signal(args.metrics_listen, &config.metrics).await?;
+            crate::drainer::run(config, stop).await?
+        }
         Command::Router(args) => {
             let (settings, store, directors, consul) = args.connect().await?;
             let router =

@@ -86,6 +86,8 @@ pub struct DrainerConfig {
     pub concurrency: usize,
     /// Pause between two looks at the inventory.
     pub retry_every: Duration,
+    /// Where moves, archived jobs and drained JobDBs are counted.
+    pub metrics: Arc<Metrics>,
 }
 
 /// Runs a drainer until `shutdown`.
@@ -94,7 +96,7 @@ pub async fn run(config: DrainerConfig, shutdown: CancellationToken) -> Result<(
     let http = reqwest::Client::builder()
         .timeout(Duration::from_secs(60))
         .build()?;
-    let metrics = Arc::new(Metrics::default());
+    let metrics = config.metrics.clone();
     let inventory = Inventory::new(config.consul.clone());
     let mut draining = tokio::task::JoinSet::new();
     let mut mine: std::collections::HashSet<String> = std::collections::HashSet::new();
@@ -221,6 +223,7 @@ impl Drain {
                         .unwrap_or(false),
                     _ => false,
                 };
+                self.metrics.jobdbs_drained.inc();
                 tracing::info!(
                     jobdb = name,
                     moved,
@@ -556,6 +559,9 @@ impl Drain {
                 (last.state != State::Moved).then(|| Transition::moved(*id, last.attempts, now))
             })
             .collect();
-        self.append(o, rows).await
+        let moved = rows.len() as u64;
+        self.append(o, rows).await?;
+        self.metrics.jobs_moved.inc_by(moved);
+        Ok(())
     }
 }

@@ -66,6 +66,8 @@ pub struct ManagerConfig {
     pub timing: LockTiming,
     /// This manager's identity (stored in the lock key, shown as `changed_by`).
     pub manager_id: String,
+    /// Where its decisions and the inventory are counted.
+    pub metrics: std::sync::Arc<crate::metrics::Metrics>,
 }
 
 /// Runs the manager until `shutdown`: campaigns for the manager lock, manages while it holds
@@ -100,12 +102,14 @@ pub async fn run(config: ManagerConfig, shutdown: CancellationToken) -> Result<(
             manager = config.manager_id,
             "manager lock acquired: managing"
         );
+        config.metrics.manager_active.set(1);
         loop {
             if let Err(e) = manager.round().await {
                 tracing::warn!(error = %e, "manager round failed; trying again");
             }
             tokio::select! {
                 _ = shutdown.cancelled() => {
+                    config.metrics.manager_active.set(0);
                     lease.release().await;
                     manager.close().await;
                     tracing::info!("manager stopped");
@@ -119,6 +123,7 @@ pub async fn run(config: ManagerConfig, shutdown: CancellationToken) -> Result<(
             }
         }
         tracing::error!("manager lock lost: standing by");
+        config.metrics.manager_active.set(0);
         lease.release().await;
     }
 }
@@ -188,6 +193,23 @@ impl Manager {
 
     async fn round(&mut self) -> Result<(), ManagerError> {
         let listed = self.inventory.list().await?;
+        for state in [
+            JobDbState::Spare,
+            JobDbState::Active,
+            JobDbState::Retiring,
+            JobDbState::Draining,
+            JobDbState::Drained,
+            JobDbState::Dropped,
+        ] {
+            let count = listed.iter().filter(|l| l.record.state == state).count();
+            self.config
+                .metrics
+                .jobdbs
+                .get_or_create(&crate::metrics::StateLabels {
+                    state: format!("{state:?}").to_lowercase(),
+                })
+                .set(count as i64);
+        }
         self.retire_old(&listed).await;
         self.keep_spares(&listed).await?;
         self.report_waiting(&listed);
@@ -239,7 +261,10 @@ impl Manager {
                 .set_state(l, JobDbState::Retiring, &self.by())
                 .await
             {
-                Ok(true) => tracing::info!(jobdb = l.record.name, reason, "retiring jobdb"),
+                Ok(true) => {
+                    self.config.metrics.manager_action("retire");
+                    tracing::info!(jobdb = l.record.name, reason, "retiring jobdb")
+                }
                 Ok(false) => {}
                 Err(e) => tracing::warn!(jobdb = l.record.name, error = %e, "could not retire"),
             }
@@ -314,6 +339,7 @@ impl Manager {
             changed_by: self.by(),
         };
         if self.inventory.add(&record).await? {
+            self.config.metrics.manager_action("create_spare");
             tracing::info!(
                 jobdb = name,
                 server = host_of(&server),
@@ -345,7 +371,10 @@ impl Manager {
         {
             match l.record.url.parse::<JobDbUrl>() {
                 Ok(url) => match jobdb::drop_database(&url).await {
-                    Ok(()) => tracing::info!(jobdb = l.record.name, "surplus spare dropped"),
+                    Ok(()) => {
+                        self.config.metrics.manager_action("drop_spare");
+                        tracing::info!(jobdb = l.record.name, "surplus spare dropped")
+                    }
                     Err(e) => tracing::warn!(jobdb = l.record.name, error = %e, "drop failed"),
                 },
                 Err(e) => tracing::warn!(jobdb = l.record.name, error = %e, "bad url"),
@@ -414,6 +443,7 @@ impl Manager {
                         .await
                     {
                         Ok(_) => {
+                            self.config.metrics.manager_action("drop_drained");
                             tracing::info!(jobdb = l.record.name, took_ms, "drained jobdb dropped")
                         }
                         Err(e) => {

@@ -19,7 +19,22 @@ pub struct OutcomeLabels {
     pub outcome: String,
 }
 
-/// Every metric a Director exports.
+/// Label set naming a JobDB lifecycle state.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct StateLabels {
+    /// `spare`, `active`, `retiring`, `draining`, `drained` or `dropped`.
+    pub state: String,
+}
+
+/// Label set naming a manager decision.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct ActionLabels {
+    /// `create_spare`, `retire`, `drop_spare` or `drop_drained`.
+    pub action: String,
+}
+
+/// Every metric a spindle process exports (a Director's, a manager's or a drainer's; each
+/// fills in its own).
 pub struct Metrics {
     registry: Registry,
     /// Jobs durable in the JobDB and acknowledged.
@@ -52,6 +67,16 @@ pub struct Metrics {
     pub jobs_spilled: Gauge,
     /// When the last attempt started (Unix seconds): shows when a fenced-out Director stopped.
     pub last_attempt_started: Gauge<f64, std::sync::atomic::AtomicU64>,
+    /// Drainer: jobs moved out of retired JobDBs into live ones.
+    pub jobs_moved: Counter,
+    /// Drainer: retired JobDBs drained.
+    pub jobdbs_drained: Counter,
+    /// Manager: JobDBs in the inventory by state (set every round by the active manager).
+    pub jobdbs: Family<StateLabels, Gauge>,
+    /// Manager: decisions taken, by kind.
+    pub manager_actions: Family<ActionLabels, Counter>,
+    /// Manager: 1 while this manager holds the manager lock.
+    pub manager_active: Gauge,
 }
 
 fn attempt_histogram() -> Histogram {
@@ -149,8 +174,43 @@ impl Default for Metrics {
             "Unix time at which the last delivery attempt started",
             last_attempt_started.clone(),
         );
+        let jobs_moved = Counter::default();
+        registry.register(
+            "jobs_moved",
+            "Jobs a drainer moved out of retired JobDBs into live ones",
+            jobs_moved.clone(),
+        );
+        let jobdbs_drained = Counter::default();
+        registry.register(
+            "jobdbs_drained",
+            "Retired JobDBs a drainer drained",
+            jobdbs_drained.clone(),
+        );
+        let jobdbs = Family::<StateLabels, Gauge>::default();
+        registry.register(
+            "jobdbs",
+            "JobDBs in the inventory by lifecycle state (manager)",
+            jobdbs.clone(),
+        );
+        let manager_actions = Family::<ActionLabels, Counter>::default();
+        registry.register(
+            "manager_actions",
+            "Manager decisions by kind",
+            manager_actions.clone(),
+        );
+        let manager_active = Gauge::default();
+        registry.register(
+            "manager_active",
+            "1 while this manager holds the manager lock",
+            manager_active.clone(),
+        );
         Metrics {
             registry,
+            jobs_moved,
+            jobdbs_drained,
+            jobdbs,
+            manager_actions,
+            manager_active,
             jobs_spilled,
             attempts_started,
             last_attempt_started,
@@ -170,7 +230,22 @@ impl Default for Metrics {
     }
 }
 
+impl std::fmt::Debug for Metrics {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("Metrics")
+    }
+}
+
 impl Metrics {
+    /// Counts a manager decision.
+    pub fn manager_action(&self, action: &str) {
+        self.manager_actions
+            .get_or_create(&ActionLabels {
+                action: action.to_owned(),
+            })
+            .inc();
+    }
+
     /// Records one committed JobDB transaction.
     pub fn observe_write(&self, rows: usize, took: Duration) {
         self.write_batch_rows.observe(rows as f64);

@@ -156,6 +156,8 @@ impl Life {
                 LOCK_DELAY_MS,
                 "--manager-id",
                 id,
+                "--metrics-listen",
+                "127.0.0.1:{port}",
             ]
             .iter()
             .map(|s| s.to_string())
@@ -176,6 +178,8 @@ impl Life {
             "200",
             "--drainer-id",
             id,
+            "--metrics-listen",
+            "127.0.0.1:{port}",
         ]
         .iter()
         .map(|s| s.to_string())
@@ -499,6 +503,26 @@ async fn cycling_run(
         !census.moved.is_empty(),
         "the outage left jobs retrying across a cycle"
     );
+    // The manager and the drainer report what they did on /metrics, in a form promtool reads.
+    let manager_metrics = metrics_text(&life.client, &manager.base()).await;
+    let drainer_metrics = metrics_text(&life.client, &drainer.base()).await;
+    promtool_accepts(&manager_metrics);
+    promtool_accepts(&drainer_metrics);
+    let sample = |text: &str, name: &str| -> f64 {
+        text.lines()
+            .find_map(|l| l.strip_prefix(name)?.trim().parse().ok())
+            .unwrap_or_else(|| panic!("{name} missing from:\n{text}"))
+    };
+    assert_eq!(sample(&manager_metrics, "spindle_manager_active "), 1.0);
+    assert!(sample(&manager_metrics, "spindle_jobdbs{state=\"dropped\"} ") >= 1.0);
+    assert!(
+        sample(
+            &manager_metrics,
+            "spindle_manager_actions_total{action=\"drop_drained\"} "
+        ) >= 1.0
+    );
+    assert!(sample(&drainer_metrics, "spindle_jobdbs_drained_total ") >= 1.0);
+    assert!(sample(&drainer_metrics, "spindle_jobs_moved_total ") >= 1.0);
     for d in &mut directors {
         d.term().await;
     }

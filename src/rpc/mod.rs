@@ -113,6 +113,37 @@ pub fn router(state: RpcState) -> Router {
         .with_state(state)
 }
 
+/// The routes of a process that only reports: `/healthz` and `/metrics` (manager, drainer).
+pub fn metrics_router(metrics: Arc<Metrics>) -> Router {
+    Router::new().route("/healthz", get(healthz)).route(
+        "/metrics",
+        get(move |headers: HeaderMap| {
+            let metrics = metrics.clone();
+            async move { exposition(&metrics, &headers) }
+        }),
+    )
+}
+
+/// Serves [`metrics_router`] on `addr` until `stop`.
+pub async fn serve_metrics(
+    addr: std::net::SocketAddr,
+    metrics: Arc<Metrics>,
+    stop: CancellationToken,
+) -> std::io::Result<std::net::SocketAddr> {
+    let listener = tokio::net::TcpListener::bind(addr).await?;
+    let bound = listener.local_addr()?;
+    tokio::spawn(async move {
+        let served = axum::serve(listener, metrics_router(metrics))
+            .with_graceful_shutdown(stop.cancelled_owned())
+            .await;
+        if let Err(e) = served {
+            tracing::warn!(error = %e, "metrics server failed");
+        }
+    });
+    tracing::info!(addr = %bound, "metrics at /metrics");
+    Ok(bound)
+}
+
 /// The routes of a Director process that owns no JobDB at the moment (campaigning): alive,
 /// not ready, metrics, and a 503 for everything else so producers go elsewhere.
 pub fn idle_router(metrics: Arc<Metrics>) -> Router {
