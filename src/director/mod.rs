@@ -231,10 +231,21 @@ async fn open_owned(
                 .await
             {
                 Err(JobDbError::Busy) if !lease.lost.is_cancelled() => {
-                    tracing::warn!(
-                        jobdb = db.name(),
-                        "previous owner has a transaction open on the fence; waiting"
-                    );
+                    // The lease is ours, so a transaction left open on the fence belongs to a
+                    // previous owner that stalled (paused process, frozen VM) mid-commit: end
+                    // it, or its row lock would keep this JobDB ownerless until it wakes up.
+                    match db.kill_stalled_transactions(Duration::from_secs(2)).await {
+                        Ok(killed) => tracing::warn!(
+                            jobdb = db.name(),
+                            killed,
+                            "previous owner has a transaction open on the fence; ended stalled connections"
+                        ),
+                        Err(e) => tracing::warn!(
+                            jobdb = db.name(),
+                            error = %e,
+                            "previous owner has a transaction open on the fence; waiting (could not end it)"
+                        ),
+                    }
                 }
                 other => break other?,
             }

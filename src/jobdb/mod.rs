@@ -226,6 +226,28 @@ impl JobDb {
         Ok(token)
     }
 
+    /// Ends (`KILL`) the connections of other sessions that have a transaction open in this
+    /// JobDB for longer than `older_than`: a stalled previous owner's. Needs the `PROCESS`
+    /// and `CONNECTION ADMIN` (or `SUPER`) privileges. Returns how many were ended.
+    pub async fn kill_stalled_transactions(&self, older_than: Duration) -> Result<u64, JobDbError> {
+        let stalled: Vec<u64> = sqlx::query_scalar(
+            "SELECT t.trx_mysql_thread_id FROM information_schema.INNODB_TRX t \
+             JOIN information_schema.PROCESSLIST p ON p.ID = t.trx_mysql_thread_id \
+             WHERE p.DB = DATABASE() AND p.ID <> CONNECTION_ID() \
+             AND t.trx_started < NOW() - INTERVAL ? SECOND",
+        )
+        .bind(older_than.as_secs().max(1))
+        .fetch_all(&self.pool)
+        .await?;
+        for thread in &stalled {
+            // A server-given thread id (an integer), not input: KILL takes no placeholder.
+            sqlx::raw_sql(&format!("KILL CONNECTION {thread}"))
+                .execute(&self.pool)
+                .await?;
+        }
+        Ok(stalled.len() as u64)
+    }
+
     /// Takes ownership with a token from an external lock (a Consul lock key's ModifyIndex):
     /// succeeds only if it is higher than every token the JobDB has seen, so an older holder
     /// can never take it back; [`JobDbError::Fenced`] otherwise. Waits at most `wait` for a
