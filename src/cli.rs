@@ -49,10 +49,171 @@ pub enum Command {
     /// across the cluster, within the dedup window) and forwards the rest to the Directors of
     /// each bucket's shuffle shard.
     Router(Box<RouterArgs>),
+    /// Serve a web page on localhost, and the JSON API behind it, over every live JobDB:
+    /// throughput by state, endpoints (backlog, success rate, latency), attempts per success,
+    /// the JobDB inventory, and job traces by id or idempotency key.
+    Dashboard(DashboardArgs),
     /// The dedup store's placements in Consul: show them, or propose a new set of Redis stores
     /// (taking effect at a future epoch, so no duplicate slips through the change).
     #[command(subcommand)]
     Placements(PlacementsCommand),
+    /// Endpoint and bucket controls, applied by every Director within seconds (stored in
+    /// Consul): pause and resume an endpoint or a bucket, cap an endpoint's concurrency and
+    /// request rate, list what is in force.
+    #[command(subcommand)]
+    Endpoints(EndpointsCommand),
+    /// Jobs, over the RPC API of a Director or a router (which asks every Director).
+    #[command(subcommand)]
+    Jobs(JobsCommand),
+    /// Re-submit jobs that ended discarded or archived, from a JobDB or from the S3 archive,
+    /// as new jobs linked to the originals (idempotency key `replay-of:<id>`, header
+    /// `spindle-replay-of`), selected by bucket, endpoint and creation time.
+    Replay(Box<ReplayArgs>),
+}
+
+/// Options of `spindle replay`.
+#[derive(Debug, Clone, Args)]
+pub struct ReplayArgs {
+    /// Read ended jobs from this JobDB (mysql://user[:password]@host:port/name).
+    #[arg(long, conflicts_with = "from_archive")]
+    pub from_jobdb: Option<String>,
+    /// Read ended jobs from the S3 archive (the `--s3-*` options), every JobDB's batches or
+    /// those of `--archive-jobdb`.
+    #[arg(long)]
+    pub from_archive: bool,
+    /// With `--from-archive`: only this JobDB's batches.
+    #[arg(long, requires = "from_archive")]
+    pub archive_jobdb: Option<String>,
+    /// The archive.
+    #[command(flatten)]
+    pub s3: S3Args,
+    /// Only jobs of this bucket.
+    #[arg(long)]
+    pub bucket: Option<String>,
+    /// Only jobs whose endpoint starts with this.
+    #[arg(long)]
+    pub endpoint_prefix: Option<String>,
+    /// Only jobs created at or after this time (RFC 3339, e.g. 2026-11-21T10:00:00Z).
+    #[arg(long)]
+    pub since: Option<chrono::DateTime<chrono::Utc>>,
+    /// Only jobs created before this time (RFC 3339).
+    #[arg(long)]
+    pub until: Option<chrono::DateTime<chrono::Utc>>,
+    /// Which endings to replay: discarded, archived (repeatable or comma-separated).
+    #[arg(long = "state", value_delimiter = ',', default_value = "discarded")]
+    pub states: Vec<String>,
+    /// The RPC API that takes the new jobs: a Director, or a router (which also drops a replay
+    /// of a job already replayed within its dedup window).
+    #[arg(long, env = "SPINDLE_API", default_value = "http://127.0.0.1:8080")]
+    pub to: String,
+    /// An API token for `--to`.
+    #[arg(long, env = "SPINDLE_TOKEN", hide_env_values = true)]
+    pub token: Option<String>,
+    /// Lifetime of the new jobs, in ms (default: the Director's).
+    #[arg(long)]
+    pub ttl_ms: Option<u64>,
+    /// Replay at most this many jobs.
+    #[arg(long, default_value_t = 100_000)]
+    pub limit: usize,
+    /// Count what would be replayed; submit nothing.
+    #[arg(long)]
+    pub dry_run: bool,
+}
+
+/// `spindle jobs` subcommands.
+#[derive(Debug, Subcommand)]
+pub enum JobsCommand {
+    /// Print a job and its full trace: every state it entered, when, after how many attempts,
+    /// and why (status, error type, the start of the failed answer, operator commands).
+    Show {
+        /// The job id: a ULID, or 32 hex digits as SQL's `HEX(id)` prints it.
+        id: String,
+        /// The RPC API of a Director or a router.
+        #[arg(long, env = "SPINDLE_API", default_value = "http://127.0.0.1:8080")]
+        api: String,
+        /// An API token (read scope for the job's bucket, or admin).
+        #[arg(long, env = "SPINDLE_TOKEN", hide_env_values = true)]
+        token: Option<String>,
+        /// Print the API's JSON answer as it is.
+        #[arg(long)]
+        json: bool,
+    },
+}
+
+/// What an endpoint control names: one endpoint, or one bucket.
+#[derive(Debug, Clone, Args)]
+#[group(required = true, multiple = false)]
+pub struct ControlTarget {
+    /// The endpoint URL (query and fragment are ignored: Directors queue by the rest).
+    #[arg(long)]
+    pub endpoint: Option<String>,
+    /// The bucket.
+    #[arg(long)]
+    pub bucket: Option<String>,
+}
+
+/// What `spindle endpoints pause|resume` act on.
+#[derive(Debug, Clone, Args)]
+pub struct PauseArgs {
+    /// The agent.
+    #[command(flatten)]
+    pub consul: ConsulArgs,
+    /// The endpoint or the bucket.
+    #[command(flatten)]
+    pub target: ControlTarget,
+    /// Who does it (recorded with the control).
+    #[arg(long, env = "USER", default_value = "operator")]
+    pub by: String,
+}
+
+/// `spindle endpoints` subcommands.
+#[derive(Debug, Subcommand)]
+pub enum EndpointsCommand {
+    /// Print the controls in force: paused endpoints and buckets, concurrency and rate caps.
+    List {
+        /// The agent.
+        #[command(flatten)]
+        consul: ConsulArgs,
+    },
+    /// Print each endpoint's health as Directors see it: jobs queued, requests in flight,
+    /// circuit breaker (and its recent failures), pause and caps.
+    Health {
+        /// A Director's RPC API (repeatable: one table per Director).
+        #[arg(
+            long = "api",
+            env = "SPINDLE_API",
+            value_delimiter = ',',
+            default_value = "http://127.0.0.1:8080"
+        )]
+        apis: Vec<String>,
+        /// An admin API token.
+        #[arg(long, env = "SPINDLE_TOKEN", hide_env_values = true)]
+        token: Option<String>,
+    },
+    /// Stop new attempts to an endpoint, or for a bucket's jobs, on every Director; jobs wait
+    /// (and still expire) until resumed. Attempts in flight finish.
+    Pause(PauseArgs),
+    /// Let a paused endpoint or bucket go on (an endpoint keeps any caps set with `limit`).
+    Resume(PauseArgs),
+    /// Cap an endpoint's requests in flight and started per second, per Director (give
+    /// neither to remove the caps).
+    Limit {
+        /// The agent.
+        #[command(flatten)]
+        consul: ConsulArgs,
+        /// The endpoint URL.
+        #[arg(long)]
+        endpoint: String,
+        /// Most requests in flight at once (below `--endpoint-concurrency`).
+        #[arg(long)]
+        concurrency: Option<u32>,
+        /// Most requests started per second.
+        #[arg(long)]
+        per_second: Option<f64>,
+        /// Who set the caps.
+        #[arg(long, env = "USER", default_value = "operator")]
+        by: String,
+    },
 }
 
 /// Options of `spindle router`.
@@ -544,6 +705,17 @@ pub enum RegistryKind {
     Consul,
 }
 
+/// Where the dashboard finds JobDBs besides `--jobdb`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum DashboardRegistry {
+    /// Nowhere: the `--jobdb` list only (`mysql`, a Director's `SPINDLE_REGISTRY` default,
+    /// means the same here).
+    #[value(alias = "mysql")]
+    None,
+    /// The JobDB inventory in Consul: every JobDB not `dropped`.
+    Consul,
+}
+
 /// Where the Consul agent is.
 #[derive(Debug, Clone, Args)]
 pub struct ConsulArgs {
@@ -620,6 +792,28 @@ pub struct DirectorArgs {
     /// memory; the payload is read back from the JobDB when due.
     #[arg(long, env = "SPINDLE_SPILL_AFTER_MS", default_value_t = 60_000)]
     pub spill_after_ms: u64,
+    /// Most payload and header bytes of cached jobs held in memory, in MiB; beyond it, new jobs
+    /// keep only their metadata and their payload is read back from the JobDB when their turn
+    /// comes (bounds memory under a backlog).
+    #[arg(long, env = "SPINDLE_MAX_CACHED_PAYLOAD_MIB", default_value_t = 512)]
+    pub max_cached_payload_mib: usize,
+    /// Most jobs held in the Director's cache; beyond it, jobs wait in the JobDB and are read
+    /// in a page at a time as room appears, and jobs waiting far in the future are evicted
+    /// (bounds memory under any backlog).
+    #[arg(long, env = "SPINDLE_MAX_CACHED_JOBS", default_value_t = 1_000_000)]
+    pub max_cached_jobs: usize,
+    /// Circuit breaker: share of an endpoint's last 20 attempts that must have failed (server
+    /// error, timeout, no connection) for it to be judged down and get one probe at a time
+    /// instead of its full concurrency (at least 10 attempts seen; above 1 disables it).
+    #[arg(long, env = "SPINDLE_BREAKER_FAILURE_RATIO", default_value_t = 0.8)]
+    pub breaker_failure_ratio: f64,
+    /// Circuit breaker: wait before the first probe of a down endpoint (ms); doubled after
+    /// each failed probe up to `--breaker-probe-max-ms`; the first success closes it.
+    #[arg(long, env = "SPINDLE_BREAKER_PROBE_MS", default_value_t = 1000)]
+    pub breaker_probe_ms: u64,
+    /// Circuit breaker: longest wait between two probes (ms).
+    #[arg(long, env = "SPINDLE_BREAKER_PROBE_MAX_MS", default_value_t = 30_000)]
+    pub breaker_probe_max_ms: u64,
     /// Most rows in one group-commit transaction.
     #[arg(long, env = "SPINDLE_WRITE_BATCH_ROWS", default_value_t = 4000)]
     pub write_batch_rows: usize,
@@ -723,6 +917,12 @@ impl DirectorArgs {
         config.scheduler.backoff_cap = Duration::from_millis(self.backoff_cap_ms);
         config.scheduler.shutdown_grace = Duration::from_millis(self.shutdown_grace_ms);
         config.scheduler.spill_after = Duration::from_millis(self.spill_after_ms);
+        config.scheduler.max_cached_bytes = self.max_cached_payload_mib.saturating_mul(1024 * 1024);
+        config.scheduler.max_cached_jobs = self.max_cached_jobs.max(1);
+        config.scheduler.breaker.failure_ratio = self.breaker_failure_ratio;
+        config.scheduler.breaker.probe_min = Duration::from_millis(self.breaker_probe_ms.max(1));
+        config.scheduler.breaker.probe_max =
+            Duration::from_millis(self.breaker_probe_max_ms.max(self.breaker_probe_ms));
         config.writer.max_rows = self.write_batch_rows;
         config.intake.max_payload_bytes = self.max_payload_bytes;
         config.intake.max_request_bytes = self.max_request_bytes;
@@ -737,6 +937,83 @@ impl DirectorArgs {
         if let Some(path) = &self.signing_config {
             config.delivery.signing =
                 std::sync::Arc::new(crate::delivery::signing::SigningConfig::load(path)?);
+        }
+        Ok(config)
+    }
+}
+
+/// Options of `spindle dashboard`.
+#[derive(Debug, Clone, Args)]
+pub struct DashboardArgs {
+    /// Address of the page and its JSON API. Without `--tokens` there is no authentication:
+    /// keep it on localhost (or behind a proxy that authenticates).
+    #[arg(
+        long,
+        env = "SPINDLE_DASHBOARD_LISTEN",
+        default_value = "127.0.0.1:8090"
+    )]
+    pub listen: SocketAddr,
+    /// A JobDB to show, `mysql://user[:password]@host[:port]/database` (repeatable;
+    /// comma-separated in the environment). The dashboard only reads, with `--db-connections`
+    /// connections, and never migrates: a JobDB whose schema is older than this binary's is
+    /// shown as unreachable with the reason.
+    #[arg(
+        long = "jobdb",
+        env = "SPINDLE_DASHBOARD_JOBDBS",
+        value_delimiter = ','
+    )]
+    pub jobdbs: Vec<String>,
+    /// Where else JobDBs come from: `none` shows the `--jobdb` list only; `consul` adds every
+    /// JobDB of the inventory whose state is not `dropped` (spares included), re-read every
+    /// `--discover-every-ms`.
+    #[arg(long, env = "SPINDLE_REGISTRY", value_enum, default_value_t = DashboardRegistry::None)]
+    pub registry: DashboardRegistry,
+    /// With `--registry consul`: the agent.
+    #[command(flatten)]
+    pub consul: ConsulArgs,
+    /// How often the inventory is re-read and JobDBs that could not be reached are tried
+    /// again, in ms.
+    #[arg(long, env = "SPINDLE_DASHBOARD_DISCOVER_MS", default_value_t = 10_000)]
+    pub discover_every_ms: u64,
+    /// Deadline of one JobDB's queries for one panel, in ms: a JobDB slower than this is shown
+    /// as unreachable in that panel, and the others' numbers are still shown.
+    #[arg(
+        long,
+        env = "SPINDLE_DASHBOARD_QUERY_TIMEOUT_MS",
+        default_value_t = 5_000
+    )]
+    pub query_timeout_ms: u64,
+    /// Connections to each JobDB.
+    #[arg(long, env = "SPINDLE_DASHBOARD_DB_CONNECTIONS", default_value_t = 2)]
+    pub db_connections: u32,
+    /// API tokens (the Directors' `--tokens` file): the JSON API then needs an admin token
+    /// (`Authorization: Bearer`; the page asks for it once and keeps it in the browser).
+    #[arg(long, env = "SPINDLE_DASHBOARD_TOKENS")]
+    pub tokens: Option<std::path::PathBuf>,
+}
+
+impl DashboardArgs {
+    /// The dashboard configuration these options describe.
+    pub fn to_config(&self) -> anyhow::Result<crate::dashboard::DashboardConfig> {
+        anyhow::ensure!(
+            self.db_connections >= 1,
+            "--db-connections must be at least 1"
+        );
+        anyhow::ensure!(
+            self.discover_every_ms >= 100,
+            "--discover-every-ms must be at least 100"
+        );
+        let mut config = crate::dashboard::DashboardConfig::new(self.listen, self.jobdbs.clone());
+        if self.registry == DashboardRegistry::Consul {
+            config.consul = Some(self.consul.client()?);
+        }
+        config.discover_every = Duration::from_millis(self.discover_every_ms);
+        config.query_timeout = Duration::from_millis(self.query_timeout_ms.max(1));
+        config.db_connections = self.db_connections;
+        if let Some(path) = &self.tokens {
+            config.auth = Some(std::sync::Arc::new(crate::rpc::auth::TokenStore::load(
+                path,
+            )?));
         }
         Ok(config)
     }
@@ -868,9 +1145,23 @@ pub async fn run(cli: Cli) -> anyhow::Result<()> {
                     listed.record.name,
                     format!("{:?}", listed.record.state).to_lowercase(),
                     listed.holder.as_deref().unwrap_or("-"),
-                    redact_password(&listed.record.url)
+                    crate::jobdb::redact_password(&listed.record.url)
                 );
             }
+        }
+        Command::Endpoints(command) => endpoints(command).await?,
+        Command::Replay(args) => replay(*args).await?,
+        Command::Jobs(JobsCommand::Show {
+            id,
+            api,
+            token,
+            json,
+        }) => show_job(&id, &api, token.as_deref(), json).await?,
+        Command::Dashboard(args) => {
+            let dashboard = crate::dashboard::serve(args.to_config()?).await?;
+            println!("dashboard at http://{}/", dashboard.addr());
+            until_signal().cancelled().await;
+            dashboard.stop().await;
         }
         Command::Demo(args) => crate::demo::run(args).await?,
         Command::Bench(args) => crate::bench::run(args).await?,
@@ -884,13 +1175,236 @@ pub async fn run(cli: Cli) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// The URL with any password replaced, for printing.
-fn redact_password(url: &str) -> String {
-    match url::Url::parse(url) {
-        Ok(mut parsed) if parsed.password().is_some() => {
-            let _ = parsed.set_password(Some("***"));
-            parsed.to_string()
+/// `spindle endpoints ...`: reads and writes the controls in Consul.
+async fn endpoints(command: EndpointsCommand) -> anyhow::Result<()> {
+    use crate::registry::controls;
+    match command {
+        EndpointsCommand::List { consul } => {
+            let (controls, _) =
+                controls::read(&consul.client()?, 0, Duration::from_secs(1)).await?;
+            println!(
+                "{:<8} {:<48} {:<7} {:>11} {:>10}  set by, at",
+                "kind", "name", "state", "concurrency", "per second"
+            );
+            let mut endpoints: Vec<_> = controls.endpoints.values().collect();
+            endpoints.sort_by(|a, b| a.endpoint.cmp(&b.endpoint));
+            for c in endpoints {
+                println!(
+                    "{:<8} {:<48} {:<7} {:>11} {:>10}  {}, {}",
+                    "endpoint",
+                    c.endpoint,
+                    if c.paused { "paused" } else { "running" },
+                    c.max_concurrency.map_or("-".to_owned(), |n| n.to_string()),
+                    c.max_per_second.map_or("-".to_owned(), |r| r.to_string()),
+                    c.updated_by,
+                    c.updated_at.format("%Y-%m-%d %H:%M:%S UTC"),
+                );
+            }
+            let mut buckets: Vec<_> = controls.buckets.values().collect();
+            buckets.sort_by(|a, b| a.bucket.cmp(&b.bucket));
+            for c in buckets {
+                println!(
+                    "{:<8} {:<48} {:<7} {:>11} {:>10}  {}, {}",
+                    "bucket",
+                    c.bucket,
+                    if c.paused { "paused" } else { "running" },
+                    "-",
+                    "-",
+                    c.updated_by,
+                    c.updated_at.format("%Y-%m-%d %H:%M:%S UTC"),
+                );
+            }
         }
-        _ => url.to_owned(),
+        EndpointsCommand::Health { apis, token } => {
+            let client = reqwest::Client::new();
+            for api in apis {
+                let mut request = client.get(format!("{}/v1/endpoints", api.trim_end_matches('/')));
+                if let Some(token) = &token {
+                    request = request.bearer_auth(token);
+                }
+                let response = request
+                    .send()
+                    .await
+                    .with_context(|| format!("--api {api}"))?;
+                let status = response.status();
+                let body = response.text().await?;
+                anyhow::ensure!(status.is_success(), "{api}: {status}: {body}");
+                let view: crate::rpc::api::EndpointsView =
+                    serde_json::from_str(&body).context("the api's answer")?;
+                println!("{api}");
+                println!(
+                    "  {:<56} {:>6} {:>9} {:<7} {:>15} {:>11}",
+                    "endpoint", "ready", "in flight", "breaker", "recent failures", "concurrency"
+                );
+                for e in view.endpoints {
+                    println!(
+                        "  {:<56} {:>6} {:>9} {:<7} {:>15} {:>11}{}",
+                        e.endpoint,
+                        e.ready,
+                        e.in_flight,
+                        e.breaker,
+                        format!("{}/{}", e.recent_failures, e.recent_attempts),
+                        e.concurrency,
+                        if e.paused { "  paused" } else { "" }
+                    );
+                }
+            }
+        }
+        EndpointsCommand::Pause(args) => set_paused(args, true).await?,
+        EndpointsCommand::Resume(args) => set_paused(args, false).await?,
+        EndpointsCommand::Limit {
+            consul,
+            endpoint,
+            concurrency,
+            per_second,
+            by,
+        } => {
+            anyhow::ensure!(
+                per_second.is_none_or(|r| r.is_finite() && r > 0.0),
+                "--per-second must be a positive number"
+            );
+            anyhow::ensure!(
+                concurrency != Some(0),
+                "--concurrency must be at least 1 (use pause to stop)"
+            );
+            let endpoint = crate::job::endpoint_key(&endpoint);
+            controls::update_endpoint(&consul.client()?, endpoint, &by, |c| {
+                c.max_concurrency = concurrency;
+                c.max_per_second = per_second;
+            })
+            .await?;
+            println!("{endpoint}: concurrency {concurrency:?}, per second {per_second:?}");
+        }
     }
+    Ok(())
+}
+
+/// `spindle replay`: selects the ended jobs and submits them as new ones.
+async fn replay(args: ReplayArgs) -> anyhow::Result<()> {
+    use crate::replay::{ReplayOptions, ReplaySource};
+    let (discarded, archived) = crate::replay::states(&args.states).map_err(anyhow::Error::msg)?;
+    let source = match (&args.from_jobdb, args.from_archive) {
+        (Some(url), false) => {
+            let url: crate::jobdb::JobDbUrl = url.parse().context("--from-jobdb")?;
+            ReplaySource::JobDb(Box::new(crate::jobdb::JobDb::open_reader(&url, 2).await?))
+        }
+        (None, true) => {
+            let s3 = args
+                .s3
+                .to_config()
+                .context("--from-archive needs --s3-bucket (and the other --s3-* options)")?;
+            ReplaySource::Archive {
+                archive: crate::archive::Archive::connect(&s3).await?,
+                jobdb: args.archive_jobdb.clone(),
+            }
+        }
+        _ => anyhow::bail!("give --from-jobdb URL or --from-archive"),
+    };
+    let options = ReplayOptions {
+        filter: crate::jobdb::replay::EndedFilter {
+            bucket: args.bucket,
+            endpoint_prefix: args.endpoint_prefix,
+            since: args.since,
+            until: args.until,
+            discarded,
+            archived,
+        },
+        to: args.to,
+        token: args.token,
+        ttl_ms: args.ttl_ms,
+        dry_run: args.dry_run,
+        limit: args.limit,
+    };
+    let report = crate::replay::replay(&source, &options).await?;
+    for (original, new) in &report.links {
+        println!("{original} -> {new}");
+    }
+    println!(
+        "selected {}, submitted {}{}",
+        report.selected,
+        report.submitted,
+        if options.dry_run { " (dry run)" } else { "" }
+    );
+    Ok(())
+}
+
+/// `spindle jobs show`: reads the job over the RPC API and prints it.
+async fn show_job(id: &str, api: &str, token: Option<&str>, json: bool) -> anyhow::Result<()> {
+    anyhow::ensure!(
+        !id.is_empty() && id.chars().all(|c| c.is_ascii_alphanumeric()),
+        "the job id must be a ULID or 32 hex digits"
+    );
+    let mut request =
+        reqwest::Client::new().get(format!("{}/v1/jobs/{id}", api.trim_end_matches('/')));
+    if let Some(token) = token {
+        request = request.bearer_auth(token);
+    }
+    let response = request
+        .send()
+        .await
+        .with_context(|| format!("--api {api}"))?;
+    let status = response.status();
+    let body = response.text().await?;
+    anyhow::ensure!(status.is_success(), "{status}: {body}");
+    if json {
+        println!("{body}");
+        return Ok(());
+    }
+    let job: crate::rpc::api::JobView = serde_json::from_str(&body).context("the api's answer")?;
+    println!("job       {} (hex {})", job.id, job.id_hex);
+    println!("state     {} after {} attempt(s)", job.state, job.attempts);
+    println!("bucket    {}", job.bucket);
+    println!("endpoint  {} {}", job.method, job.endpoint);
+    println!("created   {}   expires {}", job.created_at, job.expire_at);
+    if let Some(key) = &job.idempotency_key {
+        println!("key       {key}");
+    }
+    println!();
+    println!(
+        "{:<28} {:<20} {:>3} {:>6} {:>7}  {:<18} detail",
+        "time", "state", "n", "status", "ms", "error type"
+    );
+    for t in &job.transitions {
+        let detail = match (&t.retry_at, &t.error_response) {
+            (Some(at), Some(text)) => format!(
+                "retry at {at}; {}",
+                text.chars().take(80).collect::<String>()
+            ),
+            (Some(at), None) => format!("retry at {at}"),
+            (None, Some(text)) => text.chars().take(100).collect(),
+            (None, None) => String::new(),
+        };
+        println!(
+            "{:<28} {:<20} {:>3} {:>6} {:>7}  {:<18} {}",
+            t.time.format("%Y-%m-%d %H:%M:%S%.3f").to_string(),
+            t.state.to_string(),
+            t.attempts,
+            t.response_status.map_or("-".to_owned(), |s| s.to_string()),
+            t.duration_ms.map_or("-".to_owned(), |d| d.to_string()),
+            t.error_type.as_deref().unwrap_or("-"),
+            detail.replace('\n', " "),
+        );
+    }
+    Ok(())
+}
+
+/// Pauses or resumes an endpoint (keeping its caps) or a bucket.
+async fn set_paused(args: PauseArgs, paused: bool) -> anyhow::Result<()> {
+    use crate::registry::controls;
+    let PauseArgs { consul, target, by } = args;
+    let client = consul.client()?;
+    let verb = if paused { "paused" } else { "resumed" };
+    match (target.endpoint, target.bucket) {
+        (Some(endpoint), _) => {
+            let endpoint = crate::job::endpoint_key(&endpoint);
+            controls::update_endpoint(&client, endpoint, &by, |c| c.paused = paused).await?;
+            println!("endpoint {endpoint} {verb}");
+        }
+        (None, Some(bucket)) => {
+            controls::set_bucket_paused(&client, &bucket, &by, paused).await?;
+            println!("bucket {bucket} {verb}");
+        }
+        (None, None) => anyhow::bail!("give --endpoint or --bucket"),
+    }
+    Ok(())
 }

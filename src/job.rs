@@ -129,6 +129,9 @@ impl State {
             (AwaitingScheduling, Executing | Archiving | Moved)
                 | (Executing, Succeeded | Discarded | AwaitingRetry)
                 | (AwaitingRetry, Executing | Archiving | Moved)
+                // Operator commands: expedite and postpone reschedule a waiting job, discard
+                // ends it.
+                | (AwaitingScheduling | AwaitingRetry, AwaitingRetry | Discarded)
                 | (Archiving, Archived)
         )
     }
@@ -195,12 +198,15 @@ pub struct Job {
 impl Job {
     /// The delivery queue this job belongs to: the endpoint without query or fragment.
     pub fn endpoint_key(&self) -> &str {
-        let end = self
-            .endpoint
-            .find(['?', '#'])
-            .unwrap_or(self.endpoint.len());
-        &self.endpoint[..end]
+        endpoint_key(&self.endpoint)
     }
+}
+
+/// The delivery queue (lane) of an endpoint URL: the URL without query or fragment; what
+/// Directors queue, limit and control by. The dashboard's SQL groups by the same key
+/// (`jobdb::stats`), so the two must agree.
+pub fn endpoint_key(endpoint: &str) -> &str {
+    &endpoint[..endpoint.find(['?', '#']).unwrap_or(endpoint.len())]
 }
 
 /// One appended row of `job_state_transitions`. Build it with the constructors.

@@ -19,8 +19,10 @@
 //!   onto Directors. No HTTP.
 //! - [`archive`]: the S3 archive of jobs that leave a JobDB (expired, or history of moved
 //!   jobs): gzip NDJSON batches with a manifest each. No SQL.
+//! - [`dashboard`]: `spindle dashboard`, a web page and JSON API over every live JobDB
+//!   (throughput, endpoints, attempts, inventory, job traces).
 //! - [`sink`]: a recording HTTP endpoint for demos, benchmarks and tests.
-//! - [`cli`]: the `spindle` command line (`director`, `demo`, `bench`, `sink`).
+//! - [`cli`]: the `spindle` command line (`director`, `dashboard`, `demo`, `bench`, `sink`, ...).
 //! - [`bench`] and [`demo`]: the `spindle bench` and `spindle demo` subcommands.
 //!
 //! The `manager/` and `drainer/` crates hold the JobDB manager and drainer binaries.
@@ -28,6 +30,7 @@
 pub mod archive;
 pub mod bench;
 pub mod cli;
+pub mod dashboard;
 pub mod delivery;
 pub mod demo;
 pub mod director;
@@ -37,6 +40,7 @@ pub mod jobdb;
 pub mod manager;
 pub mod metrics;
 pub mod registry;
+pub mod replay;
 pub mod router;
 pub mod rpc;
 pub mod sink;

@@ -33,6 +33,22 @@ pub struct ActionLabels {
     pub action: String,
 }
 
+/// Label set naming what holds a queue of ready jobs.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct QueueLabels {
+    /// `running` (the endpoint takes requests), `breaker_open` (probes only), `paused`
+    /// (an endpoint control), `bucket_paused` (parked by a bucket control) or `waiting`
+    /// (cached, waiting for a retry or for its payload).
+    pub class: &'static str,
+}
+
+/// Label set saying whether a JobDB could be reached.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct ReachLabels {
+    /// `true` or `false`.
+    pub reachable: &'static str,
+}
+
 /// Every metric a spindle process exports (a Director's, a manager's or a drainer's; each
 /// fills in its own).
 pub struct Metrics {
@@ -67,6 +83,24 @@ pub struct Metrics {
     pub jobs_spilled: Gauge,
     /// When the last attempt started (Unix seconds): shows when a fenced-out Director stopped.
     pub last_attempt_started: Gauge<f64, std::sync::atomic::AtomicU64>,
+    /// Payload and header bytes of the cached jobs held in memory.
+    pub cached_payload_bytes: Gauge,
+    /// Jobs read into the cache by backlog passes (they had waited in the JobDB only).
+    pub jobs_backlog_loaded: Counter,
+    /// Waiting jobs evicted from a full cache, to be read back shortly before they are due.
+    pub jobs_evicted: Counter,
+    /// Operator commands applied and recorded.
+    pub operator_commands: Counter,
+    /// Endpoint circuit breakers that opened (an endpoint judged down).
+    pub breaker_opened: Counter,
+    /// Endpoints whose circuit breaker is open now (probes only).
+    pub breakers_open: Gauge,
+    /// Cached jobs by what they wait for (queue depth by endpoint class).
+    pub queued: Family<QueueLabels, Gauge>,
+    /// Dashboard: JobDBs it reads, by whether they could be reached.
+    pub dashboard_jobdbs: Family<ReachLabels, Gauge>,
+    /// Dashboard: API requests answered.
+    pub dashboard_requests: Counter,
     /// Drainer: jobs moved out of retired JobDBs into live ones.
     pub jobs_moved: Counter,
     /// Drainer: retired JobDBs drained.
@@ -174,6 +208,60 @@ impl Default for Metrics {
             "Unix time at which the last delivery attempt started",
             last_attempt_started.clone(),
         );
+        let cached_payload_bytes = Gauge::default();
+        registry.register(
+            "jobs_cached_payload_bytes",
+            "Payload and header bytes of cached jobs held in memory",
+            cached_payload_bytes.clone(),
+        );
+        let jobs_backlog_loaded = Counter::default();
+        registry.register(
+            "jobs_backlog_loaded",
+            "Jobs read into the cache from the JobDB after waiting there for room",
+            jobs_backlog_loaded.clone(),
+        );
+        let jobs_evicted = Counter::default();
+        registry.register(
+            "jobs_evicted",
+            "Waiting jobs evicted from a full cache until shortly before they are due",
+            jobs_evicted.clone(),
+        );
+        let operator_commands = Counter::default();
+        registry.register(
+            "operator_commands_applied",
+            "Operator commands (expedite, postpone, flush, discard) applied and recorded",
+            operator_commands.clone(),
+        );
+        let breaker_opened = Counter::default();
+        registry.register(
+            "endpoint_breaker_opened",
+            "Endpoint circuit breakers opened (most recent attempts failed)",
+            breaker_opened.clone(),
+        );
+        let breakers_open = Gauge::default();
+        registry.register(
+            "endpoint_breakers_open",
+            "Endpoints whose circuit breaker is open (one probe at a time)",
+            breakers_open.clone(),
+        );
+        let queued = Family::<QueueLabels, Gauge>::default();
+        registry.register(
+            "jobs_queued",
+            "Cached jobs by what they wait for: endpoint running, breaker open, endpoint or bucket paused, or a retry",
+            queued.clone(),
+        );
+        let dashboard_jobdbs = Family::<ReachLabels, Gauge>::default();
+        registry.register(
+            "dashboard_jobdbs",
+            "JobDBs the dashboard reads, by whether they could be reached",
+            dashboard_jobdbs.clone(),
+        );
+        let dashboard_requests = Counter::default();
+        registry.register(
+            "dashboard_api_requests",
+            "Dashboard API requests answered",
+            dashboard_requests.clone(),
+        );
         let jobs_moved = Counter::default();
         registry.register(
             "jobs_moved",
@@ -206,6 +294,15 @@ impl Default for Metrics {
         );
         Metrics {
             registry,
+            cached_payload_bytes,
+            jobs_backlog_loaded,
+            jobs_evicted,
+            operator_commands,
+            breaker_opened,
+            breakers_open,
+            queued,
+            dashboard_jobdbs,
+            dashboard_requests,
             jobs_moved,
             jobdbs_drained,
             jobdbs,

@@ -6,7 +6,8 @@
 //! 200, keeping each body · `/flaky/{percent}` 503 at random · `/hang` never answers · `/slow/{ms}` answers after a
 //! delay · `/retry-after/{secs}` 429 with `Retry-After` on a job's first attempt, then 200 ·
 //! `/redirect/{code}` that 3xx status pointing at `/ok` · `/capture` 200, keeping the body and
-//! the `webhook-*` headers (for signature checks).
+//! the `webhook-*` headers (for signature checks) · `/down-until/{unix_ms}` 503 until then ·
+//! `/outage/{from_ms}/{until_ms}` 500 in that window, 200 outside it.
 
 use std::collections::HashMap;
 use std::net::SocketAddr;
@@ -117,6 +118,7 @@ impl Sink {
             .route("/fail/{n}", any(fail))
             .route("/flaky/{percent}", any(flaky))
             .route("/down-until/{unix_ms}", any(down_until))
+            .route("/outage/{from_ms}/{until_ms}", any(outage))
             .route("/hang", any(hang))
             .route("/slow/{ms}", any(slow))
             .route("/retry-after/{secs}", any(retry_after))
@@ -262,6 +264,26 @@ async fn down_until(State(s): Shared_, headers: HeaderMap, Path(unix_ms): Path<i
         StatusCode::OK
     };
     s.note(&headers, &format!("/down-until/{unix_ms}"), code.as_u16());
+    code
+}
+
+/// 500 between two Unix times (ms), 200 before and after: an outage drill.
+async fn outage(
+    State(s): Shared_,
+    headers: HeaderMap,
+    Path((from_ms, until_ms)): Path<(i64, i64)>,
+) -> StatusCode {
+    let now = chrono::Utc::now().timestamp_millis();
+    let code = if (from_ms..until_ms).contains(&now) {
+        StatusCode::INTERNAL_SERVER_ERROR
+    } else {
+        StatusCode::OK
+    };
+    s.note(
+        &headers,
+        &format!("/outage/{from_ms}/{until_ms}"),
+        code.as_u16(),
+    );
     code
 }
 

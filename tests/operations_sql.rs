@@ -8,6 +8,7 @@ use std::time::Duration;
 use common::*;
 use serde_json::json;
 use spindle::job::{JobId, State};
+use spindle::rpc::api::SubmitResponse;
 use sqlx::{Connection, Row};
 
 fn sql_blocks(markdown: &str) -> Vec<String> {
@@ -31,15 +32,25 @@ fn sql_blocks(markdown: &str) -> Vec<String> {
 async fn every_documented_statement_runs_and_finds_its_rows() {
     let rig = Rig::start("opsql", |_| {}).await;
     // A scenario with something for every recipe: deliveries, a retrying endpoint (failures in
-    // the last minutes, a backlog), and a job refused by the address guard.
+    // the last minutes, a backlog), a job refused by the address guard, and waiting retries
+    // for each operator command to change.
     let ok = rig.submit(rig.jobs(3, "/ok", json!({}))).await;
-    rig.submit(rig.jobs(2, "/status/500", json!({"backoff_min_delay_ms": 600000})))
-        .await;
+    let waiting = |bucket: &str, path: &str| {
+        (0..2)
+            .map(|_| json!({"bucket": bucket, "endpoint": rig.sink.url(path), "backoff_min_delay_ms": 600000}))
+            .collect::<Vec<_>>()
+    };
+    let ids =
+        |reply: SubmitResponse| -> Vec<String> { reply.jobs.into_iter().map(|j| j.id).collect() };
+    let expedite = ids(rig.submit(waiting("b", "/status/500")).await);
+    let postpone = ids(rig.submit(waiting("acme", "/status/502")).await);
+    let flush = ids(rig.submit(waiting("b", "/status/503")).await);
+    let discard = ids(rig.submit(waiting("trial-42", "/status/504")).await);
     rig.submit(vec![
         json!({"bucket": "b", "endpoint": "http://0.0.0.0:9/blocked"}),
     ])
     .await;
-    rig.wait_in_state(State::AwaitingRetry, 2, Duration::from_secs(10))
+    rig.wait_in_state(State::AwaitingRetry, 8, Duration::from_secs(10))
         .await;
     rig.wait_in_state(State::Succeeded, 3, Duration::from_secs(10))
         .await;
@@ -49,14 +60,57 @@ async fn every_documented_statement_runs_and_finds_its_rows() {
     let doc = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/docs/operations.md"))
         .unwrap();
     let blocks = sql_blocks(&doc);
-    assert!(blocks.len() >= 6, "found {} sql blocks", blocks.len());
+    assert!(blocks.len() >= 12, "found {} sql blocks", blocks.len());
     let hex = ok.jobs[0].id.parse::<JobId>().unwrap().to_hex();
     let mut conn = sqlx::mysql::MySqlConnection::connect_with(&rig.db.url.options())
         .await
         .unwrap();
+    let pool = sqlx::MySqlPool::connect_with(rig.db.url.options())
+        .await
+        .unwrap();
+    let mut commands = 0;
     for block in blocks {
-        // The documented example id stands for "your job": use a real one.
-        let sql = regex_free_replace_unhex(&block, &hex);
+        // The documented example id and endpoints stand for "yours": use real ones.
+        let sql = regex_free_replace_unhex(&block, &hex)
+            .replace(
+                "https://hooks.example.com/orders",
+                &rig.sink.url("/status/500"),
+            )
+            .replace(
+                "https://hooks.example.com/legacy",
+                &rig.sink.url("/status/503"),
+            );
+        if sql
+            .trim_start()
+            .starts_with("INSERT INTO operator_commands")
+        {
+            let issued = std::time::Instant::now();
+            sqlx::raw_sql(&sql)
+                .execute(&mut conn)
+                .await
+                .unwrap_or_else(|e| panic!("{e}\n{sql}"));
+            commands += 1;
+            let (action, jobs) = [
+                ("'expedite'", &expedite),
+                ("'postpone'", &postpone),
+                ("'flush'", &flush),
+                ("'discard'", &discard),
+            ]
+            .into_iter()
+            .find(|(action, _)| sql.contains(action))
+            .unwrap_or_else(|| panic!("a command the test does not know:\n{sql}"));
+            wait_for(
+                Duration::from_secs(5),
+                &format!("{action} to take effect"),
+                || command_took_effect(&rig, action, jobs),
+            )
+            .await;
+            println!(
+                "{action} took effect {:.2} s after the INSERT",
+                issued.elapsed().as_secs_f64()
+            );
+            continue;
+        }
         let rows = sqlx::raw_sql(&sql)
             .fetch_all(&mut conn)
             .await
@@ -71,9 +125,97 @@ async fn every_documented_statement_runs_and_finds_its_rows() {
         if sql.contains("WHERE job_id = UNHEX") {
             assert_eq!(rows.len(), 3, "a delivered job's trace has three rows");
         }
+        if sql.contains("operator_command_results") {
+            // Each command changed exactly its two jobs, and says who issued it.
+            wait_for(Duration::from_secs(5), "every command's result", || async {
+                let results: Vec<(u64, u32)> = sqlx::query_as(
+                    "SELECT command_id, jobs FROM operator_command_results ORDER BY command_id",
+                )
+                .fetch_all(&pool)
+                .await
+                .unwrap();
+                results.len() == commands && results.iter().all(|(_, jobs)| *jobs == 2)
+            })
+            .await;
+        }
+        if sql.contains("LIKE 'operator-%'") {
+            assert_eq!(rows.len(), 8, "two jobs changed by each of four commands");
+            let text: String = rows[0].try_get("command").unwrap();
+            assert!(text.starts_with("command 4 by root@"), "{text}");
+        }
     }
+    assert_eq!(
+        commands, 4,
+        "expedite, postpone, flush and discard are documented"
+    );
+    // Everything the commands touched has a legal history; nothing else was delivered again.
+    for history in histories(&rig.reader).await.values() {
+        assert_legal(history);
+    }
+    let per_job = rig.sink.per_job();
+    for id in postpone.iter().chain(&flush).chain(&discard) {
+        assert_eq!(per_job[id], 1, "{id} was attempted again");
+    }
+    // `spindle jobs show` prints the same trace, operator commands included.
+    let base = rig.base();
+    let show = |id: &str| procs::run(&["jobs", "show", id, "--api", &base]);
+    let out = show(&discard[0]);
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(
+        text.contains("state     discarded")
+            && text.contains("operator-discard")
+            && text.contains("command 4 by")
+            && text.contains(" 504 "),
+        "{text}"
+    );
+    let unknown = show("01ARZ3NDEKTSV4RRFFQ69G5FAV");
+    assert!(!unknown.status.success());
+    assert!(String::from_utf8_lossy(&unknown.stderr).contains("404"));
+    let bad = show("not-an-id");
+    assert!(!bad.status.success());
+    assert!(String::from_utf8_lossy(&bad.stderr).contains("ULID or 32 hex digits"));
     conn.close().await.unwrap();
+    pool.close().await;
     rig.stop().await;
+}
+
+/// Whether the documented command `action` has changed its `jobs` as documented.
+async fn command_took_effect(rig: &Rig, action: &str, jobs: &[String]) -> bool {
+    if action == "'expedite'" {
+        // Due now, so attempted a second time (the endpoint still fails).
+        let per_job = rig.sink.per_job();
+        return jobs.iter().all(|id| per_job.get(id) == Some(&2));
+    }
+    let all = histories(&rig.reader).await;
+    jobs.iter().all(|id| {
+        let last = all[&id.parse::<JobId>().unwrap()].last().unwrap().clone();
+        let by_command = last
+            .error_response
+            .as_ref()
+            .is_some_and(|r| r.starts_with(b"command "));
+        by_command
+            && match action {
+                "'postpone'" => {
+                    last.state == State::AwaitingRetry
+                        && last.error_type.as_deref() == Some("operator-postpone")
+                        && last.retry_at.unwrap()
+                            > chrono::Utc::now() + chrono::Duration::minutes(50)
+                }
+                "'flush'" => {
+                    last.state == State::Archiving
+                        && last.error_type.as_deref() == Some("operator-flush")
+                }
+                _ => {
+                    last.state == State::Discarded
+                        && last.error_type.as_deref() == Some("operator-discard")
+                }
+            }
+    })
 }
 
 /// Replaces the argument of every `UNHEX('...')` with `hex`.

@@ -908,17 +908,25 @@ async fn a_bucket_stays_on_its_shard_and_a_hanging_tenant_does_not_slow_the_othe
         jobdbs_of.get("noisy")
     );
     // Within 20% of the run without the noisy tenant (plus 10 ms of timer noise) in a release
-    // build, the bound. A debug build runs eight unoptimised Directors on two cores,
-    // where p99 moves by tens of ms from run to run: the suite checks a looser bound there
-    // (the release figures are in docs/benchmarks.md).
-    let (factor, slack) = if cfg!(debug_assertions) {
-        (1.5, 30.0)
+    // build: the bound, on p99 (the release figures are in docs/benchmarks.md). A debug
+    // build runs eight unoptimised Directors on two cores, where the p99 of either phase alone
+    // moves between 66 and 203 ms from run to run (measured), so the suite checks what a broken
+    // isolation would move: the median (calm jobs queued behind 1 s timeouts would take it to
+    // hundreds of ms), with the p99 only bounded against gross regressions.
+    if cfg!(debug_assertions) {
+        assert!(
+            n50 <= 1.5 * b50 + 30.0,
+            "calm p50 {n50:.1} ms beside the hanging tenant vs {b50:.1} ms without"
+        );
+        assert!(
+            n99 <= 3.0 * b99 + 100.0,
+            "calm p99 {n99:.1} ms beside the hanging tenant vs {b99:.1} ms without"
+        );
     } else {
-        (1.2, 10.0)
-    };
-    assert!(
-        n99 <= factor * b99 + slack,
-        "calm p99 {n99:.1} ms beside the hanging tenant vs {b99:.1} ms without"
-    );
+        assert!(
+            n99 <= 1.2 * b99 + 10.0,
+            "calm p99 {n99:.1} ms beside the hanging tenant vs {b99:.1} ms without"
+        );
+    }
     cluster.stop().await;
 }

@@ -250,13 +250,18 @@ fn find_blocked(err: &(dyn std::error::Error + 'static)) -> Option<Blocked> {
     None
 }
 
-/// The error and its sources on one line, for the transition row.
-fn error_chain(err: &dyn std::error::Error) -> String {
+/// The error and its sources on one line, for the transition row (and the dashboard's
+/// reasons why a JobDB is unreachable). A cause whose text is already in the line is left
+/// out: some errors (sqlx's I/O error) print their source in their own message.
+pub(crate) fn error_chain(err: &dyn std::error::Error) -> String {
     let mut text = err.to_string();
     let mut source = err.source();
     while let Some(cause) = source {
-        text.push_str(": ");
-        text.push_str(&cause.to_string());
+        let cause_text = cause.to_string();
+        if !text.contains(&cause_text) {
+            text.push_str(": ");
+            text.push_str(&cause_text);
+        }
         source = cause.source();
     }
     text

@@ -237,6 +237,7 @@ async fn start_on(
         }
     };
     instance.create_database = false;
+    instance.controls = Some(inventory.client().clone());
     let std_listener = match listener.try_clone() {
         Ok(l) => l,
         Err(e) => {

@@ -13,7 +13,9 @@
 //! the lock. A lost lock does the same but every write is refused, and the Director exits
 //! with an error so its supervisor can restart it.
 
+pub mod breaker;
 pub mod campaign;
+pub mod commands;
 pub mod scheduler;
 pub mod writer;
 
@@ -35,7 +37,7 @@ use crate::jobdb::{JobDb, JobDbError, JobDbUrl};
 use crate::metrics::Metrics;
 use crate::registry::lease::{self, Lease};
 use crate::rpc::{self, api::IntakeLimits, RpcState};
-use scheduler::{Recovered, Scheduler, SchedulerLimits};
+use scheduler::{Scheduler, SchedulerLimits};
 use writer::{WriteOp, Writer, WriterLimits};
 
 /// How far above the JobDB's highest transition id a new owner starts numbering.
@@ -68,6 +70,8 @@ pub struct DirectorConfig {
     pub auth: Option<Arc<crate::rpc::auth::TokenStore>>,
     /// Where expired jobs are archived; `None` leaves them `archiving` for a drainer.
     pub archive: Option<crate::archive::Archive>,
+    /// Where endpoint and bucket controls are read (Consul); `None`: no controls.
+    pub controls: Option<crate::registry::consul::ConsulClient>,
 }
 
 impl DirectorConfig {
@@ -87,6 +91,9 @@ impl DirectorConfig {
                 backoff_cap: Duration::from_secs(3600),
                 shutdown_grace: Duration::from_secs(30),
                 spill_after: Duration::from_secs(60),
+                max_cached_bytes: 512 * 1024 * 1024,
+                max_cached_jobs: 1_000_000,
+                breaker: breaker::BreakerConfig::default(),
             },
             writer: WriterLimits {
                 max_rows: 4000,
@@ -96,6 +103,7 @@ impl DirectorConfig {
             intake: IntakeLimits::default(),
             auth: None,
             archive: None,
+            controls: None,
         }
     }
 }
@@ -210,7 +218,8 @@ pub async fn start_owned(
     }
 }
 
-type Unfinished = Vec<(crate::job::Job, crate::job::Progress)>;
+/// Jobs whose latest state a new owner must settle first (`executing`, `archiving`).
+type Unfinished = Vec<(crate::job::JobId, crate::job::Progress)>;
 
 /// Opens the JobDB (creating and migrating it if configured), takes ownership with the
 /// lease's token, and reads what recovery needs.
@@ -252,11 +261,11 @@ async fn open_owned(
         },
         None => db.take_ownership(&config.holder).await?,
     };
-    let unfinished = db.load_unfinished().await?;
+    let unfinished = db.load_stranded().await?;
     tracing::info!(
         jobdb = db.name(),
         fencing_token = token,
-        unfinished = unfinished.len(),
+        stranded = unfinished.len(),
         "jobdb owned"
     );
     Ok((db, token, unfinished))
@@ -303,7 +312,8 @@ async fn serve(
         .run(),
     );
 
-    let (recovered, archiving) = recover(unfinished, &writer_tx).await?;
+    let archiving = recover(unfinished, &writer_tx).await?;
+    let commands_tx = events_tx.clone();
     let mut scheduler = Scheduler::new(
         config.scheduler,
         writer_tx.clone(),
@@ -313,7 +323,6 @@ async fn serve(
         metrics.clone(),
         db.clone(),
     );
-    scheduler.recover(recovered);
     let archiver_stop = CancellationToken::new();
     let archiver_task = match config.archive.clone() {
         Some(archive) => {
@@ -343,7 +352,21 @@ async fn serve(
             None
         }
     };
+    scheduler.applied_by(&config.holder);
+    let health = scheduler.health();
     let scheduler_stop = CancellationToken::new();
+    if let Some(consul) = config.controls.clone() {
+        tokio::spawn(commands::watch_controls(
+            consul,
+            commands_tx.clone(),
+            scheduler_stop.clone(),
+        ));
+    }
+    tokio::spawn(commands::watch(
+        db.clone(),
+        commands_tx,
+        scheduler_stop.clone(),
+    ));
     let scheduler_task = tokio::spawn(scheduler.run(scheduler_stop.clone()));
 
     let state = RpcState {
@@ -356,6 +379,7 @@ async fn serve(
         ids: Arc::new(Mutex::new(ulid::Generator::new())),
         auth: config.auth.clone(),
         imports: Arc::default(),
+        health,
     };
     if config.auth.is_none() {
         tracing::warn!("no --tokens file: the rpc api accepts every caller");
@@ -415,51 +439,37 @@ async fn serve(
     })
 }
 
-/// Turns the JobDB's unfinished jobs into scheduler entries. An attempt that was in flight
-/// when the previous owner stopped has an unknown outcome: it is recorded as interrupted and
-/// retried at once (the endpoint may see it twice; receivers deduplicate on `spindle-job-id`).
+/// Settles what the previous owner left mid-way, before serving. An attempt that was in
+/// flight when it stopped has an unknown outcome: it is recorded as interrupted and retried at
+/// once (the endpoint may see it twice; receivers deduplicate on `spindle-job-id`). Returns
+/// the expired jobs for the archive. Every waiting job, these included, then reaches the cache
+/// through the scheduler's backlog pass, a page at a time.
 async fn recover(
-    unfinished: Vec<(crate::job::Job, crate::job::Progress)>,
+    stranded: Unfinished,
     writer: &mpsc::Sender<WriteOp>,
-) -> Result<(Vec<Recovered>, Vec<crate::job::JobId>), DirectorError> {
+) -> Result<Vec<crate::job::JobId>, DirectorError> {
     let now = Utc::now();
     let mut interrupted = Vec::new();
-    let mut recovered = Vec::with_capacity(unfinished.len());
     let mut archiving = Vec::new();
-    for (job, progress) in unfinished {
-        let retry_at = match progress.state {
-            State::AwaitingScheduling => None,
-            State::AwaitingRetry => progress.retry_at,
-            State::Executing => {
-                interrupted.push(Transition::awaiting_retry(
-                    job.id,
-                    progress.attempts,
-                    now,
-                    now,
-                    AttemptRecord {
-                        error_type: Some("interrupted".to_owned()),
-                        ..AttemptRecord::default()
-                    },
-                ));
-                None
-            }
-            // Left for the archive; terminal states are never loaded.
-            _ => {
-                archiving.push(job.id);
-                continue;
-            }
-        };
-        recovered.push(Recovered {
-            job: Arc::new(job),
-            attempts: progress.attempts,
-            retry_at,
-        });
+    for (id, progress) in stranded {
+        match progress.state {
+            State::Executing => interrupted.push(Transition::awaiting_retry(
+                id,
+                progress.attempts,
+                now,
+                now,
+                AttemptRecord {
+                    error_type: Some("interrupted".to_owned()),
+                    ..AttemptRecord::default()
+                },
+            )),
+            _ => archiving.push(id),
+        }
     }
     tracing::info!(
-        recovered = recovered.len(),
         interrupted = interrupted.len(),
         archiving = archiving.len(),
-        "recovery loaded unfinished jobs"
+        "recovery settled stranded jobs"
     );
     if !interrupted.is_empty() {
         let (done, committed) = oneshot::channel();
@@ -474,7 +484,7 @@ async fn recover(
             return Err(DirectorError::Recovery);
         }
     }
-    Ok((recovered, archiving))
+    Ok(archiving)
 }
 
 /// Runs a Director until SIGINT or SIGTERM, then stops it cleanly.

@@ -14,6 +14,11 @@
 //!   whose wait is at least `spill_after` keeps only its metadata in memory (its payload and
 //!   headers are dropped) and is read back from the JobDB, in batches, when it comes due: an
 //!   outage's backlog of retries costs metadata, not payloads.
+//! - The cache holds at most `max_cached_jobs` entries. Beyond that, new jobs stay in the
+//!   JobDB only and the cache reads them back in pages, in id order, as room appears (a
+//!   *backlog pass*); when it is full, jobs waiting far in the future (beyond `spill_after`)
+//!   are evicted and read back shortly before they are due. Each page's read starts after a
+//!   writer barrier and skips jobs that changed since, so a job that finished never comes back.
 //! - Before an attempt starts, its `executing` row is committed (batched with the others picked
 //!   at the same time), so a fenced-out Director cannot start deliveries, and after a crash the
 //!   attempts that were in flight are known.
@@ -21,7 +26,7 @@
 //! Everything here runs on one task and owns its state: no locks.
 
 use std::cmp::Reverse;
-use std::collections::{BinaryHeap, HashMap, VecDeque};
+use std::collections::{BinaryHeap, HashMap, HashSet, VecDeque};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -33,11 +38,17 @@ use tokio_util::sync::CancellationToken;
 
 use crate::delivery::classify::Verdict;
 use crate::delivery::{backoff, AttemptResult, Deliverer};
-use crate::job::{Job, JobId, Transition};
+use crate::job::{Job, JobId, Progress, State, Transition};
+use crate::jobdb::commands::{Action, Command};
 use crate::jobdb::JobDb;
 use crate::metrics::Metrics;
+use crate::registry::controls::Controls;
 
+use super::breaker::{Allowance, Breaker, BreakerConfig, Change};
 use super::writer::{WriteOp, WriteRejected};
+
+/// How often jobs held by a pause (an endpoint's or a bucket's) are checked for expiry.
+const SWEEP_EVERY: Duration = Duration::from_secs(5);
 
 /// Something the scheduler must react to.
 #[derive(Debug)]
@@ -54,6 +65,24 @@ pub enum Event {
     Reloaded(Vec<Job>, Vec<JobId>),
     /// Reading spilled jobs back failed; they are tried again shortly.
     ReloadFailed(Vec<JobId>),
+    /// A page of the backlog (jobs in the JobDB but not in the cache), read with `limit`.
+    BacklogPage {
+        /// The jobs, without payloads; `None` if the read failed.
+        jobs: Option<Vec<(Job, Progress)>>,
+        /// The most the page could hold: fewer means the pass reached the end.
+        limit: usize,
+    },
+    /// An operator command appended to the JobDB, to apply.
+    Command(Box<Command>),
+    /// The endpoint and bucket controls in force now (from the registry).
+    Controls(Arc<Controls>),
+    /// The jobs in the JobDB a command names (`None` if the read failed).
+    CommandTargets {
+        /// The command.
+        command: Box<Command>,
+        /// Waiting jobs it names, with their progress.
+        targets: Option<Vec<(JobId, Progress)>>,
+    },
     /// An attempt ended.
     Finished {
         /// The job.
@@ -78,6 +107,39 @@ pub struct SchedulerLimits {
     pub shutdown_grace: Duration,
     /// Waits at least this long drop the job's payload from memory until it is due.
     pub spill_after: Duration,
+    /// Most payload and header bytes held in memory: beyond it, newly cached jobs keep only
+    /// their metadata and are read back from the JobDB when their turn comes.
+    pub max_cached_bytes: usize,
+    /// Most jobs in the cache: beyond it, jobs wait in the JobDB only.
+    pub max_cached_jobs: usize,
+    /// When an endpoint's circuit breaker opens, and how it probes.
+    pub breaker: BreakerConfig,
+}
+
+/// Unfinished jobs that are in the JobDB but maybe not in the cache, and the pass that reads
+/// them in.
+#[derive(Default)]
+struct Backlog {
+    /// Some unfinished jobs may be in the JobDB only.
+    pending: bool,
+    /// The last job id the current pass has read; `None` before its first page.
+    cursor: Option<JobId>,
+    /// When the current pass began.
+    pass_started: Option<Instant>,
+    /// A job was left out of the cache since the pass began: go round again.
+    again: bool,
+    /// Evicted jobs are all within reach of a pass that starts after this instant.
+    evicted_until: Option<Instant>,
+    /// A page is being read.
+    loading: bool,
+    /// Jobs that left the cache since the page's barrier was sent: its read may predate it.
+    left: HashSet<JobId>,
+    /// No pass before this instant.
+    wake: Option<Instant>,
+    /// Look at a full cache again at this instant (eviction is due again).
+    recheck: Option<Instant>,
+    /// When waiting entries were last looked over for eviction.
+    evicted_at: Option<Instant>,
 }
 
 /// Where a job is, with respect to delivery.
@@ -93,10 +155,20 @@ enum Phase {
     InFlight,
     /// Due, its payload being read back from the JobDB.
     Reloading,
+    /// At the head of its queue, its payload being read back (it was cached over budget).
+    Fetching,
+    /// Due, but its bucket is paused: out of the queues until it is resumed.
+    Parked,
 }
 
 struct Entry {
     job: Arc<Job>,
+    /// A discard or flush that named the job while an attempt was under way: applied if
+    /// the attempt ends in a retry.
+    doomed: Option<Arc<Command>>,
+    /// When its last attempt failed into the wait it is in (`None`: not waiting on its own
+    /// failure, e.g. postponed by an operator or read in from the JobDB).
+    failed_at: Option<Instant>,
     /// The payload and headers were dropped from memory; read the job back before delivering.
     spilled: bool,
     /// The job's lane (its endpoint without query), computed once.
@@ -108,6 +180,8 @@ struct Entry {
 impl Entry {
     fn new(job: Arc<Job>, attempts: u16) -> Self {
         Entry {
+            doomed: None,
+            failed_at: None,
             lane: job.endpoint_key().into(),
             spilled: false,
             job,
@@ -126,10 +200,14 @@ struct Lane {
     started: VecDeque<JobId>,
     /// HTTP requests in flight.
     in_flight: usize,
+    /// Jobs taken from the head of the queue whose payload is being read back.
+    fetching: usize,
     ready: usize,
     queues: HashMap<Arc<str>, VecDeque<JobId>>,
     buckets: VecDeque<Arc<str>>,
     listed: bool,
+    /// A lane timer is set for this instant (its breaker's next probe).
+    wake_at: Option<Instant>,
 }
 
 /// A job recovered from the JobDB after a restart.
@@ -160,11 +238,43 @@ pub struct Scheduler {
     db: JobDb,
     /// Entries whose payload is not in memory.
     spilled: usize,
+    /// Payload and header bytes of the entries that are not spilled.
+    cached_bytes: usize,
     /// Rows waiting to go to the writer, in the order they happened. Only this task sends
     /// them, so a job's rows reach the writer (and get their ids) in order.
     outbox: Vec<Transition>,
     /// Told the ids of jobs that expired (the archiver takes them from `archiving`).
     expired_tx: Option<mpsc::UnboundedSender<Vec<JobId>>>,
+    backlog: Backlog,
+    /// Operator commands waiting to be applied, oldest first.
+    commands: VecDeque<Command>,
+    /// Commands applied whose transitions are on their way to the JobDB: (id, jobs changed).
+    applied: Vec<(u64, u64)>,
+    /// Who applies commands (the Director's holder name), for their results.
+    holder: Arc<str>,
+    /// Circuit breakers by lane; they outlive idle lanes (a down endpoint's jobs may all be
+    /// waiting on timers) and are forgotten a while after their last outcome.
+    breakers: HashMap<Arc<str>, (Breaker, Instant)>,
+    /// When each open breaker opened.
+    opened_at: HashMap<Arc<str>, Instant>,
+    /// When breakers were last pruned.
+    breakers_pruned: Instant,
+    /// Lanes to look at again at an instant (a breaker's next probe, a rate limit's token).
+    lane_timers: BinaryHeap<Reverse<(Instant, Arc<str>)>>,
+    /// Endpoint and bucket controls in force.
+    controls: Arc<Controls>,
+    /// Due jobs of paused buckets, by bucket.
+    parked: HashMap<Arc<str>, Vec<JobId>>,
+    /// Request-rate token buckets of rate-limited lanes: tokens, and when last refilled.
+    rates: HashMap<Arc<str>, (f64, Instant)>,
+    /// When jobs held by a pause are next checked for expiry.
+    sweep_at: Option<Instant>,
+    /// When the queue-depth gauges were last computed.
+    gauges_at: Instant,
+    /// Something changed since: compute them again a second after the last time.
+    gauges_stale: bool,
+    /// Endpoint health for `GET /v1/endpoints`, refreshed with the gauges.
+    health: Arc<std::sync::Mutex<Vec<crate::rpc::api::EndpointHealth>>>,
 }
 
 impl Scheduler {
@@ -192,9 +302,39 @@ impl Scheduler {
             metrics,
             db,
             spilled: 0,
+            cached_bytes: 0,
             outbox: Vec::new(),
             expired_tx: None,
+            // The JobDB may hold unfinished jobs: the first pass reads them in.
+            backlog: Backlog {
+                pending: true,
+                ..Backlog::default()
+            },
+            commands: VecDeque::new(),
+            applied: Vec::new(),
+            holder: "director".into(),
+            breakers: HashMap::new(),
+            opened_at: HashMap::new(),
+            breakers_pruned: Instant::now(),
+            lane_timers: BinaryHeap::new(),
+            controls: Arc::default(),
+            parked: HashMap::new(),
+            rates: HashMap::new(),
+            sweep_at: None,
+            gauges_at: Instant::now(),
+            gauges_stale: true,
+            health: Arc::default(),
         }
+    }
+
+    /// Where the scheduler publishes its endpoints' health (once a second).
+    pub fn health(&self) -> Arc<std::sync::Mutex<Vec<crate::rpc::api::EndpointHealth>>> {
+        self.health.clone()
+    }
+
+    /// Names this Director in the results of the operator commands it applies.
+    pub fn applied_by(&mut self, holder: &str) {
+        self.holder = holder.into();
     }
 
     /// Tells `archiver` the ids of the jobs that expire from now on.
@@ -210,20 +350,8 @@ impl Scheduler {
 
     /// Seeds the cache with jobs recovered from the JobDB.
     pub fn recover(&mut self, recovered: Vec<Recovered>) {
-        let now = Utc::now();
-        let instant = Instant::now();
         for r in recovered {
-            let id = r.job.id;
-            let due = r
-                .retry_at
-                .map(|at| at.min(r.job.expire_at))
-                .filter(|at| *at > now)
-                .map(|at| instant + (at - now).to_std().unwrap_or_default());
-            self.jobs.insert(id, Entry::new(r.job, r.attempts));
-            match due {
-                Some(due) => self.wait(id, due),
-                None => self.enqueue(id),
-            }
+            self.admit_at(Entry::new(r.job, r.attempts), r.retry_at);
         }
         self.metrics.jobs_cached.set(self.jobs.len() as i64);
     }
@@ -235,8 +363,22 @@ impl Scheduler {
         // Recovered jobs that are already due wait for no event: start them now.
         self.pump().await;
         self.flush().await;
+        self.load_backlog().await;
         loop {
-            let next_timer = self.timers.peek().map(|Reverse((due, _))| *due);
+            let next_timer = [
+                self.timers.peek().map(|Reverse((due, _))| *due),
+                self.lane_timers.peek().map(|Reverse((due, _))| *due),
+                self.sweep_at,
+                self.gauges_stale
+                    .then(|| self.gauges_at + Duration::from_secs(1)),
+            ]
+            .into_iter()
+            .flatten()
+            .min();
+            let backlog_wake = match (self.backlog.wake, self.backlog.recheck) {
+                (Some(a), Some(b)) => Some(a.min(b)),
+                (a, b) => a.or(b),
+            };
             tokio::select! {
                 biased;
                 _ = shutdown.cancelled(), if stopping_at.is_none() => {
@@ -255,6 +397,11 @@ impl Scheduler {
                 _ = tokio::time::sleep_until(next_timer.unwrap_or_else(Instant::now)), if next_timer.is_some() && stopping_at.is_none() => {
                     self.fire_timers();
                 }
+                _ = tokio::time::sleep_until(backlog_wake.unwrap_or_else(Instant::now)), if backlog_wake.is_some() && stopping_at.is_none() => {
+                    let now = Instant::now();
+                    self.backlog.wake = self.backlog.wake.filter(|at| *at > now);
+                    self.backlog.recheck = self.backlog.recheck.filter(|at| *at > now);
+                }
                 _ = tokio::time::sleep_until(stopping_at.unwrap_or_else(Instant::now)), if stopping_at.is_some() => {
                     tracing::warn!(in_flight = self.in_flight, "grace period over; attempts still in flight will be recovered as interrupted");
                     break;
@@ -264,6 +411,11 @@ impl Scheduler {
                 self.pump().await;
             }
             self.flush().await;
+            self.record_applied().await;
+            self.update_gauges();
+            if stopping_at.is_none() {
+                self.load_backlog().await;
+            }
             if stopping_at.is_some() && self.in_flight == 0 {
                 break;
             }
@@ -294,8 +446,9 @@ impl Scheduler {
             Event::Accepted(jobs) => {
                 for job in jobs {
                     let id = job.id;
-                    self.jobs.insert(id, Entry::new(job, 0));
-                    self.enqueue(id);
+                    if self.admit(Entry::new(job, 0)) {
+                        self.enqueue(id);
+                    }
                 }
                 self.metrics.jobs_cached.set(self.jobs.len() as i64);
             }
@@ -343,16 +496,29 @@ impl Scheduler {
                     if let Some(entry) = self
                         .jobs
                         .get_mut(&id)
-                        .filter(|e| e.phase == Phase::Reloading)
+                        .filter(|e| matches!(e.phase, Phase::Reloading | Phase::Fetching))
                     {
+                        // A job fetched at the head of its queue goes back to the head; a
+                        // retry that came due joins the back like any other.
+                        let fetched = entry.phase == Phase::Fetching;
+                        if fetched {
+                            if let Some(lane) = self.lanes.get_mut(&entry.lane) {
+                                lane.fetching -= 1;
+                            }
+                        }
+                        self.cached_bytes += weight(&job);
                         entry.job = Arc::new(job);
                         entry.spilled = false;
                         self.spilled -= 1;
-                        self.enqueue(id);
+                        self.enqueue_at(id, fetched);
                     }
                 }
+                self.metrics
+                    .cached_payload_bytes
+                    .set(self.cached_bytes as i64);
                 for id in asked.into_iter().filter(|id| !found.contains(id)) {
                     tracing::error!(job = %id, "spilled job missing from the jobdb; trying again");
+                    self.unfetch(id);
                     self.wait(id, now + Duration::from_secs(5));
                 }
                 self.metrics.jobs_spilled.set(self.spilled as i64);
@@ -363,13 +529,18 @@ impl Scheduler {
                     if self
                         .jobs
                         .get(&id)
-                        .is_some_and(|e| e.phase == Phase::Reloading)
+                        .is_some_and(|e| matches!(e.phase, Phase::Reloading | Phase::Fetching))
                     {
+                        self.unfetch(id);
                         self.wait(id, later);
                     }
                 }
             }
             Event::Finished { id, result } => self.finish(id, *result),
+            Event::BacklogPage { jobs, limit } => self.backlog_page(jobs, limit),
+            Event::Command(command) => self.commands.push_back(*command),
+            Event::Controls(controls) => self.set_controls(controls),
+            Event::CommandTargets { command, targets } => self.apply_command(*command, targets),
         }
     }
 
@@ -395,10 +566,26 @@ impl Scheduler {
     async fn pump(&mut self) {
         let now = Utc::now();
         let mut starts = Vec::new();
-        while self.in_flight < self.limits.max_in_flight && starts.len() < self.limits.start_batch {
+        let mut reload = Vec::new();
+        // Reads of spilled jobs count against the batch too, so a full cache brings back at most
+        // a batch of payloads at a time.
+        while self.in_flight < self.limits.max_in_flight
+            && starts.len() + reload.len() < self.limits.start_batch
+        {
             let Some((id, key)) = self.pick() else { break };
             match self.jobs.get_mut(&id) {
                 Some(entry) if entry.job.expire_at <= now => self.expire(id, now),
+                // A discard or flush named it during an attempt that ended in a retry.
+                Some(entry) if entry.doomed.is_some() => self.end_doomed(id),
+                // Its payload waits in the JobDB (the cache was full): read it back first; it
+                // rejoins its queue once loaded.
+                Some(entry) if entry.spilled => {
+                    entry.phase = Phase::Fetching;
+                    reload.push(id);
+                    if let Some(lane) = self.lanes.get_mut(&key) {
+                        lane.fetching += 1;
+                    }
+                }
                 Some(entry) => {
                     entry.attempts += 1;
                     entry.phase = Phase::Starting;
@@ -407,10 +594,21 @@ impl Scheduler {
                     if let Some(lane) = self.lanes.get_mut(&key) {
                         lane.starting += 1;
                     }
+                    if let Some((breaker, _)) = self.breakers.get_mut(&key) {
+                        if breaker.is_open() {
+                            breaker.probe_started();
+                        }
+                    }
+                    if let Some((tokens, _)) = self.rates.get_mut(&key) {
+                        *tokens -= 1.0;
+                    }
                 }
                 None => {}
             }
             self.relist(&key);
+        }
+        if !reload.is_empty() {
+            self.reload(reload);
         }
         if starts.is_empty() {
             return;
@@ -464,11 +662,42 @@ impl Scheduler {
 
     /// Puts a lane back in the ring if it can start something, or forgets an idle lane.
     fn relist(&mut self, key: &Arc<str>) {
+        let allowance = self
+            .breakers
+            .get(key)
+            .map_or(Allowance::Full, |(b, _)| b.allowance(Instant::now()));
+        let concurrency = self.concurrency(key);
+        let paused = concurrency == 0;
+        let token_at = self.next_token(key);
         let Some(lane) = self.lanes.get_mut(key) else {
             return;
         };
-        let pending = lane.starting + lane.started.len();
-        if lane.ready > 0 && pending < self.limits.per_endpoint {
+        let pending = lane.starting + lane.started.len() + lane.fetching;
+        // A rate-limited lane out of tokens waits for the next one.
+        let allowance = match (allowance, token_at) {
+            (Allowance::Full | Allowance::Probe, Some(at)) => Allowance::Wait(Some(at)),
+            (allowance, _) => allowance,
+        };
+        let limit = match allowance {
+            _ if paused => {
+                if lane.ready > 0 && self.sweep_at.is_none() {
+                    self.sweep_at = Some(Instant::now() + SWEEP_EVERY);
+                }
+                0
+            }
+            Allowance::Full => concurrency,
+            // An open breaker: one probe, when nothing else is under way.
+            Allowance::Probe if pending + lane.in_flight == 0 => 1,
+            Allowance::Probe | Allowance::Wait(None) => 0,
+            Allowance::Wait(Some(at)) => {
+                if lane.ready > 0 && lane.wake_at != Some(at) {
+                    lane.wake_at = Some(at);
+                    self.lane_timers.push(Reverse((at, key.clone())));
+                }
+                0
+            }
+        };
+        if lane.ready > 0 && pending < limit {
             if !lane.listed {
                 lane.listed = true;
                 self.ring.push_back(key.clone());
@@ -479,18 +708,39 @@ impl Scheduler {
     }
 
     fn enqueue(&mut self, id: JobId) {
+        self.enqueue_at(id, false);
+    }
+
+    /// Queues a job in its lane and bucket: at the back, or at the front for a job that was
+    /// at the head already and only waited for its payload to be read back.
+    fn enqueue_at(&mut self, id: JobId, front: bool) {
         let Some(entry) = self.jobs.get_mut(&id) else {
             return;
         };
+        let bucket = entry.job.bucket.clone();
+        if self.controls.bucket_paused(&bucket) {
+            entry.phase = Phase::Parked;
+            self.parked.entry(bucket).or_default().push(id);
+            self.schedule_sweep();
+            return;
+        }
         entry.phase = Phase::Ready;
         let key = entry.lane.clone();
-        let bucket = entry.job.bucket.clone();
+        // Behind an open breaker the next probe comes from the head of the queue: a job that
+        // was tried before goes first, since a job-specific failure of a first attempt is no
+        // evidence that the endpoint is still down.
+        let front = front
+            || (entry.attempts > 0 && self.breakers.get(&key).is_some_and(|(b, _)| b.is_open()));
         let lane = self.lanes.entry(key.clone()).or_default();
         let queue = lane.queues.entry(bucket.clone()).or_default();
         if queue.is_empty() {
             lane.buckets.push_back(bucket);
         }
-        queue.push_back(id);
+        if front {
+            queue.push_front(id);
+        } else {
+            queue.push_back(id);
+        }
         lane.ready += 1;
         self.relist(&key);
     }
@@ -504,6 +754,23 @@ impl Scheduler {
 
     fn fire_timers(&mut self) {
         let now = Instant::now();
+        if self.sweep_at.is_some_and(|at| at <= now) {
+            self.sweep_at = None;
+            self.sweep_paused();
+        }
+        while let Some(Reverse((due, key))) = self.lane_timers.peek().cloned() {
+            if due > now {
+                break;
+            }
+            self.lane_timers.pop();
+            if let Some(lane) = self.lanes.get_mut(&key) {
+                if lane.wake_at == Some(due) {
+                    lane.wake_at = None;
+                }
+            }
+            self.expire_held(&key);
+            self.relist(&key);
+        }
         let wall = Utc::now();
         let mut expired = Vec::new();
         let mut reload = Vec::new();
@@ -535,12 +802,7 @@ impl Scheduler {
             self.reload(reload);
         }
         if !expired.is_empty() {
-            let removed: Vec<Entry> = expired
-                .iter()
-                .filter_map(|id| self.jobs.remove(id))
-                .collect();
-            self.spilled -= removed.iter().filter(|e| e.spilled).count();
-            self.metrics.jobs_spilled.set(self.spilled as i64);
+            let removed: Vec<Entry> = expired.iter().filter_map(|id| self.forget(*id)).collect();
             let rows: Vec<Transition> = removed
                 .iter()
                 .map(|e| Transition::archiving(e.job.id, e.attempts, wall))
@@ -554,7 +816,7 @@ impl Scheduler {
 
     /// The job expired before delivery: it leaves the cache as `archiving` for the archive.
     fn expire(&mut self, id: JobId, now: DateTime<Utc>) {
-        if let Some(entry) = self.jobs.remove(&id) {
+        if let Some(entry) = self.forget(id) {
             self.metrics.jobs_expired.inc();
             self.metrics.jobs_cached.set(self.jobs.len() as i64);
             self.outbox
@@ -569,7 +831,7 @@ impl Scheduler {
 
     /// Sends the lane's durable-started attempts while it has free HTTP slots.
     fn dispatch(&mut self, key: &Arc<str>) {
-        let per_endpoint = self.limits.per_endpoint;
+        let per_endpoint = self.concurrency(key);
         let mut ready = Vec::new();
         if let Some(lane) = self.lanes.get_mut(key) {
             while lane.in_flight < per_endpoint {
@@ -608,6 +870,7 @@ impl Scheduler {
     /// Drops a waiting job's payload and headers from memory; it is read back when due.
     fn spill(&mut self, id: JobId) {
         if let Some(entry) = self.jobs.get_mut(&id).filter(|e| !e.spilled) {
+            self.cached_bytes = self.cached_bytes.saturating_sub(weight(&entry.job));
             let mut stub = (*entry.job).clone();
             stub.payload = bytes::Bytes::new();
             stub.headers = Vec::new();
@@ -615,7 +878,776 @@ impl Scheduler {
             entry.spilled = true;
             self.spilled += 1;
             self.metrics.jobs_spilled.set(self.spilled as i64);
+            self.metrics
+                .cached_payload_bytes
+                .set(self.cached_bytes as i64);
         }
+    }
+
+    /// A job whose payload was being fetched for its turn no longer is: its lane may take
+    /// another.
+    fn unfetch(&mut self, id: JobId) {
+        let Some(entry) = self.jobs.get(&id).filter(|e| e.phase == Phase::Fetching) else {
+            return;
+        };
+        let key = entry.lane.clone();
+        if let Some(lane) = self.lanes.get_mut(&key) {
+            lane.fetching -= 1;
+        }
+        self.relist(&key);
+    }
+
+    /// Caches a job; beyond `max_cached_bytes` it keeps only its metadata. Returns whether
+    /// it is cached: a full cache leaves it in the JobDB for a backlog pass.
+    fn admit(&mut self, entry: Entry) -> bool {
+        let id = entry.job.id;
+        if self.jobs.contains_key(&id) {
+            // Read in by a backlog page before its own event arrived.
+            return false;
+        }
+        if self.jobs.len() >= self.limits.max_cached_jobs {
+            self.backlog.pending = true;
+            self.backlog.again = true;
+            return false;
+        }
+        if entry.spilled {
+            self.spilled += 1;
+            self.metrics.jobs_spilled.set(self.spilled as i64);
+        } else {
+            self.cached_bytes += weight(&entry.job);
+        }
+        self.jobs.insert(id, entry);
+        if self.cached_bytes > self.limits.max_cached_bytes {
+            self.spill(id);
+        }
+        self.metrics
+            .cached_payload_bytes
+            .set(self.cached_bytes as i64);
+        true
+    }
+
+    /// Caches a job at its place: ready now, or waiting until it is due.
+    fn admit_at(&mut self, entry: Entry, retry_at: Option<DateTime<Utc>>) {
+        let (now, instant) = (Utc::now(), Instant::now());
+        let due = retry_at
+            .map(|at| at.min(entry.job.expire_at))
+            .filter(|at| *at > now)
+            .map(|at| instant + (at - now).to_std().unwrap_or_default());
+        let id = entry.job.id;
+        if self.admit(entry) {
+            match due {
+                Some(due) => self.wait(id, due),
+                None => self.enqueue(id),
+            }
+        }
+    }
+
+    /// Reads the next page of the backlog when the cache has room for it: after a writer
+    /// barrier, so the read sees every row this scheduler has handed over.
+    async fn load_backlog(&mut self) {
+        let now = Instant::now();
+        if self.backlog.loading {
+            return;
+        }
+        if !self.commands.is_empty() && self.backlog.wake.is_none_or(|at| at <= now) {
+            return self.read_command_targets().await;
+        }
+        let b = &self.backlog;
+        if !b.pending || b.wake.is_some_and(|at| at > now) {
+            return;
+        }
+        let page = (self.limits.max_cached_jobs / 4).clamp(1, 1000);
+        if self.limits.max_cached_jobs.saturating_sub(self.jobs.len()) < page {
+            self.evict_far_waiting(page, now);
+        }
+        let room = self.limits.max_cached_jobs.saturating_sub(self.jobs.len());
+        if room < page {
+            return;
+        }
+        let (reply, barrier) = oneshot::channel();
+        if self.writer.send(WriteOp::Barrier(reply)).await.is_err() {
+            return;
+        }
+        let b = &mut self.backlog;
+        if b.cursor.is_none() {
+            b.pass_started = Some(now);
+            b.again = false;
+        }
+        b.loading = true;
+        b.left.clear();
+        let limit = room.min(1000);
+        let after = b.cursor;
+        let horizon =
+            chrono::Duration::from_std(self.limits.spill_after).unwrap_or(chrono::Duration::MAX);
+        let (db, events) = (self.db.clone(), self.events_tx.clone());
+        tokio::spawn(async move {
+            let jobs = match barrier.await {
+                Ok(before_row) => {
+                    let due_by = Utc::now() + horizon;
+                    match db.backlog_page(after, due_by, before_row, limit).await {
+                        Ok(jobs) => Some(jobs),
+                        Err(e) => {
+                            tracing::warn!(error = %e, "reading the backlog failed; trying again");
+                            None
+                        }
+                    }
+                }
+                Err(_) => None,
+            };
+            let _ = events.send(Event::BacklogPage { jobs, limit });
+        });
+    }
+
+    /// Reads which waiting jobs in the JobDB the oldest pending command names, after a writer
+    /// barrier (like a backlog page, and never at the same time as one).
+    async fn read_command_targets(&mut self) {
+        let Some(command) = self.commands.pop_front() else {
+            return;
+        };
+        let (reply, barrier) = oneshot::channel();
+        if self.writer.send(WriteOp::Barrier(reply)).await.is_err() {
+            self.commands.push_front(command);
+            return;
+        }
+        self.backlog.loading = true;
+        self.backlog.left.clear();
+        let (db, events) = (self.db.clone(), self.events_tx.clone());
+        tokio::spawn(async move {
+            let targets = match barrier.await {
+                Ok(before_row) => match db.command_targets(command.id, before_row).await {
+                    Ok(targets) => Some(targets),
+                    Err(e) => {
+                        tracing::warn!(error = %e, command = command.id, "reading a command's jobs failed; trying again");
+                        None
+                    }
+                },
+                Err(_) => None,
+            };
+            let _ = events.send(Event::CommandTargets {
+                command: Box::new(command),
+                targets,
+            });
+        });
+    }
+
+    /// Applies an operator command to the waiting jobs it names: those in the cache, and
+    /// those only in the JobDB (`targets`). Jobs mid-attempt are left to their attempt, except
+    /// that a discard or flush still applies if the attempt ends in a retry.
+    fn apply_command(&mut self, command: Command, targets: Option<Vec<(JobId, Progress)>>) {
+        self.backlog.loading = false;
+        let left = std::mem::take(&mut self.backlog.left);
+        let Some(targets) = targets else {
+            self.commands.push_front(command);
+            self.backlog.wake = Some(Instant::now() + Duration::from_secs(1));
+            return;
+        };
+        let command = Arc::new(command);
+        let now = Utc::now();
+        let mut changed = 0u64;
+        let mut unqueued = HashSet::new();
+        let mut flushed = Vec::new();
+        let named: HashSet<JobId> = self
+            .jobs
+            .iter()
+            .filter(|(_, e)| command.matches(&e.job))
+            .map(|(id, _)| *id)
+            .collect();
+        for &id in &named {
+            let Some(entry) = self.jobs.get_mut(&id) else {
+                continue;
+            };
+            let (attempts, expire_at) = (entry.attempts, entry.job.expire_at);
+            let waiting = matches!(entry.phase, Phase::Waiting { .. } | Phase::Parked);
+            let ready = entry.phase == Phase::Ready;
+            if !(ready || waiting) {
+                if matches!(command.action, Action::Discard | Action::Flush) {
+                    entry.doomed = Some(command.clone());
+                }
+                continue;
+            }
+            match command.action {
+                Action::Expedite if waiting => {
+                    self.outbox
+                        .push(operator_retry(id, attempts, now, now, &command));
+                    self.wait(id, Instant::now());
+                }
+                Action::Expedite => continue,
+                Action::Postpone => {
+                    let until = command.postpone_until.unwrap_or(now);
+                    self.outbox
+                        .push(operator_retry(id, attempts, now, until, &command));
+                    if ready {
+                        unqueued.insert(id);
+                    }
+                    let wake = until.min(expire_at);
+                    let wait = (wake - now).to_std().unwrap_or_default();
+                    self.wait(id, Instant::now() + wait);
+                    if let Some(entry) = self.jobs.get_mut(&id) {
+                        entry.failed_at = None;
+                    }
+                }
+                Action::Flush | Action::Discard => {
+                    if ready {
+                        unqueued.insert(id);
+                    }
+                    self.forget(id);
+                    self.outbox
+                        .push(operator_end(command.action, id, attempts, now, &command));
+                    if command.action == Action::Flush {
+                        flushed.push(id);
+                    }
+                }
+            }
+            changed += 1;
+        }
+        self.dequeue(&unqueued);
+        for (id, progress) in targets {
+            // Cached when the command came (handled above, or left to its attempt), cached
+            // since, or gone since the read began: not the JobDB's to change.
+            if named.contains(&id) || self.jobs.contains_key(&id) || left.contains(&id) {
+                continue;
+            }
+            let row = match command.action {
+                Action::Expedite if progress.state == State::AwaitingRetry => {
+                    // Due now: a backlog pass reads it in.
+                    self.backlog.pending = true;
+                    self.backlog.again = true;
+                    operator_retry(id, progress.attempts, now, now, &command)
+                }
+                Action::Expedite => continue,
+                Action::Postpone => operator_retry(
+                    id,
+                    progress.attempts,
+                    now,
+                    command.postpone_until.unwrap_or(now),
+                    &command,
+                ),
+                Action::Flush => {
+                    flushed.push(id);
+                    operator_end(command.action, id, progress.attempts, now, &command)
+                }
+                Action::Discard => {
+                    operator_end(command.action, id, progress.attempts, now, &command)
+                }
+            };
+            self.outbox.push(row);
+            changed += 1;
+        }
+        if !flushed.is_empty() {
+            self.metrics.jobs_expired.inc_by(flushed.len() as u64);
+            self.expired(flushed);
+        }
+        self.metrics.jobs_cached.set(self.jobs.len() as i64);
+        tracing::info!(
+            command = command.id,
+            action = command.action.error_type(),
+            by = %command.issued_by,
+            jobs = changed,
+            "operator command applied"
+        );
+        self.applied.push((command.id, changed));
+    }
+
+    /// Queue depth by endpoint class, at most once a second (it walks the lanes, not the jobs).
+    fn update_gauges(&mut self) {
+        let now = Instant::now();
+        if now.duration_since(self.gauges_at) < Duration::from_secs(1) {
+            self.gauges_stale = true;
+            return;
+        }
+        self.gauges_at = now;
+        self.gauges_stale = false;
+        let (mut running, mut open, mut paused) = (0, 0, 0);
+        for (key, lane) in &self.lanes {
+            if self.concurrency(key) == 0 {
+                paused += lane.ready;
+            } else if self.breakers.get(key).is_some_and(|(b, _)| b.is_open()) {
+                open += lane.ready;
+            } else {
+                running += lane.ready;
+            }
+        }
+        let parked: usize = self.parked.values().map(Vec::len).sum();
+        let waiting = self
+            .jobs
+            .len()
+            .saturating_sub(running + open + paused + parked + self.in_flight);
+        self.publish_health();
+        for (class, n) in [
+            ("running", running),
+            ("breaker_open", open),
+            ("paused", paused),
+            ("bucket_paused", parked),
+            ("waiting", waiting),
+        ] {
+            self.metrics
+                .queued
+                .get_or_create(&crate::metrics::QueueLabels { class })
+                .set(n as i64);
+        }
+    }
+
+    /// Publishes every known endpoint's health: lanes with work, and breakers that remember
+    /// outcomes.
+    fn publish_health(&self) {
+        let keys: HashSet<&Arc<str>> = self.lanes.keys().chain(self.breakers.keys()).collect();
+        let mut health: Vec<crate::rpc::api::EndpointHealth> = keys
+            .into_iter()
+            .map(|key| {
+                let lane = self.lanes.get(key);
+                let breaker = self.breakers.get(key).map(|(b, _)| b);
+                let (recent_attempts, recent_failures) = breaker.map_or((0, 0), Breaker::recent);
+                let control = self.controls.endpoints.get(&**key);
+                crate::rpc::api::EndpointHealth {
+                    endpoint: key.to_string(),
+                    ready: lane.map_or(0, |l| l.ready),
+                    in_flight: lane.map_or(0, |l| l.in_flight),
+                    breaker: if breaker.is_some_and(Breaker::is_open) {
+                        "open"
+                    } else {
+                        "closed"
+                    }
+                    .to_owned(),
+                    recent_attempts,
+                    recent_failures,
+                    paused: control.is_some_and(|c| c.paused),
+                    concurrency: self.concurrency(key),
+                    max_per_second: control.and_then(|c| c.max_per_second),
+                }
+            })
+            .collect();
+        health.sort_by(|a, b| a.endpoint.cmp(&b.endpoint));
+        if let Ok(mut published) = self.health.lock() {
+            *published = health;
+        }
+    }
+
+    /// Requests an endpoint may have in flight here: `--endpoint-concurrency`, lowered by
+    /// its control; 0 while it is paused.
+    fn concurrency(&self, key: &str) -> usize {
+        match self.controls.endpoints.get(key) {
+            Some(c) if c.paused => 0,
+            Some(c) => c.max_concurrency.map_or(self.limits.per_endpoint, |cap| {
+                self.limits.per_endpoint.min(cap.max(1) as usize)
+            }),
+            None => self.limits.per_endpoint,
+        }
+    }
+
+    /// For a rate-limited endpoint, refills its tokens and tells when the next one comes if
+    /// none is left (`None`: it may start a request now, or it has no rate limit).
+    fn next_token(&mut self, key: &Arc<str>) -> Option<Instant> {
+        let rate = self
+            .controls
+            .endpoints
+            .get(&**key)
+            .and_then(|c| c.max_per_second)
+            .filter(|r| *r > 0.0)?;
+        let now = Instant::now();
+        // A burst of at most one second's worth.
+        let burst = rate.max(1.0);
+        let (tokens, at) = self.rates.entry(key.clone()).or_insert((burst, now));
+        *tokens = (*tokens + now.duration_since(*at).as_secs_f64() * rate).min(burst);
+        *at = now;
+        (*tokens < 1.0).then(|| now + Duration::from_secs_f64((1.0 - *tokens) / rate))
+    }
+
+    /// Applies a new set of controls: parks the due jobs of newly paused buckets, queues
+    /// those of resumed ones, and re-reads every lane's limits.
+    fn set_controls(&mut self, controls: Arc<Controls>) {
+        tracing::info!(
+            endpoints = controls.endpoints.len(),
+            buckets = controls.buckets.len(),
+            "endpoint controls changed"
+        );
+        let newly_paused: HashSet<Arc<str>> = self
+            .lanes
+            .values()
+            .flat_map(|lane| lane.queues.keys())
+            .filter(|b| controls.bucket_paused(b) && !self.controls.bucket_paused(b))
+            .cloned()
+            .collect();
+        self.controls = controls;
+        self.rates.retain(|key, _| {
+            self.controls
+                .endpoints
+                .get(&**key)
+                .is_some_and(|c| c.max_per_second.is_some())
+        });
+        if !newly_paused.is_empty() {
+            let park: HashSet<JobId> = self
+                .lanes
+                .values()
+                .flat_map(|lane| {
+                    lane.queues
+                        .iter()
+                        .filter(|(b, _)| newly_paused.contains(*b))
+                        .flat_map(|(_, q)| q.iter().copied())
+                })
+                .collect();
+            self.dequeue(&park);
+            for id in park {
+                if let Some(entry) = self.jobs.get_mut(&id) {
+                    entry.phase = Phase::Parked;
+                    self.parked
+                        .entry(entry.job.bucket.clone())
+                        .or_default()
+                        .push(id);
+                }
+            }
+            self.schedule_sweep();
+        }
+        let resumed: Vec<Arc<str>> = self
+            .parked
+            .keys()
+            .filter(|b| !self.controls.bucket_paused(b))
+            .cloned()
+            .collect();
+        for bucket in resumed {
+            for id in self.parked.remove(&bucket).unwrap_or_default() {
+                if self.jobs.get(&id).is_some_and(|e| e.phase == Phase::Parked) {
+                    self.enqueue(id);
+                }
+            }
+        }
+        let keys: Vec<Arc<str>> = self.lanes.keys().cloned().collect();
+        for key in keys {
+            self.dispatch(&key);
+        }
+    }
+
+    fn schedule_sweep(&mut self) {
+        if self.sweep_at.is_none() {
+            self.sweep_at = Some(Instant::now() + SWEEP_EVERY);
+        }
+    }
+
+    /// Expires jobs whose time ran out while they were held (the queues of paused endpoints
+    /// and of endpoints behind an open breaker, and paused buckets' parked jobs), and keeps
+    /// sweeping while anything is held.
+    fn sweep_paused(&mut self) {
+        let wall = Utc::now();
+        let paused_lanes: Vec<Arc<str>> = self
+            .lanes
+            .keys()
+            .filter(|k| {
+                self.concurrency(k) == 0 || self.breakers.get(*k).is_some_and(|(b, _)| b.is_open())
+            })
+            .cloned()
+            .collect();
+        for key in &paused_lanes {
+            self.expire_held(key);
+        }
+        let mut expired = Vec::new();
+        for ids in self.parked.values_mut() {
+            let jobs = &self.jobs;
+            ids.retain(|id| match jobs.get(id) {
+                Some(e) if e.phase == Phase::Parked && e.job.expire_at <= wall => {
+                    expired.push(*id);
+                    false
+                }
+                Some(e) => e.phase == Phase::Parked,
+                None => false,
+            });
+        }
+        self.parked.retain(|_, ids| !ids.is_empty());
+        for id in expired {
+            self.expire(id, wall);
+        }
+        if !paused_lanes.is_empty() || !self.parked.is_empty() {
+            self.schedule_sweep();
+        }
+    }
+
+    /// Expires the jobs of a lane held back by its breaker whose time ran out while they
+    /// waited in the queue (a held lane is not picked from, where expiry is usually noticed).
+    fn expire_held(&mut self, key: &Arc<str>) {
+        let wall = Utc::now();
+        let Some(lane) = self.lanes.get(key) else {
+            return;
+        };
+        let expired: HashSet<JobId> = lane
+            .queues
+            .values()
+            .flatten()
+            .filter(|id| self.jobs.get(id).is_some_and(|e| e.job.expire_at <= wall))
+            .copied()
+            .collect();
+        if expired.is_empty() {
+            return;
+        }
+        self.dequeue(&expired);
+        for id in expired {
+            self.expire(id, wall);
+        }
+    }
+
+    /// Feeds an attempt's outcome to its endpoint's breaker. The endpoint is down for the
+    /// breaker when it did not answer or answered a server error; a 429 is the endpoint
+    /// pacing us (Retry-After handles that), and a 4xx or a success means it is up.
+    fn record_outcome(&mut self, key: &Arc<str>, verdict: &Verdict) {
+        let ok =
+            !matches!(verdict, Verdict::Retry { error_type, .. } if *error_type != "rate-limited");
+        let now = Instant::now();
+        let (breaker, seen) = self
+            .breakers
+            .entry(key.clone())
+            .or_insert_with(|| (Breaker::default(), now));
+        *seen = now;
+        match breaker.record(ok, now, &self.limits.breaker) {
+            Change::Opened => {
+                tracing::warn!(endpoint = %key, "endpoint failing: circuit breaker open, probing");
+                self.metrics.breaker_opened.inc();
+                self.metrics.breakers_open.inc();
+                self.opened_at.insert(key.clone(), now);
+                self.schedule_sweep();
+            }
+            Change::Closed => {
+                self.metrics.breakers_open.dec();
+                let expedited = self.expedite_lane(key);
+                tracing::info!(endpoint = %key, expedited, "endpoint answering again: circuit breaker closed; its waiting retries are due now");
+            }
+            Change::None => {}
+        }
+        if now.duration_since(self.breakers_pruned) > Duration::from_secs(60) {
+            self.breakers_pruned = now;
+            self.breakers.retain(|_, (b, seen)| {
+                b.is_open() || now.duration_since(*seen) < Duration::from_secs(300)
+            });
+        }
+    }
+
+    /// An endpoint came back: the retries its outage made wait (attempts that failed from a
+    /// minute before the breaker opened; backoffs that grew during the outage, mostly of the
+    /// probes) become due now, each with an `awaiting-retry` row saying so. Jobs an operator
+    /// postponed are left alone. Rare (once per outage), so a walk over the cache is fine.
+    fn expedite_lane(&mut self, key: &Arc<str>) -> usize {
+        let now = Utc::now();
+        let Some(opened) = self.opened_at.remove(key) else {
+            return 0;
+        };
+        let since = opened
+            .checked_sub(Duration::from_secs(60))
+            .unwrap_or(opened);
+        let waiting: Vec<(JobId, u16)> = self
+            .jobs
+            .iter()
+            .filter(|(_, e)| {
+                e.lane == *key
+                    && matches!(e.phase, Phase::Waiting { .. })
+                    && e.failed_at.is_some_and(|t| t >= since)
+            })
+            .map(|(id, e)| (*id, e.attempts))
+            .collect();
+        for (id, attempts) in &waiting {
+            self.outbox.push(Transition::awaiting_retry(
+                *id,
+                *attempts,
+                now,
+                now,
+                crate::job::AttemptRecord {
+                    error_type: Some("endpoint-recovered".to_owned()),
+                    ..Default::default()
+                },
+            ));
+            self.wait(*id, Instant::now());
+        }
+        waiting.len()
+    }
+
+    /// Ends a job a discard or flush named while it was mid-attempt.
+    fn end_doomed(&mut self, id: JobId) {
+        let Some(entry) = self.forget(id) else { return };
+        let Some(command) = entry.doomed else { return };
+        self.outbox.push(operator_end(
+            command.action,
+            id,
+            entry.attempts,
+            Utc::now(),
+            &command,
+        ));
+        if command.action == Action::Flush {
+            self.metrics.jobs_expired.inc();
+            self.expired(vec![id]);
+        }
+        self.metrics.jobs_cached.set(self.jobs.len() as i64);
+    }
+
+    /// Once the transitions of the commands applied so far are durable, records their results.
+    async fn record_applied(&mut self) {
+        if self.applied.is_empty() {
+            return;
+        }
+        let applied = std::mem::take(&mut self.applied);
+        let (reply, barrier) = oneshot::channel();
+        if self.writer.send(WriteOp::Barrier(reply)).await.is_err() {
+            return;
+        }
+        let (db, holder, metrics) = (self.db.clone(), self.holder.clone(), self.metrics.clone());
+        tokio::spawn(async move {
+            if barrier.await.is_err() {
+                return;
+            }
+            for (id, jobs) in applied {
+                match db.record_command_result(id, &holder, jobs).await {
+                    Ok(()) => {
+                        metrics.operator_commands.inc();
+                    }
+                    Err(e) => {
+                        tracing::warn!(error = %e, command = id, "recording a command's result failed; a new owner applies it again")
+                    }
+                }
+            }
+        });
+    }
+
+    /// Takes these jobs out of their lanes' queues (an operator command moved them).
+    fn dequeue(&mut self, ids: &HashSet<JobId>) {
+        if ids.is_empty() {
+            return;
+        }
+        let keys: Vec<Arc<str>> = self.lanes.keys().cloned().collect();
+        for key in keys {
+            let Some(lane) = self.lanes.get_mut(&key) else {
+                continue;
+            };
+            let mut removed = 0;
+            for queue in lane.queues.values_mut() {
+                let before = queue.len();
+                queue.retain(|id| !ids.contains(id));
+                removed += before - queue.len();
+            }
+            if removed == 0 {
+                continue;
+            }
+            lane.ready -= removed;
+            lane.queues.retain(|_, q| !q.is_empty());
+            let queues = &lane.queues;
+            lane.buckets.retain(|b| queues.contains_key(b));
+            self.relist(&key);
+        }
+    }
+
+    /// Takes a page of the backlog into the cache, as metadata (payloads are read when due).
+    fn backlog_page(&mut self, jobs: Option<Vec<(Job, Progress)>>, limit: usize) {
+        let now = Instant::now();
+        self.backlog.loading = false;
+        let left = std::mem::take(&mut self.backlog.left);
+        let Some(jobs) = jobs else {
+            self.backlog.wake = Some(now + Duration::from_secs(1));
+            return;
+        };
+        let read = jobs.len();
+        if let Some((last, _)) = jobs.last() {
+            self.backlog.cursor = Some(last.id);
+        }
+        let mut loaded = 0u64;
+        for (job, progress) in jobs {
+            if self.jobs.contains_key(&job.id) || left.contains(&job.id) {
+                continue;
+            }
+            let retry_at = match progress.state {
+                State::AwaitingRetry => progress.retry_at,
+                _ => None,
+            };
+            let mut entry = Entry::new(Arc::new(job), progress.attempts);
+            entry.spilled = true;
+            self.admit_at(entry, retry_at);
+            loaded += 1;
+        }
+        self.metrics.jobs_backlog_loaded.inc_by(loaded);
+        self.metrics.jobs_cached.set(self.jobs.len() as i64);
+        if read < limit {
+            // The pass reached the end of the JobDB.
+            let b = &mut self.backlog;
+            b.cursor = None;
+            let evicted_out_of_reach = b
+                .evicted_until
+                .is_some_and(|until| b.pass_started.is_none_or(|started| started < until));
+            if b.again {
+                b.wake = None;
+            } else if evicted_out_of_reach {
+                let every = (self.limits.spill_after / 4)
+                    .clamp(Duration::from_millis(100), Duration::from_secs(15));
+                b.wake = Some(now + every);
+            } else {
+                b.pending = false;
+                b.evicted_until = None;
+            }
+        }
+    }
+
+    /// Makes room in a full cache: jobs waiting beyond the backlog's horizon (`spill_after`)
+    /// leave it, and a later pass reads them back shortly before they are due. Looks at most
+    /// once a second.
+    fn evict_far_waiting(&mut self, want: usize, now: Instant) {
+        if self
+            .backlog
+            .evicted_at
+            .is_some_and(|at| now < at + Duration::from_secs(1))
+        {
+            self.backlog.recheck = self
+                .backlog
+                .evicted_at
+                .map(|at| at + Duration::from_secs(1));
+            return;
+        }
+        self.backlog.evicted_at = Some(now);
+        let horizon = self.limits.spill_after;
+        let mut far: Vec<(Instant, JobId)> = self
+            .jobs
+            .iter()
+            .filter_map(|(id, e)| match e.phase {
+                Phase::Waiting { due } if due > now + horizon => Some((due, *id)),
+                _ => None,
+            })
+            .collect();
+        if far.is_empty() {
+            return;
+        }
+        // The furthest first: they would sit in memory longest.
+        far.sort_unstable_by(|a, b| b.cmp(a));
+        far.truncate(want.max(self.limits.max_cached_jobs / 4));
+        let latest = far[0].0;
+        for (_, id) in &far {
+            if let Some(entry) = self.jobs.remove(id) {
+                if entry.spilled {
+                    self.spilled -= 1;
+                } else {
+                    self.cached_bytes = self.cached_bytes.saturating_sub(weight(&entry.job));
+                }
+            }
+        }
+        let jobs = &self.jobs;
+        self.timers.retain(|Reverse((_, id))| jobs.contains_key(id));
+        let until = latest.checked_sub(horizon).unwrap_or(now);
+        let b = &mut self.backlog;
+        b.pending = true;
+        b.evicted_until = Some(b.evicted_until.map_or(until, |u| u.max(until)));
+        self.metrics.jobs_evicted.inc_by(far.len() as u64);
+        self.metrics.jobs_spilled.set(self.spilled as i64);
+        self.metrics
+            .cached_payload_bytes
+            .set(self.cached_bytes as i64);
+        self.metrics.jobs_cached.set(self.jobs.len() as i64);
+    }
+
+    /// Removes a job from the cache, keeping the counts right.
+    fn forget(&mut self, id: JobId) -> Option<Entry> {
+        let entry = self.jobs.remove(&id)?;
+        if self.backlog.loading {
+            self.backlog.left.insert(id);
+        }
+        if entry.spilled {
+            self.spilled -= 1;
+            self.metrics.jobs_spilled.set(self.spilled as i64);
+        } else {
+            self.cached_bytes = self.cached_bytes.saturating_sub(weight(&entry.job));
+            self.metrics
+                .cached_payload_bytes
+                .set(self.cached_bytes as i64);
+        }
+        Some(entry)
     }
 
     fn finish(&mut self, id: JobId, result: AttemptResult) {
@@ -625,6 +1657,7 @@ impl Scheduler {
         if let Some(lane) = self.lanes.get_mut(&key) {
             lane.in_flight -= 1;
         }
+        self.record_outcome(&key, &result.verdict);
         self.dispatch(&key);
         let Some(entry) = self.jobs.get(&id) else {
             return;
@@ -636,11 +1669,11 @@ impl Scheduler {
         }
         let row = match result.verdict {
             Verdict::Succeeded => {
-                self.jobs.remove(&id);
+                self.forget(id);
                 Transition::succeeded(id, attempt, now, result.record)
             }
             Verdict::Discard { .. } => {
-                self.jobs.remove(&id);
+                self.forget(id);
                 Transition::discarded(id, attempt, now, result.record)
             }
             Verdict::Retry { retry_after, .. } => {
@@ -659,10 +1692,67 @@ impl Scheduler {
                     self.spill(id);
                 }
                 self.wait(id, Instant::now() + wait);
+                if let Some(entry) = self.jobs.get_mut(&id) {
+                    entry.failed_at = Some(Instant::now());
+                }
                 row
             }
         };
         self.metrics.jobs_cached.set(self.jobs.len() as i64);
         self.outbox.push(row);
+        if self.jobs.get(&id).is_some_and(|e| e.doomed.is_some()) {
+            self.end_doomed(id);
+        }
     }
+}
+
+/// What an operator command writes into the transitions it causes.
+fn operator_record(command: &Command) -> crate::job::AttemptRecord {
+    crate::job::AttemptRecord {
+        error_type: Some(command.action.error_type().to_owned()),
+        error_response: Some(bytes::Bytes::from(command.note())),
+        ..Default::default()
+    }
+}
+
+/// A waiting job rescheduled by a command (expedite, postpone).
+fn operator_retry(
+    id: JobId,
+    attempts: u16,
+    now: DateTime<Utc>,
+    retry_at: DateTime<Utc>,
+    command: &Command,
+) -> Transition {
+    Transition::awaiting_retry(id, attempts, now, retry_at, operator_record(command))
+}
+
+/// A waiting job ended by a command: `archiving` for a flush, `discarded` for a discard.
+fn operator_end(
+    action: Action,
+    id: JobId,
+    attempts: u16,
+    now: DateTime<Utc>,
+    command: &Command,
+) -> Transition {
+    let record = operator_record(command);
+    match action {
+        Action::Flush => {
+            let mut row = Transition::archiving(id, attempts, now);
+            row.error_type = record.error_type;
+            row.error_response_encoding = Some("utf-8");
+            row.error_response = record.error_response;
+            row
+        }
+        _ => Transition::discarded(id, attempts, now, record),
+    }
+}
+
+/// Bytes a job holds in memory beyond its metadata: payload and headers.
+fn weight(job: &Job) -> usize {
+    job.payload.len()
+        + job
+            .headers
+            .iter()
+            .map(|(name, value)| name.len() + value.len())
+            .sum::<usize>()
 }

@@ -56,6 +56,10 @@ pub enum WriteOp {
         /// Told once the rows are durable (or will never be).
         done: Option<oneshot::Sender<Result<(), WriteRejected>>>,
     },
+    /// Answered, once everything queued before it is durable, with the first transition id
+    /// after it: a read whose snapshot starts later sees every earlier row, and rows with
+    /// lower ids are all the writes that came before it.
+    Barrier(oneshot::Sender<u64>),
 }
 
 /// Limits of one group commit.
@@ -77,6 +81,7 @@ struct Batch {
     imports: Vec<(Ack, Vec<Recovered>)>,
     origins: Vec<Origin>,
     dones: Vec<oneshot::Sender<Result<(), WriteRejected>>>,
+    barriers: Vec<(oneshot::Sender<u64>, u64)>,
     bytes: usize,
 }
 
@@ -159,6 +164,7 @@ impl Writer {
                 }
                 batch.dones.extend(done);
             }
+            WriteOp::Barrier(reply) => batch.barriers.push((reply, self.next_id)),
         }
     }
 
@@ -265,6 +271,9 @@ impl Writer {
         }
         for done in batch.dones {
             let _ = done.send(Ok(()));
+        }
+        for (reply, next_id) in batch.barriers {
+            let _ = reply.send(next_id);
         }
     }
 }

@@ -64,7 +64,11 @@ pub(super) fn insert_origins(origins: &[Origin]) -> QueryBuilder<'_, MySql> {
     qb
 }
 
-fn ids_query<'a>(prefix: &'a str, ids: &'a [JobId], suffix: &'a str) -> QueryBuilder<'a, MySql> {
+pub(super) fn ids_query<'a>(
+    prefix: &'a str,
+    ids: &'a [JobId],
+    suffix: &'a str,
+) -> QueryBuilder<'a, MySql> {
     let mut qb = QueryBuilder::<MySql>::new(prefix);
     let mut list = qb.separated(", ");
     for id in ids {
@@ -145,14 +149,7 @@ impl JobDb {
     /// Bytes the JobDB's tables take (data and indexes), as the server reports them: what
     /// the manager compares with its memory budget.
     pub async fn data_bytes(&self) -> Result<u64, JobDbError> {
-        let n: Option<u64> = sqlx::query_scalar(
-            "SELECT CAST(SUM(data_length + index_length) AS UNSIGNED) \
-             FROM information_schema.tables WHERE table_schema = ?",
-        )
-        .bind(self.name())
-        .fetch_one(&self.pool)
-        .await?;
-        Ok(n.unwrap_or(0))
+        Ok(self.size().await?.bytes)
     }
 
     /// Plans a move: these jobs go to `to_jobdb` in import batch `batch`. Fenced.

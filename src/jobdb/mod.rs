@@ -3,9 +3,13 @@
 //! A JobDB is one MySQL database (schema in `migrations/`). Its owner appends jobs and state
 //! transitions in fenced transactions ([`JobDb::append`]); readers trace jobs and count states.
 //! Exclusive ownership without Consul comes from [`lock::ServerLock`] (MySQL `GET_LOCK`).
+//! [`stats`] holds the dashboard's read queries.
 
+pub mod commands;
 pub mod lifecycle;
 pub mod lock;
+pub mod replay;
+pub mod stats;
 
 use std::collections::HashMap;
 use std::str::FromStr;
@@ -13,7 +17,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::Bytes;
-use chrono::{NaiveDateTime, Utc};
+use chrono::{DateTime, NaiveDateTime, Utc};
 use sqlx::mysql::{MySql, MySqlConnectOptions, MySqlPool, MySqlPoolOptions, MySqlRow};
 use sqlx::{ConnectOptions, Connection, Executor, QueryBuilder, Row};
 
@@ -133,6 +137,17 @@ impl JobDbUrl {
     }
 }
 
+/// A JobDB URL with any password replaced by `***`, for printing and display.
+pub fn redact_password(url: &str) -> String {
+    match url::Url::parse(url) {
+        Ok(mut parsed) if parsed.password().is_some() => {
+            let _ = parsed.set_password(Some("***"));
+            parsed.to_string()
+        }
+        _ => url.to_owned(),
+    }
+}
+
 fn valid_database_name(name: &str) -> bool {
     (1..=48).contains(&name.len()) && name.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'_')
 }
@@ -150,6 +165,13 @@ pub async fn create_database(url: &JobDbUrl) -> Result<(), JobDbError> {
     )
     .await?;
     conn.close().await?;
+    Ok(())
+}
+
+/// Opens and closes one connection to the database: fails at once with the server's or the
+/// network's own error (a pool keeps retrying until its timeout, and then says only that).
+pub async fn probe(url: &JobDbUrl) -> Result<(), JobDbError> {
+    url.options().connect().await?.close().await?;
     Ok(())
 }
 
@@ -186,6 +208,32 @@ impl JobDb {
             .connect_with(url.options())
             .await?;
         MIGRATOR.run(&pool).await?;
+        Ok(JobDb {
+            pool,
+            url: url.clone(),
+        })
+    }
+
+    /// Opens a JobDB for reading only (dashboards, replay): no migration is applied, so a
+    /// reader of another release never changes the schema under the Directors; the schema must
+    /// be at least this binary's (every migration it knows applied), or it is refused.
+    pub async fn open_reader(url: &JobDbUrl, max_connections: u32) -> Result<Self, JobDbError> {
+        let pool = MySqlPoolOptions::new()
+            .max_connections(max_connections)
+            .acquire_timeout(Duration::from_secs(10))
+            .connect_with(url.options())
+            .await?;
+        let applied: Vec<i64> =
+            sqlx::query_scalar("SELECT version FROM _sqlx_migrations WHERE success")
+                .fetch_all(&pool)
+                .await?;
+        if let Some(missing) = MIGRATOR.iter().find(|m| !applied.contains(&m.version)) {
+            pool.close().await;
+            return Err(JobDbError::Corrupt(format!(
+                "schema version {} ({}) is not applied: a Director of this release migrates it",
+                missing.version, missing.description
+            )));
+        }
         Ok(JobDb {
             pool,
             url: url.clone(),
@@ -381,22 +429,78 @@ impl JobDb {
         .await?;
         let mut progress = HashMap::with_capacity(rows.len());
         for row in rows {
-            let id = job_id_of(&row, "job_id")?;
-            let state = state_of(&row)?;
-            let retry_at: Option<NaiveDateTime> = row.try_get("retry_at")?;
-            progress.insert(
-                id,
-                Progress {
-                    state,
-                    attempts: row.try_get("attempts")?,
-                    retry_at: retry_at.map(|t| t.and_utc()),
-                },
-            );
+            progress.insert(job_id_of(&row, "job_id")?, progress_of(&row)?);
         }
+        self.with_jobs(progress, true).await
+    }
+
+    /// Jobs whose latest transition is `executing` or `archiving`, with it: what a new owner
+    /// must settle before serving (attempts cut short, expired jobs for the archive). Only
+    /// their ids and progress: the jobs themselves come back through [`JobDb::backlog_page`].
+    pub async fn load_stranded(&self) -> Result<Vec<(JobId, Progress)>, JobDbError> {
+        let rows = sqlx::query(
+            "SELECT t.job_id, t.state, t.attempts, t.retry_at \
+             FROM job_state_transitions t \
+             JOIN (SELECT job_id, MAX(id) AS id FROM job_state_transitions GROUP BY job_id) last \
+               ON last.job_id = t.job_id AND last.id = t.id \
+             WHERE t.state IN ('executing', 'archiving') \
+             ORDER BY t.job_id",
+        )
+        .fetch_all(&self.pool)
+        .await?;
+        rows.iter()
+            .map(|row| Ok((job_id_of(row, "job_id")?, progress_of(row)?)))
+            .collect()
+    }
+
+    /// The next `limit` jobs after `after` (in id order) that wait for an attempt, due by
+    /// `due_by` (jobs never tried are always due), without their payloads and headers: the
+    /// page a Director's cache reads when it has room. A job is in it when its latest
+    /// transition is `awaiting-scheduling`, or `awaiting-retry` with `retry_at <= due_by`, and
+    /// that transition's id is below `before_row` (rows written since are the cache's own news).
+    pub async fn backlog_page(
+        &self,
+        after: Option<JobId>,
+        due_by: DateTime<Utc>,
+        before_row: u64,
+        limit: usize,
+    ) -> Result<Vec<(Job, Progress)>, JobDbError> {
+        let after = after.map_or_else(|| vec![0u8; 16], |id| id.to_bytes().to_vec());
+        let rows = sqlx::query(
+            "SELECT t.job_id, t.state, t.attempts, t.retry_at \
+             FROM job_state_transitions t \
+             WHERE t.job_id > ? \
+               AND t.id = (SELECT MAX(l.id) FROM job_state_transitions l WHERE l.job_id = t.job_id) \
+               AND t.id < ? \
+               AND (t.state = 'awaiting-scheduling' \
+                    OR (t.state = 'awaiting-retry' AND t.retry_at <= ?)) \
+             ORDER BY t.job_id \
+             LIMIT ?",
+        )
+        .bind(after)
+        .bind(before_row)
+        .bind(due_by.naive_utc())
+        .bind(limit as u64)
+        .fetch_all(&self.pool)
+        .await?;
+        let mut progress = HashMap::with_capacity(rows.len());
+        for row in &rows {
+            progress.insert(job_id_of(row, "job_id")?, progress_of(row)?);
+        }
+        self.with_jobs(progress, false).await
+    }
+
+    /// Pairs each job's progress with the job (without payload and headers unless
+    /// `payloads`), in id order; a progress without its job row means a corrupt JobDB.
+    async fn with_jobs(
+        &self,
+        mut progress: HashMap<JobId, Progress>,
+        payloads: bool,
+    ) -> Result<Vec<(Job, Progress)>, JobDbError> {
         let ids: Vec<JobId> = progress.keys().copied().collect();
         let mut out = Vec::with_capacity(ids.len());
         for chunk in ids.chunks(MAX_IDS_PER_SELECT) {
-            for job in self.get_jobs(chunk).await? {
+            for job in self.select_jobs(chunk, payloads).await? {
                 if let Some(p) = progress.remove(&job.id) {
                     out.push((job, p));
                 }
@@ -413,14 +517,24 @@ impl JobDb {
 
     /// The jobs with these ids (those that exist).
     pub async fn get_jobs(&self, ids: &[JobId]) -> Result<Vec<Job>, JobDbError> {
+        self.select_jobs(ids, true).await
+    }
+
+    /// The jobs with these ids; without `payloads`, their payloads and headers are left out
+    /// (empty), for a cache that reads them back only when due.
+    async fn select_jobs(&self, ids: &[JobId], payloads: bool) -> Result<Vec<Job>, JobDbError> {
         if ids.is_empty() {
             return Ok(Vec::new());
         }
-        let mut qb = QueryBuilder::<MySql>::new(
+        let mut qb = QueryBuilder::<MySql>::new(if payloads {
             "SELECT id, bucket, endpoint, method, headers, payload, execution_timeout_ms, \
              backoff_min_delay_ms, backoff_coefficient, created_at, expire_at, idempotency_key \
-             FROM jobs WHERE id IN (",
-        );
+             FROM jobs WHERE id IN ("
+        } else {
+            "SELECT id, bucket, endpoint, method, '{}' AS headers, CAST('' AS BINARY) AS payload, \
+             execution_timeout_ms, backoff_min_delay_ms, backoff_coefficient, created_at, \
+             expire_at, idempotency_key FROM jobs WHERE id IN ("
+        });
         let mut list = qb.separated(", ");
         for id in ids {
             list.push_bind(id.to_bytes().to_vec());
@@ -640,6 +754,15 @@ fn job_id_of(row: &MySqlRow, column: &str) -> Result<JobId, JobDbError> {
         .try_into()
         .map_err(|_| JobDbError::Corrupt(format!("{column} is not 16 bytes")))?;
     Ok(JobId::from_bytes(bytes))
+}
+
+fn progress_of(row: &MySqlRow) -> Result<Progress, JobDbError> {
+    let retry_at: Option<NaiveDateTime> = row.try_get("retry_at")?;
+    Ok(Progress {
+        state: state_of(row)?,
+        attempts: row.try_get("attempts")?,
+        retry_at: retry_at.map(|t| t.and_utc()),
+    })
 }
 
 fn job_from_row(row: &MySqlRow) -> Result<Job, JobDbError> {

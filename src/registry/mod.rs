@@ -10,6 +10,7 @@
 
 pub mod catalog;
 pub mod consul;
+pub mod controls;
 pub mod inventory;
 pub mod lease;
 

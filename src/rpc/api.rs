@@ -647,30 +647,36 @@ impl JobView {
             idempotency_key: job.idempotency_key.clone(),
             transitions: trace
                 .iter()
-                .map(|(id, t)| {
-                    let (error_response, encoding) =
-                        match (&t.error_response, t.error_response_encoding) {
-                            (Some(body), Some("utf-8")) => (
-                                Some(String::from_utf8_lossy(body).into_owned()),
-                                Some("utf-8".to_owned()),
-                            ),
-                            (Some(body), _) => (Some(b64.encode(body)), Some("base64".to_owned())),
-                            (None, _) => (None, None),
-                        };
-                    TransitionView {
-                        id: *id,
-                        state: t.state,
-                        attempts: t.attempts,
-                        time: t.time,
-                        retry_at: t.retry_at,
-                        error_type: t.error_type.clone(),
-                        error_response,
-                        error_response_encoding: encoding,
-                        response_status: t.response_status,
-                        duration_ms: t.duration_ms,
-                    }
-                })
+                .map(|(id, t)| TransitionView::new(*id, t))
                 .collect(),
+        }
+    }
+}
+
+impl TransitionView {
+    /// The view of one transition row (its error response as text, or base64 when it is not
+    /// UTF-8).
+    pub fn new(id: u64, t: &Transition) -> Self {
+        let b64 = base64::engine::general_purpose::STANDARD;
+        let (error_response, encoding) = match (&t.error_response, t.error_response_encoding) {
+            (Some(body), Some("utf-8")) => (
+                Some(String::from_utf8_lossy(body).into_owned()),
+                Some("utf-8".to_owned()),
+            ),
+            (Some(body), _) => (Some(b64.encode(body)), Some("base64".to_owned())),
+            (None, _) => (None, None),
+        };
+        TransitionView {
+            id,
+            state: t.state,
+            attempts: t.attempts,
+            time: t.time,
+            retry_at: t.retry_at,
+            error_type: t.error_type.clone(),
+            error_response,
+            error_response_encoding: encoding,
+            response_status: t.response_status,
+            duration_ms: t.duration_ms,
         }
     }
 }
@@ -825,4 +831,34 @@ mod tests {
         assert_eq!(err.field, "jobs[0].payload");
         assert!(err.too_large);
     }
+}
+
+/// `GET /v1/endpoints` answer: the health of every endpoint this Director is working for.
+#[derive(Clone, Debug, Default, Serialize, Deserialize, ToSchema)]
+pub struct EndpointsView {
+    /// One entry per endpoint with jobs queued or in flight, or a breaker that remembers it.
+    pub endpoints: Vec<EndpointHealth>,
+}
+
+/// One endpoint as a Director sees it (updated once a second).
+#[derive(Clone, Debug, Serialize, Deserialize, ToSchema, PartialEq)]
+pub struct EndpointHealth {
+    /// The endpoint (URL without query).
+    pub endpoint: String,
+    /// Jobs ready to be sent, waiting in its queue.
+    pub ready: usize,
+    /// Requests in flight.
+    pub in_flight: usize,
+    /// `closed` (normal) or `open` (judged down: one probe at a time).
+    pub breaker: String,
+    /// Attempts remembered by the breaker, and how many of them failed.
+    pub recent_attempts: usize,
+    /// Failed among `recent_attempts`.
+    pub recent_failures: usize,
+    /// Paused by an endpoint control.
+    pub paused: bool,
+    /// Requests in flight allowed now (after caps and pause).
+    pub concurrency: usize,
+    /// A rate cap, if any.
+    pub max_per_second: Option<f64>,
 }

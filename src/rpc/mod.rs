@@ -50,6 +50,8 @@ pub struct RpcState {
     pub auth: Option<Arc<auth::TokenStore>>,
     /// Job ids of the imports in progress (requests sharing an id run one at a time).
     pub imports: Arc<import::InFlight>,
+    /// The scheduler's endpoint health, refreshed once a second.
+    pub health: Arc<Mutex<Vec<api::EndpointHealth>>>,
 }
 
 impl RpcState {
@@ -80,7 +82,15 @@ pub fn next_id(ids: &Mutex<ulid::Generator>) -> JobId {
         title = "spindle",
         description = "Database-as-a-queue HTTP delivery engine: Director RPC API"
     ),
-    paths(submit_jobs, get_job, import::import_jobs, healthz, readyz, metrics),
+    paths(
+        submit_jobs,
+        get_job,
+        endpoints,
+        import::import_jobs,
+        healthz,
+        readyz,
+        metrics
+    ),
     components(schemas(
         api::SubmitRequest,
         api::JobSpec,
@@ -89,6 +99,8 @@ pub fn next_id(ids: &Mutex<ulid::Generator>) -> JobId {
         api::JobStatus,
         api::JobView,
         api::TransitionView,
+        api::EndpointsView,
+        api::EndpointHealth,
         api::ErrorBody,
         api::ErrorDetail,
         import::ImportRequest,
@@ -104,6 +116,7 @@ pub fn router(state: RpcState) -> Router {
     Router::new()
         .route("/v1/jobs", post(submit_jobs))
         .route("/v1/jobs/{id}", get(get_job))
+        .route("/v1/endpoints", get(endpoints))
         .route("/v1/import", post(import::import_jobs))
         .route("/healthz", get(healthz))
         .route("/readyz", get(readyz))
@@ -329,6 +342,37 @@ fn parse_json<T: serde::de::DeserializeOwned>(body: &[u8]) -> Result<T, ApiError
         message: e.to_string(),
     })?;
     Ok(value)
+}
+
+/// The health of the endpoints this Director works for (admin): queue, requests in flight,
+/// circuit breaker, controls.
+#[utoipa::path(
+    get,
+    path = "/v1/endpoints",
+    responses(
+        (status = 200, description = "Every endpoint with work or a remembered breaker", body = api::EndpointsView),
+        (status = 401, description = "No valid token", body = api::ErrorBody),
+        (status = 403, description = "Not an admin token", body = api::ErrorBody),
+    )
+)]
+async fn endpoints(
+    State(state): State<RpcState>,
+    headers: HeaderMap,
+) -> Result<Json<api::EndpointsView>, ApiError> {
+    if let Some(caller) = state.caller(&headers)? {
+        if !matches!(caller.scope, auth::Scope::Admin) {
+            return Err(ApiError::Forbidden {
+                message: format!("token {:?} is not an admin token", caller.name),
+                field: None,
+            });
+        }
+    }
+    let endpoints = state
+        .health
+        .lock()
+        .map(|h| h.clone())
+        .unwrap_or_else(|poisoned| poisoned.into_inner().clone());
+    Ok(Json(api::EndpointsView { endpoints }))
 }
 
 /// A job with its current state and full transition trace.

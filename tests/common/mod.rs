@@ -287,6 +287,18 @@ impl Rig {
         submit(&self.client, &self.base(), jobs).await
     }
 
+    /// `GET /v1/jobs/{id}`: the job's view, as JSON.
+    pub async fn job_view(&self, id: &str) -> Value {
+        self.client
+            .get(format!("{}/v1/jobs/{id}", self.base()))
+            .send()
+            .await
+            .unwrap()
+            .json()
+            .await
+            .unwrap()
+    }
+
     /// `n` jobs to one sink path with extra job fields.
     pub fn jobs(&self, n: usize, path: &str, extra: Value) -> Vec<Value> {
         (0..n)
@@ -404,6 +416,13 @@ pub async fn metrics_text(client: &reqwest::Client, base: &str) -> String {
         .text()
         .await
         .unwrap()
+}
+
+/// The value of an unlabelled sample `name` in a `/metrics` text (0 when absent).
+pub fn metric_value(text: &str, name: &str) -> f64 {
+    text.lines()
+        .find_map(|l| l.strip_prefix(name)?.strip_prefix(' ')?.trim().parse().ok())
+        .unwrap_or(0.0)
 }
 
 /// Runs schemathesis (from PyPI, installed on first use) against the OpenAPI document at

@@ -14,6 +14,25 @@ pub fn free_port() -> u16 {
         .port()
 }
 
+/// Runs a `spindle` command (`spindle replay ...`, `spindle endpoints ...`) to its end.
+pub fn run(args: &[&str]) -> std::process::Output {
+    std::process::Command::new(env!("CARGO_BIN_EXE_spindle"))
+        .args(args)
+        .output()
+        .unwrap_or_else(|e| panic!("run spindle {args:?}: {e}"))
+}
+
+/// [`run`], asserting that it succeeds; its stdout.
+pub fn run_ok(args: &[&str]) -> String {
+    let out = run(args);
+    assert!(
+        out.status.success(),
+        "spindle {args:?}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
 /// A `spindle` process.
 pub struct Proc {
     pub child: Child,

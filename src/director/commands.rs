@@ -1,0 +1,87 @@
+//! Operator intent, watched for the scheduler: commands appended to the JobDB's
+//! `operator_commands` (plain SQL, see docs/operations.md), handed over in order and applied
+//! once each; and the endpoint and bucket controls in the registry, handed over whole on every
+//! change.
+
+use std::time::Duration;
+
+use tokio::sync::mpsc;
+use tokio_util::sync::CancellationToken;
+
+use super::scheduler::Event;
+use crate::jobdb::JobDb;
+use crate::registry::consul::ConsulClient;
+use crate::registry::controls;
+
+/// How often the JobDB is asked for new commands: operators see an effect within about this
+/// long plus one commit.
+pub const POLL_EVERY: Duration = Duration::from_secs(1);
+
+/// Polls for commands newer than the last one with a result (so a new owner applies what its
+/// predecessor did not finish) until `stop`.
+pub async fn watch(db: JobDb, scheduler: mpsc::UnboundedSender<Event>, stop: CancellationToken) {
+    let mut after = None;
+    loop {
+        let read = match after {
+            None => db.last_applied_command().await.map(|last| {
+                after = Some(last);
+                Vec::new()
+            }),
+            Some(last) => db.commands_after(last).await,
+        };
+        match read {
+            Ok(commands) => {
+                for command in commands {
+                    after = Some(command.id);
+                    if scheduler.send(Event::Command(Box::new(command))).is_err() {
+                        return;
+                    }
+                }
+            }
+            Err(e) => tracing::warn!(error = %e, "reading operator commands failed; trying again"),
+        }
+        tokio::select! {
+            _ = stop.cancelled() => return,
+            _ = tokio::time::sleep(if after.is_some() { POLL_EVERY } else { Duration::ZERO }) => {}
+        }
+    }
+}
+
+/// Follows the registry's controls with blocking queries until `stop`, handing each new set to
+/// the scheduler. While Consul is unreachable the last set stays in force.
+pub async fn watch_controls(
+    consul: ConsulClient,
+    scheduler: mpsc::UnboundedSender<Event>,
+    stop: CancellationToken,
+) {
+    let mut index = 0;
+    let mut last = None;
+    loop {
+        let read = tokio::select! {
+            _ = stop.cancelled() => return,
+            read = controls::read(&consul, index, Duration::from_secs(30)) => read,
+        };
+        match read {
+            Ok((now, next)) => {
+                // An index going backwards (a restored cluster) means: start over.
+                index = if next < index { 0 } else { next };
+                if last.as_ref() != Some(&now) {
+                    last = Some(now.clone());
+                    if scheduler
+                        .send(Event::Controls(std::sync::Arc::new(now)))
+                        .is_err()
+                    {
+                        return;
+                    }
+                }
+            }
+            Err(e) => {
+                tracing::warn!(error = %e, "reading endpoint controls failed; keeping the last ones");
+                tokio::select! {
+                    _ = stop.cancelled() => return,
+                    _ = tokio::time::sleep(POLL_EVERY) => {}
+                }
+            }
+        }
+    }
+}
