@@ -153,16 +153,11 @@ fn inventory_name_ok(s: &str) -> bool {
         .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'_')
 }
 
-/// The URL of JobDB `name` on `server` (a server URL without database).
+/// The URL of JobDB `name` on `server` (a server URL without database, or a SQLite
+/// directory `sqlite:///dir`).
 pub fn server_jobdb_url(server: &str, name: &str) -> Result<(String, JobDbUrl), ManagerError> {
-    let mut url = url::Url::parse(server)
-        .map_err(|e| ManagerError::Config(format!("--mysql {server:?}: {e}")))?;
-    url.set_path(&format!("/{name}"));
-    let text = url.to_string();
-    let parsed: JobDbUrl = text
-        .parse()
-        .map_err(|e| ManagerError::Config(format!("--mysql {server:?}: {e}")))?;
-    Ok((text, parsed))
+    JobDbUrl::on_server(server, name)
+        .map_err(|e| ManagerError::Config(format!("--mysql {server:?}: {e}")))
 }
 
 struct Manager {

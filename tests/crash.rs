@@ -1,7 +1,7 @@
 //! Crash: `kill -9` a Director process in the middle of a load of 12,000 jobs, restart it,
 //! and check that every acknowledged job reaches a terminal state, nothing was invented, no
 //! request went out without its `executing` row, and that duplicate deliveries happened only
-//! for attempts in flight at the crash.
+//! for attempts in flight at the crash. On MySQL and on SQLite (`::mysql`, `::sqlite`).
 
 mod common;
 
@@ -88,9 +88,10 @@ fn produce(
         .collect()
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn kill_9_mid_load_loses_nothing() {
-    let db = TestDb::new("crash");
+on_both_engines!(kill_9_mid_load_loses_nothing);
+
+async fn kill_9_mid_load_loses_nothing(engine: Engine) {
+    let db = TestDb::on(engine, "crash");
     let sink = Sink::start("127.0.0.1:0".parse().unwrap()).await.unwrap();
     let port = std::net::TcpListener::bind("127.0.0.1:0")
         .unwrap()

@@ -1,4 +1,6 @@
 //! Director acceptance tests against the machine's real MariaDB and real HTTP over loopback.
+//! The engine-independent ones run twice, `NAME::mysql` and `NAME::sqlite` (an embedded
+//! JobDB file): the Director must behave the same on both.
 
 mod common;
 
@@ -11,9 +13,23 @@ use spindle::director::DirectorError;
 use spindle::job::{JobId, State};
 use spindle::jobdb::JobDbError;
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn round_trip_records_exactly_three_transitions() {
-    let rig = Rig::start("roundtrip", |_| {}).await;
+on_both_engines!(
+    round_trip_records_exactly_three_transitions,
+    retries_follow_the_jobs_own_jittered_backoff,
+    retry_after_is_honoured_400_discarded_redirects_not_followed,
+    expired_jobs_go_to_archiving_not_away,
+    restart_recovers_retries_still_waiting,
+    restart_starts_retries_already_due_without_new_traffic,
+    shutdown_lets_attempts_in_flight_finish,
+    a_second_director_refuses_a_held_jobdb,
+    a_fenced_out_director_stores_nothing_and_stops,
+    a_backlog_beyond_the_cache_budget_waits_in_the_jobdb,
+    beyond_the_job_cap_jobs_wait_in_the_jobdb_and_come_in_by_pages,
+    long_waits_spill_payloads_and_reload_them_intact,
+);
+
+async fn round_trip_records_exactly_three_transitions(engine: Engine) {
+    let rig = Rig::start_on(engine, "roundtrip", |_| {}).await;
     let jobs: Vec<_> = (0..300)
         .map(|i| json!({"bucket": format!("t{}", i % 5), "endpoint": rig.sink.url("/ok"), "payload": {"n": i}}))
         .collect();
@@ -59,9 +75,8 @@ async fn round_trip_records_exactly_three_transitions() {
     rig.stop().await;
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn retries_follow_the_jobs_own_jittered_backoff() {
-    let rig = Rig::start("retry", |_| {}).await;
+async fn retries_follow_the_jobs_own_jittered_backoff(engine: Engine) {
+    let rig = Rig::start_on(engine, "retry", |_| {}).await;
     rig.submit(rig.jobs(
         6,
         "/fail/2",
@@ -134,9 +149,8 @@ async fn retries_follow_the_jobs_own_jittered_backoff() {
     rig.stop().await;
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn retry_after_is_honoured_400_discarded_redirects_not_followed() {
-    let rig = Rig::start("classify", |_| {}).await;
+async fn retry_after_is_honoured_400_discarded_redirects_not_followed(engine: Engine) {
+    let rig = Rig::start_on(engine, "classify", |_| {}).await;
     let reply = rig
         .submit(vec![
             json!({"bucket": "b", "endpoint": rig.sink.url("/retry-after/2"), "backoff_min_delay_ms": 50}),
@@ -201,9 +215,8 @@ async fn retry_after_is_honoured_400_discarded_redirects_not_followed() {
     rig.stop().await;
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn expired_jobs_go_to_archiving_not_away() {
-    let rig = Rig::start("expiry", |_| {}).await;
+async fn expired_jobs_go_to_archiving_not_away(engine: Engine) {
+    let rig = Rig::start_on(engine, "expiry", |_| {}).await;
     rig.submit(rig.jobs(
         1,
         "/status/503",
@@ -224,8 +237,13 @@ async fn expired_jobs_go_to_archiving_not_away() {
 /// Twenty jobs fail once; the Director stops while they wait for their retry; `pause` later a
 /// new Director on the same JobDB must finish them, whether their retry_at is still ahead
 /// (a timer) or already past (started without any new traffic to prompt it).
-async fn restart_with_retries_pending(tag: &str, min_delay_ms: u64, pause: Duration) {
-    let mut rig = Rig::start(tag, |_| {}).await;
+async fn restart_with_retries_pending(
+    engine: Engine,
+    tag: &str,
+    min_delay_ms: u64,
+    pause: Duration,
+) {
+    let mut rig = Rig::start_on(engine, tag, |_| {}).await;
     rig.submit(rig.jobs(20, "/fail/1", json!({"backoff_min_delay_ms": min_delay_ms})))
         .await;
     rig.wait_in_state(State::AwaitingRetry, 20, Duration::from_secs(10))
@@ -243,19 +261,16 @@ async fn restart_with_retries_pending(tag: &str, min_delay_ms: u64, pause: Durat
     rig.stop().await;
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn restart_recovers_retries_still_waiting() {
-    restart_with_retries_pending("recover", 1500, Duration::ZERO).await;
+async fn restart_recovers_retries_still_waiting(engine: Engine) {
+    restart_with_retries_pending(engine, "recover", 1500, Duration::ZERO).await;
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn restart_starts_retries_already_due_without_new_traffic() {
-    restart_with_retries_pending("due", 300, Duration::from_millis(400)).await;
+async fn restart_starts_retries_already_due_without_new_traffic(engine: Engine) {
+    restart_with_retries_pending(engine, "due", 300, Duration::from_millis(400)).await;
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn shutdown_lets_attempts_in_flight_finish() {
-    let mut rig = Rig::start("drain", |_| {}).await;
+async fn shutdown_lets_attempts_in_flight_finish(engine: Engine) {
+    let mut rig = Rig::start_on(engine, "drain", |_| {}).await;
     rig.submit(rig.jobs(10, "/slow/700", json!({}))).await;
     rig.wait_in_state(State::Executing, 10, Duration::from_secs(10))
         .await;
@@ -265,9 +280,8 @@ async fn shutdown_lets_attempts_in_flight_finish() {
     rig.stop().await;
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_second_director_refuses_a_held_jobdb() {
-    let rig = Rig::start("exclusive", |_| {}).await;
+async fn a_second_director_refuses_a_held_jobdb(engine: Engine) {
+    let rig = Rig::start_on(engine, "exclusive", |_| {}).await;
     let mut config =
         spindle::director::DirectorConfig::new("127.0.0.1:0".parse().unwrap(), rig.db.url.clone());
     config.create_database = false;
@@ -279,9 +293,8 @@ async fn a_second_director_refuses_a_held_jobdb() {
     rig.stop().await;
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_fenced_out_director_stores_nothing_and_stops() {
-    let mut rig = Rig::start("fence", |_| {}).await;
+async fn a_fenced_out_director_stores_nothing_and_stops(engine: Engine) {
+    let mut rig = Rig::start_on(engine, "fence", |_| {}).await;
     rig.submit(rig.jobs(1, "/ok", json!({}))).await;
     wait_all_final(&rig.reader, 1, Duration::from_secs(10)).await;
 
@@ -482,10 +495,9 @@ async fn losing_the_lock_connection_stops_the_director() {
     rig.stop().await;
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn long_waits_spill_payloads_and_reload_them_intact() {
-    use base64::Engine;
-    let rig = Rig::start("spill", |c| {
+async fn long_waits_spill_payloads_and_reload_them_intact(engine: Engine) {
+    use base64::Engine as _;
+    let rig = Rig::start_on(engine, "spill", |c| {
         c.scheduler.spill_after = Duration::from_millis(100)
     })
     .await;
@@ -531,13 +543,12 @@ async fn long_waits_spill_payloads_and_reload_them_intact() {
     rig.stop().await;
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_backlog_beyond_the_cache_budget_waits_in_the_jobdb() {
-    use base64::Engine;
+async fn a_backlog_beyond_the_cache_budget_waits_in_the_jobdb(engine: Engine) {
+    use base64::Engine as _;
     // 64 KiB of payloads in memory at most; 200 jobs of 4 KiB (800 KiB) queue behind an
     // endpoint taken two at a time (`/fail/0` answers 200 and keeps what it received).
     const BUDGET: usize = 64 * 1024;
-    let rig = Rig::start("budget", |c| {
+    let rig = Rig::start_on(engine, "budget", |c| {
         c.scheduler.max_cached_bytes = BUDGET;
         c.scheduler.per_endpoint = 2;
     })
@@ -592,8 +603,7 @@ async fn a_backlog_beyond_the_cache_budget_waits_in_the_jobdb() {
     rig.stop().await;
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn beyond_the_job_cap_jobs_wait_in_the_jobdb_and_come_in_by_pages() {
+async fn beyond_the_job_cap_jobs_wait_in_the_jobdb_and_come_in_by_pages(engine: Engine) {
     // At most 50 jobs in the cache; 600 jobs for an endpoint answering in 20 ms, 4 at a time.
     // Half-way the Director stops and a new one starts on the JobDB with the same cap: it too
     // reads the backlog a page at a time instead of loading it whole.
@@ -602,7 +612,7 @@ async fn beyond_the_job_cap_jobs_wait_in_the_jobdb_and_come_in_by_pages() {
         c.scheduler.max_cached_jobs = CAP;
         c.scheduler.per_endpoint = 4;
     };
-    let mut rig = Rig::start("jobcap", tweak).await;
+    let mut rig = Rig::start_on(engine, "jobcap", tweak).await;
     let mut ids = Vec::new();
     for _ in 0..6 {
         let reply = rig.submit(rig.jobs(100, "/slow/20", json!({}))).await;
@@ -749,7 +759,7 @@ async fn operator_commands_reach_jobs_that_wait_only_in_the_jobdb() {
     let text = metrics_text(&rig.client, &rig.base()).await;
     let evicted = metric_value(&text, "spindle_jobs_evicted_total");
     assert!(evicted >= 10.0, "only {evicted} jobs evicted");
-    let pool = sqlx::MySqlPool::connect_with(rig.db.url.options())
+    let pool = sqlx::MySqlPool::connect_with(rig.db.url.mysql_options().unwrap())
         .await
         .unwrap();
     for (action, bucket) in [("discard", "x"), ("expedite", "y")] {

@@ -62,10 +62,10 @@ async fn every_documented_statement_runs_and_finds_its_rows() {
     let blocks = sql_blocks(&doc);
     assert!(blocks.len() >= 12, "found {} sql blocks", blocks.len());
     let hex = ok.jobs[0].id.parse::<JobId>().unwrap().to_hex();
-    let mut conn = sqlx::mysql::MySqlConnection::connect_with(&rig.db.url.options())
+    let mut conn = sqlx::mysql::MySqlConnection::connect_with(&rig.db.url.mysql_options().unwrap())
         .await
         .unwrap();
-    let pool = sqlx::MySqlPool::connect_with(rig.db.url.options())
+    let pool = sqlx::MySqlPool::connect_with(rig.db.url.mysql_options().unwrap())
         .await
         .unwrap();
     let mut commands = 0;

@@ -5,11 +5,9 @@
 
 use std::str::FromStr;
 
-use chrono::{DateTime, NaiveDateTime, Utc};
-use sqlx::mysql::MySqlRow;
-use sqlx::Row;
+use chrono::{DateTime, Utc};
 
-use super::{job_id_of, progress_of, text, text_opt, JobDb, JobDbError};
+use super::{with_pool, JobDb, JobDbError};
 use crate::job::{Job, JobId, Progress};
 
 /// What a command does to the jobs it names.
@@ -100,22 +98,27 @@ impl Command {
 impl JobDb {
     /// Commands with ids above `after`, oldest first.
     pub async fn commands_after(&self, after: u64) -> Result<Vec<Command>, JobDbError> {
-        let rows = sqlx::query(
-            "SELECT id, issued_by, action, bucket, endpoint_prefix, job_id, created_before, \
-             postpone_until, reason FROM operator_commands WHERE id > ? ORDER BY id LIMIT 100",
-        )
-        .bind(after)
-        .fetch_all(&self.pool)
-        .await?;
-        rows.iter().map(command_from_row).collect()
+        with_pool!(self, |p, q| {
+            sqlx::query(
+                "SELECT id, issued_by, action, bucket, endpoint_prefix, job_id, created_before, \
+                 postpone_until, reason FROM operator_commands WHERE id > ? ORDER BY id LIMIT 100",
+            )
+            .bind(super::int(after))
+            .fetch_all(p)
+            .await?
+            .iter()
+            .map(q::command_from_row)
+            .collect()
+        })
     }
 
     /// The highest command id with a recorded result (0 if none): where a new owner resumes.
     pub async fn last_applied_command(&self) -> Result<u64, JobDbError> {
-        let last: Option<u64> =
+        let last: Option<u64> = with_pool!(self, |p, q| {
             sqlx::query_scalar("SELECT MAX(command_id) FROM operator_command_results")
-                .fetch_one(&self.pool)
-                .await?;
+                .fetch_one(p)
+                .await?
+        });
         Ok(last.unwrap_or(0))
     }
 
@@ -128,16 +131,15 @@ impl JobDb {
         applied_by: &str,
         jobs: u64,
     ) -> Result<(), JobDbError> {
-        sqlx::query(
-            "INSERT IGNORE INTO operator_command_results (command_id, applied_at, applied_by, jobs) \
-             VALUES (?, ?, ?, ?)",
-        )
-        .bind(id)
-        .bind(Utc::now().naive_utc())
-        .bind(applied_by)
-        .bind(jobs)
-        .execute(&self.pool)
-        .await?;
+        with_pool!(self, |p, q| {
+            sqlx::query(q::INSERT_COMMAND_RESULT)
+                .bind(super::int(id))
+                .bind(Utc::now().naive_utc())
+                .bind(applied_by)
+                .bind(super::int(jobs))
+                .execute(p)
+                .await?;
+        });
         Ok(())
     }
 
@@ -148,47 +150,15 @@ impl JobDb {
         id: u64,
         before_row: u64,
     ) -> Result<Vec<(JobId, Progress)>, JobDbError> {
-        let rows = sqlx::query(
-            "SELECT t.job_id, t.state, t.attempts, t.retry_at \
-             FROM operator_commands c \
-             JOIN jobs j ON (c.job_id IS NULL OR j.id = c.job_id) \
-             JOIN job_state_transitions t ON t.job_id = j.id \
-             WHERE c.id = ? \
-               AND (c.bucket IS NULL OR j.bucket = c.bucket) \
-               AND (c.endpoint_prefix IS NULL \
-                    OR LEFT(j.endpoint, CHAR_LENGTH(c.endpoint_prefix)) = c.endpoint_prefix) \
-               AND (c.created_before IS NULL OR j.created_at < c.created_before) \
-               AND t.id = (SELECT MAX(l.id) FROM job_state_transitions l WHERE l.job_id = t.job_id) \
-               AND t.id < ? \
-               AND t.state IN ('awaiting-scheduling', 'awaiting-retry')",
-        )
-        .bind(id)
-        .bind(before_row)
-        .fetch_all(&self.pool)
-        .await?;
-        rows.iter()
-            .map(|row| Ok((job_id_of(row, "job_id")?, progress_of(row)?)))
-            .collect()
+        with_pool!(self, |p, q| {
+            sqlx::query(q::COMMAND_TARGETS)
+                .bind(super::int(id))
+                .bind(super::int(before_row))
+                .fetch_all(p)
+                .await?
+                .iter()
+                .map(|row| Ok((q::job_id_of(row, "job_id")?, q::progress_of(row)?)))
+                .collect()
+        })
     }
-}
-
-fn command_from_row(row: &MySqlRow) -> Result<Command, JobDbError> {
-    let job_id: Option<Vec<u8>> = row.try_get("job_id")?;
-    let job_id = match job_id {
-        Some(_) => Some(job_id_of(row, "job_id")?),
-        None => None,
-    };
-    let created_before: Option<NaiveDateTime> = row.try_get("created_before")?;
-    let postpone_until: Option<NaiveDateTime> = row.try_get("postpone_until")?;
-    Ok(Command {
-        id: row.try_get("id")?,
-        issued_by: text(row, "issued_by")?,
-        action: text(row, "action")?.parse()?,
-        bucket: text_opt(row, "bucket")?,
-        endpoint_prefix: text_opt(row, "endpoint_prefix")?,
-        job_id,
-        created_before: created_before.map(|t| t.and_utc()),
-        postpone_until: postpone_until.map(|t| t.and_utc()),
-        reason: text_opt(row, "reason")?,
-    })
 }

@@ -7,13 +7,10 @@
 use std::collections::{HashMap, HashSet};
 
 use chrono::{DateTime, Utc};
-use sqlx::{MySql, QueryBuilder};
+use sqlx::QueryBuilder;
 use ulid::Ulid;
 
-use super::{
-    commit_fenced, job_id_of, text, transition_from_row, JobDb, JobDbError, MAX_IDS_PER_SELECT,
-    MAX_ROWS_PER_INSERT,
-};
+use super::{with_pool, JobDb, JobDbError, Pool, Server, MAX_IDS_PER_SELECT, MAX_ROWS_PER_INSERT};
 pub use crate::archive::BatchKind;
 use crate::job::{JobId, State, Transition};
 
@@ -52,48 +49,20 @@ pub struct PlannedMove {
     pub jobs: Vec<JobId>,
 }
 
-pub(super) fn insert_origins(origins: &[Origin]) -> QueryBuilder<'_, MySql> {
-    let mut qb = QueryBuilder::<MySql>::new(
-        "INSERT IGNORE INTO job_origins (job_id, from_jobdb, imported_at) ",
-    );
-    qb.push_values(origins, |mut row, o| {
-        row.push_bind(o.job_id.to_bytes().to_vec())
-            .push_bind(o.from_jobdb.as_str())
-            .push_bind(o.imported_at.naive_utc());
-    });
-    qb
-}
-
-pub(super) fn ids_query<'a>(
-    prefix: &'a str,
-    ids: &'a [JobId],
-    suffix: &'a str,
-) -> QueryBuilder<'a, MySql> {
-    let mut qb = QueryBuilder::<MySql>::new(prefix);
-    let mut list = qb.separated(", ");
-    for id in ids {
-        list.push_bind(id.to_bytes().to_vec());
-    }
-    qb.push(suffix);
-    qb
-}
-
-fn ulid_of(row: &sqlx::mysql::MySqlRow, column: &str) -> Result<Ulid, JobDbError> {
-    job_id_of(row, column).map(|id| id.0)
-}
-
 impl JobDb {
     /// Which of these jobs have a row here (imports skip them: an import is idempotent).
     pub async fn existing_jobs(&self, ids: &[JobId]) -> Result<HashSet<JobId>, JobDbError> {
         let mut out = HashSet::new();
         for chunk in ids.chunks(MAX_IDS_PER_SELECT) {
-            let rows = ids_query("SELECT id FROM jobs WHERE id IN (", chunk, ")")
-                .build()
-                .fetch_all(&self.pool)
-                .await?;
-            for row in rows {
-                out.insert(job_id_of(&row, "id")?);
-            }
+            with_pool!(self, |p, q| {
+                let rows = q::ids_query("SELECT id FROM jobs WHERE id IN (", chunk, ")")
+                    .build()
+                    .fetch_all(p)
+                    .await?;
+                for row in &rows {
+                    out.insert(q::job_id_of(row, "id")?);
+                }
+            });
         }
         Ok(out)
     }
@@ -105,20 +74,22 @@ impl JobDb {
     ) -> Result<HashMap<JobId, Vec<(u64, Transition)>>, JobDbError> {
         let mut out: HashMap<JobId, Vec<(u64, Transition)>> = HashMap::new();
         for chunk in ids.chunks(MAX_IDS_PER_SELECT) {
-            let rows = ids_query(
-                "SELECT id, job_id, time, retry_at, attempts, state, error_type, error_response, \
-                 error_response_encoding, response_status, duration_ms \
-                 FROM job_state_transitions WHERE job_id IN (",
-                chunk,
-                ") ORDER BY job_id, id",
-            )
-            .build()
-            .fetch_all(&self.pool)
-            .await?;
-            for row in &rows {
-                let (id, t) = transition_from_row(row)?;
-                out.entry(t.job_id).or_default().push((id, t));
-            }
+            with_pool!(self, |p, q| {
+                let rows = q::ids_query(
+                    "SELECT id, job_id, time, retry_at, attempts, state, error_type, \
+                     error_response, error_response_encoding, response_status, duration_ms \
+                     FROM job_state_transitions WHERE job_id IN (",
+                    chunk,
+                    ") ORDER BY job_id, id",
+                )
+                .build()
+                .fetch_all(p)
+                .await?;
+                for row in &rows {
+                    let (id, t) = q::transition_from_row(row)?;
+                    out.entry(t.job_id).or_default().push((id, t));
+                }
+            });
         }
         Ok(out)
     }
@@ -135,14 +106,16 @@ impl JobDb {
 
     /// How many jobs are not in a terminal state here (a JobDB is dropped only at zero).
     pub async fn unfinished_count(&self) -> Result<u64, JobDbError> {
-        let n: i64 = sqlx::query_scalar(
-            "SELECT COUNT(*) FROM job_state_transitions t \
-             JOIN (SELECT job_id, MAX(id) AS id FROM job_state_transitions GROUP BY job_id) last \
-               ON last.job_id = t.job_id AND last.id = t.id \
-             WHERE t.state NOT IN ('succeeded', 'discarded', 'archived', 'moved')",
-        )
-        .fetch_one(&self.pool)
-        .await?;
+        let n: i64 = with_pool!(self, |p, q| {
+            sqlx::query_scalar(
+                "SELECT COUNT(*) FROM job_state_transitions t \
+                 JOIN (SELECT job_id, MAX(id) AS id FROM job_state_transitions GROUP BY job_id) \
+                   last ON last.job_id = t.job_id AND last.id = t.id \
+                 WHERE t.state NOT IN ('succeeded', 'discarded', 'archived', 'moved')",
+            )
+            .fetch_one(p)
+            .await?
+        });
         Ok(u64::try_from(n).unwrap_or(0))
     }
 
@@ -160,38 +133,42 @@ impl JobDb {
         to_jobdb: &str,
         ids: &[JobId],
     ) -> Result<(), JobDbError> {
-        let mut tx = self.pool.begin().await?;
         let now = Utc::now().naive_utc();
-        for chunk in ids.chunks(MAX_ROWS_PER_INSERT) {
-            let mut qb = QueryBuilder::<MySql>::new(
-                "INSERT INTO job_moves (job_id, batch_id, to_jobdb, planned_at) ",
-            );
-            qb.push_values(chunk, |mut row, id| {
-                row.push_bind(id.to_bytes().to_vec())
-                    .push_bind(batch.to_bytes().to_vec())
-                    .push_bind(to_jobdb)
-                    .push_bind(now);
-            });
-            qb.build().execute(&mut *tx).await?;
-        }
-        commit_fenced(tx, token).await
+        with_pool!(self, |p, q| {
+            let mut tx = p.begin().await?;
+            for chunk in ids.chunks(MAX_ROWS_PER_INSERT) {
+                let mut qb = QueryBuilder::<q::Db>::new(
+                    "INSERT INTO job_moves (job_id, batch_id, to_jobdb, planned_at) ",
+                );
+                qb.push_values(chunk, |mut row, id| {
+                    row.push_bind(id.to_bytes().to_vec())
+                        .push_bind(batch.to_bytes().to_vec())
+                        .push_bind(to_jobdb)
+                        .push_bind(now);
+                });
+                qb.build().execute(&mut *tx).await?;
+            }
+            q::commit_fenced(tx, token).await
+        })
     }
 
     /// Moves that were planned but whose jobs are not yet recorded `moved`, by batch (each
     /// job under its current plan only).
     pub async fn planned_moves(&self) -> Result<Vec<PlannedMove>, JobDbError> {
-        let rows = sqlx::query(
-            "SELECT job_id, batch_id, to_jobdb FROM job_moves ORDER BY job_id, batch_id",
-        )
-        .fetch_all(&self.pool)
-        .await?;
         let mut current: HashMap<JobId, (Ulid, String)> = HashMap::new();
-        for row in &rows {
-            current.insert(
-                job_id_of(row, "job_id")?,
-                (ulid_of(row, "batch_id")?, text(row, "to_jobdb")?),
-            );
-        }
+        with_pool!(self, |p, q| {
+            let rows = sqlx::query(
+                "SELECT job_id, batch_id, to_jobdb FROM job_moves ORDER BY job_id, batch_id",
+            )
+            .fetch_all(p)
+            .await?;
+            for row in &rows {
+                current.insert(
+                    q::job_id_of(row, "job_id")?,
+                    (q::ulid_of(row, "batch_id")?, q::text(row, "to_jobdb")?),
+                );
+            }
+        });
         let ids: Vec<JobId> = current.keys().copied().collect();
         let latest = self.latest_of(&ids).await?;
         let mut planned: HashMap<Ulid, PlannedMove> = HashMap::new();
@@ -224,29 +201,31 @@ impl JobDb {
         token: u64,
         planned: &PlannedBatch,
     ) -> Result<(), JobDbError> {
-        let mut tx = self.pool.begin().await?;
-        sqlx::query(
-            "INSERT INTO archive_batches (batch_id, kind, object_key, planned_at) \
-             VALUES (?, ?, ?, ?)",
-        )
-        .bind(planned.batch.to_bytes().to_vec())
-        .bind(planned.kind.as_str())
-        .bind(planned.object_key.as_str())
-        .bind(Utc::now().naive_utc())
-        .execute(&mut *tx)
-        .await?;
-        for chunk in planned.jobs.chunks(MAX_ROWS_PER_INSERT) {
-            let mut qb = QueryBuilder::<MySql>::new(
-                "INSERT INTO archive_batch_jobs (job_id, kind, batch_id) ",
-            );
-            qb.push_values(chunk, |mut row, id| {
-                row.push_bind(id.to_bytes().to_vec())
-                    .push_bind(planned.kind.as_str())
-                    .push_bind(planned.batch.to_bytes().to_vec());
-            });
-            qb.build().execute(&mut *tx).await?;
-        }
-        commit_fenced(tx, token).await
+        with_pool!(self, |p, q| {
+            let mut tx = p.begin().await?;
+            sqlx::query(
+                "INSERT INTO archive_batches (batch_id, kind, object_key, planned_at) \
+                 VALUES (?, ?, ?, ?)",
+            )
+            .bind(planned.batch.to_bytes().to_vec())
+            .bind(planned.kind.as_str())
+            .bind(planned.object_key.as_str())
+            .bind(Utc::now().naive_utc())
+            .execute(&mut *tx)
+            .await?;
+            for chunk in planned.jobs.chunks(MAX_ROWS_PER_INSERT) {
+                let mut qb = QueryBuilder::<q::Db>::new(
+                    "INSERT INTO archive_batch_jobs (job_id, kind, batch_id) ",
+                );
+                qb.push_values(chunk, |mut row, id| {
+                    row.push_bind(id.to_bytes().to_vec())
+                        .push_bind(planned.kind.as_str())
+                        .push_bind(planned.batch.to_bytes().to_vec());
+                });
+                qb.build().execute(&mut *tx).await?;
+            }
+            q::commit_fenced(tx, token).await
+        })
     }
 
     /// The batches (of `kind`) that already hold some of these jobs, each with all its jobs.
@@ -257,18 +236,20 @@ impl JobDb {
     ) -> Result<Vec<PlannedBatch>, JobDbError> {
         let mut batches = HashSet::new();
         for chunk in ids.chunks(MAX_IDS_PER_SELECT) {
-            let mut qb = QueryBuilder::<MySql>::new(
-                "SELECT DISTINCT batch_id FROM archive_batch_jobs WHERE kind = ",
-            );
-            qb.push_bind(kind.as_str()).push(" AND job_id IN (");
-            let mut list = qb.separated(", ");
-            for id in chunk {
-                list.push_bind(id.to_bytes().to_vec());
-            }
-            qb.push(")");
-            for row in qb.build().fetch_all(&self.pool).await? {
-                batches.insert(ulid_of(&row, "batch_id")?);
-            }
+            with_pool!(self, |p, q| {
+                let mut qb = QueryBuilder::<q::Db>::new(
+                    "SELECT DISTINCT batch_id FROM archive_batch_jobs WHERE kind = ",
+                );
+                qb.push_bind(kind.as_str()).push(" AND job_id IN (");
+                let mut list = qb.separated(", ");
+                for id in chunk {
+                    list.push_bind(id.to_bytes().to_vec());
+                }
+                qb.push(")");
+                for row in &qb.build().fetch_all(p).await? {
+                    batches.insert(q::ulid_of(row, "batch_id")?);
+                }
+            });
         }
         let mut out = Vec::with_capacity(batches.len());
         for batch in batches {
@@ -282,29 +263,32 @@ impl JobDb {
 
     /// One planned batch with its jobs.
     pub async fn archive_batch(&self, batch: Ulid) -> Result<Option<PlannedBatch>, JobDbError> {
-        let Some(row) =
-            sqlx::query("SELECT kind, object_key FROM archive_batches WHERE batch_id = ?")
-                .bind(batch.to_bytes().to_vec())
-                .fetch_optional(&self.pool)
-                .await?
-        else {
-            return Ok(None);
-        };
-        let kind = match text(&row, "kind")?.as_str() {
+        let found = with_pool!(self, |p, q| {
+            let Some(row) =
+                sqlx::query("SELECT kind, object_key FROM archive_batches WHERE batch_id = ?")
+                    .bind(batch.to_bytes().to_vec())
+                    .fetch_optional(p)
+                    .await?
+            else {
+                return Ok(None);
+            };
+            let jobs = sqlx::query(
+                "SELECT job_id FROM archive_batch_jobs WHERE batch_id = ? ORDER BY job_id",
+            )
+            .bind(batch.to_bytes().to_vec())
+            .fetch_all(p)
+            .await?
+            .iter()
+            .map(|r| q::job_id_of(r, "job_id"))
+            .collect::<Result<Vec<_>, _>>()?;
+            (q::text(&row, "kind")?, q::text(&row, "object_key")?, jobs)
+        });
+        let (kind, object_key, jobs) = found;
+        let kind = match kind.as_str() {
             "history" => BatchKind::History,
             "expired" => BatchKind::Expired,
             other => return Err(JobDbError::Corrupt(format!("archive batch kind {other:?}"))),
         };
-        let object_key = text(&row, "object_key")?;
-        let rows =
-            sqlx::query("SELECT job_id FROM archive_batch_jobs WHERE batch_id = ? ORDER BY job_id")
-                .bind(batch.to_bytes().to_vec())
-                .fetch_all(&self.pool)
-                .await?;
-        let jobs = rows
-            .iter()
-            .map(|r| job_id_of(r, "job_id"))
-            .collect::<Result<Vec<_>, _>>()?;
         Ok(Some(PlannedBatch {
             batch,
             kind,
@@ -322,38 +306,41 @@ impl JobDb {
         sha256: &str,
         transitions: &[(u64, Transition)],
     ) -> Result<(), JobDbError> {
-        let mut tx = self.pool.begin().await?;
-        sqlx::query(
-            "INSERT IGNORE INTO archive_confirmations (batch_id, sha256, confirmed_at) \
-             VALUES (?, ?, ?)",
-        )
-        .bind(batch.to_bytes().to_vec())
-        .bind(sha256)
-        .bind(Utc::now().naive_utc())
-        .execute(&mut *tx)
-        .await?;
-        for chunk in transitions.chunks(MAX_ROWS_PER_INSERT) {
-            super::insert_transitions(chunk)
-                .build()
+        with_pool!(self, |p, q| {
+            let mut tx = p.begin().await?;
+            sqlx::query(q::INSERT_CONFIRMATION)
+                .bind(batch.to_bytes().to_vec())
+                .bind(sha256)
+                .bind(Utc::now().naive_utc())
                 .execute(&mut *tx)
                 .await?;
-        }
-        commit_fenced(tx, token).await
+            for chunk in transitions.chunks(MAX_ROWS_PER_INSERT) {
+                q::insert_transitions(chunk)
+                    .build()
+                    .execute(&mut *tx)
+                    .await?;
+            }
+            q::commit_fenced(tx, token).await
+        })
     }
 
     /// Jobs that ended here (succeeded, discarded, moved) whose trace is not yet in a
     /// confirmed `history` batch: a drained JobDB is dropped only when there are none.
     pub async fn without_archived_history(&self) -> Result<Vec<JobId>, JobDbError> {
-        let rows = sqlx::query(
-            "SELECT t.job_id FROM job_latest t \
-             LEFT JOIN archive_batch_jobs b ON b.job_id = t.job_id AND b.kind = 'history' \
-             LEFT JOIN archive_confirmations c ON c.batch_id = b.batch_id \
-             WHERE t.state IN ('succeeded', 'discarded', 'moved') AND c.batch_id IS NULL \
-             ORDER BY t.job_id",
-        )
-        .fetch_all(&self.pool)
-        .await?;
-        rows.iter().map(|r| job_id_of(r, "job_id")).collect()
+        with_pool!(self, |p, q| {
+            sqlx::query(
+                "SELECT t.job_id FROM job_latest t \
+                 LEFT JOIN archive_batch_jobs b ON b.job_id = t.job_id AND b.kind = 'history' \
+                 LEFT JOIN archive_confirmations c ON c.batch_id = b.batch_id \
+                 WHERE t.state IN ('succeeded', 'discarded', 'moved') AND c.batch_id IS NULL \
+                 ORDER BY t.job_id",
+            )
+            .fetch_all(p)
+            .await?
+            .iter()
+            .map(|r| q::job_id_of(r, "job_id"))
+            .collect()
+        })
     }
 
     /// Deletes every job and transition, `chunk` rows per statement: the purge a DROP of a
@@ -361,60 +348,121 @@ impl JobDb {
     /// emptying a JobDB in place).
     pub async fn delete_all_in_chunks(&self, chunk: u32) -> Result<u64, JobDbError> {
         let mut deleted = 0;
-        for statement in [
-            "DELETE FROM job_state_transitions LIMIT ?",
-            "DELETE FROM jobs LIMIT ?",
-        ] {
-            loop {
-                let done = sqlx::query(statement)
-                    .bind(chunk)
-                    .execute(&self.pool)
-                    .await?;
-                deleted += done.rows_affected();
-                if done.rows_affected() == 0 {
-                    break;
+        with_pool!(self, |p, q| {
+            for statement in q::DELETE_CHUNKS {
+                loop {
+                    let done = sqlx::query(statement).bind(chunk).execute(p).await?;
+                    deleted += done.rows_affected();
+                    if done.rows_affected() == 0 {
+                        break;
+                    }
                 }
             }
-        }
+        });
         Ok(deleted)
     }
 
-    /// Databases on this JobDB's server whose name matches a `LIKE` pattern.
+    /// Databases on this JobDB's server whose name matches a `LIKE` pattern (`%`, `_`, and
+    /// `\` escaping either); for SQLite, the JobDB files in its directory.
     pub async fn databases_like(&self, pattern: &str) -> Result<Vec<String>, JobDbError> {
-        let rows = sqlx::query(
-            "SELECT schema_name AS name FROM information_schema.schemata WHERE schema_name LIKE ?",
-        )
-        .bind(pattern)
-        .fetch_all(&self.pool)
-        .await?;
-        rows.iter().map(|r| text(r, "name")).collect()
+        match &self.pool {
+            Pool::MySql(p) => {
+                let rows = sqlx::query(
+                    "SELECT schema_name AS name FROM information_schema.schemata \
+                     WHERE schema_name LIKE ?",
+                )
+                .bind(pattern)
+                .fetch_all(p)
+                .await?;
+                rows.iter()
+                    .map(|r| super::dialect::mysql::text(r, "name"))
+                    .collect()
+            }
+            Pool::Sqlite(_) => {
+                let Server::Sqlite(dir) = &self.url.server else {
+                    return Ok(Vec::new());
+                };
+                let mut names = Vec::new();
+                let mut entries = tokio::fs::read_dir(dir)
+                    .await
+                    .map_err(super::file_error(dir))?;
+                while let Some(entry) =
+                    entries.next_entry().await.map_err(super::file_error(dir))?
+                {
+                    let file = entry.file_name();
+                    let Some(name) = file
+                        .to_str()
+                        .and_then(|f| f.strip_suffix(super::SQLITE_SUFFIX))
+                    else {
+                        continue;
+                    };
+                    if like(pattern.as_bytes(), name.as_bytes()) {
+                        names.push(name.to_owned());
+                    }
+                }
+                names.sort();
+                Ok(names)
+            }
+        }
     }
 
     /// The JobDB each of these jobs is (currently) planned to move to.
     pub async fn move_targets(&self, ids: &[JobId]) -> Result<HashMap<JobId, String>, JobDbError> {
         let mut out = HashMap::new();
         for chunk in ids.chunks(MAX_IDS_PER_SELECT) {
-            let rows = ids_query(
-                "SELECT job_id, to_jobdb FROM job_moves WHERE job_id IN (",
-                chunk,
-                ") ORDER BY job_id, batch_id",
-            )
-            .build()
-            .fetch_all(&self.pool)
-            .await?;
-            for row in rows {
-                out.insert(job_id_of(&row, "job_id")?, text(&row, "to_jobdb")?);
-            }
+            with_pool!(self, |p, q| {
+                let rows = q::ids_query(
+                    "SELECT job_id, to_jobdb FROM job_moves WHERE job_id IN (",
+                    chunk,
+                    ") ORDER BY job_id, batch_id",
+                )
+                .build()
+                .fetch_all(p)
+                .await?;
+                for row in &rows {
+                    out.insert(q::job_id_of(row, "job_id")?, q::text(row, "to_jobdb")?);
+                }
+            });
         }
         Ok(out)
     }
 
     /// Where an imported job came from, if it was imported.
     pub async fn origin_of(&self, id: JobId) -> Result<Option<String>, JobDbError> {
-        let row = sqlx::query("SELECT from_jobdb FROM job_origins WHERE job_id = ?")
-            .bind(id.to_bytes().to_vec())
-            .fetch_optional(&self.pool)
-            .await?;
-        row.map(|r| text(&r, "from_jobdb")).transpose()
+        with_pool!(self, |p, q| {
+            let row = sqlx::query("SELECT from_jobdb FROM job_origins WHERE job_id = ?")
+                .bind(id.to_bytes().to_vec())
+                .fetch_optional(p)
+                .await?;
+            row.map(|r| q::text(&r, "from_jobdb")).transpose()
+        })
+    }
+}
+
+/// SQL `LIKE` (case-sensitive, `\` escapes): `%` any run, `_` one character.
+fn like(pattern: &[u8], text: &[u8]) -> bool {
+    match pattern.split_first() {
+        None => text.is_empty(),
+        Some((b'%', rest)) => (0..=text.len()).any(|i| like(rest, &text[i..])),
+        Some((b'_', rest)) => !text.is_empty() && like(rest, &text[1..]),
+        Some((b'\\', rest)) if !rest.is_empty() => {
+            text.first() == Some(&rest[0]) && like(&rest[1..], &text[1..])
+        }
+        Some((c, rest)) => text.first() == Some(c) && like(rest, &text[1..]),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::like;
+
+    #[test]
+    fn like_matches_as_sql_does() {
+        assert!(like(b"spindle\\_%", b"spindle_01"));
+        assert!(!like(b"spindle\\_%", b"spindleX01"));
+        assert!(like(b"a_c", b"abc"));
+        assert!(!like(b"a_c", b"ac"));
+        assert!(like(b"%", b""));
+        assert!(like(b"jobdb%", b"jobdb"));
     }
 }

@@ -3,7 +3,7 @@
 
 use chrono::{DateTime, Utc};
 
-use super::{job_from_row, state_of, JobDb, JobDbError};
+use super::{with_pool, JobDb, JobDbError};
 use crate::job::{Job, JobId, State};
 
 /// Which ended jobs a replay takes.
@@ -53,37 +53,26 @@ impl JobDb {
         limit: usize,
     ) -> Result<Vec<(Job, State)>, JobDbError> {
         let after = after.map_or_else(|| vec![0u8; 16], |id| id.to_bytes().to_vec());
-        let rows = sqlx::query(
-            "SELECT j.id, j.bucket, j.endpoint, j.method, j.headers, j.payload, \
-             j.execution_timeout_ms, j.backoff_min_delay_ms, j.backoff_coefficient, j.created_at, \
-             j.expire_at, j.idempotency_key, t.state \
-             FROM jobs j JOIN job_state_transitions t ON t.job_id = j.id \
-             WHERE j.id > ? \
-               AND t.id = (SELECT MAX(l.id) FROM job_state_transitions l WHERE l.job_id = j.id) \
-               AND ((? AND t.state = 'discarded') OR (? AND t.state = 'archived')) \
-               AND (? IS NULL OR j.bucket = ?) \
-               AND (? IS NULL OR LEFT(j.endpoint, CHAR_LENGTH(?)) = ?) \
-               AND (? IS NULL OR j.created_at >= ?) \
-               AND (? IS NULL OR j.created_at < ?) \
-             ORDER BY j.id LIMIT ?",
-        )
-        .bind(after)
-        .bind(filter.discarded)
-        .bind(filter.archived)
-        .bind(&filter.bucket)
-        .bind(&filter.bucket)
-        .bind(&filter.endpoint_prefix)
-        .bind(&filter.endpoint_prefix)
-        .bind(&filter.endpoint_prefix)
-        .bind(filter.since.map(|t| t.naive_utc()))
-        .bind(filter.since.map(|t| t.naive_utc()))
-        .bind(filter.until.map(|t| t.naive_utc()))
-        .bind(filter.until.map(|t| t.naive_utc()))
-        .bind(limit as u64)
-        .fetch_all(&self.pool)
-        .await?;
-        rows.iter()
-            .map(|row| Ok((job_from_row(row)?, state_of(row)?)))
-            .collect()
+        with_pool!(self, |p, q| {
+            sqlx::query(q::ENDED_JOBS)
+                .bind(after)
+                .bind(filter.discarded)
+                .bind(filter.archived)
+                .bind(&filter.bucket)
+                .bind(&filter.bucket)
+                .bind(&filter.endpoint_prefix)
+                .bind(&filter.endpoint_prefix)
+                .bind(&filter.endpoint_prefix)
+                .bind(filter.since.map(|t| t.naive_utc()))
+                .bind(filter.since.map(|t| t.naive_utc()))
+                .bind(filter.until.map(|t| t.naive_utc()))
+                .bind(filter.until.map(|t| t.naive_utc()))
+                .bind(limit as i64)
+                .fetch_all(p)
+                .await?
+                .iter()
+                .map(|row| Ok((q::job_from_row(row)?, q::state_of(row)?)))
+                .collect()
+        })
     }
 }

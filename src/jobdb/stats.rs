@@ -9,47 +9,13 @@
 //! query or fragment, as the Director's queues group them ([`crate::job::endpoint_key`]);
 //! grouping by it in SQL keeps one row per lane however many query strings there are.
 
-use chrono::{DateTime, NaiveDateTime, Utc};
-use sqlx::mysql::MySqlRow;
+use std::collections::HashMap;
+
+use chrono::{DateTime, Utc};
 use sqlx::Row;
 
-use super::lifecycle::ids_query;
-use super::{job_from_row, job_id_of, state_of, text, text_opt, JobDb, JobDbError};
+use super::{with_pool, JobDb, JobDbError};
 use crate::job::{Job, JobId, State};
-
-/// The lane of `jobs j` in SQL: `endpoint` cut at the first `?` or `#`, exactly as
-/// [`crate::job::endpoint_key`] cuts it (cutting at `?` and then at `#` finds the earlier one).
-macro_rules! lane {
-    () => {
-        "SUBSTRING_INDEX(SUBSTRING_INDEX(j.endpoint, '?', 1), '#', 1)"
-    };
-}
-
-/// The time slot of `t.time` in SQL: whole slots of the second parameter's seconds since the
-/// first (the window's start), as the dashboard's `Window` cuts them.
-macro_rules! slot {
-    () => {
-        "CAST(TIMESTAMPDIFF(SECOND, ?, t.time) DIV ? AS SIGNED)"
-    };
-}
-
-/// The latency bucket of `t.duration_ms` in SQL; [`latency_key`] is the same function in Rust
-/// and [`latency_ms`] its inverse.
-macro_rules! latency_key {
-    () => {
-        "CAST(CASE WHEN t.duration_ms < 64 THEN t.duration_ms \
-         ELSE 64 + FLOOR(LOG2(t.duration_ms / 64) * 16) END AS SIGNED)"
-    };
-}
-
-/// Attempts (rows with a duration) that ended in these states: a success, or a failure that is
-/// retried or discarded. Rows without a duration in the same states are not attempts
-/// (`interrupted`, `imported`, operator commands).
-macro_rules! attempt_rows {
-    () => {
-        "t.state IN ('succeeded', 'awaiting-retry', 'discarded') AND t.duration_ms IS NOT NULL"
-    };
-}
 
 /// Durations below this many ms have a latency bucket each.
 pub const LATENCY_EXACT_BELOW_MS: u32 = 64;
@@ -58,7 +24,8 @@ pub const LATENCY_EXACT_BELOW_MS: u32 = 64;
 pub const LATENCY_STEPS_PER_DOUBLING: u32 = 16;
 
 /// The latency bucket of a duration: exact below 64 ms, then 16 buckets per doubling. The
-/// SQL of [`JobDb::lane_attempts`] computes the same; keeping percentiles in buckets makes
+/// MySQL statement of [`JobDb::lane_attempts`] computes the same (SQLite has no `LOG2`: there
+/// this function buckets the durations it returns); keeping percentiles in buckets makes
 /// the answer small (a few hundred rows per lane at most) whatever the number of attempts.
 pub fn latency_key(duration_ms: u32) -> i64 {
     if duration_ms < LATENCY_EXACT_BELOW_MS {
@@ -179,51 +146,42 @@ impl JobDb {
         slot_s: u32,
     ) -> Result<Vec<SlotCount>, JobDbError> {
         let start = start.naive_utc();
-        let rows = sqlx::query(concat!(
-            "SELECT ",
-            slot!(),
-            " AS slot, t.state, COUNT(*) AS n \
-             FROM job_state_transitions t WHERE t.time >= ? \
-             GROUP BY slot, t.state"
-        ))
-        .bind(start)
-        .bind(slot_s.max(1))
-        .bind(start)
-        .fetch_all(&self.pool)
-        .await?;
-        rows.iter()
-            .map(|row| {
-                Ok(SlotCount {
-                    slot: row.try_get("slot")?,
-                    state: state_of(row)?,
-                    count: count_of(row, "n")?,
+        with_pool!(self, |p, q| {
+            sqlx::query(q::TRANSITIONS_PER_SLOT)
+                .bind(start)
+                .bind(slot_s.max(1))
+                .bind(start)
+                .fetch_all(p)
+                .await?
+                .iter()
+                .map(|row| {
+                    Ok(SlotCount {
+                        slot: row.try_get("slot")?,
+                        state: q::state_of(row)?,
+                        count: q::count_of(row, "n")?,
+                    })
                 })
-            })
-            .collect()
+                .collect()
+        })
     }
 
     /// Jobs waiting (latest state `awaiting-scheduling`, `awaiting-retry` or `executing`), by
     /// lane and state.
     pub async fn lane_backlog(&self) -> Result<Vec<LaneBacklog>, JobDbError> {
-        let rows = sqlx::query(concat!(
-            "SELECT ",
-            lane!(),
-            " AS lane, l.state, COUNT(*) AS n \
-             FROM jobs j JOIN job_latest l ON l.job_id = j.id \
-             WHERE l.state IN ('awaiting-scheduling', 'awaiting-retry', 'executing') \
-             GROUP BY lane, l.state"
-        ))
-        .fetch_all(&self.pool)
-        .await?;
-        rows.iter()
-            .map(|row| {
-                Ok(LaneBacklog {
-                    lane: text(row, "lane")?,
-                    state: state_of(row)?,
-                    jobs: count_of(row, "n")?,
+        with_pool!(self, |p, q| {
+            sqlx::query(q::LANE_BACKLOG)
+                .fetch_all(p)
+                .await?
+                .iter()
+                .map(|row| {
+                    Ok(LaneBacklog {
+                        lane: q::text(row, "lane")?,
+                        state: q::state_of(row)?,
+                        jobs: q::count_of(row, "n")?,
+                    })
                 })
-            })
-            .collect()
+                .collect()
+        })
     }
 
     /// Attempts that ended since `since`, by lane, outcome state and latency bucket.
@@ -231,30 +189,43 @@ impl JobDb {
         &self,
         since: DateTime<Utc>,
     ) -> Result<Vec<LaneAttempts>, JobDbError> {
-        let rows = sqlx::query(concat!(
-            "SELECT ",
-            lane!(),
-            " AS lane, t.state, ",
-            latency_key!(),
-            " AS latency_key, COUNT(*) AS n \
-             FROM job_state_transitions t JOIN jobs j ON j.id = t.job_id \
-             WHERE t.time >= ? AND ",
-            attempt_rows!(),
-            " GROUP BY lane, t.state, latency_key"
-        ))
-        .bind(since.naive_utc())
-        .fetch_all(&self.pool)
-        .await?;
-        rows.iter()
-            .map(|row| {
-                Ok(LaneAttempts {
-                    lane: text(row, "lane")?,
-                    state: state_of(row)?,
-                    latency_key: row.try_get("latency_key")?,
-                    attempts: count_of(row, "n")?,
+        let (rows, in_sql) = with_pool!(self, |p, q| {
+            let rows = sqlx::query(q::LANE_ATTEMPTS)
+                .bind(since.naive_utc())
+                .fetch_all(p)
+                .await?
+                .iter()
+                .map(|row| {
+                    Ok(LaneAttempts {
+                        lane: q::text(row, "lane")?,
+                        state: q::state_of(row)?,
+                        latency_key: row.try_get("latency_key")?,
+                        attempts: q::count_of(row, "n")?,
+                    })
                 })
+                .collect::<Result<Vec<_>, JobDbError>>()?;
+            (rows, q::LATENCY_IN_SQL)
+        });
+        if in_sql {
+            return Ok(rows);
+        }
+        // Durations came back: bucket them here, merging rows that share a bucket.
+        let mut merged: HashMap<(String, State, i64), u64> = HashMap::new();
+        for row in rows {
+            let ms = u32::try_from(row.latency_key.max(0)).unwrap_or(u32::MAX);
+            *merged
+                .entry((row.lane, row.state, latency_key(ms)))
+                .or_default() += row.attempts;
+        }
+        Ok(merged
+            .into_iter()
+            .map(|((lane, state, latency_key), attempts)| LaneAttempts {
+                lane,
+                state,
+                latency_key,
+                attempts,
             })
-            .collect()
+            .collect())
     }
 
     /// Attempts per lane and time slot of `slot_s` seconds since `start`: succeeded and failed.
@@ -264,112 +235,96 @@ impl JobDb {
         slot_s: u32,
     ) -> Result<Vec<LaneSlot>, JobDbError> {
         let start = start.naive_utc();
-        let rows = sqlx::query(concat!(
-            "SELECT ",
-            lane!(),
-            " AS lane, ",
-            slot!(),
-            " AS slot, \
-             CAST(SUM(t.state = 'succeeded') AS SIGNED) AS succeeded, \
-             CAST(SUM(t.state <> 'succeeded') AS SIGNED) AS failed \
-             FROM job_state_transitions t JOIN jobs j ON j.id = t.job_id \
-             WHERE t.time >= ? AND ",
-            attempt_rows!(),
-            " GROUP BY lane, slot"
-        ))
-        .bind(start)
-        .bind(slot_s.max(1))
-        .bind(start)
-        .fetch_all(&self.pool)
-        .await?;
-        rows.iter()
-            .map(|row| {
-                Ok(LaneSlot {
-                    lane: text(row, "lane")?,
-                    slot: row.try_get("slot")?,
-                    succeeded: count_of(row, "succeeded")?,
-                    failed: count_of(row, "failed")?,
+        with_pool!(self, |p, q| {
+            sqlx::query(q::LANE_SLOTS)
+                .bind(start)
+                .bind(slot_s.max(1))
+                .bind(start)
+                .fetch_all(p)
+                .await?
+                .iter()
+                .map(|row| {
+                    Ok(LaneSlot {
+                        lane: q::text(row, "lane")?,
+                        slot: row.try_get("slot")?,
+                        succeeded: q::count_of(row, "succeeded")?,
+                        failed: q::count_of(row, "failed")?,
+                    })
                 })
-            })
-            .collect()
+                .collect()
+        })
     }
 
     /// The kinds of failed attempts since `since`, by lane, each with when it was last seen.
     pub async fn lane_errors(&self, since: DateTime<Utc>) -> Result<Vec<LaneError>, JobDbError> {
-        let rows = sqlx::query(concat!(
-            "SELECT ",
-            lane!(),
-            " AS lane, t.error_type, t.response_status, MAX(t.time) AS last_at \
-             FROM job_state_transitions t JOIN jobs j ON j.id = t.job_id \
-             WHERE t.time >= ? AND t.error_type IS NOT NULL AND ",
-            attempt_rows!(),
-            " GROUP BY lane, t.error_type, t.response_status"
-        ))
-        .bind(since.naive_utc())
-        .fetch_all(&self.pool)
-        .await?;
-        rows.iter()
-            .map(|row| {
-                let last_at: NaiveDateTime = row.try_get("last_at")?;
-                Ok(LaneError {
-                    lane: text(row, "lane")?,
-                    error_type: text_opt(row, "error_type")?.unwrap_or_default(),
-                    response_status: row.try_get("response_status")?,
-                    last_at: last_at.and_utc(),
+        with_pool!(self, |p, q| {
+            sqlx::query(q::LANE_ERRORS)
+                .bind(since.naive_utc())
+                .fetch_all(p)
+                .await?
+                .iter()
+                .map(|row| {
+                    Ok(LaneError {
+                        lane: q::text(row, "lane")?,
+                        error_type: q::text_opt(row, "error_type")?.unwrap_or_default(),
+                        response_status: row.try_get("response_status")?,
+                        last_at: q::time_of(row, "last_at")?,
+                    })
                 })
-            })
-            .collect()
+                .collect()
+        })
     }
 
     /// Succeeded jobs by the attempts they took (Centrifuge's "retries by attempt number").
     pub async fn succeeded_by_attempts(&self) -> Result<Vec<(u16, u64)>, JobDbError> {
-        let rows = sqlx::query(
-            "SELECT attempts, COUNT(*) AS n FROM job_latest WHERE state = 'succeeded' \
-             GROUP BY attempts ORDER BY attempts",
-        )
-        .fetch_all(&self.pool)
-        .await?;
-        rows.iter()
-            .map(|row| Ok((row.try_get("attempts")?, count_of(row, "n")?)))
+        with_pool!(self, |p, q| {
+            sqlx::query(
+                "SELECT attempts, COUNT(*) AS n FROM job_latest WHERE state = 'succeeded' \
+                 GROUP BY attempts ORDER BY attempts",
+            )
+            .fetch_all(p)
+            .await?
+            .iter()
+            .map(|row| Ok((row.try_get("attempts")?, q::count_of(row, "n")?)))
             .collect()
+        })
     }
 
-    /// Rows and bytes of the JobDB's tables, from `information_schema`.
+    /// Rows and bytes of the JobDB's tables: from `information_schema` (MySQL), or the
+    /// file's pages (SQLite).
     pub async fn size(&self) -> Result<JobDbSize, JobDbError> {
-        let row = sqlx::query(
-            "SELECT CAST(COALESCE(SUM(table_rows), 0) AS UNSIGNED) AS n_rows, \
-             CAST(COALESCE(SUM(data_length + index_length), 0) AS UNSIGNED) AS n_bytes \
-             FROM information_schema.tables WHERE table_schema = ?",
-        )
-        .bind(self.name())
-        .fetch_one(&self.pool)
-        .await?;
-        Ok(JobDbSize {
-            rows: row.try_get("n_rows")?,
-            bytes: row.try_get("n_bytes")?,
+        with_pool!(self, |p, q| {
+            let row = sqlx::query(q::SIZE).bind(self.name()).fetch_one(p).await?;
+            Ok(JobDbSize {
+                rows: row.try_get("n_rows")?,
+                bytes: row.try_get("n_bytes")?,
+            })
         })
     }
 
     /// When the JobDB was created: when its first migration was applied.
     pub async fn created_at(&self) -> Result<Option<DateTime<Utc>>, JobDbError> {
-        let at: Option<DateTime<Utc>> =
-            sqlx::query_scalar("SELECT MIN(installed_on) FROM _sqlx_migrations")
-                .fetch_one(&self.pool)
+        with_pool!(self, |p, q| {
+            let row = sqlx::query("SELECT MIN(installed_on) AS at FROM _sqlx_migrations")
+                .fetch_one(p)
                 .await?;
-        Ok(at)
+            q::installed_on(&row, "at")
+        })
     }
 
     /// The `jobdb_owner` row.
     pub async fn owner_record(&self) -> Result<OwnerRecord, JobDbError> {
-        let row =
-            sqlx::query("SELECT fencing_token, holder, acquired_at FROM jobdb_owner WHERE id = 1")
-                .fetch_one(&self.pool)
-                .await?;
-        let acquired_at: Option<NaiveDateTime> = row.try_get("acquired_at")?;
-        Ok(OwnerRecord {
-            fencing_token: row.try_get("fencing_token")?,
-            holder: text(&row, "holder")?,
-            acquired_at: acquired_at.map(|t| t.and_utc()),
+        with_pool!(self, |p, q| {
+            let row = sqlx::query(
+                "SELECT fencing_token, holder, acquired_at FROM jobdb_owner WHERE id = 1",
+            )
+            .fetch_one(p)
+            .await?;
+            Ok(OwnerRecord {
+                fencing_token: row.try_get("fencing_token")?,
+                holder: q::text(&row, "holder")?,
+                acquired_at: q::time_opt(&row, "acquired_at")?,
+            })
         })
     }
 
@@ -380,12 +335,16 @@ impl JobDb {
         key: &str,
         limit: u32,
     ) -> Result<Vec<JobId>, JobDbError> {
-        let rows = sqlx::query("SELECT id FROM jobs WHERE idempotency_key = ? ORDER BY id LIMIT ?")
-            .bind(key)
-            .bind(limit)
-            .fetch_all(&self.pool)
-            .await?;
-        rows.iter().map(|row| job_id_of(row, "id")).collect()
+        with_pool!(self, |p, q| {
+            sqlx::query("SELECT id FROM jobs WHERE idempotency_key = ? ORDER BY id LIMIT ?")
+                .bind(key)
+                .bind(limit)
+                .fetch_all(p)
+                .await?
+                .iter()
+                .map(|row| q::job_id_of(row, "id"))
+                .collect()
+        })
     }
 
     /// The jobs with these ids (those that exist here), without payloads and headers, in id
@@ -394,32 +353,21 @@ impl JobDb {
         if ids.is_empty() {
             return Ok(Vec::new());
         }
-        let rows = ids_query(
-            "SELECT id, bucket, endpoint, method, '{}' AS headers, CAST('' AS BINARY) AS payload, \
-             execution_timeout_ms, backoff_min_delay_ms, backoff_coefficient, created_at, \
-             expire_at, idempotency_key, CAST(LENGTH(payload) AS SIGNED) AS payload_bytes \
-             FROM jobs WHERE id IN (",
-            ids,
-            ") ORDER BY id",
-        )
-        .build()
-        .fetch_all(&self.pool)
-        .await?;
-        rows.iter()
-            .map(|row| {
-                Ok(JobSummary {
-                    job: job_from_row(row)?,
-                    payload_bytes: count_of(row, "payload_bytes")?,
+        with_pool!(self, |p, q| {
+            q::ids_query(q::SELECT_JOB_SUMMARIES, ids, ") ORDER BY id")
+                .build()
+                .fetch_all(p)
+                .await?
+                .iter()
+                .map(|row| {
+                    Ok(JobSummary {
+                        job: q::job_from_row(row)?,
+                        payload_bytes: q::count_of(row, "payload_bytes")?,
+                    })
                 })
-            })
-            .collect()
+                .collect()
+        })
     }
-}
-
-/// A count column (`COUNT(*)`, a cast sum, a length) as a `u64`.
-fn count_of(row: &MySqlRow, column: &str) -> Result<u64, JobDbError> {
-    let n: i64 = row.try_get(column)?;
-    u64::try_from(n).map_err(|_| JobDbError::Corrupt(format!("{column} is negative: {n}")))
 }
 
 #[cfg(test)]

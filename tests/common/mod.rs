@@ -23,27 +23,70 @@ pub fn mysql_server() -> String {
     std::env::var("SPINDLE_TEST_MYSQL").unwrap_or_else(|_| "mysql://root@127.0.0.1:3306".to_owned())
 }
 
+/// The JobDB engines; tests that must hold on both take one ([`on_both_engines!`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Engine {
+    MySql,
+    Sqlite,
+}
+
+/// The directory SQLite test JobDBs live in (one per test process).
+pub fn sqlite_dir() -> std::path::PathBuf {
+    std::env::temp_dir().join(format!("spindle-tests-{}", std::process::id()))
+}
+
+/// Runs the async test function `$name(engine)` as two tests, `$name::mysql` and
+/// `$name::sqlite`.
+#[macro_export]
+macro_rules! on_both_engines {
+    ($($name:ident),+ $(,)?) => {
+        $(
+            mod $name {
+                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+                async fn mysql() {
+                    super::$name($crate::common::Engine::MySql).await
+                }
+                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+                async fn sqlite() {
+                    super::$name($crate::common::Engine::Sqlite).await
+                }
+            }
+        )+
+    };
+}
+
 /// A JobDB of this test alone, dropped when the value is.
 pub struct TestDb {
     pub url: JobDbUrl,
+    url_text: String,
 }
 
 impl TestDb {
+    /// A MySQL JobDB.
     pub fn new(tag: &str) -> Self {
+        Self::on(Engine::MySql, tag)
+    }
+
+    /// A JobDB on `engine`.
+    pub fn on(engine: Engine, tag: &str) -> Self {
         let name = format!(
             "spindle_t_{tag}_{}",
             ulid::Ulid::new().to_string().to_lowercase()
         );
         let name = &name[..name.len().min(48)];
+        let server = match engine {
+            Engine::MySql => mysql_server(),
+            Engine::Sqlite => format!("sqlite://{}", sqlite_dir().display()),
+        };
+        let url_text = format!("{server}/{name}");
         TestDb {
-            url: format!("{}/{}", mysql_server(), name)
-                .parse()
-                .expect("test jobdb url"),
+            url: url_text.parse().expect("test jobdb url"),
+            url_text,
         }
     }
 
     pub fn url_string(&self) -> String {
-        format!("{}/{}", mysql_server(), self.url.database)
+        self.url_text.clone()
     }
 
     /// A reader on the JobDB (it must exist: start a Director first).
@@ -260,7 +303,16 @@ pub struct Rig {
 
 impl Rig {
     pub async fn start(tag: &str, tweak: impl FnOnce(&mut DirectorConfig)) -> Rig {
-        let db = TestDb::new(tag);
+        Self::start_on(Engine::MySql, tag, tweak).await
+    }
+
+    /// [`Rig::start`] on a JobDB of `engine`.
+    pub async fn start_on(
+        engine: Engine,
+        tag: &str,
+        tweak: impl FnOnce(&mut DirectorConfig),
+    ) -> Rig {
+        let db = TestDb::on(engine, tag);
         let sink = spindle::sink::Sink::start("127.0.0.1:0".parse().unwrap())
             .await
             .expect("sink");

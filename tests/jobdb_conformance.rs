@@ -1,0 +1,570 @@
+//! The JobDB store's conformance suite: every store operation, run against both engines
+//! (`NAME::mysql` on the machine's MariaDB, `NAME::sqlite` on a file), with the same
+//! expectations; and one test that runs the whole scenario on both and requires the two
+//! transcripts to be equal, so an engine cannot drift even where a check is loose.
+
+mod common;
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::time::Duration;
+
+use bytes::Bytes;
+use chrono::{DateTime, DurationRound, TimeDelta, Utc};
+use common::*;
+use spindle::job::{Job, JobId, Progress, RetryPolicy, State, Transition};
+use spindle::jobdb::lifecycle::{BatchKind, Origin, PlannedBatch};
+use spindle::jobdb::lock::ServerLock;
+use spindle::jobdb::replay::EndedFilter;
+use spindle::jobdb::{self, JobDb, JobDbError};
+use sqlx::{ConnectOptions, Connection, Executor};
+
+on_both_engines!(
+    every_store_operation_behaves_as_specified,
+    fencing_refuses_a_stale_owner,
+    a_jobdb_is_created_listed_locked_and_dropped,
+);
+
+fn job(n: u8, bucket: &str, endpoint: &str, at: DateTime<Utc>) -> Arc<Job> {
+    let mut id = [0u8; 16];
+    id[0] = 1;
+    id[15] = n;
+    Arc::new(Job {
+        id: JobId::from_bytes(id),
+        bucket: bucket.into(),
+        endpoint: endpoint.into(),
+        method: "POST".into(),
+        headers: vec![("content-type".into(), "application/json".into())],
+        payload: Bytes::from(format!("{{\"n\":{n}}}")),
+        execution_timeout: Duration::from_millis(5000),
+        retry: RetryPolicy {
+            min_delay: Duration::from_millis(250),
+            coefficient: 1.5,
+        },
+        created_at: at,
+        expire_at: at + TimeDelta::hours(4),
+        idempotency_key: n.is_multiple_of(2).then(|| format!("key-{n}")),
+    })
+}
+
+fn row(job: &Job, state: State, attempts: u16, time: DateTime<Utc>) -> Transition {
+    Transition {
+        job_id: job.id,
+        state,
+        attempts,
+        time,
+        retry_at: None,
+        error_type: None,
+        error_response: None,
+        error_response_encoding: None,
+        response_status: None,
+        duration_ms: None,
+    }
+}
+
+fn attempt(t: Transition, status: u16, ms: u32, error: Option<&str>) -> Transition {
+    Transition {
+        response_status: Some(status),
+        duration_ms: Some(ms),
+        error_type: error.map(str::to_owned),
+        error_response: error.map(|e| Bytes::from(format!("said {e}"))),
+        error_response_encoding: error.map(|_| "utf-8"),
+        ..t
+    }
+}
+
+/// Runs an operator's statement with a connection of its own, as `mysql` or `sqlite3` would.
+async fn operator_sql(db: &JobDb, sql: &str) {
+    let url = db.url();
+    match url.sqlite_file() {
+        Some(file) => {
+            let mut conn = sqlx::SqliteConnection::connect(&format!("sqlite://{}", file.display()))
+                .await
+                .unwrap();
+            conn.execute(sql).await.unwrap();
+            conn.close().await.unwrap();
+        }
+        None => {
+            let mut conn = url.mysql_options().unwrap().connect().await.unwrap();
+            conn.execute(sql).await.unwrap();
+            conn.close().await.unwrap();
+        }
+    }
+}
+
+/// The scenario: writes a small JobDB through the store and reads it back through every read.
+/// Returns a transcript of every answer that does not depend on the clock or the engine's
+/// storage layout, for the cross-engine comparison.
+async fn scenario(db: &JobDb, t0: DateTime<Utc>) -> Vec<String> {
+    let mut log = Vec::new();
+    let ms = |n: i64| t0 + TimeDelta::milliseconds(n);
+    let token = db.take_ownership("conformance").await.unwrap();
+    assert_eq!(token, 1);
+    let (owner_token, holder) = db.owner().await.unwrap();
+    assert_eq!((owner_token, holder.as_str()), (1, "conformance"));
+
+    // Five jobs in two buckets and three lanes, in each interesting state.
+    let a = job(1, "b1", "https://a.example/hook?x=1", ms(0));
+    let b = job(2, "b1", "https://a.example/hook#frag", ms(1));
+    let c = job(3, "b2", "https://b.example/other", ms(2));
+    let d = job(4, "b2", "https://b.example/other", ms(3));
+    let e = job(5, "b2", "https://c.example/x", ms(4));
+    let jobs = [a.clone(), b.clone(), c.clone(), d.clone(), e.clone()];
+    let mut rows = Vec::new();
+    for (i, j) in jobs.iter().enumerate() {
+        rows.push((i as u64 + 1, row(j, State::AwaitingScheduling, 0, ms(10))));
+    }
+    db.append(token, &jobs, &rows).await.unwrap();
+    let retry_at = ms(60_000);
+    let more = vec![
+        (10, row(&a, State::Executing, 1, ms(100))),
+        (
+            11,
+            attempt(row(&a, State::Succeeded, 1, ms(150)), 200, 50, None),
+        ),
+        (12, row(&b, State::Executing, 1, ms(100))),
+        (
+            13,
+            Transition {
+                retry_at: Some(retry_at),
+                ..attempt(
+                    row(&b, State::AwaitingRetry, 1, ms(400)),
+                    500,
+                    300,
+                    Some("server-error"),
+                )
+            },
+        ),
+        (14, row(&c, State::Executing, 1, ms(100))),
+        (
+            15,
+            attempt(
+                row(&c, State::Discarded, 1, ms(2100)),
+                400,
+                2000,
+                Some("client-error"),
+            ),
+        ),
+        (16, row(&d, State::Executing, 1, ms(200))),
+    ];
+    db.append(token, &[], &more).await.unwrap();
+    assert!(db.transition_exists(b.id, 13).await.unwrap());
+    assert!(!db.transition_exists(b.id, 14).await.unwrap());
+    assert_eq!(db.max_transition_id().await.unwrap(), 16);
+    assert_eq!(db.count_jobs().await.unwrap(), 5);
+    assert_eq!(
+        db.count_transitions_into(State::Executing).await.unwrap(),
+        4
+    );
+
+    let counts = db.count_by_state().await.unwrap();
+    let expected: HashMap<State, u64> = [
+        (State::Succeeded, 1),
+        (State::AwaitingRetry, 1),
+        (State::Discarded, 1),
+        (State::Executing, 1),
+        (State::AwaitingScheduling, 1),
+    ]
+    .into();
+    assert_eq!(counts, expected);
+    log.push(format!("{:?}", sorted(counts)));
+
+    // Reads of jobs and histories give back exactly what was written.
+    let got = db.get_jobs(&[a.id, e.id]).await.unwrap();
+    assert_eq!(got.len(), 2);
+    assert_eq!(got.iter().find(|j| j.id == a.id).unwrap(), &*a);
+    let history = db.get_transitions(b.id).await.unwrap();
+    assert_eq!(
+        history.iter().map(|(id, _)| *id).collect::<Vec<_>>(),
+        vec![2, 12, 13]
+    );
+    assert_eq!(history[2].1, more[3].1);
+    log.push(format!("{history:?}"));
+    let all = db.all_transitions().await.unwrap();
+    assert_eq!(all.len(), 12);
+    log.push(format!("{all:?}"));
+    let histories = db.histories_of(&[b.id, c.id]).await.unwrap();
+    assert_eq!(histories[&c.id].len(), 3);
+    let latest = db.latest_of(&[a.id, d.id]).await.unwrap();
+    assert_eq!(latest[&a.id].state, State::Succeeded);
+    assert_eq!(latest[&d.id].state, State::Executing);
+    assert_eq!(
+        db.existing_jobs(&[a.id, JobId::from_bytes([9; 16])])
+            .await
+            .unwrap(),
+        [a.id].into()
+    );
+
+    // What a new owner loads: unfinished jobs, stranded attempts, the backlog by pages.
+    let unfinished = db.load_unfinished().await.unwrap();
+    assert_eq!(
+        unfinished.iter().map(|(j, _)| j.id).collect::<Vec<_>>(),
+        vec![b.id, d.id, e.id]
+    );
+    assert_eq!(unfinished[0].0.payload, b.payload, "payloads included");
+    assert_eq!(db.unfinished_count().await.unwrap(), 3);
+    let stranded = db.load_stranded().await.unwrap();
+    assert_eq!(
+        stranded,
+        vec![(
+            d.id,
+            Progress {
+                state: State::Executing,
+                attempts: 1,
+                retry_at: None
+            }
+        )]
+    );
+    // Due now: only e (never tried); b's retry is a minute ahead.
+    let page = db.backlog_page(None, ms(1000), 100, 10).await.unwrap();
+    assert_eq!(
+        page.iter().map(|(j, _)| j.id).collect::<Vec<_>>(),
+        vec![e.id]
+    );
+    assert!(page[0].0.payload.is_empty(), "pages carry no payload");
+    // Due later: b too, in id order, and the cursor and the limit page through them.
+    let page = db.backlog_page(None, retry_at, 100, 1).await.unwrap();
+    assert_eq!(
+        page.iter().map(|(j, _)| j.id).collect::<Vec<_>>(),
+        vec![b.id]
+    );
+    assert_eq!(page[0].1.retry_at, Some(retry_at));
+    let page = db
+        .backlog_page(Some(b.id), retry_at, 100, 10)
+        .await
+        .unwrap();
+    assert_eq!(
+        page.iter().map(|(j, _)| j.id).collect::<Vec<_>>(),
+        vec![e.id]
+    );
+    // Rows written at or after `before_row` are not the backlog's.
+    let page = db.backlog_page(None, retry_at, 13, 10).await.unwrap();
+    assert_eq!(
+        page.iter().map(|(j, _)| j.id).collect::<Vec<_>>(),
+        vec![e.id]
+    );
+
+    // Operator commands: appended with plain SQL (the same statement on both engines).
+    assert!(db.commands_after(0).await.unwrap().is_empty());
+    operator_sql(
+        db,
+        "INSERT INTO operator_commands (issued_by, action, endpoint_prefix, reason) \
+         VALUES ('ops', 'expedite', 'https://a.example/', 'outage over')",
+    )
+    .await;
+    let commands = db.commands_after(0).await.unwrap();
+    assert_eq!(commands.len(), 1);
+    let command = &commands[0];
+    assert_eq!(command.issued_by, "ops");
+    assert_eq!(
+        command.endpoint_prefix.as_deref(),
+        Some("https://a.example/")
+    );
+    let targets = db.command_targets(command.id, 100).await.unwrap();
+    assert_eq!(
+        targets.iter().map(|(id, _)| *id).collect::<Vec<_>>(),
+        vec![b.id]
+    );
+    assert_eq!(db.last_applied_command().await.unwrap(), 0);
+    db.record_command_result(command.id, "conformance", 1)
+        .await
+        .unwrap();
+    db.record_command_result(command.id, "again", 5)
+        .await
+        .unwrap();
+    assert_eq!(db.last_applied_command().await.unwrap(), command.id);
+    log.push(format!("{:?} {:?}", command.action, targets));
+
+    // Lifecycle: imports with origins, planned moves, archive batches.
+    let f = job(6, "b3", "https://c.example/x", ms(5));
+    let origin = Origin {
+        job_id: f.id,
+        from_jobdb: "old_jobdb".into(),
+        imported_at: ms(500),
+    };
+    db.append_with_origins(
+        token,
+        std::slice::from_ref(&f),
+        &[(17, row(&f, State::AwaitingScheduling, 0, ms(500)))],
+        &[origin.clone(), origin.clone()],
+    )
+    .await
+    .unwrap();
+    assert_eq!(
+        db.origin_of(f.id).await.unwrap().as_deref(),
+        Some("old_jobdb")
+    );
+    assert_eq!(db.origin_of(a.id).await.unwrap(), None);
+    let batch = ulid::Ulid::from_parts(1, 7);
+    db.plan_moves(token, batch, "live_jobdb", &[b.id, e.id])
+        .await
+        .unwrap();
+    let planned = db.planned_moves().await.unwrap();
+    assert_eq!(planned.len(), 1);
+    assert_eq!(planned[0].jobs, vec![b.id, e.id]);
+    assert_eq!(planned[0].to_jobdb, "live_jobdb");
+    db.append(token, &[], &[(18, row(&e, State::Moved, 0, ms(600)))])
+        .await
+        .unwrap();
+    assert_eq!(db.planned_moves().await.unwrap()[0].jobs, vec![b.id]);
+    assert_eq!(db.move_targets(&[e.id]).await.unwrap()[&e.id], "live_jobdb");
+
+    let history_batch = PlannedBatch {
+        batch: ulid::Ulid::from_parts(2, 9),
+        kind: BatchKind::History,
+        object_key: "conformance/history/2.ndjson.gz".into(),
+        jobs: vec![a.id, c.id],
+    };
+    db.plan_archive_batch(token, &history_batch).await.unwrap();
+    assert!(
+        db.plan_archive_batch(
+            token,
+            &PlannedBatch {
+                batch: ulid::Ulid::from_parts(3, 9),
+                ..history_batch.clone()
+            }
+        )
+        .await
+        .is_err(),
+        "a job is archived once per kind"
+    );
+    assert_eq!(
+        db.archive_batch(history_batch.batch).await.unwrap(),
+        Some(history_batch.clone())
+    );
+    assert_eq!(
+        db.archive_batches_of(BatchKind::History, &[c.id])
+            .await
+            .unwrap(),
+        vec![history_batch.clone()]
+    );
+    assert!(db
+        .archive_batches_of(BatchKind::Expired, &[c.id])
+        .await
+        .unwrap()
+        .is_empty());
+    assert_eq!(
+        db.without_archived_history().await.unwrap(),
+        vec![a.id, c.id, e.id]
+    );
+    db.confirm_archive_batch(token, history_batch.batch, &"ab".repeat(32), &[])
+        .await
+        .unwrap();
+    db.confirm_archive_batch(token, history_batch.batch, &"ab".repeat(32), &[])
+        .await
+        .unwrap();
+    assert_eq!(db.without_archived_history().await.unwrap(), vec![e.id]);
+
+    // Replay's reader: ended jobs by filter, with payloads.
+    let filter = EndedFilter {
+        discarded: true,
+        archived: true,
+        endpoint_prefix: Some("https://b.".into()),
+        ..Default::default()
+    };
+    let ended = db.ended_jobs(&filter, None, 10).await.unwrap();
+    assert_eq!(ended.len(), 1);
+    assert_eq!((ended[0].0.id, ended[0].1), (c.id, State::Discarded));
+    assert_eq!(ended[0].0.payload, c.payload);
+    let none = EndedFilter {
+        bucket: Some("b1".into()),
+        ..filter.clone()
+    };
+    assert!(db.ended_jobs(&none, None, 10).await.unwrap().is_empty());
+
+    // The dashboard's reads.
+    let slots = db.transitions_per_slot(t0, 1).await.unwrap();
+    let slotted: u64 = slots.iter().map(|s| s.count).sum();
+    assert_eq!(slotted, 14, "every row since t0: {slots:?}");
+    assert!(slots
+        .iter()
+        .any(|s| s.slot == 2 && s.state == State::Discarded && s.count == 1));
+    log.push(format!("{:?}", sorted_debug(&slots)));
+    let backlog = db.lane_backlog().await.unwrap();
+    let lanes: Vec<_> = sorted_debug(&backlog);
+    assert!(backlog
+        .iter()
+        .any(|l| l.lane == "https://a.example/hook" && l.state == State::AwaitingRetry));
+    log.push(format!("{lanes:?}"));
+    let attempts = db.lane_attempts(t0).await.unwrap();
+    let total: u64 = attempts.iter().map(|a| a.attempts).sum();
+    assert_eq!(total, 3);
+    for a in &attempts {
+        let expect = match a.state {
+            State::Succeeded => 50,
+            State::AwaitingRetry => 300,
+            _ => 2000,
+        };
+        let back = spindle::jobdb::stats::latency_ms(a.latency_key);
+        assert!((back - f64::from(expect)).abs() / f64::from(expect) < 0.05);
+    }
+    log.push(format!("{:?}", sorted_debug(&attempts)));
+    let lane_slots = db.lane_slots(t0, 1).await.unwrap();
+    assert_eq!(
+        lane_slots.iter().map(|s| s.succeeded).sum::<u64>(),
+        1,
+        "{lane_slots:?}"
+    );
+    assert_eq!(lane_slots.iter().map(|s| s.failed).sum::<u64>(), 2);
+    log.push(format!("{:?}", sorted_debug(&lane_slots)));
+    let errors = db.lane_errors(t0).await.unwrap();
+    assert_eq!(errors.len(), 2);
+    assert!(errors
+        .iter()
+        .any(|e| e.error_type == "client-error" && e.response_status == Some(400)));
+    log.push(format!("{:?}", sorted_debug(&errors)));
+    assert_eq!(db.succeeded_by_attempts().await.unwrap(), vec![(1, 1)]);
+    assert_eq!(
+        db.jobs_with_idempotency_key("key-2", 10).await.unwrap(),
+        vec![b.id]
+    );
+    let summaries = db.job_summaries(&[c.id, a.id]).await.unwrap();
+    assert_eq!(summaries.len(), 2);
+    assert_eq!(summaries[0].job.id, a.id);
+    assert_eq!(summaries[0].payload_bytes, a.payload.len() as u64);
+    assert!(summaries[0].job.payload.is_empty());
+    log.push(format!("{summaries:?}"));
+    let record = db.owner_record().await.unwrap();
+    assert_eq!(
+        (record.fencing_token, record.holder.as_str()),
+        (1, "conformance")
+    );
+    assert!(record.acquired_at.is_some());
+    let created = db.created_at().await.unwrap().expect("migrated");
+    assert!((Utc::now() - created).num_seconds().abs() < 3600);
+    let size = db.size().await.unwrap();
+    assert!(size.bytes > 0 && db.data_bytes().await.unwrap() > 0);
+
+    // A reader of the same release opens it without migrating; the purge empties it.
+    let reader = JobDb::open_reader(db.url(), 1).await.unwrap();
+    assert_eq!(reader.count_jobs().await.unwrap(), 6);
+    reader.close().await;
+    assert_eq!(db.delete_all_in_chunks(4).await.unwrap(), 6 + 14);
+    assert_eq!(db.count_jobs().await.unwrap(), 0);
+    log
+}
+
+fn sorted<K: std::fmt::Debug, V: std::fmt::Debug>(map: HashMap<K, V>) -> Vec<String> {
+    let mut out: Vec<String> = map.iter().map(|e| format!("{e:?}")).collect();
+    out.sort();
+    out
+}
+
+fn sorted_debug<T: std::fmt::Debug>(items: &[T]) -> Vec<String> {
+    let mut out: Vec<String> = items.iter().map(|e| format!("{e:?}")).collect();
+    out.sort();
+    out
+}
+
+/// Whole milliseconds (both engines keep microseconds; this keeps sums exact too).
+fn base_time() -> DateTime<Utc> {
+    (Utc::now() - TimeDelta::minutes(10))
+        .duration_trunc(TimeDelta::seconds(1))
+        .unwrap()
+}
+
+async fn every_store_operation_behaves_as_specified(engine: Engine) {
+    let test = TestDb::on(engine, "conform");
+    let db = JobDb::open(&test.url, true, 2).await.unwrap();
+    scenario(&db, base_time()).await;
+    db.close().await;
+}
+
+async fn fencing_refuses_a_stale_owner(engine: Engine) {
+    let test = TestDb::on(engine, "fence");
+    let db = JobDb::open(&test.url, true, 2).await.unwrap();
+    let first = db.take_ownership("one").await.unwrap();
+    let j = job(1, "b", "https://x.example/", Utc::now());
+    db.append(
+        first,
+        std::slice::from_ref(&j),
+        &[(1, row(&j, State::AwaitingScheduling, 0, Utc::now()))],
+    )
+    .await
+    .unwrap();
+    // An external lock's token: higher wins, lower or equal is refused.
+    assert_eq!(
+        db.take_ownership_at(100, "two", Duration::from_secs(1))
+            .await
+            .unwrap(),
+        100
+    );
+    match db
+        .take_ownership_at(50, "old", Duration::from_secs(1))
+        .await
+    {
+        Err(JobDbError::Fenced { ours, current }) => assert_eq!((ours, current), (50, 100)),
+        other => panic!("expected fenced, got {other:?}"),
+    }
+    let k = job(2, "b", "https://x.example/", Utc::now());
+    match db
+        .append(
+            first,
+            std::slice::from_ref(&k),
+            &[(2, row(&k, State::AwaitingScheduling, 0, Utc::now()))],
+        )
+        .await
+    {
+        Err(JobDbError::Fenced { ours, current }) => assert_eq!((ours, current), (first, 100)),
+        other => panic!("a stale owner wrote: {other:?}"),
+    }
+    assert_eq!(
+        db.count_jobs().await.unwrap(),
+        1,
+        "nothing of the stale write stored"
+    );
+    db.append(
+        100,
+        std::slice::from_ref(&k),
+        &[(2, row(&k, State::AwaitingScheduling, 0, Utc::now()))],
+    )
+    .await
+    .unwrap();
+    assert_eq!(db.count_jobs().await.unwrap(), 2);
+    assert_eq!(db.owner().await.unwrap(), (100, "two".to_owned()));
+    db.close().await;
+}
+
+async fn a_jobdb_is_created_listed_locked_and_dropped(engine: Engine) {
+    let test = TestDb::on(engine, "life");
+    jobdb::create_database(&test.url).await.unwrap();
+    let db = JobDb::open(&test.url, false, 1).await.unwrap();
+    // Listed by a LIKE pattern on its server (or in its directory).
+    let pattern = format!("{}%", &test.url.database[..test.url.database.len() - 4]);
+    assert_eq!(
+        db.databases_like(&pattern).await.unwrap(),
+        vec![test.url.database.clone()]
+    );
+    // One lock holder at a time, and the lock frees when released.
+    let lock = ServerLock::try_acquire(&test.url).await.unwrap();
+    assert!(matches!(
+        ServerLock::try_acquire(&test.url).await,
+        Err(JobDbError::Held(_))
+    ));
+    lock.release().await.unwrap();
+    let mut again = ServerLock::try_acquire(&test.url).await.unwrap();
+    again.check(Duration::from_secs(1)).await.unwrap();
+    again.release().await.unwrap();
+    db.close().await;
+    jobdb::probe(&test.url).await.unwrap();
+    jobdb::drop_database(&test.url).await.unwrap();
+    assert!(jobdb::probe(&test.url).await.is_err(), "dropped");
+    jobdb::drop_database(&test.url).await.unwrap();
+}
+
+/// The same scenario on both engines answers the same.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn both_engines_answer_alike() {
+    let t0 = base_time();
+    let mut transcripts = Vec::new();
+    for engine in [Engine::MySql, Engine::Sqlite] {
+        let test = TestDb::on(engine, "alike");
+        let db = JobDb::open(&test.url, true, 2).await.unwrap();
+        transcripts.push(scenario(&db, t0).await);
+        db.close().await;
+    }
+    assert_eq!(transcripts[0].len(), transcripts[1].len());
+    for (mysql, sqlite) in transcripts[0].iter().zip(&transcripts[1]) {
+        assert_eq!(mysql, sqlite);
+    }
+}
