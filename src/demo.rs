@@ -120,6 +120,10 @@ pub async fn run(args: DemoArgs) -> anyhow::Result<()> {
         url.database
     );
     println!("Submit your own:        curl -s {base}/v1/jobs -H 'content-type: application/json' -d '{{\"jobs\":[{{\"bucket\":\"me\",\"endpoint\":\"{}\",\"payload\":{{\"hello\":\"world\"}}}}]}}'", sink.url("/ok"));
+    println!(
+        "Or with the CLI:        spindle submit --url {base} --bucket me --endpoint {} --payload '{{\"hello\":\"world\"}}'",
+        sink.url("/ok")
+    );
     if !args.exit {
         println!("\nThe director keeps running; Ctrl-C stops it.");
         crate::shutdown_signal().await;

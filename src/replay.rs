@@ -72,8 +72,8 @@ pub enum ReplayError {
     /// Reading the archive failed.
     #[error(transparent)]
     Archive(#[from] ArchiveError),
-    /// The API could not be reached, or did not answer in time (`--to` given as the client
-    /// sees it); jobs of earlier batches were submitted.
+    /// The API could not be reached, did not answer, or answered something unreadable; jobs of
+    /// earlier batches were submitted.
     #[error("submitting to {to}: {source}")]
     Transport {
         /// The API.

@@ -109,7 +109,8 @@ pub struct SubmitArgs {
         help_heading = "One job"
     )]
     pub expire_at: Option<DateTime<Utc>>,
-    /// Jobs per request (1 to 1000); each request is stored atomically.
+    /// Jobs per request (1 to 1000; fewer when their lines pass 16 MiB); each request is stored
+    /// atomically.
     #[arg(long, default_value_t = 500, value_parser = clap::value_parser!(u16).range(1..=MAX_JOBS_PER_REQUEST as i64))]
     pub batch: u16,
     /// Deadline of one request in ms (through a router: above its pending wait plus forward
@@ -121,10 +122,35 @@ pub struct SubmitArgs {
     pub quiet: bool,
 }
 
-/// One job to send, with the input line it came from (none for a job from options).
+/// Most bytes of jobs in one request (as their input lines count them): half the Director's
+/// default `--max-request-bytes`, so batches of large payloads are split before a 413.
+const MAX_BATCH_BYTES: usize = 16 * 1024 * 1024;
+
+/// One job to send, with the input line it came from (none for a job from options) and the
+/// size of its JSON.
 struct Input {
     line: Option<usize>,
+    bytes: usize,
     job: NewJob,
+}
+
+/// `inputs` cut into batches of at most `max_jobs` jobs and (unless one job alone is larger)
+/// [`MAX_BATCH_BYTES`].
+fn batches(inputs: &[Input], max_jobs: usize) -> Vec<&[Input]> {
+    let mut out = Vec::new();
+    let (mut start, mut bytes) = (0, 0);
+    for (i, input) in inputs.iter().enumerate() {
+        let full = i - start >= max_jobs || bytes + input.bytes > MAX_BATCH_BYTES;
+        if full && i > start {
+            out.push(&inputs[start..i]);
+            (start, bytes) = (i, 0);
+        }
+        bytes += input.bytes;
+    }
+    if start < inputs.len() {
+        out.push(&inputs[start..]);
+    }
+    out
 }
 
 /// Counts of what became of the jobs.
@@ -146,7 +172,7 @@ pub async fn run(args: SubmitArgs) -> anyhow::Result<()> {
     let mut out = std::io::stdout().lock();
     let mut tally = Tally::default();
     let mut sent = 0;
-    for batch in inputs.chunks(usize::from(args.batch)) {
+    for batch in batches(&inputs, usize::from(args.batch)) {
         let jobs: Vec<NewJob> = batch.iter().map(|input| input.job.clone()).collect();
         let reply = match client.submit(&jobs).await {
             Ok(reply) => reply,
@@ -215,6 +241,7 @@ async fn read_inputs(args: &SubmitArgs) -> anyhow::Result<Vec<Input>> {
         None if one_job => {
             return Ok(vec![Input {
                 line: None,
+                bytes: 0,
                 job: job_from_options(args)?,
             }])
         }
@@ -265,7 +292,11 @@ fn parse_ndjson(text: &[u8]) -> Result<Vec<Input>, String> {
             .map_err(|e| format!("line {n}: not UTF-8 (byte {})", e.valid_up_to() + 1))?;
         let job = parse_job(line).map_err(|e| format!("line {n}{e}"))?;
         check_job(job.clone(), &limits, now).map_err(|e| format!("line {n}{}", field_error(&e)))?;
-        inputs.push(Input { line: Some(n), job });
+        inputs.push(Input {
+            line: Some(n),
+            bytes: line.len(),
+            job,
+        });
     }
     Ok(inputs)
 }
@@ -408,6 +439,27 @@ mod tests {
         let lines: Vec<_> = inputs.iter().map(|i| i.line).collect();
         assert_eq!(lines, vec![Some(1), Some(4)]);
         assert_eq!(inputs[1].job.payload.as_ref().unwrap().get(), "{\"a\":[1]}");
+    }
+
+    #[test]
+    fn batches_are_bounded_by_jobs_and_bytes() {
+        let input = |bytes| Input {
+            line: None,
+            bytes,
+            job: NewJob::new("b", "http://x/"),
+        };
+        let sizes = |inputs: &[Input], max| -> Vec<usize> {
+            batches(inputs, max).iter().map(|b| b.len()).collect()
+        };
+        let small: Vec<Input> = (0..5).map(|_| input(10)).collect();
+        assert_eq!(sizes(&small, 2), vec![2, 2, 1]);
+        assert_eq!(sizes(&small, 500), vec![5]);
+        let big = MAX_BATCH_BYTES / 2;
+        let large: Vec<Input> = [big, big, 1, MAX_BATCH_BYTES * 2, 1]
+            .into_iter()
+            .map(input)
+            .collect();
+        assert_eq!(sizes(&large, 500), vec![2, 1, 1, 1]);
     }
 
     #[test]

@@ -313,8 +313,7 @@ async fn the_client_submits_looks_up_and_maps_errors() {
     let e = api
         .submit_encoded(
             json!({"jobs": [{"bucket": "c1", "endpoint": "http://x/", "ttl_ms": "soon"}]})
-                .to_string()
-                .into(),
+                .to_string(),
         )
         .await
         .unwrap_err();
@@ -329,7 +328,7 @@ async fn the_client_submits_looks_up_and_maps_errors() {
         "{e}"
     );
     let e = api
-        .submit_encoded(r#"{"jobs": [{"bucket": "c1"}]}"#.into())
+        .submit_encoded(r#"{"jobs": [{"bucket": "c1"}]}"#)
         .await
         .unwrap_err();
     assert_eq!(e.status(), Some(400));

@@ -175,13 +175,13 @@ impl Client {
 
     /// `POST /v1/jobs` with a body already encoded as a [`crate::SubmitRequest`] (`{"jobs":
     /// [...]}`): for producers that keep encoded batches, like `spindle bench`.
-    pub async fn submit_encoded(&self, body: Bytes) -> Result<SubmitReply, Error> {
+    pub async fn submit_encoded(&self, body: impl Into<Bytes>) -> Result<SubmitReply, Error> {
         let url = self.url(&["v1", "jobs"]);
         let request = self
             .http
             .post(url.clone())
             .header(CONTENT_TYPE, "application/json")
-            .body(body);
+            .body(body.into());
         read_json(self.send(request, &url).await?, &url).await
     }
 

@@ -45,6 +45,8 @@
 //! # }
 //! ```
 
+#![warn(missing_docs)]
+
 pub mod api;
 mod client;
 mod error;
