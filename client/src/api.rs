@@ -598,6 +598,14 @@ mod tests {
     }
 
     #[test]
+    fn jobs_convert_from_json_values() {
+        let value =
+            serde_json::json!({"bucket": "b", "endpoint": "http://x", "payload": {"a": [1, 2]}});
+        let job: NewJob = serde_json::from_value(value).unwrap();
+        assert_eq!(job.payload.unwrap().get(), r#"{"a":[1,2]}"#);
+    }
+
+    #[test]
     fn whole_numbers_are_integers_and_unknown_fields_are_refused() {
         let job: NewJob = serde_json::from_str(
             r#"{"bucket":"b","endpoint":"http://x","ttl_ms":176.0,"execution_timeout_ms":null}"#,
