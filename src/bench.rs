@@ -104,10 +104,12 @@ pub async fn run(args: BenchArgs) -> anyhow::Result<()> {
         .context("starting the director")?;
     let pid = child.id().context("director pid")?;
     let base = format!("http://127.0.0.1:{port}");
-    let client = reqwest::Client::builder()
+    // No deadline on a request: the bench measures how long they take.
+    let client = spindle_client::Client::builder(&base)
         .pool_max_idle_per_host(args.concurrency)
+        .no_timeout()
         .build()?;
-    wait_ready(&client, &base).await?;
+    wait_ready(&client).await?;
 
     let payload = "x".repeat(args.payload_bytes.saturating_sub(12));
     let batches = args.jobs.div_ceil(args.batch);
@@ -128,12 +130,7 @@ pub async fn run(args: BenchArgs) -> anyhow::Result<()> {
     let started = Instant::now();
     let mut producers = Vec::new();
     for _ in 0..args.concurrency {
-        let (client, bodies, next, url) = (
-            client.clone(),
-            bodies.clone(),
-            next.clone(),
-            format!("{base}/v1/jobs"),
-        );
+        let (client, bodies, next) = (client.clone(), bodies.clone(), next.clone());
         producers.push(tokio::spawn(async move {
             let mut latencies = Vec::new();
             loop {
@@ -142,18 +139,11 @@ pub async fn run(args: BenchArgs) -> anyhow::Result<()> {
                     return Ok::<_, anyhow::Error>(latencies);
                 }
                 let t = Instant::now();
-                let response = client
-                    .post(&url)
-                    .header("content-type", "application/json")
-                    .body(bodies[i].clone())
-                    .send()
-                    .await?;
-                anyhow::ensure!(
-                    response.status().is_success(),
-                    "submit answered {}",
-                    response.status()
-                );
-                response.bytes().await?;
+                // Bodies are encoded ahead, so the producers' JSON work is not measured.
+                client
+                    .submit_encoded(bodies[i].clone())
+                    .await
+                    .context("submit")?;
                 latencies.push(t.elapsed());
             }
         }));
@@ -237,13 +227,11 @@ fn free_port() -> std::io::Result<u16> {
         .port())
 }
 
-async fn wait_ready(client: &reqwest::Client, base: &str) -> anyhow::Result<()> {
+async fn wait_ready(client: &spindle_client::Client) -> anyhow::Result<()> {
     let deadline = Instant::now() + Duration::from_secs(60);
     loop {
-        if let Ok(r) = client.get(format!("{base}/readyz")).send().await {
-            if r.status().is_success() {
-                return Ok(());
-            }
+        if let Ok(true) = client.ready().await {
+            return Ok(());
         }
         anyhow::ensure!(Instant::now() < deadline, "director not ready within 60 s");
         tokio::time::sleep(Duration::from_millis(50)).await;

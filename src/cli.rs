@@ -65,6 +65,11 @@ pub enum Command {
     /// Jobs, over the RPC API of a Director or a router (which asks every Director).
     #[command(subcommand)]
     Jobs(JobsCommand),
+    /// Submit jobs to a Director or a router: one from options (--bucket, --endpoint,
+    /// --payload, -H, ...), or many as NDJSON from --file or stdin, one job object per line as
+    /// `POST /v1/jobs` takes it (all lines are checked before anything is sent). Prints each
+    /// job's id and status as NDJSON.
+    Submit(Box<crate::submit::SubmitArgs>),
     /// Re-submit jobs that ended discarded or archived, from a JobDB or from the S3 archive,
     /// as new jobs linked to the originals (idempotency key `replay-of:<id>`, header
     /// `spindle-replay-of`), selected by bucket, endpoint and creation time.
@@ -1157,6 +1162,7 @@ pub async fn run(cli: Cli) -> anyhow::Result<()> {
             token,
             json,
         }) => show_job(&id, &api, token.as_deref(), json).await?,
+        Command::Submit(args) => crate::submit::run(*args).await?,
         Command::Dashboard(args) => {
             let dashboard = crate::dashboard::serve(args.to_config()?).await?;
             println!("dashboard at http://{}/", dashboard.addr());

@@ -8,11 +8,11 @@ use std::time::Duration;
 use anyhow::Context;
 use clap::Args;
 use serde_json::json;
+use spindle_client::NewJob;
 
 use crate::director::{self, DirectorConfig};
 use crate::job::State;
 use crate::jobdb::{self, JobDb, JobDbUrl};
-use crate::rpc::api::SubmitResponse;
 use crate::sink::Sink;
 
 /// Options of `spindle demo`.
@@ -58,30 +58,22 @@ pub async fn run(args: DemoArgs) -> anyhow::Result<()> {
         ("/status/400", 10, "400: discarded"),
         ("/redirect/301", 5, "301: not followed, discarded"),
     ];
-    let client = reqwest::Client::new();
+    let client = spindle_client::Client::new(&base, None)?;
     let mut sample = HashMap::new();
     let mut total = 0;
     for (path, count, what) in mix {
-        let jobs: Vec<_> = (0..count)
+        let jobs = (0..count)
             .map(|i| {
-                json!({
-                    "bucket": format!("demo-tenant-{}", i % 3),
-                    "endpoint": sink.url(path),
-                    "payload": {"event": "demo", "n": i},
-                    "backoff_min_delay_ms": 300,
-                    "execution_timeout_ms": 2000
+                Ok(NewJob {
+                    backoff_min_delay_ms: Some(300),
+                    execution_timeout_ms: Some(2000),
+                    ..NewJob::new(format!("demo-tenant-{}", i % 3), sink.url(path))
+                        .with_payload(&json!({"event": "demo", "n": i}))?
                 })
             })
-            .collect();
+            .collect::<Result<Vec<_>, serde_json::Error>>()?;
         for chunk in jobs.chunks(500) {
-            let reply: SubmitResponse = client
-                .post(format!("{base}/v1/jobs"))
-                .json(&json!({ "jobs": chunk }))
-                .send()
-                .await?
-                .error_for_status()?
-                .json()
-                .await?;
+            let reply = client.submit(chunk).await?;
             sample
                 .entry(path)
                 .or_insert_with(|| reply.jobs[0].id.clone());
@@ -128,6 +120,10 @@ pub async fn run(args: DemoArgs) -> anyhow::Result<()> {
         url.database
     );
     println!("Submit your own:        curl -s {base}/v1/jobs -H 'content-type: application/json' -d '{{\"jobs\":[{{\"bucket\":\"me\",\"endpoint\":\"{}\",\"payload\":{{\"hello\":\"world\"}}}}]}}'", sink.url("/ok"));
+    println!(
+        "Or with the CLI:        spindle submit --url {base} --bucket me --endpoint {} --payload '{{\"hello\":\"world\"}}'",
+        sink.url("/ok")
+    );
     if !args.exit {
         println!("\nThe director keeps running; Ctrl-C stops it.");
         crate::shutdown_signal().await;

@@ -40,7 +40,7 @@ use crate::registry::consul::ConsulClient;
 use crate::registry::inventory::{Inventory, JobDbState, Listed};
 use crate::registry::lease::{consul_lock, Lease, LockTiming};
 use crate::registry::RegistryError;
-use crate::rpc::import::{ImportJob, ImportRequest, ImportResponse, MAX_IMPORT_JOBS};
+use crate::rpc::import::{import_job, ImportRequest, ImportResponse, MAX_IMPORT_JOBS};
 
 /// Errors of a drain.
 #[derive(Debug, thiserror::Error)]
@@ -522,7 +522,7 @@ impl Drain {
                 .iter()
                 .map(|job| {
                     let last = latest.get(&job.id);
-                    ImportJob::new(
+                    import_job(
                         job,
                         last.map_or(0, |t| t.attempts),
                         last.and_then(|t| t.retry_at).unwrap_or(now),
@@ -530,20 +530,15 @@ impl Drain {
                 })
                 .collect(),
         };
-        let mut call = self.http.post(format!("{base}/v1/import")).json(&request);
-        if let Some(token) = &self.config.import_token {
-            call = call.bearer_auth(token);
-        }
-        let response = call.send().await.map_err(|e| e.to_string())?;
-        let status = response.status();
-        if !status.is_success() {
-            let body = response.text().await.unwrap_or_default();
-            return Err(format!(
-                "{status}: {}",
-                body.chars().take(300).collect::<String>()
-            ));
-        }
-        response.json().await.map_err(|e| e.to_string())
+        spindle_client::Client::from_reqwest(
+            self.http.clone(),
+            base,
+            self.config.import_token.clone(),
+        )
+        .map_err(|e| e.to_string())?
+        .import(&request)
+        .await
+        .map_err(|e| e.to_string())
     }
 
     async fn record_moved(&self, o: &Owned, ids: &[JobId]) -> Result<(), DrainerError> {

@@ -24,6 +24,8 @@
 //! - [`sink`]: a recording HTTP endpoint for demos, benchmarks and tests.
 //! - [`cli`]: the `spindle` command line (`director`, `dashboard`, `demo`, `bench`, `sink`, ...).
 //! - [`bench`] and [`demo`]: the `spindle bench` and `spindle demo` subcommands.
+//! - [`submit`]: `spindle submit`, jobs from options, a file or stdin, through the
+//!   `spindle-client` crate (the typed client whose wire types [`rpc::api`] re-exports).
 //!
 //! The `manager/` and `drainer/` crates hold the JobDB manager and drainer binaries.
 
@@ -44,6 +46,7 @@ pub mod replay;
 pub mod router;
 pub mod rpc;
 pub mod sink;
+pub mod submit;
 
 /// Resolves on SIGINT or SIGTERM: how every long-running subcommand learns to stop.
 pub async fn shutdown_signal() {

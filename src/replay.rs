@@ -9,8 +9,7 @@
 
 use std::collections::BTreeMap;
 
-use base64::Engine;
-use serde_json::json;
+use spindle_client::NewJob;
 
 use crate::archive::{Archive, ArchiveError, BatchKind};
 use crate::job::{Job, JobId, State};
@@ -73,22 +72,39 @@ pub enum ReplayError {
     /// Reading the archive failed.
     #[error(transparent)]
     Archive(#[from] ArchiveError),
-    /// The API could not be reached.
+    /// The API could not be reached, did not answer, or answered something unreadable; jobs of
+    /// earlier batches were submitted.
     #[error("submitting to {to}: {source}")]
     Transport {
         /// The API.
         to: String,
         /// What failed.
-        source: reqwest::Error,
+        source: spindle_client::Error,
     },
     /// The API refused a batch; jobs before it were submitted.
     #[error("the api answered {status}: {body}")]
     Refused {
         /// Its status.
         status: u16,
-        /// Its answer.
+        /// Its error message.
         body: String,
     },
+}
+
+impl ReplayError {
+    /// A failed submission to `to`: refused by the API, or not answered.
+    fn submitting(to: &str, error: spindle_client::Error) -> Self {
+        match error {
+            spindle_client::Error::Api(answer) => ReplayError::Refused {
+                status: answer.status,
+                body: answer.message,
+            },
+            source => ReplayError::Transport {
+                to: to.to_owned(),
+                source,
+            },
+        }
+    }
 }
 
 /// Selects the ended jobs and submits them as new jobs, a batch at a time.
@@ -96,7 +112,12 @@ pub async fn replay(
     source: &ReplaySource,
     options: &ReplayOptions,
 ) -> Result<ReplayReport, ReplayError> {
-    let client = reqwest::Client::new();
+    // No deadline on a batch (a router may wait for pending claims and resolve forwards).
+    let client = spindle_client::Client::builder(&options.to)
+        .token(options.token.clone())
+        .no_timeout()
+        .build()
+        .map_err(|e| ReplayError::submitting(&options.to, e))?;
     let mut report = ReplayReport::default();
     let mut pending: Vec<Job> = Vec::new();
     match source {
@@ -156,33 +177,25 @@ pub async fn replay(
 }
 
 /// The new job for `original`, as `POST /v1/jobs` takes it.
-pub fn new_job(original: &Job, ttl_ms: Option<u64>) -> serde_json::Value {
-    let mut headers: BTreeMap<&str, &str> = original
-        .headers
-        .iter()
-        .map(|(k, v)| (k.as_str(), v.as_str()))
-        .collect();
+pub fn new_job(original: &Job, ttl_ms: Option<u64>) -> NewJob {
+    let mut headers: BTreeMap<String, String> = original.headers.iter().cloned().collect();
     let original_id = original.id.to_string();
-    headers.insert(REPLAY_HEADER, &original_id);
-    let mut job = json!({
-        "bucket": &*original.bucket,
-        "endpoint": &*original.endpoint,
-        "method": &*original.method,
-        "headers": headers,
-        "payload_base64": base64::engine::general_purpose::STANDARD.encode(&original.payload),
-        "execution_timeout_ms": original.execution_timeout.as_millis() as u64,
-        "backoff_min_delay_ms": original.retry.min_delay.as_millis() as u64,
-        "backoff_coefficient": original.retry.coefficient,
-        "idempotency_key": format!("replay-of:{original_id}"),
-    });
-    if let Some(ttl) = ttl_ms {
-        job["ttl_ms"] = json!(ttl);
+    headers.insert(REPLAY_HEADER.to_owned(), original_id.clone());
+    NewJob {
+        method: Some(original.method.to_string()),
+        headers: Some(headers),
+        execution_timeout_ms: Some(original.execution_timeout.as_millis() as u64),
+        backoff_min_delay_ms: Some(original.retry.min_delay.as_millis() as u64),
+        backoff_coefficient: Some(original.retry.coefficient),
+        idempotency_key: Some(format!("replay-of:{original_id}")),
+        ttl_ms,
+        ..NewJob::new(&*original.bucket, &*original.endpoint)
     }
-    job
+    .with_payload_bytes(&original.payload)
 }
 
 async fn submit(
-    client: &reqwest::Client,
+    client: &spindle_client::Client,
     options: &ReplayOptions,
     pending: &mut Vec<Job>,
     report: &mut ReplayReport,
@@ -191,31 +204,13 @@ async fn submit(
         pending.clear();
         return Ok(());
     }
-    let jobs: Vec<_> = pending.iter().map(|j| new_job(j, options.ttl_ms)).collect();
-    let mut request = client
-        .post(format!("{}/v1/jobs", options.to.trim_end_matches('/')))
-        .json(&json!({ "jobs": jobs }));
-    if let Some(token) = &options.token {
-        request = request.bearer_auth(token);
-    }
-    let transport = |source| ReplayError::Transport {
-        to: options.to.clone(),
-        source,
-    };
-    let response = request.send().await.map_err(transport)?;
-    let status = response.status();
-    if !status.is_success() {
-        return Err(ReplayError::Refused {
-            status: status.as_u16(),
-            body: response.text().await.unwrap_or_default(),
-        });
-    }
-    let answer: crate::rpc::api::SubmitResponse = response.json().await.map_err(transport)?;
+    let jobs: Vec<NewJob> = pending.iter().map(|j| new_job(j, options.ttl_ms)).collect();
+    let answer = client
+        .submit(&jobs)
+        .await
+        .map_err(|e| ReplayError::submitting(&options.to, e))?;
     for (original, accepted) in pending.drain(..).zip(answer.jobs) {
-        if matches!(
-            accepted.status,
-            crate::rpc::api::JobStatus::Accepted | crate::rpc::api::JobStatus::Duplicate
-        ) {
+        if accepted.status.is_stored() {
             report.submitted += 1;
             report.links.push((original.id, accepted.id));
         }

@@ -48,7 +48,7 @@ async fn tokens_gate_the_api_by_bucket() {
         .await
         .unwrap();
     assert_eq!(ok.status().as_u16(), 202);
-    let own: spindle::rpc::api::SubmitResponse = ok.json().await.unwrap();
+    let own: spindle::rpc::api::SubmitReply = ok.json().await.unwrap();
     // ...but a batch touching another bucket is refused whole, naming the field and the token's
     // name, never the token.
     let refused = post(
@@ -76,7 +76,7 @@ async fn tokens_gate_the_api_by_bucket() {
         .await
         .unwrap();
     assert_eq!(admin.status().as_u16(), 202);
-    let other: spindle::rpc::api::SubmitResponse = admin.json().await.unwrap();
+    let other: spindle::rpc::api::SubmitReply = admin.json().await.unwrap();
 
     // Reading a job needs a token whose scope covers its bucket.
     let get = |id: &str, token: Option<&str>| {

@@ -73,7 +73,7 @@ fn produce(
                     let reply = client.post(&url).json(&json!({ "jobs": jobs })).send().await;
                     match reply {
                         Ok(r) if r.status().as_u16() == 202 => {
-                            let body: spindle::rpc::api::SubmitResponse = r.json().await.expect("reply");
+                            let body: spindle::rpc::api::SubmitReply = r.json().await.expect("reply");
                             acked.lock().unwrap().extend(body.jobs.into_iter().map(|j| j.id));
                         }
                         _ => {

@@ -93,7 +93,7 @@ async fn mariadb_killed_and_restarted_under_load() {
                         .await
                     {
                         Ok(r) if r.status().as_u16() == 202 => {
-                            let body: spindle::rpc::api::SubmitResponse = r.json().await.unwrap();
+                            let body: spindle::rpc::api::SubmitReply = r.json().await.unwrap();
                             acked
                                 .lock()
                                 .unwrap()

@@ -8,7 +8,7 @@ use std::time::Duration;
 use common::*;
 use serde_json::json;
 use spindle::job::{JobId, State};
-use spindle::rpc::api::SubmitResponse;
+use spindle::rpc::api::SubmitReply;
 use sqlx::{Connection, Row};
 
 fn sql_blocks(markdown: &str) -> Vec<String> {
@@ -41,7 +41,7 @@ async fn every_documented_statement_runs_and_finds_its_rows() {
             .collect::<Vec<_>>()
     };
     let ids =
-        |reply: SubmitResponse| -> Vec<String> { reply.jobs.into_iter().map(|j| j.id).collect() };
+        |reply: SubmitReply| -> Vec<String> { reply.jobs.into_iter().map(|j| j.id).collect() };
     let expedite = ids(rig.submit(waiting("b", "/status/500")).await);
     let postpone = ids(rig.submit(waiting("acme", "/status/502")).await);
     let flush = ids(rig.submit(waiting("b", "/status/503")).await);

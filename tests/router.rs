@@ -26,7 +26,7 @@ use serde_json::{json, Value};
 use spindle::jobdb::JobDb;
 use spindle::registry::inventory::{Inventory, JobDbRecord, JobDbState};
 use spindle::router::placement::{PlacementManager, PlacementSettings};
-use spindle::rpc::api::{JobStatus, SubmitResponse};
+use spindle::rpc::api::{JobStatus, SubmitReply};
 use spindle::sink::Sink;
 
 const REDIS: &str = "redis://127.0.0.1:6379";
@@ -351,7 +351,7 @@ async fn submit_settled(
             .await;
         let response = match sent {
             Ok(r) if r.status() == reqwest::StatusCode::ACCEPTED => {
-                r.json::<SubmitResponse>().await.unwrap()
+                r.json::<SubmitReply>().await.unwrap()
             }
             Ok(r) => {
                 let status = r.status();

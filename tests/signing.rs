@@ -95,7 +95,7 @@ async fn deliveries_verify_with_an_independent_implementation() {
     let binary = [0u8, 159, 146, 150];
     let b64 = base64::engine::general_purpose::STANDARD;
     // Job 0 goes in a hand-written body so its payload keeps its exact spelling.
-    let first: spindle::rpc::api::SubmitResponse = rig
+    let first: spindle::rpc::api::SubmitReply = rig
         .client
         .post(format!("{}/v1/jobs", rig.base()))
         .header("content-type", "application/json")

@@ -553,7 +553,7 @@ impl JobTrace {
             idempotency_key: job.idempotency_key.clone(),
             transitions: transitions
                 .iter()
-                .map(|(id, t)| TransitionView::new(*id, t))
+                .map(|(id, t)| crate::rpc::api::transition_view(*id, t))
                 .collect(),
         }
     }

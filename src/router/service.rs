@@ -52,10 +52,10 @@ use super::dedup::{Claim, ClaimOutcome, ConfirmOutcome, DedupKey, DedupStore};
 use super::directors::{DirectorEntry, Directors};
 use crate::job::{Job, JobId};
 use crate::registry::consul::ConsulClient;
-use crate::rpc::api::{AcceptedJob, IntakeLimits, JobStatus, SubmitResponse};
+use crate::rpc::api::{AcceptedJob, IntakeLimits, JobStatus, SubmitReply};
 use crate::rpc::auth::TokenStore;
 use crate::rpc::error::ApiError;
-use crate::rpc::import::{ImportJob, ImportRequest, ImportResponse};
+use crate::rpc::import::{import_job, ImportRequest};
 
 /// Settings of a router.
 #[derive(Clone, Debug)]
@@ -302,6 +302,19 @@ impl Shared {
         crate::rpc::next_id(&self.ids)
     }
 
+    /// The API of `director`, over the router's connection pool (its `forward_timeout`),
+    /// with the router's admin token.
+    fn director_client(
+        &self,
+        director: &DirectorEntry,
+    ) -> Result<spindle_client::Client, spindle_client::Error> {
+        spindle_client::Client::from_reqwest(
+            self.http.clone(),
+            &director.base,
+            self.settings.director_token.clone(),
+        )
+    }
+
     /// The latest instant a Director may store a job whose claim was made or refreshed at
     /// `claimed`: the claim's deadline less the clock skew bound (between the router's clock,
     /// Redis' and the Director's).
@@ -453,7 +466,7 @@ async fn submit_jobs(
             .unwrap_or_default();
         return Err(ApiError::Unavailable(format!("nothing was stored: {why}")));
     }
-    let response = SubmitResponse {
+    let response = SubmitReply {
         transaction_id: ulid::Ulid::new().to_string(),
         jobs: answers,
     };
@@ -589,19 +602,17 @@ async fn holder_stored(shared: &Shared, holder: JobId) -> Holder {
             return Holder::Unknown(format!("jobdb {} cannot be searched", record.name));
         }
     }
+    let holder = holder.to_string();
     let lookups = directors.iter().map(|d| {
-        let mut call = shared.http.get(format!("{}/v1/jobs/{holder}", d.base));
-        if let Some(token) = &shared.settings.director_token {
-            call = call.bearer_auth(token);
-        }
-        async move { call.send().await.map(|r| r.status()) }
+        let holder = &holder;
+        async move { shared.director_client(d)?.job(holder).await }
     });
     let mut absent = true;
     for answer in futures::future::join_all(lookups).await {
         match answer {
-            Ok(StatusCode::OK) => return Holder::Stored,
-            Ok(StatusCode::NOT_FOUND) => {}
-            _ => absent = false,
+            Ok(_) => return Holder::Stored,
+            Err(e) if e.status() == Some(404) => {}
+            Err(_) => absent = false,
         }
     }
     if absent {
@@ -778,48 +789,27 @@ async fn send(
         not_after: (!claims.is_empty()).then(|| shared.not_after(claimed_at)),
         jobs: jobs
             .iter()
-            .map(|job| ImportJob::new(job, 0, job.created_at))
+            .map(|job| import_job(job, 0, job.created_at))
             .collect(),
     };
-    let mut call = shared
-        .http
-        .post(format!("{}/v1/import", director.base))
-        .json(&request);
-    if let Some(token) = &shared.settings.director_token {
-        call = call.bearer_auth(token);
-    }
-    let sent = match call.send().await {
-        Err(e) if e.is_connect() => Sent::Refused(format!("director {} unreachable", director.id)),
-        Err(e) => Sent::Unknown(format!("director {}: {e}", director.id)),
-        Ok(response) => {
-            let status = response.status();
-            if status == StatusCode::OK {
-                match response.json::<ImportResponse>().await {
-                    Ok(r) if r.imported + r.already_present == jobs.len() => Sent::Stored,
-                    Ok(r) => Sent::Unknown(format!(
-                        "director {} stored {} of {} jobs",
-                        director.id,
-                        r.imported + r.already_present,
-                        jobs.len()
-                    )),
-                    Err(e) => Sent::Unknown(format!("director {}: {e}", director.id)),
-                }
-            } else {
-                let text = response.text().await.unwrap_or_default();
-                let detail = format!(
-                    "{} from director {}: {}",
-                    status.as_u16(),
-                    director.id,
-                    text
-                );
-                if status.is_server_error() && status != StatusCode::SERVICE_UNAVAILABLE {
-                    Sent::Unknown(detail)
-                } else {
-                    // 409, 503 and 4xx: the Director stored nothing.
-                    Sent::Refused(detail)
-                }
+    let sent = match shared.director_client(director) {
+        Err(e) => Sent::Refused(format!("director {}: {e}", director.id)),
+        Ok(client) => match client.import(&request).await {
+            Ok(r) if r.imported + r.already_present == jobs.len() => Sent::Stored,
+            Ok(r) => Sent::Unknown(format!(
+                "director {} stored {} of {} jobs",
+                director.id,
+                r.imported + r.already_present,
+                jobs.len()
+            )),
+            Err(e) if e.is_connect() => {
+                Sent::Refused(format!("director {} unreachable", director.id))
             }
-        }
+            // 409, 503 and other 4xx: the Director stored nothing.
+            Err(e) if e.stored_nothing() => Sent::Refused(format!("director {}: {e}", director.id)),
+            // Timeout, reset, 500, an answer not understood: maybe stored.
+            Err(e) => Sent::Unknown(format!("director {}: {e}", director.id)),
+        },
     };
     shared.metrics.forward(match sent {
         Sent::Stored => "stored",

@@ -1,19 +1,24 @@
-//! The RPC contract: request and response bodies, and validation of submitted jobs.
+//! The RPC contract and the validation of submitted jobs.
 //!
-//! Validation turns a [`JobSpec`] into a [`Job`] or a [`FieldError`] naming the exact field
-//! (`jobs[3].endpoint`); a batch with any error is rejected whole.
+//! The request and answer bodies are the wire types of the `spindle-client` crate, re-exported
+//! here: client and server share one definition of the contract (and its OpenAPI schemas).
+//! What only the server does lives here: validation turns a [`NewJob`] into a [`Job`] or a
+//! [`FieldError`] naming the exact field (`jobs[3].endpoint`), a batch with any error being
+//! rejected whole; and the views of stored jobs ([`job_view`], [`transition_view`]).
 
-use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::Duration;
 
 use base64::Engine;
 use bytes::Bytes;
 use chrono::{DateTime, Utc};
-use serde::{Deserialize, Serialize};
-use utoipa::ToSchema;
 
-use crate::job::{Job, JobId, RetryPolicy, State, Transition};
+use crate::job::{Job, JobId, RetryPolicy, Transition};
+
+pub use spindle_client::api::{
+    AcceptedJob, EndpointHealth, EndpointsView, ErrorBody, ErrorDetail, JobStatus, JobView, NewJob,
+    SubmitReply, SubmitRequest, TransitionView, MAX_JOBS_PER_REQUEST,
+};
 
 /// Limits and defaults applied to submitted jobs.
 #[derive(Clone, Debug)]
@@ -45,7 +50,7 @@ pub struct IntakeLimits {
 impl Default for IntakeLimits {
     fn default() -> Self {
         IntakeLimits {
-            max_jobs_per_request: 1000,
+            max_jobs_per_request: MAX_JOBS_PER_REQUEST,
             max_request_bytes: 32 * 1024 * 1024,
             max_payload_bytes: 1024 * 1024,
             default_timeout: Duration::from_secs(10),
@@ -91,73 +96,6 @@ const RESERVED_HEADERS: [&str; 12] = [
     "webhook-signature",
 ];
 
-/// `POST /v1/jobs` body.
-#[derive(Debug, Deserialize, ToSchema)]
-#[serde(deny_unknown_fields)]
-pub struct SubmitRequest {
-    /// 1 to 1000 jobs, persisted atomically.
-    #[schema(min_items = 1, max_items = 1000)]
-    pub jobs: Vec<JobSpec>,
-}
-
-/// One job to deliver.
-#[derive(Debug, Deserialize, ToSchema)]
-#[serde(deny_unknown_fields)]
-pub struct JobSpec {
-    /// Isolation key: a tenant or a source–destination pair (1–128 characters, no control
-    /// characters).
-    #[schema(
-        min_length = 1,
-        max_length = 128,
-        pattern = r"^[^\u0000-\u001F\u007F-\u009F]+$"
-    )]
-    pub bucket: String,
-    /// The http or https URL to deliver to (at most 2048 bytes).
-    #[schema(
-        max_length = 2048,
-        pattern = r"^[hH][tT][tT][pP][sS]?://[^\s\u0000-\u001F\u007F]+$"
-    )]
-    pub endpoint: String,
-    /// HTTP method: POST (default), PUT, PATCH, DELETE or GET.
-    #[serde(default)]
-    #[schema(pattern = "^(POST|PUT|PATCH|DELETE|GET|post|put|patch|delete|get)$")]
-    pub method: Option<String>,
-    /// Request headers (at most 64): token names, values without control characters.
-    #[serde(default)]
-    pub headers: Option<BTreeMap<String, String>>,
-    /// The body, as any JSON value (sent as `application/json` unless headers say otherwise).
-    /// Kept as the exact bytes given: never parsed into a tree and re-serialized.
-    #[serde(default)]
-    #[schema(value_type = Object)]
-    pub payload: Option<Box<serde_json::value::RawValue>>,
-    /// The body, as base64 bytes (sent as `application/octet-stream` unless headers say otherwise).
-    #[serde(default)]
-    pub payload_base64: Option<String>,
-    /// Deadline of one attempt in ms (10..=300000, default 10000).
-    #[serde(default, deserialize_with = "integral")]
-    #[schema(minimum = 10, maximum = 300000)]
-    pub execution_timeout_ms: Option<u64>,
-    /// Delay before the second attempt in ms (1..=3600000, default 1000).
-    #[serde(default, deserialize_with = "integral")]
-    #[schema(minimum = 1, maximum = 3600000)]
-    pub backoff_min_delay_ms: Option<u64>,
-    /// Growth of the delay per attempt (1.0..=10.0, default 2.0).
-    #[serde(default)]
-    #[schema(minimum = 1.0, maximum = 10.0)]
-    pub backoff_coefficient: Option<f64>,
-    /// When to stop retrying and archive (RFC 3339, in the future). Excludes `ttl_ms`.
-    #[serde(default)]
-    pub expire_at: Option<DateTime<Utc>>,
-    /// Time to live in ms (default 4 h, at most 30 days). Excludes `expire_at`.
-    #[serde(default, deserialize_with = "integral")]
-    #[schema(minimum = 1, maximum = 2592000000u64)]
-    pub ttl_ms: Option<u64>,
-    /// The producer's idempotency key (1 to 255 characters); stored with the job.
-    #[serde(default)]
-    #[schema(min_length = 1, max_length = 255)]
-    pub idempotency_key: Option<String>,
-}
-
 /// Whether `name` (as the URL parser normalised it: lower case, IDNA applied) is a DNS name.
 fn valid_host_name(name: &str) -> bool {
     !name.is_empty()
@@ -168,24 +106,6 @@ fn valid_host_name(name: &str) -> bool {
                     .bytes()
                     .all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_')
         })
-}
-
-/// Reads an optional count of milliseconds: a JSON integer, or a number with no fraction
-/// (`176.0`), which JSON Schema also calls an integer.
-fn integral<'de, D: serde::Deserializer<'de>>(de: D) -> Result<Option<u64>, D::Error> {
-    let number: Option<serde_json::Number> = Option::deserialize(de)?;
-    let Some(number) = number else {
-        return Ok(None);
-    };
-    if let Some(n) = number.as_u64() {
-        return Ok(Some(n));
-    }
-    match number.as_f64() {
-        Some(f) if f.fract() == 0.0 && (0.0..=u64::MAX as f64).contains(&f) => Ok(Some(f as u64)),
-        _ => Err(serde::de::Error::custom(format!(
-            "expected a whole number, got {number}"
-        ))),
-    }
 }
 
 /// A field that failed validation, and why.
@@ -246,8 +166,26 @@ pub fn validate_request(
         .collect()
 }
 
+/// Checks one job as intake does, before it is sent (`spindle submit` checks a whole file
+/// first). Fields are named without the `jobs[i].` prefix (`endpoint`, `headers.x-a`).
+/// Limits that a server may configure (`max_payload_bytes`) are the caller's `limits`.
+pub fn check_job(
+    spec: NewJob,
+    limits: &IntakeLimits,
+    now: DateTime<Utc>,
+) -> Result<(), FieldError> {
+    validate_job(spec, "job", limits, now, JobId(ulid::Ulid::nil()))
+        .map(|_| ())
+        .map_err(|mut e| {
+            if let Some(name) = e.field.strip_prefix("job.") {
+                e.field = name.to_owned();
+            }
+            e
+        })
+}
+
 fn validate_job(
-    spec: JobSpec,
+    spec: NewJob,
     at: &str,
     limits: &IntakeLimits,
     now: DateTime<Utc>,
@@ -488,57 +426,6 @@ fn validate_job(
     })
 }
 
-/// `POST /v1/jobs` answer: the commit that made the jobs durable, and the jobs in request order.
-#[derive(Debug, Serialize, Deserialize, ToSchema)]
-pub struct SubmitResponse {
-    /// Id of the JobDB transaction that persisted the batch.
-    pub transaction_id: String,
-    /// The accepted jobs, in request order.
-    pub jobs: Vec<AcceptedJob>,
-}
-
-/// What became of one job of a submission. A Director answers `accepted` for every job of a
-/// 202; a router also answers `duplicate`, `pending` and `failed`.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
-#[serde(rename_all = "snake_case")]
-pub enum JobStatus {
-    /// Persisted now, under `id`.
-    #[default]
-    Accepted,
-    /// Its idempotency key was used within the dedup window: `id` is the original job's, and
-    /// nothing new was stored.
-    Duplicate,
-    /// Another submission of the same key is being stored and is not confirmed yet (`id` is
-    /// its job): nothing was stored for this one; submit it again later, with the same key.
-    Pending,
-    /// Not stored (`error` says why); submit it again, with the same idempotency key if any.
-    Failed,
-}
-
-/// One job of a submission's answer.
-#[derive(Debug, Serialize, Deserialize, ToSchema)]
-pub struct AcceptedJob {
-    /// The job id (ULID): this job's, or for a duplicate the original job's.
-    pub id: String,
-    /// What became of it.
-    #[serde(default)]
-    pub status: JobStatus,
-    /// The bucket given.
-    pub bucket: String,
-    /// When the job was accepted (for `accepted`).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub created_at: Option<DateTime<Utc>>,
-    /// When it stops being retried (for `accepted`).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub expire_at: Option<DateTime<Utc>>,
-    /// The idempotency key given, if any.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub idempotency_key: Option<String>,
-    /// For `pending` and `failed`: why.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub error: Option<String>,
-}
-
 impl From<&Job> for AcceptedJob {
     fn from(job: &Job) -> Self {
         AcceptedJob {
@@ -553,159 +440,64 @@ impl From<&Job> for AcceptedJob {
     }
 }
 
-/// `GET /v1/jobs/{id}` answer: the job, its current state and its full trace.
-#[derive(Debug, Serialize, Deserialize, ToSchema)]
-pub struct JobView {
-    /// The job id (ULID).
-    pub id: String,
-    /// The id as `HEX(id)` prints it in SQL.
-    pub id_hex: String,
-    /// Current state (that of the latest transition).
-    #[schema(value_type = String, example = "succeeded")]
-    pub state: State,
-    /// Attempts started so far.
-    pub attempts: u16,
-    /// The bucket.
-    pub bucket: String,
-    /// The endpoint URL.
-    pub endpoint: String,
-    /// The HTTP method.
-    pub method: String,
-    /// Headers sent with each attempt.
-    pub headers: BTreeMap<String, String>,
-    /// The body, base64-encoded.
-    pub payload_base64: String,
-    /// Deadline of one attempt.
-    pub execution_timeout_ms: u64,
-    /// Delay before the second attempt.
-    pub backoff_min_delay_ms: u64,
-    /// Growth of the delay per attempt.
-    pub backoff_coefficient: f64,
-    /// When the job was accepted.
-    pub created_at: DateTime<Utc>,
-    /// When it stops being retried.
-    pub expire_at: DateTime<Utc>,
-    /// The producer's idempotency key.
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub idempotency_key: Option<String>,
-    /// Every state transition, oldest first.
-    pub transitions: Vec<TransitionView>,
-}
-
-/// One row of a job's trace.
-#[derive(Debug, Serialize, Deserialize, ToSchema)]
-pub struct TransitionView {
-    /// Monotonic row id within the JobDB.
-    pub id: u64,
-    /// State entered.
-    #[schema(value_type = String, example = "awaiting-retry")]
-    pub state: State,
-    /// Attempts started so far.
-    pub attempts: u16,
-    /// When the state was entered.
-    pub time: DateTime<Utc>,
-    /// When the next attempt is due (awaiting-retry).
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub retry_at: Option<DateTime<Utc>>,
-    /// Failure kind.
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub error_type: Option<String>,
-    /// Start of the failed answer (text, or base64 when `error_response_encoding` is `base64`).
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub error_response: Option<String>,
-    /// `utf-8` or `base64`.
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub error_response_encoding: Option<String>,
-    /// HTTP status of the attempt.
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub response_status: Option<u16>,
-    /// Duration of the attempt.
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub duration_ms: Option<u32>,
-}
-
-impl JobView {
-    /// The view of a job and its trace (oldest first).
-    pub fn new(job: &Job, trace: &[(u64, Transition)]) -> Self {
-        let last = trace.last().map(|(_, t)| t);
-        let b64 = base64::engine::general_purpose::STANDARD;
-        JobView {
-            id: job.id.to_string(),
-            id_hex: job.id.to_hex(),
-            state: last.map_or(State::AwaitingScheduling, |t| t.state),
-            attempts: last.map_or(0, |t| t.attempts),
-            bucket: job.bucket.to_string(),
-            endpoint: job.endpoint.to_string(),
-            method: job.method.to_string(),
-            headers: job.headers.iter().cloned().collect(),
-            payload_base64: b64.encode(&job.payload),
-            execution_timeout_ms: job.execution_timeout.as_millis() as u64,
-            backoff_min_delay_ms: job.retry.min_delay.as_millis() as u64,
-            backoff_coefficient: job.retry.coefficient,
-            created_at: job.created_at,
-            expire_at: job.expire_at,
-            idempotency_key: job.idempotency_key.clone(),
-            transitions: trace
-                .iter()
-                .map(|(id, t)| TransitionView::new(*id, t))
-                .collect(),
-        }
+/// The view of a job and its trace (oldest first), as `GET /v1/jobs/{id}` answers it.
+pub fn job_view(job: &Job, trace: &[(u64, Transition)]) -> JobView {
+    let last = trace.last().map(|(_, t)| t);
+    let b64 = base64::engine::general_purpose::STANDARD;
+    JobView {
+        id: job.id.to_string(),
+        id_hex: job.id.to_hex(),
+        state: last.map_or(crate::job::State::AwaitingScheduling, |t| t.state),
+        attempts: last.map_or(0, |t| t.attempts),
+        bucket: job.bucket.to_string(),
+        endpoint: job.endpoint.to_string(),
+        method: job.method.to_string(),
+        headers: job.headers.iter().cloned().collect(),
+        payload_base64: b64.encode(&job.payload),
+        execution_timeout_ms: job.execution_timeout.as_millis() as u64,
+        backoff_min_delay_ms: job.retry.min_delay.as_millis() as u64,
+        backoff_coefficient: job.retry.coefficient,
+        created_at: job.created_at,
+        expire_at: job.expire_at,
+        idempotency_key: job.idempotency_key.clone(),
+        transitions: trace
+            .iter()
+            .map(|(id, t)| transition_view(*id, t))
+            .collect(),
     }
 }
 
-impl TransitionView {
-    /// The view of one transition row (its error response as text, or base64 when it is not
-    /// UTF-8).
-    pub fn new(id: u64, t: &Transition) -> Self {
-        let b64 = base64::engine::general_purpose::STANDARD;
-        let (error_response, encoding) = match (&t.error_response, t.error_response_encoding) {
-            (Some(body), Some("utf-8")) => (
-                Some(String::from_utf8_lossy(body).into_owned()),
-                Some("utf-8".to_owned()),
-            ),
-            (Some(body), _) => (Some(b64.encode(body)), Some("base64".to_owned())),
-            (None, _) => (None, None),
-        };
-        TransitionView {
-            id,
-            state: t.state,
-            attempts: t.attempts,
-            time: t.time,
-            retry_at: t.retry_at,
-            error_type: t.error_type.clone(),
-            error_response,
-            error_response_encoding: encoding,
-            response_status: t.response_status,
-            duration_ms: t.duration_ms,
-        }
+/// The view of one transition row (its error response as text, or base64 when it is not
+/// UTF-8).
+pub fn transition_view(id: u64, t: &Transition) -> TransitionView {
+    let b64 = base64::engine::general_purpose::STANDARD;
+    let (error_response, encoding) = match (&t.error_response, t.error_response_encoding) {
+        (Some(body), Some("utf-8")) => (
+            Some(String::from_utf8_lossy(body).into_owned()),
+            Some("utf-8".to_owned()),
+        ),
+        (Some(body), _) => (Some(b64.encode(body)), Some("base64".to_owned())),
+        (None, _) => (None, None),
+    };
+    TransitionView {
+        id,
+        state: t.state,
+        attempts: t.attempts,
+        time: t.time,
+        retry_at: t.retry_at,
+        error_type: t.error_type.clone(),
+        error_response,
+        error_response_encoding: encoding,
+        response_status: t.response_status,
+        duration_ms: t.duration_ms,
     }
-}
-
-/// Every error answer: `{"error": {...}}`.
-#[derive(Debug, Serialize, Deserialize, ToSchema)]
-pub struct ErrorBody {
-    /// What went wrong.
-    pub error: ErrorDetail,
-}
-
-/// The detail of an error answer.
-#[derive(Debug, Serialize, Deserialize, ToSchema)]
-pub struct ErrorDetail {
-    /// Stable machine-readable code (`invalid_json`, `invalid_field`, `too_large`, `not_found`,
-    /// `unavailable`, `shutting_down`, `internal`).
-    pub code: String,
-    /// Human-readable explanation (lower case, no internal detail).
-    pub message: String,
-    /// The offending field, when there is one.
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub field: Option<String>,
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
 
-    fn spec(json: serde_json::Value) -> JobSpec {
+    fn spec(json: serde_json::Value) -> NewJob {
         serde_json::from_value(json).unwrap()
     }
 
@@ -831,34 +623,4 @@ mod tests {
         assert_eq!(err.field, "jobs[0].payload");
         assert!(err.too_large);
     }
-}
-
-/// `GET /v1/endpoints` answer: the health of every endpoint this Director is working for.
-#[derive(Clone, Debug, Default, Serialize, Deserialize, ToSchema)]
-pub struct EndpointsView {
-    /// One entry per endpoint with jobs queued or in flight, or a breaker that remembers it.
-    pub endpoints: Vec<EndpointHealth>,
-}
-
-/// One endpoint as a Director sees it (updated once a second).
-#[derive(Clone, Debug, Serialize, Deserialize, ToSchema, PartialEq)]
-pub struct EndpointHealth {
-    /// The endpoint (URL without query).
-    pub endpoint: String,
-    /// Jobs ready to be sent, waiting in its queue.
-    pub ready: usize,
-    /// Requests in flight.
-    pub in_flight: usize,
-    /// `closed` (normal) or `open` (judged down: one probe at a time).
-    pub breaker: String,
-    /// Attempts remembered by the breaker, and how many of them failed.
-    pub recent_attempts: usize,
-    /// Failed among `recent_attempts`.
-    pub recent_failures: usize,
-    /// Paused by an endpoint control.
-    pub paused: bool,
-    /// Requests in flight allowed now (after caps and pause).
-    pub concurrency: usize,
-    /// A rate cap, if any.
-    pub max_per_second: Option<f64>,
 }

@@ -26,9 +26,7 @@ use axum::Json;
 use base64::Engine;
 use bytes::Bytes;
 use chrono::{DateTime, Utc};
-use serde::{Deserialize, Serialize};
 use tokio::sync::{oneshot, Notify};
-use utoipa::ToSchema;
 
 use super::api::FieldError;
 use super::auth::Scope;
@@ -38,147 +36,80 @@ use crate::director::scheduler::Recovered;
 use crate::director::writer::{WriteOp, WriteRejected};
 use crate::job::{Job, JobId, RetryPolicy};
 
-/// Most jobs in one import request.
-pub const MAX_IMPORT_JOBS: usize = 1000;
+pub use spindle_client::api::{ImportJob, ImportRequest, ImportResponse, MAX_IMPORT_JOBS};
 
-/// Jobs moved out of a retired JobDB.
-#[derive(Clone, Debug, Serialize, Deserialize, ToSchema)]
-#[serde(deny_unknown_fields)]
-pub struct ImportRequest {
-    /// The JobDB the caller expects this Director to own (409 if it owns another).
-    pub jobdb: String,
-    /// The retired JobDB the jobs come from; absent for new jobs forwarded by a router.
-    #[serde(default)]
-    pub from_jobdb: Option<String>,
-    /// New jobs only: refuse the request (409, nothing stored) once this instant has passed.
-    #[serde(default)]
-    pub not_after: Option<DateTime<Utc>>,
-    /// 1 to 1000 jobs.
-    pub jobs: Vec<ImportJob>,
-}
-
-/// One job as it was stored in the retired JobDB, with its progress.
-#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, ToSchema)]
-#[serde(deny_unknown_fields)]
-pub struct ImportJob {
-    /// The job's id (ULID), kept.
-    pub id: String,
-    /// Its bucket.
-    pub bucket: String,
-    /// Its endpoint URL.
-    pub endpoint: String,
-    /// Its HTTP method.
-    pub method: String,
-    /// Its headers as `[name, value]` pairs, in order.
-    pub headers: Vec<(String, String)>,
-    /// Its body, base64.
-    pub payload_base64: String,
-    /// Deadline of one attempt.
-    pub execution_timeout_ms: u32,
-    /// Delay before the second attempt.
-    pub backoff_min_delay_ms: u32,
-    /// Growth of the delay per attempt.
-    pub backoff_coefficient: f64,
-    /// When it was first accepted.
-    pub created_at: DateTime<Utc>,
-    /// When it stops being retried.
-    pub expire_at: DateTime<Utc>,
-    /// The producer's idempotency key.
-    pub idempotency_key: Option<String>,
-    /// Attempts made so far (0 for new jobs).
-    #[serde(default)]
-    pub attempts: u16,
-    /// When its next attempt is due (new jobs: when they were accepted).
-    pub retry_at: DateTime<Utc>,
-}
-
-/// What an import did.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
-pub struct ImportResponse {
-    /// The JobDB the jobs are now in.
-    pub jobdb: String,
-    /// Jobs stored by this request.
-    pub imported: usize,
-    /// Jobs that were already there (an earlier attempt of the same import).
-    pub already_present: usize,
-}
-
-impl ImportJob {
-    /// The import form of a stored job and its progress.
-    pub fn new(job: &Job, attempts: u16, retry_at: DateTime<Utc>) -> Self {
-        ImportJob {
-            id: job.id.to_string(),
-            bucket: job.bucket.to_string(),
-            endpoint: job.endpoint.to_string(),
-            method: job.method.to_string(),
-            headers: job.headers.clone(),
-            payload_base64: base64::engine::general_purpose::STANDARD.encode(&job.payload),
-            execution_timeout_ms: u32::try_from(job.execution_timeout.as_millis())
-                .unwrap_or(u32::MAX),
-            backoff_min_delay_ms: u32::try_from(job.retry.min_delay.as_millis())
-                .unwrap_or(u32::MAX),
-            backoff_coefficient: job.retry.coefficient,
-            created_at: job.created_at,
-            expire_at: job.expire_at,
-            idempotency_key: job.idempotency_key.clone(),
-            attempts,
-            retry_at,
-        }
+/// The import form of a stored job and its progress.
+pub fn import_job(job: &Job, attempts: u16, retry_at: DateTime<Utc>) -> ImportJob {
+    ImportJob {
+        id: job.id.to_string(),
+        bucket: job.bucket.to_string(),
+        endpoint: job.endpoint.to_string(),
+        method: job.method.to_string(),
+        headers: job.headers.clone(),
+        payload_base64: base64::engine::general_purpose::STANDARD.encode(&job.payload),
+        execution_timeout_ms: u32::try_from(job.execution_timeout.as_millis()).unwrap_or(u32::MAX),
+        backoff_min_delay_ms: u32::try_from(job.retry.min_delay.as_millis()).unwrap_or(u32::MAX),
+        backoff_coefficient: job.retry.coefficient,
+        created_at: job.created_at,
+        expire_at: job.expire_at,
+        idempotency_key: job.idempotency_key.clone(),
+        attempts,
+        retry_at,
     }
+}
 
-    /// The job back, checked (`i` is its index, for error paths).
-    pub fn to_job(&self, i: usize) -> Result<Job, FieldError> {
-        let field = |name: &str| format!("jobs[{i}].{name}");
-        let id: JobId = self
-            .id
-            .parse()
-            .map_err(|_| FieldError::new(field("id"), "is not a ULID"))?;
-        let url = url::Url::parse(&self.endpoint)
-            .map_err(|e| FieldError::new(field("endpoint"), format!("is not a URL: {e}")))?;
-        if !matches!(url.scheme(), "http" | "https") {
-            return Err(FieldError::new(field("endpoint"), "must be http or https"));
-        }
-        if self.bucket.is_empty() || self.bucket.len() > 128 {
-            return Err(FieldError::new(field("bucket"), "must be 1 to 128 bytes"));
-        }
-        if self.method.is_empty()
-            || self.method.len() > 10
-            || !self.method.bytes().all(|b| b.is_ascii_uppercase())
-        {
-            return Err(FieldError::new(
-                field("method"),
-                "must be an upper-case HTTP method",
-            ));
-        }
-        if !self.backoff_coefficient.is_finite() || self.backoff_coefficient < 1.0 {
-            return Err(FieldError::new(
-                field("backoff_coefficient"),
-                "must be a number ≥ 1",
-            ));
-        }
-        if self.expire_at < self.created_at {
-            return Err(FieldError::new(field("expire_at"), "is before created_at"));
-        }
-        let payload = base64::engine::general_purpose::STANDARD
-            .decode(&self.payload_base64)
-            .map_err(|_| FieldError::new(field("payload_base64"), "is not base64"))?;
-        Ok(Job {
-            id,
-            bucket: self.bucket.as_str().into(),
-            endpoint: self.endpoint.as_str().into(),
-            method: self.method.as_str().into(),
-            headers: self.headers.clone(),
-            payload: Bytes::from(payload),
-            execution_timeout: Duration::from_millis(self.execution_timeout_ms.into()),
-            retry: RetryPolicy {
-                min_delay: Duration::from_millis(self.backoff_min_delay_ms.into()),
-                coefficient: self.backoff_coefficient,
-            },
-            created_at: self.created_at,
-            expire_at: self.expire_at,
-            idempotency_key: self.idempotency_key.clone(),
-        })
+/// The job of an import, checked (`i` is its index, for error paths).
+pub fn job_of(spec: &ImportJob, i: usize) -> Result<Job, FieldError> {
+    let field = |name: &str| format!("jobs[{i}].{name}");
+    let id: JobId = spec
+        .id
+        .parse()
+        .map_err(|_| FieldError::new(field("id"), "is not a ULID"))?;
+    let url = url::Url::parse(&spec.endpoint)
+        .map_err(|e| FieldError::new(field("endpoint"), format!("is not a URL: {e}")))?;
+    if !matches!(url.scheme(), "http" | "https") {
+        return Err(FieldError::new(field("endpoint"), "must be http or https"));
     }
+    if spec.bucket.is_empty() || spec.bucket.len() > 128 {
+        return Err(FieldError::new(field("bucket"), "must be 1 to 128 bytes"));
+    }
+    if spec.method.is_empty()
+        || spec.method.len() > 10
+        || !spec.method.bytes().all(|b| b.is_ascii_uppercase())
+    {
+        return Err(FieldError::new(
+            field("method"),
+            "must be an upper-case HTTP method",
+        ));
+    }
+    if !spec.backoff_coefficient.is_finite() || spec.backoff_coefficient < 1.0 {
+        return Err(FieldError::new(
+            field("backoff_coefficient"),
+            "must be a number ≥ 1",
+        ));
+    }
+    if spec.expire_at < spec.created_at {
+        return Err(FieldError::new(field("expire_at"), "is before created_at"));
+    }
+    let payload = base64::engine::general_purpose::STANDARD
+        .decode(&spec.payload_base64)
+        .map_err(|_| FieldError::new(field("payload_base64"), "is not base64"))?;
+    Ok(Job {
+        id,
+        bucket: spec.bucket.as_str().into(),
+        endpoint: spec.endpoint.as_str().into(),
+        method: spec.method.as_str().into(),
+        headers: spec.headers.clone(),
+        payload: Bytes::from(payload),
+        execution_timeout: Duration::from_millis(spec.execution_timeout_ms.into()),
+        retry: RetryPolicy {
+            min_delay: Duration::from_millis(spec.backoff_min_delay_ms.into()),
+            coefficient: spec.backoff_coefficient,
+        },
+        created_at: spec.created_at,
+        expire_at: spec.expire_at,
+        idempotency_key: spec.idempotency_key.clone(),
+    })
 }
 
 /// Import jobs from a retired JobDB (admin).
@@ -268,7 +199,7 @@ pub(super) async fn import_jobs(
             )
             .into());
         }
-        jobs.push((spec.to_job(i)?, spec.attempts, spec.retry_at));
+        jobs.push((job_of(spec, i)?, spec.attempts, spec.retry_at));
     }
 
     // Requests sharing an id are checked and written one after the other: the check for jobs

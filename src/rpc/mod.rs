@@ -26,7 +26,7 @@ use crate::director::writer::{WriteOp, WriteRejected};
 use crate::job::JobId;
 use crate::jobdb::JobDb;
 use crate::metrics::Metrics;
-use api::{AcceptedJob, IntakeLimits, JobView, SubmitRequest, SubmitResponse};
+use api::{AcceptedJob, IntakeLimits, JobView, SubmitReply, SubmitRequest};
 use error::ApiError;
 
 /// What the handlers share.
@@ -93,8 +93,8 @@ pub fn next_id(ids: &Mutex<ulid::Generator>) -> JobId {
     ),
     components(schemas(
         api::SubmitRequest,
-        api::JobSpec,
-        api::SubmitResponse,
+        api::NewJob,
+        api::SubmitReply,
         api::AcceptedJob,
         api::JobStatus,
         api::JobView,
@@ -192,7 +192,7 @@ pub fn idle_router(metrics: Arc<Metrics>) -> Router {
     path = "/v1/jobs",
     request_body = SubmitRequest,
     responses(
-        (status = 202, description = "All jobs persisted", body = SubmitResponse),
+        (status = 202, description = "All jobs persisted", body = SubmitReply),
         (status = 400, description = "Malformed JSON, or unknown or missing field", body = api::ErrorBody),
         (status = 413, description = "Body, payload or batch too large", body = api::ErrorBody),
         (status = 401, description = "Missing or invalid bearer token", body = api::ErrorBody),
@@ -233,7 +233,7 @@ async fn submit_jobs(
         }
         Ok(Err(WriteRejected::LockLost)) | Err(_) => return Err(ApiError::ShuttingDown),
     };
-    let response = SubmitResponse {
+    let response = SubmitReply {
         transaction_id: transaction.to_string(),
         jobs: jobs.iter().map(|job| AcceptedJob::from(&**job)).collect(),
     };
@@ -417,7 +417,7 @@ async fn get_job(
         });
     }
     let trace = state.db.get_transitions(id).await.map_err(unavailable)?;
-    Ok(Json(JobView::new(&job, &trace)))
+    Ok(Json(api::job_view(&job, &trace)))
 }
 
 /// Liveness: the process answers.

@@ -11,7 +11,7 @@ use serde_json::{json, Value};
 use spindle::director::{self, Director, DirectorConfig};
 use spindle::job::{JobId, State, Transition};
 use spindle::jobdb::{self, JobDb, JobDbUrl};
-use spindle::rpc::api::SubmitResponse;
+use spindle::rpc::api::SubmitReply;
 
 pub mod mariadb;
 pub mod procs;
@@ -127,18 +127,18 @@ pub fn base(director: &Director) -> String {
     format!("http://{}", director.addr())
 }
 
-/// Submits jobs and returns the accepted answer (panics on anything else).
-pub async fn submit(client: &reqwest::Client, base: &str, jobs: Vec<Value>) -> SubmitResponse {
-    let response = client
-        .post(format!("{base}/v1/jobs"))
-        .json(&json!({ "jobs": jobs }))
-        .send()
+/// Submits jobs (JSON objects in the `POST /v1/jobs` job schema) through the client crate and
+/// returns the accepted answer (panics on anything else).
+pub async fn submit(client: &reqwest::Client, base: &str, jobs: Vec<Value>) -> SubmitReply {
+    let jobs: Vec<spindle_client::NewJob> = jobs
+        .into_iter()
+        .map(|job| serde_json::from_value(job).expect("a job in the submit schema"))
+        .collect();
+    spindle_client::Client::from_reqwest(client.clone(), base, None)
+        .expect("api client")
+        .submit(&jobs)
         .await
-        .expect("submit");
-    let status = response.status();
-    let text = response.text().await.expect("body");
-    assert_eq!(status.as_u16(), 202, "submit answered {status}: {text}");
-    serde_json::from_str(&text).expect("submit response")
+        .unwrap_or_else(|e| panic!("submit failed: {e}"))
 }
 
 /// Waits until `check` holds, polling every 20 ms, failing after `timeout`.
@@ -335,8 +335,14 @@ impl Rig {
         base(self.director())
     }
 
-    pub async fn submit(&self, jobs: Vec<Value>) -> SubmitResponse {
+    pub async fn submit(&self, jobs: Vec<Value>) -> SubmitReply {
         submit(&self.client, &self.base(), jobs).await
+    }
+
+    /// The client crate's client of this Director's API (no token).
+    pub fn api(&self) -> spindle_client::Client {
+        spindle_client::Client::from_reqwest(self.client.clone(), &self.base(), None)
+            .expect("api client")
     }
 
     /// `GET /v1/jobs/{id}`: the job's view, as JSON.

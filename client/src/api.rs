@@ -1,0 +1,653 @@
+//! The wire types of spindle's RPC API: the bodies of requests and answers, exactly as they
+//! travel. The server (`spindle::rpc`) uses these same types, so the contract has one
+//! implementation; with the `openapi` feature they also describe themselves to the server's
+//! OpenAPI document (`GET /openapi.json`).
+//!
+//! Validation of submitted jobs (URLs, header names, limits, defaults) is the server's: a job
+//! that deserializes here may still be refused with a `422` naming its field.
+
+use std::collections::BTreeMap;
+use std::fmt;
+use std::str::FromStr;
+
+use base64::Engine;
+use chrono::{DateTime, Utc};
+use serde::{Deserialize, Serialize};
+
+/// Most jobs in one `POST /v1/jobs` request.
+pub const MAX_JOBS_PER_REQUEST: usize = 1000;
+
+/// Most jobs in one `POST /v1/import` request.
+pub const MAX_IMPORT_JOBS: usize = 1000;
+
+/// `POST /v1/jobs` body.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+#[serde(deny_unknown_fields)]
+pub struct SubmitRequest {
+    /// 1 to 1000 jobs, persisted atomically.
+    #[cfg_attr(feature = "openapi", schema(min_items = 1, max_items = 1000))]
+    pub jobs: Vec<NewJob>,
+}
+
+/// One job to deliver.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+#[cfg_attr(feature = "openapi", schema(as = JobSpec))]
+#[serde(deny_unknown_fields)]
+pub struct NewJob {
+    /// Isolation key: a tenant or a source–destination pair (1–128 characters, no control
+    /// characters).
+    #[cfg_attr(
+        feature = "openapi",
+        schema(
+            min_length = 1,
+            max_length = 128,
+            pattern = r"^[^\u0000-\u001F\u007F-\u009F]+$"
+        )
+    )]
+    pub bucket: String,
+    /// The http or https URL to deliver to (at most 2048 bytes).
+    #[cfg_attr(
+        feature = "openapi",
+        schema(
+            max_length = 2048,
+            pattern = r"^[hH][tT][tT][pP][sS]?://[^\s\u0000-\u001F\u007F]+$"
+        )
+    )]
+    pub endpoint: String,
+    /// HTTP method: POST (default), PUT, PATCH, DELETE or GET.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[cfg_attr(
+        feature = "openapi",
+        schema(pattern = "^(POST|PUT|PATCH|DELETE|GET|post|put|patch|delete|get)$")
+    )]
+    pub method: Option<String>,
+    /// Request headers (at most 64): token names, values without control characters.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub headers: Option<BTreeMap<String, String>>,
+    /// The body, as any JSON value (sent as `application/json` unless headers say otherwise).
+    /// Kept as the exact bytes given: never parsed into a tree and re-serialized.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[cfg_attr(feature = "openapi", schema(value_type = Object))]
+    pub payload: Option<Box<serde_json::value::RawValue>>,
+    /// The body, as base64 bytes (sent as `application/octet-stream` unless headers say otherwise).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub payload_base64: Option<String>,
+    /// Deadline of one attempt in ms (10..=300000, default 10000).
+    #[serde(
+        default,
+        deserialize_with = "integral",
+        skip_serializing_if = "Option::is_none"
+    )]
+    #[cfg_attr(feature = "openapi", schema(minimum = 10, maximum = 300000))]
+    pub execution_timeout_ms: Option<u64>,
+    /// Delay before the second attempt in ms (1..=3600000, default 1000).
+    #[serde(
+        default,
+        deserialize_with = "integral",
+        skip_serializing_if = "Option::is_none"
+    )]
+    #[cfg_attr(feature = "openapi", schema(minimum = 1, maximum = 3600000))]
+    pub backoff_min_delay_ms: Option<u64>,
+    /// Growth of the delay per attempt (1.0..=10.0, default 2.0).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[cfg_attr(feature = "openapi", schema(minimum = 1.0, maximum = 10.0))]
+    pub backoff_coefficient: Option<f64>,
+    /// When to stop retrying and archive (RFC 3339, in the future). Excludes `ttl_ms`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub expire_at: Option<DateTime<Utc>>,
+    /// Time to live in ms (default 4 h, at most 30 days). Excludes `expire_at`.
+    #[serde(
+        default,
+        deserialize_with = "integral",
+        skip_serializing_if = "Option::is_none"
+    )]
+    #[cfg_attr(feature = "openapi", schema(minimum = 1, maximum = 2592000000u64))]
+    pub ttl_ms: Option<u64>,
+    /// The producer's idempotency key (1 to 255 characters); stored with the job.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[cfg_attr(feature = "openapi", schema(min_length = 1, max_length = 255))]
+    pub idempotency_key: Option<String>,
+}
+
+impl NewJob {
+    /// A job to `endpoint` in `bucket` with no payload and every other field left to the
+    /// server's defaults (POST, 10 s per attempt, backoff from 1 s doubling, 4 h to live).
+    pub fn new(bucket: impl Into<String>, endpoint: impl Into<String>) -> Self {
+        NewJob {
+            bucket: bucket.into(),
+            endpoint: endpoint.into(),
+            method: None,
+            headers: None,
+            payload: None,
+            payload_base64: None,
+            execution_timeout_ms: None,
+            backoff_min_delay_ms: None,
+            backoff_coefficient: None,
+            expire_at: None,
+            ttl_ms: None,
+            idempotency_key: None,
+        }
+    }
+
+    /// With `payload` serialized as the JSON body (replacing any base64 body).
+    pub fn with_payload<T: Serialize + ?Sized>(
+        mut self,
+        payload: &T,
+    ) -> Result<Self, serde_json::Error> {
+        self.payload = Some(serde_json::value::to_raw_value(payload)?);
+        self.payload_base64 = None;
+        Ok(self)
+    }
+
+    /// With `bytes` as the body, sent base64-encoded (replacing any JSON body).
+    pub fn with_payload_bytes(mut self, bytes: &[u8]) -> Self {
+        self.payload_base64 = Some(base64::engine::general_purpose::STANDARD.encode(bytes));
+        self.payload = None;
+        self
+    }
+
+    /// With one more request header (a header of the same name is replaced).
+    pub fn with_header(mut self, name: impl Into<String>, value: impl Into<String>) -> Self {
+        self.headers
+            .get_or_insert_with(BTreeMap::new)
+            .insert(name.into(), value.into());
+        self
+    }
+
+    /// With an idempotency key: through a router, a second submission of the same bucket and
+    /// key within the dedup window is answered `duplicate` with the first job's id.
+    pub fn with_idempotency_key(mut self, key: impl Into<String>) -> Self {
+        self.idempotency_key = Some(key.into());
+        self
+    }
+}
+
+/// Reads an optional count of milliseconds: a JSON integer, or a number with no fraction
+/// (`176.0`), which JSON Schema also calls an integer.
+fn integral<'de, D: serde::Deserializer<'de>>(de: D) -> Result<Option<u64>, D::Error> {
+    let number: Option<serde_json::Number> = Option::deserialize(de)?;
+    let Some(number) = number else {
+        return Ok(None);
+    };
+    if let Some(n) = number.as_u64() {
+        return Ok(Some(n));
+    }
+    match number.as_f64() {
+        Some(f) if f.fract() == 0.0 && (0.0..=u64::MAX as f64).contains(&f) => Ok(Some(f as u64)),
+        _ => Err(serde::de::Error::custom(format!(
+            "expected a whole number, got {number}"
+        ))),
+    }
+}
+
+/// `POST /v1/jobs` answer: the commit that made the jobs durable, and the jobs in request order.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+#[cfg_attr(feature = "openapi", schema(as = SubmitResponse))]
+pub struct SubmitReply {
+    /// Id of the JobDB transaction that persisted the batch.
+    pub transaction_id: String,
+    /// The accepted jobs, in request order.
+    pub jobs: Vec<AcceptedJob>,
+}
+
+/// What became of one job of a submission. A Director answers `accepted` for every job of a
+/// 202; a router also answers `duplicate`, `pending` and `failed`.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+#[serde(rename_all = "snake_case")]
+pub enum JobStatus {
+    /// Persisted now, under `id`.
+    #[default]
+    Accepted,
+    /// Its idempotency key was used within the dedup window: `id` is the original job's, and
+    /// nothing new was stored.
+    Duplicate,
+    /// Another submission of the same key is being stored and is not confirmed yet (`id` is
+    /// its job): nothing was stored for this one; submit it again later, with the same key.
+    Pending,
+    /// Not stored (`error` says why); submit it again, with the same idempotency key if any.
+    Failed,
+}
+
+impl JobStatus {
+    /// The spelling on the wire (`accepted`, `duplicate`, `pending`, `failed`).
+    pub const fn as_str(self) -> &'static str {
+        match self {
+            JobStatus::Accepted => "accepted",
+            JobStatus::Duplicate => "duplicate",
+            JobStatus::Pending => "pending",
+            JobStatus::Failed => "failed",
+        }
+    }
+
+    /// Whether the job is stored: now (`accepted`) or by an earlier submission (`duplicate`).
+    /// Otherwise it should be submitted again (with the same idempotency key).
+    pub const fn is_stored(self) -> bool {
+        matches!(self, JobStatus::Accepted | JobStatus::Duplicate)
+    }
+}
+
+impl fmt::Display for JobStatus {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// One job of a submission's answer.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+pub struct AcceptedJob {
+    /// The job id (ULID): this job's, or for a duplicate the original job's.
+    pub id: String,
+    /// What became of it.
+    #[serde(default)]
+    pub status: JobStatus,
+    /// The bucket given.
+    pub bucket: String,
+    /// When the job was accepted (for `accepted`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub created_at: Option<DateTime<Utc>>,
+    /// When it stops being retried (for `accepted`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub expire_at: Option<DateTime<Utc>>,
+    /// The idempotency key given, if any.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub idempotency_key: Option<String>,
+    /// For `pending` and `failed`: why.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub error: Option<String>,
+}
+
+/// The states of the job state machine, spelled as in the JobDB enum and the API.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum JobState {
+    /// Persisted, first attempt not yet started.
+    AwaitingScheduling,
+    /// An attempt is in flight.
+    Executing,
+    /// Terminal: the endpoint answered 2xx.
+    Succeeded,
+    /// Terminal: the endpoint answered a permanent failure.
+    Discarded,
+    /// The last attempt failed and another is scheduled at `retry_at`.
+    AwaitingRetry,
+    /// Expired before it could be delivered; waiting to be archived.
+    Archiving,
+    /// Terminal: stored in the archive.
+    Archived,
+    /// Terminal in this JobDB: a drainer moved the job to another JobDB, where it goes on.
+    Moved,
+}
+
+impl JobState {
+    /// Every state, in the order of the JobDB enum.
+    pub const ALL: [JobState; 8] = [
+        JobState::AwaitingScheduling,
+        JobState::Executing,
+        JobState::Succeeded,
+        JobState::Discarded,
+        JobState::AwaitingRetry,
+        JobState::Archiving,
+        JobState::Archived,
+        JobState::Moved,
+    ];
+
+    /// The spelling used in the JobDB and the API.
+    pub const fn as_str(self) -> &'static str {
+        match self {
+            JobState::AwaitingScheduling => "awaiting-scheduling",
+            JobState::Executing => "executing",
+            JobState::Succeeded => "succeeded",
+            JobState::Discarded => "discarded",
+            JobState::AwaitingRetry => "awaiting-retry",
+            JobState::Archiving => "archiving",
+            JobState::Archived => "archived",
+            JobState::Moved => "moved",
+        }
+    }
+
+    /// Whether nothing more will ever happen to a job in this state, in this JobDB (a moved
+    /// job goes on in the JobDB it was moved to).
+    pub const fn is_terminal(self) -> bool {
+        matches!(
+            self,
+            JobState::Succeeded | JobState::Discarded | JobState::Archived | JobState::Moved
+        )
+    }
+
+    /// Whether this is the job's end everywhere: delivered, given up, or archived.
+    pub const fn is_final(self) -> bool {
+        matches!(
+            self,
+            JobState::Succeeded | JobState::Discarded | JobState::Archived
+        )
+    }
+
+    /// Whether `next` may follow `self` in a job's history.
+    pub fn may_precede(self, next: JobState) -> bool {
+        use JobState::*;
+        matches!(
+            (self, next),
+            (AwaitingScheduling, Executing | Archiving | Moved)
+                | (Executing, Succeeded | Discarded | AwaitingRetry)
+                | (AwaitingRetry, Executing | Archiving | Moved)
+                // Operator commands: expedite and postpone reschedule a waiting job, discard
+                // ends it.
+                | (AwaitingScheduling | AwaitingRetry, AwaitingRetry | Discarded)
+                | (Archiving, Archived)
+        )
+    }
+}
+
+impl fmt::Display for JobState {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// Error for a state name that is not one of [`JobState::ALL`].
+#[derive(Debug, thiserror::Error)]
+#[error("unknown job state {0:?}")]
+pub struct UnknownState(pub String);
+
+impl FromStr for JobState {
+    type Err = UnknownState;
+
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        JobState::ALL
+            .into_iter()
+            .find(|state| state.as_str() == s)
+            .ok_or_else(|| UnknownState(s.to_owned()))
+    }
+}
+
+/// `GET /v1/jobs/{id}` answer: the job, its current state and its full trace.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+pub struct JobView {
+    /// The job id (ULID).
+    pub id: String,
+    /// The id as `HEX(id)` prints it in SQL.
+    pub id_hex: String,
+    /// Current state (that of the latest transition).
+    #[cfg_attr(feature = "openapi", schema(value_type = String, example = "succeeded"))]
+    pub state: JobState,
+    /// Attempts started so far.
+    pub attempts: u16,
+    /// The bucket.
+    pub bucket: String,
+    /// The endpoint URL.
+    pub endpoint: String,
+    /// The HTTP method.
+    pub method: String,
+    /// Headers sent with each attempt.
+    pub headers: BTreeMap<String, String>,
+    /// The body, base64-encoded.
+    pub payload_base64: String,
+    /// Deadline of one attempt.
+    pub execution_timeout_ms: u64,
+    /// Delay before the second attempt.
+    pub backoff_min_delay_ms: u64,
+    /// Growth of the delay per attempt.
+    pub backoff_coefficient: f64,
+    /// When the job was accepted.
+    pub created_at: DateTime<Utc>,
+    /// When it stops being retried.
+    pub expire_at: DateTime<Utc>,
+    /// The producer's idempotency key.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub idempotency_key: Option<String>,
+    /// Every state transition, oldest first.
+    pub transitions: Vec<TransitionView>,
+}
+
+/// One row of a job's trace.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+pub struct TransitionView {
+    /// Monotonic row id within the JobDB.
+    pub id: u64,
+    /// State entered.
+    #[cfg_attr(
+        feature = "openapi",
+        schema(value_type = String, example = "awaiting-retry")
+    )]
+    pub state: JobState,
+    /// Attempts started so far.
+    pub attempts: u16,
+    /// When the state was entered.
+    pub time: DateTime<Utc>,
+    /// When the next attempt is due (awaiting-retry).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub retry_at: Option<DateTime<Utc>>,
+    /// Failure kind.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub error_type: Option<String>,
+    /// Start of the failed answer (text, or base64 when `error_response_encoding` is `base64`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub error_response: Option<String>,
+    /// `utf-8` or `base64`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub error_response_encoding: Option<String>,
+    /// HTTP status of the attempt.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub response_status: Option<u16>,
+    /// Duration of the attempt.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub duration_ms: Option<u32>,
+}
+
+/// Jobs moved out of a retired JobDB.
+// (`POST /v1/import` body, admin only: also new jobs a router forwards with their ids. The
+// doc line above is the schema's description in /openapi.json.)
+#[derive(Clone, Debug, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+#[serde(deny_unknown_fields)]
+pub struct ImportRequest {
+    /// The JobDB the caller expects this Director to own (409 if it owns another).
+    pub jobdb: String,
+    /// The retired JobDB the jobs come from; absent for new jobs forwarded by a router.
+    #[serde(default)]
+    pub from_jobdb: Option<String>,
+    /// New jobs only: refuse the request (409, nothing stored) once this instant has passed.
+    #[serde(default)]
+    pub not_after: Option<DateTime<Utc>>,
+    /// 1 to 1000 jobs.
+    pub jobs: Vec<ImportJob>,
+}
+
+/// One job as it was stored in the retired JobDB, with its progress.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+#[serde(deny_unknown_fields)]
+pub struct ImportJob {
+    /// The job's id (ULID), kept.
+    pub id: String,
+    /// Its bucket.
+    pub bucket: String,
+    /// Its endpoint URL.
+    pub endpoint: String,
+    /// Its HTTP method.
+    pub method: String,
+    /// Its headers as `[name, value]` pairs, in order.
+    pub headers: Vec<(String, String)>,
+    /// Its body, base64.
+    pub payload_base64: String,
+    /// Deadline of one attempt.
+    pub execution_timeout_ms: u32,
+    /// Delay before the second attempt.
+    pub backoff_min_delay_ms: u32,
+    /// Growth of the delay per attempt.
+    pub backoff_coefficient: f64,
+    /// When it was first accepted.
+    pub created_at: DateTime<Utc>,
+    /// When it stops being retried.
+    pub expire_at: DateTime<Utc>,
+    /// The producer's idempotency key.
+    pub idempotency_key: Option<String>,
+    /// Attempts made so far (0 for new jobs).
+    #[serde(default)]
+    pub attempts: u16,
+    /// When its next attempt is due (new jobs: when they were accepted).
+    pub retry_at: DateTime<Utc>,
+}
+
+/// What an import did.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+pub struct ImportResponse {
+    /// The JobDB the jobs are now in.
+    pub jobdb: String,
+    /// Jobs stored by this request.
+    pub imported: usize,
+    /// Jobs that were already there (an earlier attempt of the same import).
+    pub already_present: usize,
+}
+
+/// `GET /v1/endpoints` answer: the health of every endpoint this Director is working for.
+#[derive(Clone, Debug, Default, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+pub struct EndpointsView {
+    /// One entry per endpoint with jobs queued or in flight, or a breaker that remembers it.
+    pub endpoints: Vec<EndpointHealth>,
+}
+
+/// One endpoint as a Director sees it (updated once a second).
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+pub struct EndpointHealth {
+    /// The endpoint (URL without query).
+    pub endpoint: String,
+    /// Jobs ready to be sent, waiting in its queue.
+    pub ready: usize,
+    /// Requests in flight.
+    pub in_flight: usize,
+    /// `closed` (normal) or `open` (judged down: one probe at a time).
+    pub breaker: String,
+    /// Attempts remembered by the breaker, and how many of them failed.
+    pub recent_attempts: usize,
+    /// Failed among `recent_attempts`.
+    pub recent_failures: usize,
+    /// Paused by an endpoint control.
+    pub paused: bool,
+    /// Requests in flight allowed now (after caps and pause).
+    pub concurrency: usize,
+    /// A rate cap, if any.
+    pub max_per_second: Option<f64>,
+}
+
+/// Every error answer: `{"error": {...}}`.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+pub struct ErrorBody {
+    /// What went wrong.
+    pub error: ErrorDetail,
+}
+
+/// The detail of an error answer.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+pub struct ErrorDetail {
+    /// Stable machine-readable code (`invalid_json`, `invalid_field`, `too_large`, `not_found`,
+    /// `unavailable`, `shutting_down`, `internal`).
+    pub code: String,
+    /// Human-readable explanation (lower case, no internal detail).
+    pub message: String,
+    /// The offending field, when there is one.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub field: Option<String>,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn new_jobs_serialize_only_what_is_set() {
+        let job = NewJob::new("b", "https://example.test/hook")
+            .with_payload(&serde_json::json!({"a": 1}))
+            .unwrap()
+            .with_header("x-k", "v")
+            .with_idempotency_key("k1");
+        let text = serde_json::to_string(&job).unwrap();
+        assert_eq!(
+            text,
+            r#"{"bucket":"b","endpoint":"https://example.test/hook","headers":{"x-k":"v"},"payload":{"a":1},"idempotency_key":"k1"}"#
+        );
+        let back: NewJob = serde_json::from_str(&text).unwrap();
+        assert_eq!(serde_json::to_string(&back).unwrap(), text);
+    }
+
+    #[test]
+    fn payloads_keep_their_bytes_and_exclude_each_other() {
+        let job: NewJob = serde_json::from_str(
+            r#"{"bucket":"b","endpoint":"http://x","payload":{"z": 1.50, "a":[ ]}}"#,
+        )
+        .unwrap();
+        assert_eq!(
+            job.payload.as_ref().unwrap().get(),
+            r#"{"z": 1.50, "a":[ ]}"#
+        );
+        let job = job.with_payload_bytes(b"\x00\x01");
+        assert!(job.payload.is_none());
+        assert_eq!(job.payload_base64.as_deref(), Some("AAE="));
+    }
+
+    #[test]
+    fn jobs_convert_from_json_values() {
+        let value =
+            serde_json::json!({"bucket": "b", "endpoint": "http://x", "payload": {"a": [1, 2]}});
+        let job: NewJob = serde_json::from_value(value).unwrap();
+        assert_eq!(job.payload.unwrap().get(), r#"{"a":[1,2]}"#);
+    }
+
+    #[test]
+    fn whole_numbers_are_integers_and_unknown_fields_are_refused() {
+        let job: NewJob = serde_json::from_str(
+            r#"{"bucket":"b","endpoint":"http://x","ttl_ms":176.0,"execution_timeout_ms":null}"#,
+        )
+        .unwrap();
+        assert_eq!(job.ttl_ms, Some(176));
+        assert_eq!(job.execution_timeout_ms, None);
+        assert!(serde_json::from_str::<NewJob>(
+            r#"{"bucket":"b","endpoint":"http://x","ttl_ms":1.5}"#
+        )
+        .is_err());
+        let unknown = serde_json::from_str::<NewJob>(
+            r#"{"bucket":"b","endpoint":"http://x","max_attempts":3}"#,
+        )
+        .unwrap_err();
+        assert!(unknown.to_string().contains("max_attempts"), "{unknown}");
+    }
+
+    #[test]
+    fn states_round_trip_and_classify() {
+        for state in JobState::ALL {
+            assert_eq!(state.as_str().parse::<JobState>().unwrap(), state);
+            let json = serde_json::to_string(&state).unwrap();
+            assert_eq!(json, format!("\"{state}\""));
+        }
+        assert!("running".parse::<JobState>().is_err());
+        assert!(JobState::Moved.is_terminal() && !JobState::Moved.is_final());
+    }
+
+    #[test]
+    fn statuses_spell_as_on_the_wire() {
+        for status in [
+            JobStatus::Accepted,
+            JobStatus::Duplicate,
+            JobStatus::Pending,
+            JobStatus::Failed,
+        ] {
+            assert_eq!(
+                serde_json::to_string(&status).unwrap(),
+                format!("\"{status}\"")
+            );
+        }
+        assert!(JobStatus::Duplicate.is_stored() && !JobStatus::Pending.is_stored());
+    }
+}
