@@ -30,6 +30,10 @@ pub enum Command {
     /// Run a Director on a fresh demo JobDB with a local test endpoint, submit a mix of jobs
     /// (successes, retries, a rate limit, discards), and show them reach their final states.
     Demo(crate::demo::DemoArgs),
+    /// Run everything in one process on embedded parts (SQLite JobDBs, a directory archive,
+    /// in-process registry and dedup), data under one directory: nothing to install.
+    /// `--demo` adds a local endpoint and a producer to watch on the dashboard.
+    Dev(Box<crate::dev::DevArgs>),
     /// Measure intake and end-to-end delivery throughput against a local endpoint.
     Bench(crate::bench::BenchArgs),
     /// Run the recording test endpoint alone (see `spindle::sink` for its paths).
@@ -658,12 +662,12 @@ impl DrainerArgs {
     }
 }
 
-/// [`until_signal`], with `/metrics` served on `addr` (when given) until then.
-async fn metrics_until_signal(
+/// `stop`, with `/metrics` served on `addr` (when given) until it is cancelled.
+async fn metrics_until(
     addr: Option<SocketAddr>,
     metrics: &std::sync::Arc<crate::metrics::Metrics>,
+    stop: tokio_util::sync::CancellationToken,
 ) -> anyhow::Result<tokio_util::sync::CancellationToken> {
-    let stop = until_signal();
     if let Some(addr) = addr {
         crate::rpc::serve_metrics(addr, metrics.clone(), stop.clone())
             .await
@@ -1038,22 +1042,31 @@ pub async fn run(cli: Cli) -> anyhow::Result<()> {
         .with_env_filter(EnvFilter::try_new(&cli.log).context("--log")?)
         .with_writer(std::io::stderr)
         .init();
-    match cli.command {
+    execute(cli.command, until_signal()).await
+}
+
+/// Runs one command until it ends or `stop` is cancelled (SIGINT/SIGTERM for the binary;
+/// `spindle dev` runs several in one process with one token).
+pub async fn execute(
+    command: Command,
+    stop: tokio_util::sync::CancellationToken,
+) -> anyhow::Result<()> {
+    match command {
         Command::Manager(args) => {
             let config = args.to_config()?;
-            let stop = metrics_until_signal(args.metrics_listen, &config.metrics).await?;
+            let stop = metrics_until(args.metrics_listen, &config.metrics, stop).await?;
             crate::manager::run(config, stop).await?
         }
         Command::Drainer(args) => {
             let config = args.to_config()?;
-            let stop = metrics_until_signal(args.metrics_listen, &config.metrics).await?;
+            let stop = metrics_until(args.metrics_listen, &config.metrics, stop).await?;
             crate::drainer::run(config, stop).await?
         }
         Command::Router(args) => {
             let (settings, store, directors, consul) = args.connect().await?;
             let router =
                 crate::router::service::Router::start(settings, store, directors, consul).await?;
-            until_signal().cancelled().await;
+            stop.cancelled().await;
             router.stop().await;
         }
         Command::Placements(PlacementsCommand::Show { consul, dedup }) => {
@@ -1084,7 +1097,13 @@ pub async fn run(cli: Cli) -> anyhow::Result<()> {
         }
         Command::Director(args) => match args.registry {
             RegistryKind::Mysql => {
-                director::run_until_signal(args.to_config_with_archive().await?).await?
+                let director = director::start(args.to_config_with_archive().await?).await?;
+                let stopper = director.stopper();
+                tokio::spawn(async move {
+                    stop.cancelled().await;
+                    stopper.cancel();
+                });
+                director.wait().await?
             }
             RegistryKind::Consul => {
                 let cluster = director::campaign::ClusterConfig {
@@ -1098,12 +1117,8 @@ pub async fn run(cli: Cli) -> anyhow::Result<()> {
                     retry_every: Duration::from_millis(args.campaign_retry_ms),
                     director_id: args.director_id.clone().unwrap_or_else(director::host_name),
                 };
-                director::campaign::run(
-                    args.to_config_with_archive().await?,
-                    cluster,
-                    until_signal(),
-                )
-                .await?;
+                director::campaign::run(args.to_config_with_archive().await?, cluster, stop)
+                    .await?;
             }
         },
         Command::Jobdbs(JobdbsCommand::Add { jobdb, consul }) => {
@@ -1166,10 +1181,11 @@ pub async fn run(cli: Cli) -> anyhow::Result<()> {
         Command::Dashboard(args) => {
             let dashboard = crate::dashboard::serve(args.to_config()?).await?;
             println!("dashboard at http://{}/", dashboard.addr());
-            until_signal().cancelled().await;
+            stop.cancelled().await;
             dashboard.stop().await;
         }
         Command::Demo(args) => crate::demo::run(args).await?,
+        Command::Dev(args) => crate::dev::run(*args, stop).await?,
         Command::Bench(args) => crate::bench::run(args).await?,
         Command::Sink(args) => {
             let sink = crate::sink::Sink::start(args.listen).await?;

@@ -24,6 +24,7 @@
 //! - [`sink`]: a recording HTTP endpoint for demos, benchmarks and tests.
 //! - [`cli`]: the `spindle` command line (`director`, `dashboard`, `demo`, `bench`, `sink`, ...).
 //! - [`bench`] and [`demo`]: the `spindle bench` and `spindle demo` subcommands.
+//! - [`dev`]: `spindle dev`, everything in one process on embedded parts.
 //! - [`submit`]: `spindle submit`, jobs from options, a file or stdin, through the
 //!   `spindle-client` crate (the typed client whose wire types [`rpc::api`] re-exports).
 //!
@@ -35,6 +36,7 @@ pub mod cli;
 pub mod dashboard;
 pub mod delivery;
 pub mod demo;
+pub mod dev;
 pub mod director;
 pub mod drainer;
 pub mod job;
