@@ -77,8 +77,8 @@ pub struct ReplayArgs {
     /// Read ended jobs from this JobDB (mysql://user[:password]@host:port/name).
     #[arg(long, conflicts_with = "from_archive")]
     pub from_jobdb: Option<String>,
-    /// Read ended jobs from the S3 archive (the `--s3-*` options), every JobDB's batches or
-    /// those of `--archive-jobdb`.
+    /// Read ended jobs from the archive (the `--s3-*` options, or `--archive-dir`), every
+    /// JobDB's batches or those of `--archive-jobdb`.
     #[arg(long)]
     pub from_archive: bool,
     /// With `--from-archive`: only this JobDB's batches.
@@ -465,11 +465,13 @@ impl RouterArgs {
     }
 }
 
-/// Where the S3 archive is. Credentials come from the standard AWS chain (environment,
+/// Where the archive is: an S3 bucket, or a local directory (`--archive-dir`). S3 credentials
+/// come from the standard AWS chain (environment,
 /// profile, instance role) unless given here.
 #[derive(Debug, Clone, Args)]
 pub struct S3Args {
-    /// Bucket of the archive; without it expired jobs stay `archiving` (for a drainer).
+    /// Bucket of the archive; without it (or `--archive-dir`) expired jobs stay `archiving`
+    /// (for a drainer).
     #[arg(long, env = "SPINDLE_S3_BUCKET")]
     pub s3_bucket: Option<String>,
     /// S3-compatible endpoint URL (default: AWS).
@@ -496,11 +498,30 @@ pub struct S3Args {
     /// Deadline of one S3 operation, in ms.
     #[arg(long, env = "SPINDLE_S3_TIMEOUT_MS", default_value_t = 10_000)]
     pub s3_timeout_ms: u64,
+    /// Keep the archive in this local directory instead of S3, with the same object layout:
+    /// `DIR/<bucket>/<key>`, the bucket being `--s3-bucket` or `spindle-archive` (created if
+    /// missing). `--s3-prefix` and `--s3-timeout-ms` apply; for one machine (`spindle dev`).
+    #[arg(
+        long,
+        env = "SPINDLE_ARCHIVE_DIR",
+        conflicts_with_all = ["s3_endpoint", "s3_path_style", "s3_access_key_id", "s3_secret_access_key"]
+    )]
+    pub archive_dir: Option<std::path::PathBuf>,
 }
 
 impl S3Args {
-    /// The archive configuration, if a bucket is given.
-    pub fn to_config(&self) -> Option<crate::archive::S3Config> {
+    /// The archive configuration: a directory with `--archive-dir`, else S3 if a bucket is
+    /// given, else none.
+    pub fn to_config(&self) -> Option<crate::archive::ArchiveConfig> {
+        if let Some(root) = &self.archive_dir {
+            let mut config = crate::archive::DirConfig::new(root);
+            if let Some(bucket) = &self.s3_bucket {
+                config.bucket = bucket.clone();
+            }
+            config.prefix = self.s3_prefix.clone();
+            config.timeout = Duration::from_millis(self.s3_timeout_ms);
+            return Some(config.into());
+        }
         let bucket = self.s3_bucket.clone()?;
         let mut config = crate::archive::S3Config::new(bucket);
         config.endpoint = self.s3_endpoint.clone();
@@ -511,7 +532,7 @@ impl S3Args {
         config.secret_access_key = self.s3_secret_access_key.clone();
         config.create_bucket = self.s3_create_bucket;
         config.timeout = Duration::from_millis(self.s3_timeout_ms);
-        Some(config)
+        Some(config.into())
     }
 }
 
@@ -623,10 +644,9 @@ impl ManagerArgs {
 impl DrainerArgs {
     /// The drainer configuration these options describe.
     pub fn to_config(&self) -> anyhow::Result<crate::drainer::DrainerConfig> {
-        let archive = self
-            .s3
-            .to_config()
-            .context("--s3-bucket is required: the drainer archives expired jobs")?;
+        let archive = self.s3.to_config().context(
+            "--s3-bucket or --archive-dir is required: the drainer archives expired jobs",
+        )?;
         anyhow::ensure!(
             (1..=1000).contains(&self.import_batch),
             "--import-batch must be 1 to 1000"
@@ -883,9 +903,9 @@ impl DirectorArgs {
     /// [`DirectorArgs::to_config`], connected to the archive when a bucket is given.
     pub async fn to_config_with_archive(&self) -> anyhow::Result<DirectorConfig> {
         let mut config = self.to_config()?;
-        if let Some(s3) = self.s3.to_config() {
+        if let Some(archive) = self.s3.to_config() {
             config.archive = Some(
-                crate::archive::Archive::connect(&s3)
+                crate::archive::Archive::open(&archive)
                     .await
                     .context("connecting to the archive")?,
             );
@@ -1289,12 +1309,11 @@ async fn replay(args: ReplayArgs) -> anyhow::Result<()> {
             ReplaySource::JobDb(Box::new(crate::jobdb::JobDb::open_reader(&url, 2).await?))
         }
         (None, true) => {
-            let s3 = args
-                .s3
-                .to_config()
-                .context("--from-archive needs --s3-bucket (and the other --s3-* options)")?;
+            let config = args.s3.to_config().context(
+                "--from-archive needs --s3-bucket (and the other --s3-* options) or --archive-dir",
+            )?;
             ReplaySource::Archive {
-                archive: crate::archive::Archive::connect(&s3).await?,
+                archive: crate::archive::Archive::open(&config).await?,
                 jobdb: args.archive_jobdb.clone(),
             }
         }
