@@ -227,6 +227,8 @@ pub struct RouterArgs {
     pub consul: ConsulArgs,
     /// A Redis dedup store as `id=redis://host:port[/db]` (repeatable; comma-separated in the
     /// environment). Every store a placement names must be given, old ones included.
+    /// `id=memory:` keeps the store in this process instead (same semantics; lost on restart,
+    /// invisible to other routers: for a single router, as `spindle dev` runs it).
     #[arg(
         long = "redis",
         env = "SPINDLE_ROUTER_REDIS",
@@ -391,9 +393,9 @@ impl RouterArgs {
         let consul = self.consul.client()?;
         let mut stores = Vec::new();
         for entry in &self.redis {
-            let (id, url) = entry
-                .split_once('=')
-                .with_context(|| format!("--redis {entry:?}: expected id=redis://host:port"))?;
+            let (id, url) = entry.split_once('=').with_context(|| {
+                format!("--redis {entry:?}: expected id=redis://host:port or id=memory:")
+            })?;
             anyhow::ensure!(
                 placement::valid_store_id(id),
                 "--redis {entry:?}: store id must be 1 to 64 of [A-Za-z0-9_.-]"
