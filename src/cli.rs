@@ -502,7 +502,8 @@ pub struct S3Args {
     pub s3_timeout_ms: u64,
     /// Keep the archive in this local directory instead of S3, with the same object layout:
     /// `DIR/<bucket>/<key>`, the bucket being `--s3-bucket` or `spindle-archive` (created if
-    /// missing). `--s3-prefix` and `--s3-timeout-ms` apply; for one machine (`spindle dev`).
+    /// missing, except by `replay`). `--s3-prefix` and `--s3-timeout-ms` apply; for one
+    /// machine (`spindle dev`).
     #[arg(
         long,
         env = "SPINDLE_ARCHIVE_DIR",
@@ -1311,9 +1312,13 @@ async fn replay(args: ReplayArgs) -> anyhow::Result<()> {
             ReplaySource::JobDb(Box::new(crate::jobdb::JobDb::open_reader(&url, 2).await?))
         }
         (None, true) => {
-            let config = args.s3.to_config().context(
+            let mut config = args.s3.to_config().context(
                 "--from-archive needs --s3-bucket (and the other --s3-* options) or --archive-dir",
             )?;
+            // A reader: a mistyped directory is an error, not a new empty archive.
+            if let crate::archive::ArchiveConfig::Dir(dir) = &mut config {
+                dir.create_bucket = false;
+            }
             ReplaySource::Archive {
                 archive: crate::archive::Archive::open(&config).await?,
                 jobdb: args.archive_jobdb.clone(),

@@ -402,6 +402,21 @@ async fn replay_reads_ended_jobs_from_the_archive(backend: Backend) {
         out.contains(&format!("selected {in_bucket}, submitted 0 (dry run)")),
         "{out}"
     );
+    if let Some(root) = store.root() {
+        // A reader does not create a mistyped archive directory: it fails.
+        let nowhere = root.join("nowhere");
+        let failed = common::procs::run(&[
+            "replay",
+            "--from-archive",
+            "--dry-run",
+            "--to",
+            "http://127.0.0.1:9",
+            "--archive-dir",
+            &nowhere.display().to_string(),
+        ]);
+        assert!(!failed.status.success());
+        assert!(!nowhere.exists());
+    }
 }
 
 async fn missing_objects_and_buckets_are_permanent_errors(backend: Backend) {
