@@ -86,8 +86,8 @@ pub struct ReplayArgs {
     /// Read ended jobs from this JobDB (mysql://user[:password]@host:port/name).
     #[arg(long, conflicts_with = "from_archive")]
     pub from_jobdb: Option<String>,
-    /// Read ended jobs from the S3 archive (the `--s3-*` options), every JobDB's batches or
-    /// those of `--archive-jobdb`.
+    /// Read ended jobs from the archive (the `--s3-*` options, or `--archive-dir`), every
+    /// JobDB's batches or those of `--archive-jobdb`.
     #[arg(long)]
     pub from_archive: bool,
     /// With `--from-archive`: only this JobDB's batches.
@@ -236,6 +236,8 @@ pub struct RouterArgs {
     pub consul: ConsulArgs,
     /// A Redis dedup store as `id=redis://host:port[/db]` (repeatable; comma-separated in the
     /// environment). Every store a placement names must be given, old ones included.
+    /// `id=memory:` keeps the store in this process instead (same semantics; lost on restart,
+    /// invisible to other routers: for a single router, as `spindle dev` runs it).
     #[arg(
         long = "redis",
         env = "SPINDLE_ROUTER_REDIS",
@@ -400,9 +402,9 @@ impl RouterArgs {
         let consul = self.consul.client()?;
         let mut stores = Vec::new();
         for entry in &self.redis {
-            let (id, url) = entry
-                .split_once('=')
-                .with_context(|| format!("--redis {entry:?}: expected id=redis://host:port"))?;
+            let (id, url) = entry.split_once('=').with_context(|| {
+                format!("--redis {entry:?}: expected id=redis://host:port or id=memory:")
+            })?;
             anyhow::ensure!(
                 placement::valid_store_id(id),
                 "--redis {entry:?}: store id must be 1 to 64 of [A-Za-z0-9_.-]"
@@ -474,11 +476,13 @@ impl RouterArgs {
     }
 }
 
-/// Where the S3 archive is. Credentials come from the standard AWS chain (environment,
+/// Where the archive is: an S3 bucket, or a local directory (`--archive-dir`). S3 credentials
+/// come from the standard AWS chain (environment,
 /// profile, instance role) unless given here.
 #[derive(Debug, Clone, Args)]
 pub struct S3Args {
-    /// Bucket of the archive; without it expired jobs stay `archiving` (for a drainer).
+    /// Bucket of the archive; without it (or `--archive-dir`) expired jobs stay `archiving`
+    /// (for a drainer).
     #[arg(long, env = "SPINDLE_S3_BUCKET")]
     pub s3_bucket: Option<String>,
     /// S3-compatible endpoint URL (default: AWS).
@@ -505,11 +509,31 @@ pub struct S3Args {
     /// Deadline of one S3 operation, in ms.
     #[arg(long, env = "SPINDLE_S3_TIMEOUT_MS", default_value_t = 10_000)]
     pub s3_timeout_ms: u64,
+    /// Keep the archive in this local directory instead of S3, with the same object layout:
+    /// `DIR/<bucket>/<key>`, the bucket being `--s3-bucket` or `spindle-archive` (created if
+    /// missing, except by `replay`). `--s3-prefix` and `--s3-timeout-ms` apply; for one
+    /// machine (`spindle dev`).
+    #[arg(
+        long,
+        env = "SPINDLE_ARCHIVE_DIR",
+        conflicts_with_all = ["s3_endpoint", "s3_path_style", "s3_access_key_id", "s3_secret_access_key"]
+    )]
+    pub archive_dir: Option<std::path::PathBuf>,
 }
 
 impl S3Args {
-    /// The archive configuration, if a bucket is given.
-    pub fn to_config(&self) -> Option<crate::archive::S3Config> {
+    /// The archive configuration: a directory with `--archive-dir`, else S3 if a bucket is
+    /// given, else none.
+    pub fn to_config(&self) -> Option<crate::archive::ArchiveConfig> {
+        if let Some(root) = &self.archive_dir {
+            let mut config = crate::archive::DirConfig::new(root);
+            if let Some(bucket) = &self.s3_bucket {
+                config.bucket = bucket.clone();
+            }
+            config.prefix = self.s3_prefix.clone();
+            config.timeout = Duration::from_millis(self.s3_timeout_ms);
+            return Some(config.into());
+        }
         let bucket = self.s3_bucket.clone()?;
         let mut config = crate::archive::S3Config::new(bucket);
         config.endpoint = self.s3_endpoint.clone();
@@ -520,7 +544,7 @@ impl S3Args {
         config.secret_access_key = self.s3_secret_access_key.clone();
         config.create_bucket = self.s3_create_bucket;
         config.timeout = Duration::from_millis(self.s3_timeout_ms);
-        Some(config)
+        Some(config.into())
     }
 }
 
@@ -632,10 +656,9 @@ impl ManagerArgs {
 impl DrainerArgs {
     /// The drainer configuration these options describe.
     pub fn to_config(&self) -> anyhow::Result<crate::drainer::DrainerConfig> {
-        let archive = self
-            .s3
-            .to_config()
-            .context("--s3-bucket is required: the drainer archives expired jobs")?;
+        let archive = self.s3.to_config().context(
+            "--s3-bucket or --archive-dir is required: the drainer archives expired jobs",
+        )?;
         anyhow::ensure!(
             (1..=1000).contains(&self.import_batch),
             "--import-batch must be 1 to 1000"
@@ -892,9 +915,9 @@ impl DirectorArgs {
     /// [`DirectorArgs::to_config`], connected to the archive when a bucket is given.
     pub async fn to_config_with_archive(&self) -> anyhow::Result<DirectorConfig> {
         let mut config = self.to_config()?;
-        if let Some(s3) = self.s3.to_config() {
+        if let Some(archive) = self.s3.to_config() {
             config.archive = Some(
-                crate::archive::Archive::connect(&s3)
+                crate::archive::Archive::open(&archive)
                     .await
                     .context("connecting to the archive")?,
             );
@@ -1052,23 +1075,11 @@ pub async fn execute(
     stop: tokio_util::sync::CancellationToken,
 ) -> anyhow::Result<()> {
     match command {
-        Command::Manager(args) => {
-            let config = args.to_config()?;
-            let stop = metrics_until(args.metrics_listen, &config.metrics, stop).await?;
-            crate::manager::run(config, stop).await?
-        }
-        Command::Drainer(args) => {
-            let config = args.to_config()?;
-            let stop = metrics_until(args.metrics_listen, &config.metrics, stop).await?;
-            crate::drainer::run(config, stop).await?
-        }
-        Command::Router(args) => {
-            let (settings, store, directors, consul) = args.connect().await?;
-            let router =
-                crate::router::service::Router::start(settings, store, directors, consul).await?;
-            stop.cancelled().await;
-            router.stop().await;
-        }
+        command @ (Command::Manager(_)
+        | Command::Drainer(_)
+        | Command::Router(_)
+        | Command::Director(_)
+        | Command::Dashboard(_)) => run_service(command, stop).await?,
         Command::Placements(PlacementsCommand::Show { consul, dedup }) => {
             let placements = crate::router::placement::PlacementManager::consul(
                 consul.client()?,
@@ -1095,32 +1106,6 @@ pub async fn execute(
                 layout.generation, layout.effective_from
             );
         }
-        Command::Director(args) => match args.registry {
-            RegistryKind::Mysql => {
-                let director = director::start(args.to_config_with_archive().await?).await?;
-                let stopper = director.stopper();
-                tokio::spawn(async move {
-                    stop.cancelled().await;
-                    stopper.cancel();
-                });
-                director.wait().await?
-            }
-            RegistryKind::Consul => {
-                let cluster = director::campaign::ClusterConfig {
-                    consul: args.consul.client()?,
-                    timing: crate::registry::lease::LockTiming {
-                        ttl: Duration::from_millis(args.lock_ttl_ms),
-                        lock_delay: Duration::from_millis(args.lock_delay_ms),
-                    },
-                    advertise: args.advertise,
-                    service_ttl: Duration::from_millis(args.service_ttl_ms),
-                    retry_every: Duration::from_millis(args.campaign_retry_ms),
-                    director_id: args.director_id.clone().unwrap_or_else(director::host_name),
-                };
-                director::campaign::run(args.to_config_with_archive().await?, cluster, stop)
-                    .await?;
-            }
-        },
         Command::Jobdbs(JobdbsCommand::Add { jobdb, consul }) => {
             let url: crate::jobdb::JobDbUrl = jobdb.parse().context("--jobdb")?;
             let db = crate::jobdb::JobDb::open(&url, true, 2).await?;
@@ -1178,12 +1163,6 @@ pub async fn execute(
             json,
         }) => show_job(&id, &api, token.as_deref(), json).await?,
         Command::Submit(args) => crate::submit::run(*args).await?,
-        Command::Dashboard(args) => {
-            let dashboard = crate::dashboard::serve(args.to_config()?).await?;
-            println!("dashboard at http://{}/", dashboard.addr());
-            stop.cancelled().await;
-            dashboard.stop().await;
-        }
         Command::Demo(args) => crate::demo::run(args).await?,
         Command::Dev(args) => crate::dev::run(*args, stop).await?,
         Command::Bench(args) => crate::bench::run(args).await?,
@@ -1193,6 +1172,68 @@ pub async fn execute(
             crate::shutdown_signal().await;
             sink.stop().await;
         }
+    }
+    Ok(())
+}
+
+/// Runs one of the long-running parts (manager, drainer, router, Director, dashboard) until
+/// it ends or `stop` is cancelled; any other command is refused. `spindle dev` runs its parts
+/// through this.
+pub async fn run_service(
+    command: Command,
+    stop: tokio_util::sync::CancellationToken,
+) -> anyhow::Result<()> {
+    match command {
+        Command::Manager(args) => {
+            let config = args.to_config()?;
+            let stop = metrics_until(args.metrics_listen, &config.metrics, stop).await?;
+            crate::manager::run(config, stop).await?
+        }
+        Command::Drainer(args) => {
+            let config = args.to_config()?;
+            let stop = metrics_until(args.metrics_listen, &config.metrics, stop).await?;
+            crate::drainer::run(config, stop).await?
+        }
+        Command::Router(args) => {
+            let (settings, store, directors, consul) = args.connect().await?;
+            let router =
+                crate::router::service::Router::start(settings, store, directors, consul).await?;
+            stop.cancelled().await;
+            router.stop().await;
+        }
+        Command::Director(args) => match args.registry {
+            RegistryKind::Mysql => {
+                let director = director::start(args.to_config_with_archive().await?).await?;
+                let stopper = director.stopper();
+                tokio::spawn(async move {
+                    stop.cancelled().await;
+                    stopper.cancel();
+                });
+                director.wait().await?
+            }
+            RegistryKind::Consul => {
+                let cluster = director::campaign::ClusterConfig {
+                    consul: args.consul.client()?,
+                    timing: crate::registry::lease::LockTiming {
+                        ttl: Duration::from_millis(args.lock_ttl_ms),
+                        lock_delay: Duration::from_millis(args.lock_delay_ms),
+                    },
+                    advertise: args.advertise,
+                    service_ttl: Duration::from_millis(args.service_ttl_ms),
+                    retry_every: Duration::from_millis(args.campaign_retry_ms),
+                    director_id: args.director_id.clone().unwrap_or_else(director::host_name),
+                };
+                director::campaign::run(args.to_config_with_archive().await?, cluster, stop)
+                    .await?;
+            }
+        },
+        Command::Dashboard(args) => {
+            let dashboard = crate::dashboard::serve(args.to_config()?).await?;
+            println!("dashboard at http://{}/", dashboard.addr());
+            stop.cancelled().await;
+            dashboard.stop().await;
+        }
+        _ => anyhow::bail!("not a long-running part of spindle"),
     }
     Ok(())
 }
@@ -1311,12 +1352,15 @@ async fn replay(args: ReplayArgs) -> anyhow::Result<()> {
             ReplaySource::JobDb(Box::new(crate::jobdb::JobDb::open_reader(&url, 2).await?))
         }
         (None, true) => {
-            let s3 = args
-                .s3
-                .to_config()
-                .context("--from-archive needs --s3-bucket (and the other --s3-* options)")?;
+            let mut config = args.s3.to_config().context(
+                "--from-archive needs --s3-bucket (and the other --s3-* options) or --archive-dir",
+            )?;
+            // A reader: a mistyped directory is an error, not a new empty archive.
+            if let crate::archive::ArchiveConfig::Dir(dir) = &mut config {
+                dir.create_bucket = false;
+            }
             ReplaySource::Archive {
-                archive: crate::archive::Archive::connect(&s3).await?,
+                archive: crate::archive::Archive::open(&config).await?,
                 jobdb: args.archive_jobdb.clone(),
             }
         }

@@ -23,7 +23,7 @@ use anyhow::Context;
 use clap::{Args, Parser};
 use tokio_util::sync::CancellationToken;
 
-use crate::cli::{execute, Cli};
+use crate::cli::{run_service, Cli};
 use crate::registry::consul::ConsulClient;
 use crate::registry::inventory::{Inventory, JobDbRecord, JobDbState};
 
@@ -124,7 +124,7 @@ pub async fn run(args: DevArgs, stop: CancellationToken) -> anyhow::Result<()> {
             .with_context(|| format!("spindle {}", line.join(" ")))?;
         let name = line[0].clone();
         let stop = stop.clone();
-        tasks.spawn(async move { (name, execute(cli.command, stop).await) });
+        tasks.spawn(async move { (name, run_service(cli.command, stop).await) });
     }
     println!("spindle dev: data in {}", data.display());
     println!("  producers' API (router):  http://{}/v1/jobs", args.listen);
@@ -254,8 +254,8 @@ async fn demo(
         match client.submit(std::slice::from_ref(&job)).await {
             Ok(reply) => {
                 for j in &reply.jobs {
-                    match serde_json::to_value(&j.status)?.as_str() {
-                        Some("duplicate") => duplicates += 1,
+                    match j.status.as_str() {
+                        "duplicate" => duplicates += 1,
                         _ => accepted += 1,
                     }
                 }

@@ -5,7 +5,7 @@
 //! 1. finishes the moves a previous drainer planned (see below);
 //! 2. records attempts left `executing` as interrupted, and jobs past their expiry as
 //!    `archiving`;
-//! 3. archives expired jobs to S3 (the shared [`crate::archive::archiver`]);
+//! 3. archives expired jobs to the archive, S3 or a directory (the shared [`crate::archive::archiver`]);
 //! 4. moves every job still awaiting a retry to a live Director through `POST /v1/import`,
 //!    in batches: the batch and its target JobDB are planned in this JobDB first, the import
 //!    is idempotent on job ids in the target, and the jobs are recorded `moved` after the
@@ -76,8 +76,8 @@ pub struct DrainerConfig {
     pub drainer_id: String,
     /// Name recorded as the JobDB owner.
     pub holder: String,
-    /// The S3 archive.
-    pub archive: crate::archive::S3Config,
+    /// The archive (S3 or a local directory).
+    pub archive: crate::archive::ArchiveConfig,
     /// Admin bearer token for the Directors' import RPC, when they require tokens.
     pub import_token: Option<String>,
     /// Jobs per import request (at most 1000).
@@ -92,7 +92,7 @@ pub struct DrainerConfig {
 
 /// Runs a drainer until `shutdown`.
 pub async fn run(config: DrainerConfig, shutdown: CancellationToken) -> Result<(), DrainerError> {
-    let archive = Archive::connect(&config.archive).await?;
+    let archive = Archive::open(&config.archive).await?;
     let http = reqwest::Client::builder()
         .timeout(Duration::from_secs(60))
         .build()?;

@@ -15,10 +15,10 @@
 //! - [`registry`]: coordination: the Consul client, JobDB leases with fencing tokens, the JobDB
 //!   inventory and the service catalog.
 //! - [`router`]: the router's core: the Redis dedup store (Tapjoy's layout, Lua claims, owner
-//!   ids), time-bounded placements of logical shards on stores, and shuffle sharding of buckets
-//!   onto Directors. No HTTP.
-//! - [`archive`]: the S3 archive of jobs that leave a JobDB (expired, or history of moved
-//!   jobs): gzip NDJSON batches with a manifest each. No SQL.
+//!   ids; or an in-process store with the same semantics), time-bounded placements of logical
+//!   shards on stores, and shuffle sharding of buckets onto Directors. No HTTP.
+//! - [`archive`]: the archive of jobs that leave a JobDB (expired, or history of moved jobs):
+//!   gzip NDJSON batches with a manifest each, in S3 or a local directory. No SQL.
 //! - [`dashboard`]: `spindle dashboard`, a web page and JSON API over every live JobDB
 //!   (throughput, endpoints, attempts, inventory, job traces).
 //! - [`sink`]: a recording HTTP endpoint for demos, benchmarks and tests.

@@ -169,7 +169,8 @@ pub async fn run(args: SubmitArgs) -> anyhow::Result<()> {
         .timeout(Duration::from_millis(args.timeout_ms))
         .build()
         .context("--url / --token")?;
-    let mut out = std::io::stdout().lock();
+    // Not locked: the future stays `Send` (spindle dev runs commands on a multi-thread runtime).
+    let mut out = std::io::stdout();
     let mut tally = Tally::default();
     let mut sent = 0;
     for batch in batches(&inputs, usize::from(args.batch)) {

@@ -1,7 +1,13 @@
-//! The S3 archive against a real S3-compatible server (moto, behind a fault proxy): what
-//! `put_batch` stores is read back with boto3, an independent client, and checked job by job;
-//! writing a batch twice is harmless; a failing, unreachable or hanging store gives a transient
-//! error within the configured timeout and leaves nothing behind.
+//! The archive against both backends: a real S3-compatible server (moto, behind a fault proxy)
+//! and a local directory. What `put_batch` stores is read back with an independent client
+//! (boto3, or plain file calls in Python) and checked job by job; writing a batch twice is
+//! harmless; a data object without its manifest is no batch; listing follows key byte order;
+//! `spindle replay --from-archive` reads either; missing objects and buckets are permanent
+//! errors. S3 only: a failing, unreachable or hanging store gives a transient error within the
+//! configured timeout and leaves nothing behind. Directory only: a hung file gives a transient
+//! error within the timeout.
+//!
+//! Each shared case is a function of the backend, run as `<case>::s3` and `<case>::dir`.
 
 mod common;
 
@@ -12,11 +18,39 @@ use bytes::Bytes;
 use chrono::Utc;
 use rand::Rng;
 use serde_json::Value;
-use spindle::archive::{encode_batch, Archive, ArchiveError, ArchivedJob, BatchKind};
+use spindle::archive::{encode_batch, Archive, ArchiveError, ArchivedJob, BatchKind, Manifest};
 use spindle::job::{AttemptRecord, Job, JobId, RetryPolicy, State, Transition};
 use ulid::Ulid;
 
-use common::s3::{boto3_dump, boto3_keys, boto3_read, unique_bucket, Mode, S3Server};
+use common::s3::{boto3_keys, unique_bucket, ArchiveStore, Backend, Mode, S3Server};
+
+/// Runs the case `$name(backend)` once per backend, as the tests `$name::s3` and `$name::dir`.
+macro_rules! on_both_backends {
+    ($($name:ident),* $(,)?) => {$(
+        mod $name {
+            use super::*;
+
+            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn s3() {
+                super::$name(Backend::S3).await
+            }
+
+            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn dir() {
+                super::$name(Backend::Dir).await
+            }
+        }
+    )*};
+}
+
+on_both_backends!(
+    a_batch_reads_back_job_by_job_with_an_independent_client,
+    writing_a_batch_twice_leaves_one_identical_batch,
+    a_data_object_without_its_manifest_is_no_batch,
+    manifests_are_listed_in_key_byte_order,
+    replay_reads_ended_jobs_from_the_archive,
+    missing_objects_and_buckets_are_permanent_errors,
+);
 
 const JOBDB: &str = "jobdb_archive_test";
 
@@ -92,13 +126,10 @@ fn sorted_keys(dump: &serde_json::Map<String, Value>) -> Vec<String> {
     keys
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_batch_reads_back_job_by_job_with_an_independent_client() {
-    let s3 = S3Server::start().await;
-    let bucket = unique_bucket("put");
-    let mut config = s3.config(&bucket);
-    config.prefix = "spindle/".to_owned();
-    let archive = Archive::connect(&config).await.expect("connect");
+async fn a_batch_reads_back_job_by_job_with_an_independent_client(backend: Backend) {
+    let store = ArchiveStore::start(backend, "put").await;
+    let config = store.config_of(&store.bucket, "spindle/");
+    let archive = Archive::open(&config).await.expect("open");
     let (jobs, archived) = expired_jobs(500);
     let batch = Ulid::new();
 
@@ -121,12 +152,16 @@ async fn a_batch_reads_back_job_by_job_with_an_independent_client() {
     assert_eq!(manifest.batch, batch.to_string());
     assert_eq!(manifest.kind, BatchKind::Expired);
 
-    // Straight from moto, not through the proxy, with boto3.
-    let mut listed = boto3_keys(&s3.moto_endpoint(), &bucket).await;
-    listed.sort();
+    // Straight from moto (not through the proxy) with boto3, or from the directory: exactly
+    // the two objects, no temp file left behind.
+    let listed = store.keys().await;
     assert_eq!(listed, vec![manifest_key.clone(), object_key.clone()]);
-    let dump = boto3_dump(&s3.moto_endpoint(), &bucket).await;
+    let dump = store.dump().await;
     assert_eq!(sorted_keys(&dump), listed);
+    if let Some(root) = store.root() {
+        // The documented layout: root/bucket/key.
+        assert!(root.join(&store.bucket).join(&object_key).is_file());
+    }
 
     let object = &dump[&object_key];
     assert_eq!(
@@ -134,7 +169,9 @@ async fn a_batch_reads_back_job_by_job_with_an_independent_client() {
         manifest.sha256.as_str(),
         "sha256 computed by Python"
     );
-    assert_eq!(object["metadata"]["sha256"], manifest.sha256.as_str());
+    if backend == Backend::S3 {
+        assert_eq!(object["metadata"]["sha256"], manifest.sha256.as_str());
+    }
     assert_eq!(object["size"], manifest.compressed_bytes);
     assert_eq!(object["content_length"], manifest.compressed_bytes);
     assert_eq!(object["uncompressed_size"], manifest.uncompressed_bytes);
@@ -161,8 +198,8 @@ async fn a_batch_reads_back_job_by_job_with_an_independent_client() {
     assert_eq!(stored_manifest["jobs"], 500);
     assert_eq!(stored_manifest["kind"], "expired");
 
-    // The bytes on the server are exactly the deterministic encoding.
-    let raw = boto3_read(&s3.moto_endpoint(), &bucket, &object_key).await;
+    // The bytes in the store are exactly the deterministic encoding.
+    let raw = store.read(&object_key).await;
     assert_eq!(raw, encode_batch(&archived).unwrap().data);
 
     // And our own readers agree.
@@ -201,12 +238,10 @@ async fn a_batch_reads_back_job_by_job_with_an_independent_client() {
     );
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn writing_a_batch_twice_leaves_one_identical_batch() {
-    let s3 = S3Server::start().await;
-    let bucket = unique_bucket("idem");
-    let config = s3.config(&bucket);
-    let archive = Archive::connect(&config).await.expect("connect");
+async fn writing_a_batch_twice_leaves_one_identical_batch(backend: Backend) {
+    let store = ArchiveStore::start(backend, "idem").await;
+    let config = store.config();
+    let archive = Archive::open(&config).await.expect("open");
     let (_, mut archived) = expired_jobs(40);
     for job in &mut archived {
         job.moved_to = Some("jobdb_next".to_owned());
@@ -217,14 +252,14 @@ async fn writing_a_batch_twice_leaves_one_identical_batch() {
         .put_batch(JOBDB, BatchKind::History, batch, &archived)
         .await
         .expect("first put");
-    let after_first = boto3_dump(&s3.moto_endpoint(), &bucket).await;
+    let after_first = store.dump().await;
     // A restarted drainer writes the same batch again with a new connection.
-    let again = Archive::connect(&config).await.expect("reconnect");
+    let again = Archive::open(&config).await.expect("reopen");
     let second = again
         .put_batch(JOBDB, BatchKind::History, batch, &archived)
         .await
         .expect("second put");
-    let after_second = boto3_dump(&s3.moto_endpoint(), &bucket).await;
+    let after_second = store.dump().await;
 
     assert_eq!(first, second);
     assert_eq!(
@@ -242,7 +277,189 @@ async fn writing_a_batch_twice_leaves_one_identical_batch() {
         after_second[&first.object_key]["sha256"],
         first.sha256.as_str()
     );
-    assert_eq!(archive.manifests(None).await.unwrap(), vec![first]);
+    assert_eq!(archive.manifests(None).await.unwrap(), vec![first.clone()]);
+
+    // Two writers of the same batch at once (a drainer and its stalled predecessor): each
+    // write replaces the object whole, so both succeed and one identical batch remains.
+    let (x, y) = tokio::join!(
+        archive.put_batch(JOBDB, BatchKind::History, batch, &archived),
+        again.put_batch(JOBDB, BatchKind::History, batch, &archived)
+    );
+    assert_eq!((x.unwrap(), y.unwrap()), (first.clone(), first));
+    assert_eq!(store.dump().await, after_first);
+}
+
+async fn a_data_object_without_its_manifest_is_no_batch(backend: Backend) {
+    let store = ArchiveStore::start(backend, "order").await;
+    let archive = Archive::open(&store.config()).await.expect("open");
+    let (_, archived) = expired_jobs(10);
+    let batch = Ulid::new();
+    // A writer that died between the data object and the manifest.
+    let object_key = archive.object_key(JOBDB, BatchKind::Expired, batch);
+    let data = encode_batch(&archived).unwrap().data;
+    store.put_raw(&object_key, &data).await;
+    assert_eq!(store.keys().await, vec![object_key.clone()]);
+    assert!(archive.manifests(None).await.unwrap().is_empty());
+    assert_eq!(
+        archive
+            .manifest(JOBDB, BatchKind::Expired, batch)
+            .await
+            .unwrap(),
+        None
+    );
+    // Its successor writes the batch again, completing it.
+    let manifest = archive
+        .put_batch(JOBDB, BatchKind::Expired, batch, &archived)
+        .await
+        .unwrap();
+    assert_eq!(archive.manifests(None).await.unwrap(), vec![manifest]);
+    assert_eq!(archive.read_batch(&object_key).await.unwrap(), archived);
+}
+
+async fn manifests_are_listed_in_key_byte_order(backend: Backend) {
+    let store = ArchiveStore::start(backend, "list").await;
+    let archive = Archive::open(&store.config_of(&store.bucket, "p"))
+        .await
+        .expect("open");
+    let (_, archived) = expired_jobs(2);
+    // `-` and `.` sort before `/`: a directory walk in name order would put `a/...` first.
+    let names = ["a", "a-b", "a.b", "ab", "B", "a_"];
+    let mut written = Vec::new();
+    for name in names {
+        for kind in [BatchKind::History, BatchKind::Expired] {
+            for _ in 0..2 {
+                let batch = Ulid::new();
+                written.push(
+                    archive
+                        .put_batch(name, kind, batch, &archived)
+                        .await
+                        .unwrap(),
+                );
+            }
+        }
+    }
+    // A foreign object under the prefix is not a manifest.
+    store
+        .put_raw("p/a/expired/notes.manifest.json", b"{}")
+        .await;
+    let key = |m: &Manifest| archive.manifest_key(&m.jobdb, m.kind, m.batch.parse().unwrap());
+    written.sort_by_key(|m| key(m).into_bytes());
+    let listed = archive.manifests(None).await.unwrap();
+    assert_eq!(listed, written);
+    assert_eq!(
+        archive.manifests(Some("a")).await.unwrap(),
+        written
+            .iter()
+            .filter(|m| m.jobdb == "a")
+            .cloned()
+            .collect::<Vec<_>>()
+    );
+    assert!(archive.manifests(Some("a-")).await.unwrap().is_empty());
+}
+
+async fn replay_reads_ended_jobs_from_the_archive(backend: Backend) {
+    let store = ArchiveStore::start(backend, "replay").await;
+    let archive = Archive::open(&store.config()).await.expect("open");
+    let (jobs, archived) = expired_jobs(30);
+    archive
+        .put_batch(JOBDB, BatchKind::Expired, Ulid::new(), &archived[..20])
+        .await
+        .unwrap();
+    archive
+        .put_batch(
+            "jobdb_other",
+            BatchKind::Expired,
+            Ulid::new(),
+            &archived[20..],
+        )
+        .await
+        .unwrap();
+    let in_bucket = jobs.iter().filter(|j| &*j.bucket == "tenant-1").count();
+    // Nothing listens there: a dry run submits nothing.
+    let mut args: Vec<String> = [
+        "replay",
+        "--from-archive",
+        "--state",
+        "archived",
+        "--dry-run",
+        "--to",
+        "http://127.0.0.1:9",
+    ]
+    .map(str::to_owned)
+    .to_vec();
+    args.extend(store.cli_args());
+    let run = |extra: &[&str]| {
+        let mut all: Vec<&str> = args.iter().map(String::as_str).collect();
+        all.extend_from_slice(extra);
+        common::procs::run_ok(&all)
+    };
+    let out = run(&[]);
+    assert!(out.contains("selected 30, submitted 0 (dry run)"), "{out}");
+    let out = run(&["--archive-jobdb", JOBDB]);
+    assert!(out.contains("selected 20, submitted 0 (dry run)"), "{out}");
+    let out = run(&["--bucket", "tenant-1"]);
+    assert!(
+        out.contains(&format!("selected {in_bucket}, submitted 0 (dry run)")),
+        "{out}"
+    );
+    if let Some(root) = store.root() {
+        // A reader does not create a mistyped archive directory: it fails.
+        let nowhere = root.join("nowhere");
+        let failed = common::procs::run(&[
+            "replay",
+            "--from-archive",
+            "--dry-run",
+            "--to",
+            "http://127.0.0.1:9",
+            "--archive-dir",
+            &nowhere.display().to_string(),
+        ]);
+        assert!(!failed.status.success());
+        assert!(!nowhere.exists());
+    }
+}
+
+async fn missing_objects_and_buckets_are_permanent_errors(backend: Backend) {
+    let store = ArchiveStore::start(backend, "missing").await;
+    let archive = Archive::open(&store.config()).await.expect("open");
+    let (_, archived) = expired_jobs(3);
+    let missing = archive
+        .read_batch("no/such/key.ndjson.gz")
+        .await
+        .unwrap_err();
+    assert!(matches!(missing, ArchiveError::Rejected(_)), "{missing}");
+    assert_eq!(
+        archive
+            .manifest(JOBDB, BatchKind::Expired, Ulid::new())
+            .await
+            .unwrap(),
+        None
+    );
+    // A key that is only a prefix of others is no object either.
+    let manifest = archive
+        .put_batch(JOBDB, BatchKind::Expired, Ulid::new(), &archived)
+        .await
+        .unwrap();
+    let err = archive.read_batch(JOBDB).await.unwrap_err();
+    assert!(matches!(err, ArchiveError::Rejected(_)), "{err}");
+    assert_eq!(
+        archive.read_batch(&manifest.object_key).await.unwrap(),
+        archived
+    );
+
+    let mut elsewhere = store.config_of(&unique_bucket("absent"), "");
+    match &mut elsewhere {
+        spindle::archive::ArchiveConfig::S3(c) => c.create_bucket = false,
+        spindle::archive::ArchiveConfig::Dir(c) => c.create_bucket = false,
+    }
+    let absent = Archive::open(&elsewhere).await.expect("open lazily");
+    let err = absent
+        .put_batch(JOBDB, BatchKind::Expired, Ulid::new(), &archived)
+        .await
+        .unwrap_err();
+    assert!(!err.is_transient(), "missing bucket: {err}");
+    let err = absent.manifests(None).await.unwrap_err();
+    assert!(!err.is_transient(), "missing bucket: {err}");
 }
 
 /// Asserts `result` failed transiently within the configured timeout (+ slack).
@@ -315,19 +532,31 @@ async fn a_failing_store_gives_transient_errors_and_stores_nothing() {
         archive.read_batch(&manifest.object_key).await.unwrap(),
         archived
     );
+}
 
-    // Permanent errors are not transient: a missing object, a missing bucket.
-    let missing = archive
-        .read_batch("no/such/key.ndjson.gz")
-        .await
-        .unwrap_err();
-    assert!(matches!(missing, ArchiveError::Rejected(_)), "{missing}");
-    let mut elsewhere = s3.config(&unique_bucket("absent"));
-    elsewhere.create_bucket = false;
-    let absent = Archive::connect(&elsewhere).await.expect("connect lazily");
-    let err = absent
-        .put_batch(JOBDB, BatchKind::Expired, Ulid::new(), &archived)
-        .await
-        .unwrap_err();
-    assert!(!err.is_transient(), "missing bucket: {err}");
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_hung_file_gives_a_transient_error_within_the_timeout() {
+    let store = ArchiveStore::start(Backend::Dir, "hung").await;
+    let config = store.config();
+    let archive = Archive::open(&config).await.expect("open");
+    let timeout = match &config {
+        spindle::archive::ArchiveConfig::Dir(c) => c.timeout,
+        spindle::archive::ArchiveConfig::S3(_) => unreachable!(),
+    };
+    // Opening a FIFO for reading blocks until a writer comes: a file system that hangs.
+    let key = "hung/expired/01JH0000000000000000000000.ndjson.gz";
+    let bucket_dir = store.root().unwrap().join(&store.bucket);
+    let path = bucket_dir.join(key);
+    std::fs::create_dir_all(path.parent().unwrap()).unwrap();
+    let made = std::process::Command::new("mkfifo")
+        .arg(&path)
+        .status()
+        .unwrap();
+    assert!(made.success());
+    let started = Instant::now();
+    let result = archive.read_batch(key).await;
+    assert!(started.elapsed() >= timeout, "gave up before the timeout");
+    assert_transient("read while hanging", result, started, timeout);
+    // Release the blocked reader thread (it reads an empty object and ends).
+    drop(std::fs::OpenOptions::new().write(true).open(&path).unwrap());
 }

@@ -1,16 +1,21 @@
-//! The router's dedup store against real Redis: claims, duplicates and retries by the same
-//! owner over batches; the window across time slots in both directions; pending claims that
-//! expire; release by owner only; hashes that expire; three private Redis shards; a placement
-//! change (and a race across it); and the placement get-or-create race in Consul.
+//! The router's dedup store against real Redis and against the in-process store: claims,
+//! duplicates and retries by the same owner over batches; the window across time slots in both
+//! directions; pending claims that expire; release by owner only; hashes that expire; three
+//! shards; a placement change (and a race across it); and the placement get-or-create race in
+//! Consul.
 //!
-//! Single-store cases use the machine's shared Redis (`SPINDLE_TEST_REDIS`, default
+//! Every store case is a function of the backend, run as `<case>::redis` and `<case>::memory`
+//! with the same body; only the inspection of what is stored ([`Inspect`]) differs.
+//! Single-store Redis cases use the machine's shared Redis (`SPINDLE_TEST_REDIS`, default
 //! `redis://127.0.0.1:6379`) under a key prefix of their own, deleted at the end (and every key
-//! expires with its window anyway). Multi-store cases start private `redis-server`s on free
-//! ports and kill them when done. Claim times are given explicitly, so no case sleeps to move
-//! through time except the two that wait for Redis to expire something.
+//! expires with its window anyway); memory cases share the in-process store `shared` the same
+//! way. Multi-store cases start private `redis-server`s on free ports and kill them when done,
+//! or use memory stores named for the case. Claim times are given explicitly, so no case sleeps
+//! to move through time except the two that wait for something to expire.
 //!
-//! `dedup_benchmark` (ignored) measures claims per second and bytes per stored id; run it in
-//! release mode: `cargo test --release --test dedup dedup_benchmark -- --ignored --nocapture`.
+//! `dedup_benchmark` (ignored) measures claims per second (and, on Redis, bytes per stored id)
+//! on each backend of `DEDUP_BENCH_BACKENDS` (default `redis,memory`); run it in release mode:
+//! `cargo test --release --test dedup dedup_benchmark -- --ignored --nocapture`.
 
 mod common;
 
@@ -23,6 +28,7 @@ use chrono::{DateTime, TimeZone, Utc};
 use common::redis_server::PrivateRedis;
 use common::{wait_for, ConsulUnderTest};
 use spindle::job::JobId;
+use spindle::router::dedup::memory::MemoryStore;
 use spindle::router::dedup::{
     Claim, ClaimOutcome, ConfirmOutcome, DedupConfig, DedupKey, DedupStore, StoreSpec,
 };
@@ -96,6 +102,133 @@ async fn cleanup(url: &str, prefix: &str) {
     }
 }
 
+/// Which dedup backend a case runs against.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Kind {
+    /// Redis stores, through the scripts.
+    Redis,
+    /// In-process stores.
+    Memory,
+}
+
+/// Runs the case `$name(kind)` once per backend, as the tests `$name::redis` and
+/// `$name::memory`.
+macro_rules! on_both_backends {
+    ($($name:ident),* $(,)?) => {$(
+        mod $name {
+            use super::*;
+
+            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn redis() {
+                super::$name(Kind::Redis).await
+            }
+
+            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn memory() {
+                super::$name(Kind::Memory).await
+            }
+        }
+    )*};
+}
+
+on_both_backends!(
+    claims_duplicates_and_mine_over_batches,
+    duplicates_are_found_across_slots_within_the_window_and_not_beyond,
+    a_pending_claim_expires_and_frees_the_key,
+    a_confirmation_later_than_the_skew_is_accepted,
+    only_the_owner_releases_a_claim,
+    hashes_expire_with_the_window,
+    three_shards_split_the_keys,
+    a_placement_change_never_lets_a_duplicate_through,
+    racing_claims_across_a_placement_change_admit_exactly_one,
+);
+
+/// One stored entry: the owner and, while pending, its deadline (ms, the store's clock).
+type Stored = ([u8; 16], Option<i64>);
+
+/// A store as the cases look into it, around the `DedupStore`: a Redis server by URL, or an
+/// in-process store.
+#[derive(Clone)]
+enum Inspect {
+    Redis(String),
+    Memory(Arc<MemoryStore>),
+}
+
+impl Inspect {
+    /// Entries stored under `prefix`.
+    async fn fields(&self, prefix: &str) -> usize {
+        match self {
+            Inspect::Redis(url) => fields(url, prefix).await,
+            Inspect::Memory(store) => store.live_entries(prefix),
+        }
+    }
+
+    /// Deletes what is stored under `prefix` (Redis; memory stores expire alone).
+    async fn cleanup(&self, prefix: &str) {
+        if let Inspect::Redis(url) = self {
+            cleanup(url, prefix).await;
+        }
+    }
+
+    /// The entry of `key` in the slot of `at` (1 s slots; on Redis read through the documented
+    /// layout with `hash_bits` 8: hash `<prefix><slot>:<top 8 bits>`, field = the other 15
+    /// bytes), and the store's clock in ms.
+    async fn entry(
+        &self,
+        prefix: &str,
+        key: &DedupKey,
+        at: DateTime<Utc>,
+    ) -> (Option<Stored>, i64) {
+        let slot = at.timestamp_millis().div_euclid(1000);
+        match self {
+            Inspect::Redis(url) => {
+                let mut conn = connection(url).await;
+                let hash = format!("{prefix}{slot}:{}", key.as_bytes()[0]);
+                let value: Option<Vec<u8>> = redis::cmd("HGET")
+                    .arg(hash)
+                    .arg(&key.as_bytes()[1..])
+                    .query_async(&mut conn)
+                    .await
+                    .unwrap();
+                let (secs, micros): (i64, i64) =
+                    redis::cmd("TIME").query_async(&mut conn).await.unwrap();
+                let stored = value.map(|v| {
+                    let owner: [u8; 16] = v[..16].try_into().unwrap();
+                    let deadline = (v.len() > 16)
+                        .then(|| std::str::from_utf8(&v[16..]).unwrap().parse().unwrap());
+                    (owner, deadline)
+                });
+                (stored, secs * 1000 + micros / 1000)
+            }
+            Inspect::Memory(store) => {
+                let stored = store
+                    .entry(prefix, slot, key)
+                    .map(|e| (e.owner.to_bytes(), e.deadline_ms));
+                (stored, MemoryStore::now_ms())
+            }
+        }
+    }
+
+    /// Each Redis hash (or memory slot) holding entries under `prefix`, with the ms it has left.
+    async fn ttls(&self, prefix: &str) -> Vec<(String, i64)> {
+        match self {
+            Inspect::Redis(url) => keys_with_ttl(url, prefix)
+                .await
+                .into_iter()
+                .map(|(key, ttl)| (String::from_utf8_lossy(&key).into_owned(), ttl))
+                .collect(),
+            Inspect::Memory(store) => {
+                let now = MemoryStore::now_ms();
+                store
+                    .live_slots(prefix)
+                    .into_iter()
+                    .map(|(slot, expiry)| (format!("slot {slot}"), expiry - now))
+                    .collect()
+            }
+        }
+    }
+}
+
 /// Small window and slots (2 s of 1 s each), a skew large enough for hand-picked times.
 fn config(prefix: &str) -> DedupConfig {
     DedupConfig {
@@ -119,8 +252,9 @@ fn settings(prefix: &str, period: Duration, lead: Duration) -> PlacementSettings
     }
 }
 
-/// A dedup store over the shared Redis (one store, "shared"), placements in memory.
-async fn shared_store(config: DedupConfig) -> DedupStore {
+/// A dedup store over the shared Redis or the shared in-process store (one store, "shared"),
+/// placements in memory.
+async fn shared_store(kind: Kind, config: DedupConfig) -> (DedupStore, Inspect) {
     let placements = Arc::new(PlacementManager::in_memory(settings(
         "mem",
         Duration::from_secs(3600),
@@ -130,16 +264,21 @@ async fn shared_store(config: DedupConfig) -> DedupStore {
         .bootstrap(vec!["shared".to_owned()], 1024)
         .await
         .unwrap();
-    DedupStore::connect(
-        config,
-        vec![StoreSpec {
+    let spec = match kind {
+        Kind::Redis => StoreSpec {
             id: "shared".to_owned(),
             url: shared_redis(),
-        }],
-        placements,
-    )
-    .await
-    .expect("connect to the shared redis")
+        },
+        Kind::Memory => StoreSpec::memory("shared"),
+    };
+    let store = DedupStore::connect(config, vec![spec], placements)
+        .await
+        .expect("connect to the shared store");
+    let inspect = match kind {
+        Kind::Redis => Inspect::Redis(shared_redis()),
+        Kind::Memory => Inspect::Memory(store.memory_store("shared").expect("a memory store")),
+    };
+    (store, inspect)
 }
 
 fn new_owner() -> JobId {
@@ -171,10 +310,9 @@ fn slot_aligned(offset_ms: i64) -> DateTime<Utc> {
         .unwrap()
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn claims_duplicates_and_mine_over_batches() {
+async fn claims_duplicates_and_mine_over_batches(kind: Kind) {
     let prefix = unique_prefix("batches");
-    let store = shared_store(config(&prefix)).await;
+    let (store, inspect) = shared_store(kind, config(&prefix)).await;
     let n = 2_500; // three script calls of at most 1,000
     let keys = new_keys("b", n);
     let (first, second) = (owners(n), owners(n));
@@ -262,13 +400,12 @@ async fn claims_duplicates_and_mine_over_batches() {
         Err(spindle::router::dedup::DedupError::Skewed { index: 0, .. })
     ));
     assert!(store.claim(&[]).await.unwrap().is_empty());
-    cleanup(&shared_redis(), &prefix).await;
+    inspect.cleanup(&prefix).await;
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn duplicates_are_found_across_slots_within_the_window_and_not_beyond() {
+async fn duplicates_are_found_across_slots_within_the_window_and_not_beyond(kind: Kind) {
     let prefix = unique_prefix("window");
-    let store = shared_store(config(&prefix)).await; // window 2 s = 2 slots of 1 s
+    let (store, inspect) = shared_store(kind, config(&prefix)).await; // window 2 s = 2 slots of 1 s
     let t0 = slot_aligned(0);
     let cases: [(i64, bool); 8] = [
         (0, true),
@@ -332,23 +469,7 @@ async fn duplicates_are_found_across_slots_within_the_window_and_not_beyond() {
         };
         assert_eq!(*outcome, expected, "key {i} in one batch");
     }
-    cleanup(&shared_redis(), &prefix).await;
-}
-
-/// The raw value of a key's entry in the slot of `at`, read through the documented layout
-/// (hash `<prefix><slot>:<top 8 bits>`, field = the other 15 bytes), and Redis' clock in ms.
-async fn raw_entry(prefix: &str, key: &DedupKey, at: DateTime<Utc>) -> (Option<Vec<u8>>, i64) {
-    let mut conn = connection(&shared_redis()).await;
-    let slot = at.timestamp_millis().div_euclid(1000);
-    let hash = format!("{prefix}{slot}:{}", key.as_bytes()[0]);
-    let value: Option<Vec<u8>> = redis::cmd("HGET")
-        .arg(hash)
-        .arg(&key.as_bytes()[1..])
-        .query_async(&mut conn)
-        .await
-        .unwrap();
-    let (secs, micros): (i64, i64) = redis::cmd("TIME").query_async(&mut conn).await.unwrap();
-    (value, secs * 1000 + micros / 1000)
+    inspect.cleanup(&prefix).await;
 }
 
 /// One claim.
@@ -356,20 +477,24 @@ fn claim(key: DedupKey, at: DateTime<Utc>, owner: JobId) -> Claim {
     Claim { key, at, owner }
 }
 
-/// Whether the key's pending entry in the slot of `at` has passed its deadline (Redis clock).
-async fn deadline_passed(prefix: &str, key: &DedupKey, at: DateTime<Utc>) -> bool {
-    let (value, now) = raw_entry(prefix, key, at).await;
-    let value = value.expect("entry present until someone meets it");
-    let deadline: i64 = std::str::from_utf8(&value[16..]).unwrap().parse().unwrap();
-    now > deadline
+/// Whether the key's pending entry in the slot of `at` has passed its deadline (the store's
+/// clock).
+async fn deadline_passed(
+    inspect: &Inspect,
+    prefix: &str,
+    key: &DedupKey,
+    at: DateTime<Utc>,
+) -> bool {
+    let (stored, now) = inspect.entry(prefix, key, at).await;
+    let (_, deadline) = stored.expect("entry present until someone meets it");
+    now > deadline.expect("a pending entry")
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_pending_claim_expires_and_frees_the_key() {
+async fn a_pending_claim_expires_and_frees_the_key(kind: Kind) {
     let prefix = unique_prefix("pending");
     let mut cfg = config(&prefix);
     cfg.pending_ttl = Duration::from_millis(400);
-    let store = shared_store(cfg).await;
+    let (store, inspect) = shared_store(kind, cfg).await;
     let [abandoned, restored] = new_keys("p", 2)[..] else {
         unreachable!()
     };
@@ -386,7 +511,7 @@ async fn a_pending_claim_expires_and_frees_the_key() {
     let outcomes = store.claim(&[claim(abandoned, at, b)]).await.unwrap();
     assert_eq!(outcomes, vec![pending(a)]);
     assert_eq!(
-        &raw_entry(&prefix, &abandoned, at).await.0.unwrap()[..16],
+        &inspect.entry(&prefix, &abandoned, at).await.0.unwrap().0,
         &a.to_bytes()[..]
     );
 
@@ -397,7 +522,7 @@ async fn a_pending_claim_expires_and_frees_the_key() {
     wait_for(
         Duration::from_secs(5),
         "the pending deadline to pass",
-        || deadline_passed(&prefix, &abandoned, at),
+        || deadline_passed(&inspect, &prefix, &abandoned, at),
     )
     .await;
     assert!(claimed_at.elapsed() >= Duration::from_millis(390));
@@ -406,7 +531,7 @@ async fn a_pending_claim_expires_and_frees_the_key() {
         vec![ClaimOutcome::Lapsed { owner: a }]
     );
     assert_eq!(
-        &raw_entry(&prefix, &abandoned, at).await.0.unwrap()[..16],
+        &inspect.entry(&prefix, &abandoned, at).await.0.unwrap().0,
         &a.to_bytes()[..],
         "a plain claim leaves a lapsed entry in place"
     );
@@ -430,14 +555,15 @@ async fn a_pending_claim_expires_and_frees_the_key() {
     wait_for(
         Duration::from_secs(5),
         "the pending deadline to pass",
-        || deadline_passed(&prefix, &restored, at),
+        || deadline_passed(&inspect, &prefix, &restored, at),
     )
     .await;
     let confirmed = store.confirm(&[claim(restored, at, c)]).await.unwrap();
     assert_eq!(confirmed, vec![ConfirmOutcome::Restored]);
     assert_eq!(
-        raw_entry(&prefix, &restored, at).await.0.unwrap(),
-        c.to_bytes()
+        inspect.entry(&prefix, &restored, at).await.0.unwrap(),
+        (c.to_bytes(), None),
+        "restored as confirmed"
     );
     let outcomes = store.claim(&[claim(restored, at, d)]).await.unwrap();
     assert_eq!(
@@ -447,16 +573,18 @@ async fn a_pending_claim_expires_and_frees_the_key() {
             confirmed: true
         }]
     );
-    cleanup(&shared_redis(), &prefix).await;
+    inspect.cleanup(&prefix).await;
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_confirmation_later_than_the_skew_is_accepted() {
+async fn a_confirmation_later_than_the_skew_is_accepted(kind: Kind) {
     let prefix = unique_prefix("late");
-    let store = shared_store(DedupConfig {
-        max_skew: Duration::from_millis(100),
-        ..config(&prefix)
-    })
+    let (store, inspect) = shared_store(
+        kind,
+        DedupConfig {
+            max_skew: Duration::from_millis(100),
+            ..config(&prefix)
+        },
+    )
     .await;
     let key = new_keys("l", 1)[0];
     let (owner, other) = (new_owner(), new_owner());
@@ -483,13 +611,12 @@ async fn a_confirmation_later_than_the_skew_is_accepted() {
         confirmed: true,
     };
     assert_eq!(outcomes, vec![expected]);
-    cleanup(&shared_redis(), &prefix).await;
+    inspect.cleanup(&prefix).await;
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn only_the_owner_releases_a_claim() {
+async fn only_the_owner_releases_a_claim(kind: Kind) {
     let prefix = unique_prefix("release");
-    let store = shared_store(config(&prefix)).await;
+    let (store, inspect) = shared_store(kind, config(&prefix)).await;
     let n = 50;
     let keys = new_keys("r", n);
     let (holders, strangers, later) = (owners(n), owners(n), owners(n));
@@ -513,7 +640,7 @@ async fn only_the_owner_releases_a_claim() {
         .await
         .unwrap();
     assert!(released.iter().all(|r| *r));
-    assert_eq!(fields(&shared_redis(), &prefix).await, 0);
+    assert_eq!(inspect.fields(&prefix).await, 0);
     assert!(store
         .claim(&claims_of(&keys, at, &later))
         .await
@@ -525,11 +652,10 @@ async fn only_the_owner_releases_a_claim() {
         .await
         .unwrap();
     assert!(again.iter().all(|r| !r), "released twice");
-    cleanup(&shared_redis(), &prefix).await;
+    inspect.cleanup(&prefix).await;
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn hashes_expire_with_the_window() {
+async fn hashes_expire_with_the_window(kind: Kind) {
     let prefix = unique_prefix("expire");
     let cfg = DedupConfig {
         window: Duration::from_secs(1),
@@ -537,36 +663,54 @@ async fn hashes_expire_with_the_window() {
         max_skew: Duration::from_millis(200),
         ..config(&prefix)
     };
-    let store = shared_store(cfg).await;
+    let (store, inspect) = shared_store(kind, cfg).await;
     let n = 300;
     let keys = new_keys("e", n);
     store
         .claim(&claims_of(&keys, Utc::now(), &owners(n)))
         .await
         .unwrap();
-    let url = shared_redis();
-    let stored = keys_with_ttl(&url, &prefix).await;
+    let stored = inspect.ttls(&prefix).await;
     assert!(!stored.is_empty());
     // Each hash lives until its slot's end + window + 2 × skew: at most 2.4 s from now.
     for (key, ttl) in &stored {
-        assert!(
-            (1..=2_400).contains(ttl),
-            "{} has ttl {ttl} ms",
-            String::from_utf8_lossy(key)
-        );
+        assert!((1..=2_400).contains(ttl), "{key} has ttl {ttl} ms");
     }
-    let mut conn = connection(&url).await;
-    let encoding: String = redis::cmd("OBJECT")
-        .arg("ENCODING")
-        .arg(&stored[0].0)
-        .query_async(&mut conn)
-        .await
-        .unwrap();
-    assert_eq!(encoding, "listpack", "small hashes stay compact");
-    wait_for(Duration::from_secs(10), "every hash to expire", || async {
-        redis_keys(&url, &prefix).await.is_empty()
-    })
-    .await;
+    match &inspect {
+        Inspect::Redis(url) => {
+            let mut conn = connection(url).await;
+            let encoding: String = redis::cmd("OBJECT")
+                .arg("ENCODING")
+                .arg(&stored[0].0)
+                .query_async(&mut conn)
+                .await
+                .unwrap();
+            assert_eq!(encoding, "listpack", "small hashes stay compact");
+            wait_for(Duration::from_secs(10), "every hash to expire", || async {
+                redis_keys(url, &prefix).await.is_empty()
+            })
+            .await;
+        }
+        Inspect::Memory(memory) => {
+            assert_eq!(memory.held_entries(&prefix), n);
+            wait_for(Duration::from_secs(10), "every slot to expire", || async {
+                memory.live_entries(&prefix) == 0
+            })
+            .await;
+            // Expired slots are dropped by the store's own sweep (at most a second apart, run
+            // by the calls), so memory stays bounded by the window.
+            let idle = claims_of(&new_keys("e", 1), Utc::now(), &owners(1));
+            wait_for(
+                Duration::from_secs(5),
+                "the expired slots to be dropped",
+                || async {
+                    store.release(&idle).await.unwrap();
+                    memory.held_entries(&prefix) == 0
+                },
+            )
+            .await;
+        }
+    }
 }
 
 async fn keys_with_ttl(url: &str, prefix: &str) -> Vec<(Vec<u8>, i64)> {
@@ -583,24 +727,39 @@ async fn keys_with_ttl(url: &str, prefix: &str) -> Vec<(Vec<u8>, i64)> {
     out
 }
 
-/// Private Redis servers named `r0`, `r1`, …
-async fn private_stores(n: usize) -> (Vec<PrivateRedis>, Vec<StoreSpec>) {
+/// Stores named `r0`, `r1`, …: private Redis servers, or in-process stores of this call alone.
+async fn private_stores(kind: Kind, n: usize) -> (Vec<PrivateRedis>, Vec<StoreSpec>, Vec<Inspect>) {
     let mut servers = Vec::new();
     let mut specs = Vec::new();
+    let mut inspects = Vec::new();
+    let tag = ulid::Ulid::new();
     for i in 0..n {
-        let server = PrivateRedis::start(&[]).await;
-        specs.push(StoreSpec {
-            id: format!("r{i}"),
-            url: server.url(),
-        });
-        servers.push(server);
+        let id = format!("r{i}");
+        match kind {
+            Kind::Redis => {
+                let server = PrivateRedis::start(&[]).await;
+                specs.push(StoreSpec {
+                    id,
+                    url: server.url(),
+                });
+                inspects.push(Inspect::Redis(server.url()));
+                servers.push(server);
+            }
+            Kind::Memory => {
+                let name = format!("{tag}-r{i}");
+                inspects.push(Inspect::Memory(MemoryStore::named(&name)));
+                specs.push(StoreSpec {
+                    id,
+                    url: format!("{}{name}", MemoryStore::SCHEME),
+                });
+            }
+        }
     }
-    (servers, specs)
+    (servers, specs, inspects)
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn three_private_shards_split_the_keys() {
-    let (servers, specs) = private_stores(3).await;
+async fn three_shards_split_the_keys(kind: Kind) {
+    let (servers, specs, inspects) = private_stores(kind, 3).await;
     let prefix = "sd3:";
     let placements = Arc::new(PlacementManager::in_memory(PlacementSettings::default()));
     placements
@@ -621,8 +780,8 @@ async fn three_private_shards_split_the_keys() {
         .iter()
         .all(|o| *o == ClaimOutcome::Claimed));
     let mut total = 0;
-    for server in &servers {
-        let here = fields(&server.url(), prefix).await;
+    for inspect in &inspects {
+        let here = inspect.fields(prefix).await;
         assert!((700..1300).contains(&here), "{here} of {n} on one shard");
         total += here;
     }
@@ -636,20 +795,20 @@ async fn three_private_shards_split_the_keys() {
     drop(servers);
 }
 
-/// Two routers (each its own placement cache) over one Consul and two private Redis stores.
+/// Two routers (each its own placement cache) over one Consul and two private stores.
 struct ChangeRig {
     consul: ConsulUnderTest,
     _servers: Vec<PrivateRedis>,
-    urls: Vec<String>,
+    stores: Vec<Inspect>,
     routers: Vec<DedupStore>,
 }
 
 const CHANGE_PREFIX: &str = "sdc:";
 
 impl ChangeRig {
-    async fn start() -> ChangeRig {
+    async fn start(kind: Kind) -> ChangeRig {
         let consul = ConsulUnderTest::start().await;
-        let (servers, specs) = private_stores(2).await;
+        let (servers, specs, stores) = private_stores(kind, 2).await;
         // 1 s slots; a layout change takes effect at least 4.5 s ahead (more than 2 × skew).
         let config = DedupConfig {
             window: Duration::from_secs(6),
@@ -680,7 +839,7 @@ impl ChangeRig {
         }
         ChangeRig {
             consul,
-            urls: servers.iter().map(|s| s.url()).collect(),
+            stores,
             _servers: servers,
             routers,
         }
@@ -709,9 +868,8 @@ impl ChangeRig {
     }
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_placement_change_never_lets_a_duplicate_through() {
-    let rig = ChangeRig::start().await;
+async fn a_placement_change_never_lets_a_duplicate_through(kind: Kind) {
+    let rig = ChangeRig::start(kind).await;
     let router = &rig.routers[0];
     let n = 1_000;
     let keys = new_keys("c", n);
@@ -725,7 +883,7 @@ async fn a_placement_change_never_lets_a_duplicate_through() {
         .unwrap()
         .iter()
         .all(|o| *o == ClaimOutcome::Claimed));
-    assert_eq!(fields(&rig.urls[1], CHANGE_PREFIX).await, 0);
+    assert_eq!(rig.stores[1].fields(CHANGE_PREFIX).await, 0);
 
     let switch = rig.add_store().await;
     // The issued placement of t0 is untouched; the new one has just started.
@@ -760,7 +918,7 @@ async fn a_placement_change_never_lets_a_duplicate_through() {
         .unwrap()
         .iter()
         .all(|o| *o == ClaimOutcome::Claimed));
-    let on_r1 = fields(&rig.urls[1], CHANGE_PREFIX).await;
+    let on_r1 = rig.stores[1].fields(CHANGE_PREFIX).await;
     assert!(
         (200..800).contains(&on_r1),
         "{on_r1} of {n} new keys on the new store"
@@ -768,9 +926,8 @@ async fn a_placement_change_never_lets_a_duplicate_through() {
     rig.consul.stop().await;
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn racing_claims_across_a_placement_change_admit_exactly_one() {
-    let rig = ChangeRig::start().await;
+async fn racing_claims_across_a_placement_change_admit_exactly_one(kind: Kind) {
+    let rig = ChangeRig::start(kind).await;
     let switch = rig.add_store().await;
     // Router 0 claims with an own time in the last slot before the change (all on r0),
     // router 1 with one in the first slot after it (half the keys' logical shards on r1).
@@ -879,11 +1036,14 @@ async fn concurrent_creators_get_the_same_placement() {
     consul.stop().await;
 }
 
-/// One benchmark run: `ids` claims through one router over `servers` private Redis servers.
+/// One benchmark run: `ids` claims through one router over `shards` private Redis servers (or
+/// in-process stores).
 ///
 /// `per_call` claims per `claim` call, from `tasks` concurrent tasks; the store cuts each call
 /// into script calls of `batch`, `in_flight` at a time.
+#[allow(clippy::too_many_arguments)]
 async fn bench_run(
+    kind: Kind,
     shards: usize,
     ids: usize,
     per_call: usize,
@@ -893,7 +1053,7 @@ async fn bench_run(
     slots_per_window: u32,
 ) {
     let batch = env_usize("DEDUP_BENCH_BATCH", 1_000);
-    let (servers, specs) = private_stores(shards).await;
+    let (servers, specs, inspects) = private_stores(kind, shards).await;
     let prefix = "b:";
     let placements = Arc::new(PlacementManager::in_memory(PlacementSettings::default()));
     placements
@@ -1018,6 +1178,29 @@ async fn bench_run(
     let repeat = measured(repeats, "claim").await;
     assert_eq!(repeat.4[2], ids, "every repeat a duplicate: {:?}", repeat.4);
 
+    if kind == Kind::Memory {
+        let line = |name: &str, (wall, cpu, ..): &(Duration, f64, u64, u64, [usize; 3])| {
+            format!(
+                "  {name:<20} {:>6.2} s {:>9.0} ids/s | router CPU {:>5.2} µs/id",
+                wall.as_secs_f64(),
+                ids as f64 / wall.as_secs_f64(),
+                cpu * 1e6 / ids as f64,
+            )
+        };
+        let mut held = 0;
+        for inspect in &inspects {
+            held += inspect.fields(prefix).await;
+        }
+        println!(
+            "dedup benchmark: {shards} memory store(s), {ids} ids, {per_call} per claim call from {tasks} task(s), batches of {batch}, {in_flight} in flight per call, {slots_per_window} slots per window\n\
+             \x20 key hashing (SHA-256): {hash_ns:.0} ns/id\n{}\n{}\n{}\n\
+             \x20 {held} entries held",
+            line("claim (all new)", &claim),
+            line("confirm", &confirm),
+            line("claim (all repeats)", &repeat),
+        );
+        return;
+    }
     let mut hashes = 0usize;
     let mut encodings: HashMap<String, usize> = HashMap::new();
     for server in &servers {
@@ -1148,8 +1331,9 @@ fn env_usize(name: &str, default: usize) -> usize {
         .unwrap_or(default)
 }
 
-/// Claims per second through one router against 1 and 3 Redis shards, and bytes per stored
-/// id. Not a pass/fail test: run it in release mode and read the output.
+/// Claims per second through one router against 1 and 3 Redis shards (and bytes per stored
+/// id), then against 1 and 3 in-process stores (`DEDUP_BENCH_BACKENDS`, default
+/// `redis,memory`). Not a pass/fail test: run it in release mode and read the output.
 #[tokio::test(flavor = "multi_thread")]
 #[ignore = "benchmark: run with --release --ignored --nocapture"]
 async fn dedup_benchmark() {
@@ -1164,10 +1348,24 @@ async fn dedup_benchmark() {
         .split(',')
         .filter_map(|v| v.trim().parse().ok())
         .collect();
-    for shards in shard_counts {
-        // As a router sees them: calls of one batch each, several at once.
-        bench_run(shards, ids, batch, in_flight, in_flight, hash_bits, slots).await;
-        // Tapjoy's setting: one call with every id (sorted, cut into script calls of `batch`).
-        bench_run(shards, ids, ids, 1, in_flight, hash_bits, slots).await;
+    let kinds: Vec<Kind> = std::env::var("DEDUP_BENCH_BACKENDS")
+        .unwrap_or_else(|_| "redis,memory".to_owned())
+        .split(',')
+        .filter_map(|v| match v.trim() {
+            "redis" => Some(Kind::Redis),
+            "memory" => Some(Kind::Memory),
+            _ => None,
+        })
+        .collect();
+    for kind in kinds {
+        for &shards in &shard_counts {
+            // As a router sees them: calls of one batch each, several at once.
+            bench_run(
+                kind, shards, ids, batch, in_flight, in_flight, hash_bits, slots,
+            )
+            .await;
+            // Tapjoy's setting: one call with every id (sorted, cut into script calls of `batch`).
+            bench_run(kind, shards, ids, ids, 1, in_flight, hash_bits, slots).await;
+        }
     }
 }

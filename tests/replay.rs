@@ -1,11 +1,11 @@
 //! `spindle replay` (the binary): ended jobs re-submitted as new jobs linked to the originals,
-//! from a live JobDB and from the S3 archive (moto).
+//! from a live JobDB and from the archive (moto S3, and a local directory).
 
 mod common;
 
 use std::time::Duration;
 
-use common::s3::S3Server;
+use common::s3::{ArchiveStore, Backend};
 use common::*;
 use serde_json::json;
 use spindle::archive::Archive;
@@ -99,9 +99,18 @@ async fn discarded_jobs_come_back_as_new_jobs_linked_to_them() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn archived_jobs_are_replayed_from_s3() {
-    let s3 = S3Server::start().await;
-    let config = s3.config("replay-archive");
-    let archive = Archive::connect(&config).await.expect("archive");
+    archived_jobs_are_replayed_from_the_archive(Backend::S3).await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn archived_jobs_are_replayed_from_a_directory() {
+    archived_jobs_are_replayed_from_the_archive(Backend::Dir).await
+}
+
+/// The Director archives expired jobs to `backend`; `spindle replay --from-archive` reads them.
+async fn archived_jobs_are_replayed_from_the_archive(backend: Backend) {
+    let store = ArchiveStore::start(backend, "replay-archive").await;
+    let archive = Archive::open(&store.config()).await.expect("archive");
     let rig = Rig::start("replayarch", |c| c.archive = Some(archive)).await;
     // Down for 4 s; the jobs live 1 s, so they expire and are archived while it is down.
     let up_at = chrono::Utc::now().timestamp_millis() + 4000;
@@ -117,24 +126,11 @@ async fn archived_jobs_are_replayed_from_s3() {
     while chrono::Utc::now().timestamp_millis() < up_at {
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
-    let endpoint = s3.endpoint();
-    let out = replay(&[
-        "--from-archive",
-        "--s3-bucket",
-        "replay-archive",
-        "--s3-endpoint",
-        &endpoint,
-        "--s3-path-style",
-        "--s3-prefix=",
-        "--s3-access-key-id",
-        "test",
-        "--s3-secret-access-key",
-        "test",
-        "--state",
-        "archived",
-        "--to",
-        &rig.base(),
-    ]);
+    let base = rig.base();
+    let mut args = vec!["--from-archive", "--state", "archived", "--to", &base];
+    let archive_args = store.cli_args();
+    args.extend(archive_args.iter().map(String::as_str));
+    let out = replay(&args);
     assert!(out.contains("selected 4, submitted 4"), "{out}");
     wait_for(
         Duration::from_secs(10),

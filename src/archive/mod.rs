@@ -1,4 +1,5 @@
-//! The S3 archive: jobs that leave a JobDB for good, stored as compressed batches.
+//! The archive: jobs that leave a JobDB for good, stored as compressed batches in S3 or, for a
+//! single-machine setup, in a local directory with the same object layout ([`ArchiveConfig`]).
 //!
 //! # Design
 //! - A batch is one object, `{prefix}{jobdb}/{kind}/{batch}.ndjson.gz`: gzip of NDJSON, one
@@ -15,13 +16,23 @@
 //! - Errors are classified for the caller's retry decision: [`ArchiveError::is_transient`].
 //!   Every S3 operation is bounded by [`S3Config::timeout`], so a dead store cannot hang a drainer.
 //!
+//! # Backends
+//! [`Archive`] hides where objects live: an S3-compatible bucket ([`S3Config`]), or a local
+//! directory ([`DirConfig`]) where the object with key `K` is the file `root/bucket/K`, written
+//! atomically (temp file, fsync, rename, fsync of the directory) and read back before a write
+//! is confirmed (see the `dir` module). Keys, bytes, listing order, idempotent rewrites, the
+//! manifest-after-data order and the error kinds are the same for both; only the directory has
+//! no object metadata (the data object's SHA-256 is in its manifest).
+//!
 //! This module does no SQL: selecting jobs and deleting them after a successful write belong to
 //! the JobDB code and the drainer.
 
 pub mod archiver;
+mod dir;
 
 use std::collections::HashMap;
 use std::io::{Read, Write};
+use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -111,6 +122,61 @@ impl std::fmt::Debug for S3Config {
     }
 }
 
+/// A local directory holding the archive with the S3 object layout: the object with key `K` is
+/// the file `root/bucket/K`. For a single machine (`spindle dev`, `--archive-dir`).
+#[derive(Clone, Debug)]
+pub struct DirConfig {
+    /// The directory holding bucket directories.
+    pub root: PathBuf,
+    /// The bucket: the directory below `root` holding the objects (default
+    /// [`DirConfig::DEFAULT_BUCKET`]).
+    pub bucket: String,
+    /// Key prefix, e.g. `spindle/` (default empty). A `/` is appended when missing.
+    pub prefix: String,
+    /// Create `root/bucket` at open if it is missing (default true). Without it, a missing
+    /// bucket directory fails every operation as a missing S3 bucket does.
+    pub create_bucket: bool,
+    /// Deadline of one whole operation (default 10 s), so a hung file system cannot hang us.
+    pub timeout: Duration,
+}
+
+impl DirConfig {
+    /// The bucket directory's name when none is configured.
+    pub const DEFAULT_BUCKET: &'static str = "spindle-archive";
+
+    /// A configuration for the directory `root` with the defaults documented on each field.
+    pub fn new(root: impl Into<PathBuf>) -> Self {
+        DirConfig {
+            root: root.into(),
+            bucket: Self::DEFAULT_BUCKET.to_owned(),
+            prefix: String::new(),
+            create_bucket: true,
+            timeout: Duration::from_secs(10),
+        }
+    }
+}
+
+/// Where the archive lives: an S3 bucket or a local directory.
+#[derive(Clone, Debug)]
+pub enum ArchiveConfig {
+    /// An S3-compatible store.
+    S3(S3Config),
+    /// A local directory with the same object layout.
+    Dir(DirConfig),
+}
+
+impl From<S3Config> for ArchiveConfig {
+    fn from(config: S3Config) -> Self {
+        ArchiveConfig::S3(config)
+    }
+}
+
+impl From<DirConfig> for ArchiveConfig {
+    fn from(config: DirConfig) -> Self {
+        ArchiveConfig::Dir(config)
+    }
+}
+
 /// Why a batch of jobs left its JobDB.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize)]
 #[serde(rename_all = "lowercase")]
@@ -141,11 +207,13 @@ impl std::fmt::Display for BatchKind {
 /// What went wrong talking to the archive, classified for the caller's retry decision.
 #[derive(Debug, thiserror::Error)]
 pub enum ArchiveError {
-    /// Network error, timeout, throttling or a 5xx: the same call may succeed later.
-    #[error("s3 unavailable: {0}")]
+    /// Network error, timeout, throttling or a 5xx (for a directory: a timeout, a full disk,
+    /// an I/O error): the same call may succeed later.
+    #[error("archive unavailable: {0}")]
     Unavailable(String),
-    /// A 4xx or a configuration or input error: retrying the same call will not help.
-    #[error("s3 rejected the request: {0}")]
+    /// A 4xx or a configuration or input error (for a directory: a missing bucket directory,
+    /// a permission or path error): retrying the same call will not help.
+    #[error("archive rejected the request: {0}")]
     Rejected(String),
     /// An object could not be decoded, or does not match its size or checksum.
     #[error("corrupt archive object: {0}")]
@@ -464,7 +532,7 @@ pub fn decode_batch(data: &[u8]) -> Result<Vec<ArchivedJob>, ArchiveError> {
         .collect()
 }
 
-fn sha256_hex(data: &[u8]) -> String {
+pub(crate) fn sha256_hex(data: &[u8]) -> String {
     use std::fmt::Write as _;
     let digest = Sha256::digest(data);
     let mut hex = String::with_capacity(64);
@@ -474,16 +542,69 @@ fn sha256_hex(data: &[u8]) -> String {
     hex
 }
 
-/// A handle on the archive bucket. Cheap to clone; clones share connections.
+/// A handle on the archive bucket (S3 or a local directory). Cheap to clone; clones share
+/// connections.
 #[derive(Clone, Debug)]
 pub struct Archive {
-    client: aws_sdk_s3::Client,
+    backend: Backend,
     bucket: Arc<str>,
     prefix: Arc<str>,
     timeout: Duration,
 }
 
+/// Where the objects are: the only place the two engines differ.
+#[derive(Clone, Debug)]
+enum Backend {
+    S3(aws_sdk_s3::Client),
+    Dir(dir::DirStore),
+}
+
+/// A key prefix with a `/` appended when missing (and not empty).
+fn normalized_prefix(prefix: &str) -> String {
+    if prefix.is_empty() || prefix.ends_with('/') {
+        prefix.to_owned()
+    } else {
+        format!("{prefix}/")
+    }
+}
+
 impl Archive {
+    /// Opens the archive `config` describes: [`Archive::connect`] or [`Archive::open_dir`].
+    pub async fn open(config: &ArchiveConfig) -> Result<Archive, ArchiveError> {
+        match config {
+            ArchiveConfig::S3(s3) => Archive::connect(s3).await,
+            ArchiveConfig::Dir(dir) => Archive::open_dir(dir).await,
+        }
+    }
+
+    /// Opens an archive in a local directory, creating the bucket directory when it is missing
+    /// and `config.create_bucket` is set.
+    pub async fn open_dir(config: &DirConfig) -> Result<Archive, ArchiveError> {
+        if config.timeout.is_zero() {
+            return Err(ArchiveError::Rejected(
+                "the archive timeout is zero".to_owned(),
+            ));
+        }
+        let prefix = normalized_prefix(&config.prefix);
+        if !prefix.is_empty() {
+            // The prefix becomes directories: it must be a valid key on its own.
+            dir::check_prefix(&prefix)?;
+        }
+        let store = dir::DirStore::open(
+            &config.root,
+            &config.bucket,
+            config.create_bucket,
+            config.timeout,
+        )
+        .await?;
+        Ok(Archive {
+            backend: Backend::Dir(store),
+            bucket: config.bucket.as_str().into(),
+            prefix: prefix.into(),
+            timeout: config.timeout,
+        })
+    }
+
     /// Builds the S3 client. Makes no request unless `config.create_bucket` is set, in which
     /// case the bucket is created when HeadBucket says it is missing.
     pub async fn connect(config: &S3Config) -> Result<Archive, ArchiveError> {
@@ -527,50 +648,30 @@ impl Archive {
         if let Some(endpoint) = &config.endpoint {
             s3 = s3.endpoint_url(endpoint.clone());
         }
-        let prefix = if config.prefix.is_empty() || config.prefix.ends_with('/') {
-            config.prefix.clone()
-        } else {
-            format!("{}/", config.prefix)
-        };
-        let archive = Archive {
-            client: aws_sdk_s3::Client::from_conf(s3.build()),
-            bucket: config.bucket.as_str().into(),
-            prefix: prefix.into(),
-            timeout: config.timeout,
-        };
+        let client = aws_sdk_s3::Client::from_conf(s3.build());
         if config.create_bucket {
-            archive.ensure_bucket(&config.region).await?;
+            ensure_bucket(&client, &config.bucket, &config.region).await?;
         }
-        Ok(archive)
+        Ok(Archive {
+            backend: Backend::S3(client),
+            bucket: config.bucket.as_str().into(),
+            prefix: normalized_prefix(&config.prefix).into(),
+            timeout: config.timeout,
+        })
     }
 
-    async fn ensure_bucket(&self, region: &str) -> Result<(), ArchiveError> {
-        let what = format!("head bucket {}", self.bucket);
-        match self.client.head_bucket().bucket(&*self.bucket).send().await {
-            Ok(_) => return Ok(()),
-            Err(e) if e.as_service_error().is_some_and(|s| s.is_not_found()) => {}
-            Err(e) => return Err(classify(&what, e)),
-        }
-        let mut create = self.client.create_bucket().bucket(&*self.bucket);
-        // us-east-1 is the one region that refuses an explicit location constraint.
-        if region != "us-east-1" {
-            create = create.create_bucket_configuration(
-                CreateBucketConfiguration::builder()
-                    .location_constraint(BucketLocationConstraint::from(region))
-                    .build(),
-            );
-        }
-        match create.send().await {
-            Ok(_) => Ok(()),
-            // Another process created it between our HEAD and CREATE.
-            Err(e) if e.code() == Some("BucketAlreadyOwnedByYou") => Ok(()),
-            Err(e) => Err(classify(&format!("create bucket {}", self.bucket), e)),
-        }
-    }
-
-    /// The bucket this archive writes to.
+    /// The bucket this archive writes to (for a directory: the bucket directory's name).
     pub fn bucket(&self) -> &str {
         &self.bucket
+    }
+
+    /// Where the objects are, for logs: `s3://bucket/prefix` or the bucket directory's path
+    /// with the prefix.
+    pub fn location(&self) -> String {
+        match &self.backend {
+            Backend::S3(_) => format!("s3://{}/{}", self.bucket, self.prefix),
+            Backend::Dir(store) => format!("{}/{}", store.bucket_dir().display(), self.prefix),
+        }
     }
 
     /// Key of a batch's data object: `{prefix}{jobdb}/{kind}/{batch}.ndjson.gz`.
@@ -651,8 +752,12 @@ impl Archive {
         sha256: &str,
         content_type: &str,
     ) -> Result<(), ArchiveError> {
+        let client = match &self.backend {
+            Backend::S3(client) => client,
+            Backend::Dir(store) => return store.put(key, data, sha256, self.timeout).await,
+        };
         let len = data.len();
-        self.client
+        client
             .put_object()
             .bucket(&*self.bucket)
             .key(key)
@@ -662,8 +767,7 @@ impl Archive {
             .send()
             .await
             .map_err(|e| classify(&format!("put {key}"), e))?;
-        let head = self
-            .client
+        let head = client
             .head_object()
             .bucket(&*self.bucket)
             .key(key)
@@ -696,8 +800,17 @@ impl Archive {
         &self,
         key: &str,
     ) -> Result<Option<(Bytes, HashMap<String, String>)>, ArchiveError> {
-        let output = match self
-            .client
+        let client = match &self.backend {
+            Backend::S3(client) => client,
+            // No metadata in a directory: gzip's CRC and the manifest guard the data.
+            Backend::Dir(store) => {
+                return Ok(store
+                    .get(key, self.timeout)
+                    .await?
+                    .map(|data| (data, HashMap::new())))
+            }
+        };
+        let output = match client
             .get_object()
             .bucket(&*self.bucket)
             .key(key)
@@ -766,32 +879,8 @@ impl Archive {
             }
             None => self.prefix.to_string(),
         };
-        let mut keys = Vec::new();
-        let mut continuation: Option<String> = None;
-        loop {
-            let page = self
-                .client
-                .list_objects_v2()
-                .bucket(&*self.bucket)
-                .prefix(&list_prefix)
-                .set_continuation_token(continuation.take())
-                .send()
-                .await
-                .map_err(|e| classify(&format!("list {}/{list_prefix}", self.bucket), e))?;
-            keys.extend(
-                page.contents()
-                    .iter()
-                    .filter_map(|o| o.key())
-                    .filter(|k| self.is_manifest_key(k))
-                    .map(str::to_owned),
-            );
-            match page.next_continuation_token() {
-                Some(token) if page.is_truncated() == Some(true) => {
-                    continuation = Some(token.to_owned())
-                }
-                _ => break,
-            }
-        }
+        let mut keys = self.list(&list_prefix).await?;
+        keys.retain(|k| self.is_manifest_key(k));
         futures::stream::iter(keys)
             .map(|key| async move {
                 self.read_manifest(&key).await?.ok_or_else(|| {
@@ -802,6 +891,39 @@ impl Archive {
             .buffered(MANIFEST_FETCH_CONCURRENCY)
             .try_collect()
             .await
+    }
+
+    /// Every key starting with `list_prefix`, in byte order (ListObjectsV2's order, paginated).
+    async fn list(&self, list_prefix: &str) -> Result<Vec<String>, ArchiveError> {
+        let client = match &self.backend {
+            Backend::S3(client) => client,
+            Backend::Dir(store) => return store.list(list_prefix, self.timeout).await,
+        };
+        let mut keys = Vec::new();
+        let mut continuation: Option<String> = None;
+        loop {
+            let page = client
+                .list_objects_v2()
+                .bucket(&*self.bucket)
+                .prefix(list_prefix)
+                .set_continuation_token(continuation.take())
+                .send()
+                .await
+                .map_err(|e| classify(&format!("list {}/{list_prefix}", self.bucket), e))?;
+            keys.extend(
+                page.contents()
+                    .iter()
+                    .filter_map(|o| o.key())
+                    .map(str::to_owned),
+            );
+            match page.next_continuation_token() {
+                Some(token) if page.is_truncated() == Some(true) => {
+                    continuation = Some(token.to_owned())
+                }
+                _ => break,
+            }
+        }
+        Ok(keys)
     }
 
     /// Whether `key` has the shape `{prefix}{jobdb}/{kind}/{ulid}.manifest.json`, so foreign
@@ -819,6 +941,35 @@ impl Archive {
             && file
                 .strip_suffix(".manifest.json")
                 .is_some_and(|batch| Ulid::from_string(batch).is_ok())
+    }
+}
+
+/// Creates the bucket when HeadBucket says it is missing.
+async fn ensure_bucket(
+    client: &aws_sdk_s3::Client,
+    bucket: &str,
+    region: &str,
+) -> Result<(), ArchiveError> {
+    let what = format!("head bucket {bucket}");
+    match client.head_bucket().bucket(bucket).send().await {
+        Ok(_) => return Ok(()),
+        Err(e) if e.as_service_error().is_some_and(|s| s.is_not_found()) => {}
+        Err(e) => return Err(classify(&what, e)),
+    }
+    let mut create = client.create_bucket().bucket(bucket);
+    // us-east-1 is the one region that refuses an explicit location constraint.
+    if region != "us-east-1" {
+        create = create.create_bucket_configuration(
+            CreateBucketConfiguration::builder()
+                .location_constraint(BucketLocationConstraint::from(region))
+                .build(),
+        );
+    }
+    match create.send().await {
+        Ok(_) => Ok(()),
+        // Another process created it between our HEAD and CREATE.
+        Err(e) if e.code() == Some("BucketAlreadyOwnedByYou") => Ok(()),
+        Err(e) => Err(classify(&format!("create bucket {bucket}"), e)),
     }
 }
 
@@ -1049,6 +1200,46 @@ mod tests {
             !archive.is_manifest_key("elsewhere/d/moved/01JH0000000000000000000000.manifest.json")
         );
         assert!(check_jobdb_name("a/b").is_err() && check_jobdb_name("").is_err());
+    }
+
+    #[tokio::test]
+    async fn a_directory_archive_uses_the_same_keys() {
+        let root = tempfile::tempdir().unwrap();
+        let mut dir = DirConfig::new(root.path());
+        dir.prefix = "spindle".into();
+        let local = Archive::open(&dir.clone().into()).await.unwrap();
+        let mut s3 = S3Config::new("b");
+        s3.endpoint = Some("http://127.0.0.1:9".into());
+        s3.access_key_id = Some("k".into());
+        s3.secret_access_key = Some("s".into());
+        s3.prefix = "spindle".into();
+        let remote = Archive::open(&s3.into()).await.unwrap();
+        let batch = Ulid::new();
+        for kind in [BatchKind::Expired, BatchKind::History] {
+            assert_eq!(
+                local.object_key("d", kind, batch),
+                remote.object_key("d", kind, batch)
+            );
+            assert_eq!(
+                local.manifest_key("d", kind, batch),
+                remote.manifest_key("d", kind, batch)
+            );
+        }
+        assert!(root.path().join(DirConfig::DEFAULT_BUCKET).is_dir());
+        assert_eq!(local.bucket(), DirConfig::DEFAULT_BUCKET);
+        assert!(local.location().ends_with("spindle-archive/spindle/"));
+        // A prefix or bucket that would leave the directory is refused.
+        dir.prefix = "../up".into();
+        assert!(matches!(
+            Archive::open_dir(&dir).await,
+            Err(ArchiveError::Rejected(_))
+        ));
+        dir.prefix = String::new();
+        dir.bucket = "..".into();
+        assert!(matches!(
+            Archive::open_dir(&dir).await,
+            Err(ArchiveError::Rejected(_))
+        ));
     }
 
     #[test]

@@ -92,9 +92,19 @@
 //! them sees the other there. Outside transitions every range maps to one store and a batch is
 //! one script call per store.
 //!
+//! # In-process stores
+//! A store whose URL is `memory:` (or `memory:NAME`) lives in this process instead of Redis
+//! ([`memory::MemoryStore`]): the same operations with the same outcomes (the scripts' steps,
+//! the same slots, expiries and pending deadlines, a batch atomic under the store's locks),
+//! for a single process (`spindle dev`). Its entries are lost when the process ends, and other
+//! processes cannot see them, so it never serves more than one router process. Stores of both
+//! kinds can be mixed in placements.
+//!
 //! Errors leave a batch in an unknown state (some claims may be written, as pending): the
 //! caller retries with the same owners, which yields `Mine` for what was written, or lets the
 //! pending claims expire.
+
+pub mod memory;
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::fmt;
@@ -456,19 +466,38 @@ impl DedupConfig {
     }
 }
 
-/// A Redis store: an id (as placements name it) and its URL.
+/// A dedup store: an id (as placements name it) and its URL, a Redis server or a store in this
+/// process.
 #[derive(Clone)]
 pub struct StoreSpec {
     /// Store id.
     pub id: String,
-    /// `redis://[:password@]host:port[/db]`.
+    /// `redis://[:password@]host:port[/db]`; or `memory:` for the in-process store named after
+    /// the id, `memory:NAME` for the one named NAME (see [`memory`]).
     pub url: String,
+}
+
+impl StoreSpec {
+    /// The in-process store `id` (URL `memory:`).
+    pub fn memory(id: impl Into<String>) -> Self {
+        StoreSpec {
+            id: id.into(),
+            url: memory::MemoryStore::SCHEME.to_owned(),
+        }
+    }
+
+    /// Whether the URL names an in-process store.
+    pub fn is_memory(&self) -> bool {
+        self.url.starts_with(memory::MemoryStore::SCHEME)
+    }
 }
 
 impl fmt::Debug for StoreSpec {
     /// Hides the URL's credentials.
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         let shown = match url::Url::parse(&self.url) {
+            // Nothing secret in an in-process store's URL.
+            _ if self.is_memory() => self.url.clone(),
             Ok(mut u) => {
                 if u.password().is_some() {
                     let _ = u.set_password(Some("***"));
@@ -571,10 +600,18 @@ pub enum DedupError {
     },
 }
 
-/// One store's connection.
+/// One store: its id and how to reach it.
 struct Shard {
     id: String,
-    conn: ConnectionManager,
+    backend: Backend,
+}
+
+/// Where a store's entries are.
+enum Backend {
+    /// A Redis server, through the scripts.
+    Redis(ConnectionManager),
+    /// This process's memory.
+    Memory(Arc<memory::MemoryStore>),
 }
 
 /// A placement as store indexes: for each logical shard, an index into `Inner::shards`.
@@ -690,6 +727,13 @@ impl DedupStore {
             .set_response_timeout(Some(config.response_timeout));
         let mut shards = Vec::with_capacity(specs.len());
         for spec in specs {
+            if let Some(store) = memory::from_url(&spec.id, &spec.url)? {
+                shards.push(Shard {
+                    id: spec.id,
+                    backend: Backend::Memory(store),
+                });
+                continue;
+            }
             let redis_err = |source| DedupError::Redis {
                 store: spec.id.clone(),
                 source,
@@ -698,7 +742,10 @@ impl DedupStore {
             let conn = ConnectionManager::new_with_config(client, manager_config.clone())
                 .await
                 .map_err(redis_err)?;
-            shards.push(Shard { id: spec.id, conn });
+            shards.push(Shard {
+                id: spec.id,
+                backend: Backend::Redis(conn),
+            });
         }
         let index = shards
             .iter()
@@ -728,6 +775,15 @@ impl DedupStore {
     /// The store ids, sorted.
     pub fn store_ids(&self) -> Vec<String> {
         self.inner.shards.iter().map(|s| s.id.clone()).collect()
+    }
+
+    /// The in-process store behind store `id`, if it is one (for inspection).
+    pub fn memory_store(&self, id: &str) -> Option<Arc<memory::MemoryStore>> {
+        let shard = &self.inner.shards[usize::from(*self.inner.index.get(id)?)];
+        match &shard.backend {
+            Backend::Memory(store) => Some(store.clone()),
+            Backend::Redis(_) => None,
+        }
     }
 
     /// The placements this store routes by.
@@ -1044,6 +1100,31 @@ impl DedupStore {
         members: &[usize],
     ) -> Result<Vec<(usize, Found)>, DedupError> {
         let config = &self.inner.config;
+        let conn = match &self.inner.shards[usize::from(store)].backend {
+            Backend::Redis(conn) => conn,
+            Backend::Memory(memory) => {
+                let ops: Vec<memory::Op> = members
+                    .iter()
+                    .map(|&i| memory::Op {
+                        key: claims[i].key,
+                        owner: claims[i].owner.to_bytes(),
+                        slot: plans[i].slot,
+                        first: plans[i].first,
+                        last: plans[i].last,
+                    })
+                    .collect();
+                let timing = memory::Timing {
+                    pending_ttl_ms: DedupConfig::ms(config.pending_ttl),
+                    slot_ms: self.inner.slot_ms,
+                    keep_ms: DedupConfig::ms(config.window) + 2 * DedupConfig::ms(config.max_skew),
+                };
+                return Ok(memory
+                    .claim(&config.key_prefix, mode, &timing, &ops)
+                    .into_iter()
+                    .map(|(position, found)| (members[position], found))
+                    .collect());
+            }
+        };
         let (ranges, range_of) = distinct(members.iter().map(|&i| {
             let plan = &plans[i];
             (plan.slot, plan.first, plan.last)
@@ -1069,7 +1150,7 @@ impl DedupStore {
                 .arg(plans[i].hash)
                 .arg(range);
         }
-        let mut conn = self.inner.shards[usize::from(store)].conn.clone();
+        let mut conn = conn.clone();
         let reply: redis::Value = call
             .invoke_async(&mut conn)
             .await
@@ -1123,6 +1204,26 @@ impl DedupStore {
         triples: &[(usize, i64, i64)],
     ) -> Result<Vec<usize>, DedupError> {
         let config = &self.inner.config;
+        let conn = match &self.inner.shards[usize::from(store)].backend {
+            Backend::Redis(conn) => conn,
+            Backend::Memory(memory) => {
+                let ops: Vec<memory::Op> = triples
+                    .iter()
+                    .map(|&(i, first, last)| memory::Op {
+                        key: claims[i].key,
+                        owner: claims[i].owner.to_bytes(),
+                        slot: plans[i].slot,
+                        first,
+                        last,
+                    })
+                    .collect();
+                return Ok(memory
+                    .release(&config.key_prefix, &ops)
+                    .into_iter()
+                    .map(|position| triples[position].0)
+                    .collect());
+            }
+        };
         let (ranges, range_of) = distinct(triples.iter().map(|&(_, first, last)| (first, last)));
         let mut call = self.inner.release_script.prepare_invoke();
         call.arg(config.key_prefix.as_str()).arg(ranges.len());
@@ -1135,7 +1236,7 @@ impl DedupStore {
                 .arg(plans[i].hash)
                 .arg(range);
         }
-        let mut conn = self.inner.shards[usize::from(store)].conn.clone();
+        let mut conn = conn.clone();
         let positions: Vec<i64> = call
             .invoke_async(&mut conn)
             .await
@@ -1243,5 +1344,7 @@ mod tests {
             url: "redis://:hunter2@127.0.0.1:6379/0".to_owned(),
         };
         assert!(!format!("{spec:?}").contains("hunter2"));
+        let memory = StoreSpec::memory("m");
+        assert!(memory.is_memory() && format!("{memory:?}").contains("memory:"));
     }
 }

@@ -351,40 +351,72 @@ fn slow_down() -> Response<ProxyBody> {
     response
 }
 
-/// The boto3 side: list, download, hash, gunzip and parse, in Python, and print one JSON value.
+/// The independent side: list, download, hash, gunzip and parse, in Python, and print one JSON
+/// value. The store is S3 through boto3, or, for an endpoint `file://ROOT`, the archive
+/// directory `ROOT/<bucket>` through plain file calls (every file listed, temp files included).
 const BOTO3_SCRIPT: &str = r#"
-import base64, gzip, hashlib, json, sys
-import boto3
-from botocore.config import Config
+import base64, gzip, hashlib, json, os, sys
 
 endpoint, bucket, action = sys.argv[1], sys.argv[2], sys.argv[3]
-s3 = boto3.client(
-    "s3", endpoint_url=endpoint, region_name="us-east-1",
-    aws_access_key_id="test", aws_secret_access_key="test",
-    config=Config(s3={"addressing_style": "path"}, retries={"max_attempts": 1}),
-)
+if endpoint.startswith("file://"):
+    root = os.path.join(endpoint[len("file://"):], bucket)
 
-def keys():
-    out = []
-    for page in s3.get_paginator("list_objects_v2").paginate(Bucket=bucket):
-        out.extend(o["Key"] for o in page.get("Contents", []))
-    return out
+    def keys():
+        out = []
+        for folder, _, files in os.walk(root):
+            for name in files:
+                out.append(os.path.relpath(os.path.join(folder, name), root).replace(os.sep, "/"))
+        return sorted(out, key=lambda k: k.encode())
+
+    def get(key):
+        with open(os.path.join(root, *key.split("/")), "rb") as f:
+            body = f.read()
+        return body, len(body), {}
+
+    def put(key, body):
+        path = os.path.join(root, *key.split("/"))
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        with open(path, "wb") as f:
+            f.write(body)
+else:
+    import boto3
+    from botocore.config import Config
+    s3 = boto3.client(
+        "s3", endpoint_url=endpoint, region_name="us-east-1",
+        aws_access_key_id="test", aws_secret_access_key="test",
+        config=Config(s3={"addressing_style": "path"}, retries={"max_attempts": 1}),
+    )
+
+    def keys():
+        out = []
+        for page in s3.get_paginator("list_objects_v2").paginate(Bucket=bucket):
+            out.extend(o["Key"] for o in page.get("Contents", []))
+        return out
+
+    def get(key):
+        got = s3.get_object(Bucket=bucket, Key=key)
+        return got["Body"].read(), got["ContentLength"], got.get("Metadata", {})
+
+    def put(key, body):
+        s3.put_object(Bucket=bucket, Key=key, Body=body)
 
 if action == "keys":
     print(json.dumps(keys()))
 elif action == "read":
-    body = s3.get_object(Bucket=bucket, Key=sys.argv[4])["Body"].read()
+    body = get(sys.argv[4])[0]
     print(json.dumps(base64.b64encode(body).decode()))
+elif action == "put":
+    put(sys.argv[4], base64.b64decode(sys.argv[5]))
+    print(json.dumps(True))
 elif action == "dump":
     objects = {}
     for key in keys():
-        got = s3.get_object(Bucket=bucket, Key=key)
-        body = got["Body"].read()
+        body, length, metadata = get(key)
         entry = {
             "size": len(body),
-            "content_length": got["ContentLength"],
+            "content_length": length,
             "sha256": hashlib.sha256(body).hexdigest(),
-            "metadata": got.get("Metadata", {}),
+            "metadata": metadata,
         }
         if key.endswith(".ndjson.gz"):
             text = gzip.decompress(body)
@@ -429,6 +461,18 @@ pub async fn boto3_read(endpoint: &str, bucket: &str, key: &str) -> Vec<u8> {
         .expect("base64")
 }
 
+/// Stores `body` under `key` with boto3 (or plain file calls), bypassing our client.
+pub async fn boto3_put(endpoint: &str, bucket: &str, key: &str, body: &[u8]) {
+    let encoded = base64::engine::general_purpose::STANDARD.encode(body);
+    boto3(endpoint, bucket, &["put", key, &encoded]).await;
+}
+
+/// The endpoint under which the `boto3_*` helpers read an archive directory `root` (holding
+/// bucket directories) with plain file calls instead of boto3.
+pub fn dir_endpoint(root: &std::path::Path) -> String {
+    format!("file://{}", root.display())
+}
+
 /// Every object of `bucket` as boto3 sees it, by key: `size`, `content_length`, `sha256`
 /// (computed in Python), `metadata`; for `.ndjson.gz` objects `uncompressed_size` and
 /// `records` (gunzipped and parsed in Python); for `.json` objects the parsed `json`.
@@ -436,5 +480,137 @@ pub async fn boto3_dump(endpoint: &str, bucket: &str) -> serde_json::Map<String,
     match boto3(endpoint, bucket, &["dump"]).await {
         Value::Object(map) => map,
         other => panic!("boto3 dump printed {other}"),
+    }
+}
+
+/// Which archive backend a test runs against.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Backend {
+    /// moto behind the fault proxy.
+    S3,
+    /// A temporary local directory.
+    Dir,
+}
+
+/// An archive store of one test: a moto server (behind the fault proxy) with a bucket of the
+/// test's own, or a temporary directory. The `keys`, `dump`, `read` and `put_raw` helpers go
+/// around our client (boto3, or plain file calls in Python).
+pub struct ArchiveStore {
+    /// The backend.
+    pub backend: Backend,
+    /// The test's bucket (for a directory: the bucket directory's name).
+    pub bucket: String,
+    s3: Option<S3Server>,
+    dir: Option<tempfile::TempDir>,
+}
+
+impl ArchiveStore {
+    /// Starts moto or makes a temporary directory; `tag` names the bucket.
+    pub async fn start(backend: Backend, tag: &str) -> ArchiveStore {
+        let bucket = unique_bucket(tag);
+        let (s3, dir) = match backend {
+            Backend::S3 => (Some(S3Server::start().await), None),
+            Backend::Dir => (None, Some(tempfile::tempdir().expect("temp dir"))),
+        };
+        ArchiveStore {
+            backend,
+            bucket,
+            s3,
+            dir,
+        }
+    }
+
+    /// The S3 server, for S3-only cases (fault modes).
+    pub fn s3(&self) -> Option<&S3Server> {
+        self.s3.as_ref()
+    }
+
+    /// The directory holding the bucket directory (directory backend only).
+    pub fn root(&self) -> Option<&std::path::Path> {
+        self.dir.as_ref().map(|d| d.path())
+    }
+
+    /// A configuration of the test's bucket: created when missing, a 3 s timeout, no prefix.
+    pub fn config(&self) -> spindle::archive::ArchiveConfig {
+        self.config_of(&self.bucket, "")
+    }
+
+    /// A configuration of `bucket` with key prefix `prefix` (created when missing).
+    pub fn config_of(&self, bucket: &str, prefix: &str) -> spindle::archive::ArchiveConfig {
+        match (&self.s3, &self.dir) {
+            (Some(s3), _) => {
+                let mut config = s3.config(bucket);
+                config.prefix = prefix.to_owned();
+                config.into()
+            }
+            (None, Some(dir)) => {
+                let mut config = spindle::archive::DirConfig::new(dir.path());
+                config.bucket = bucket.to_owned();
+                config.prefix = prefix.to_owned();
+                config.timeout = Duration::from_secs(3);
+                config.into()
+            }
+            (None, None) => unreachable!("a store is S3 or a directory"),
+        }
+    }
+
+    /// Where the independent helpers read: moto itself (not the proxy), or `file://root`.
+    pub fn independent_endpoint(&self) -> String {
+        match (&self.s3, &self.dir) {
+            (Some(s3), _) => s3.moto_endpoint(),
+            (None, Some(dir)) => dir_endpoint(dir.path()),
+            (None, None) => unreachable!("a store is S3 or a directory"),
+        }
+    }
+
+    /// Every key of the bucket (for a directory: every file, temp files included), sorted.
+    pub async fn keys(&self) -> Vec<String> {
+        let mut keys = boto3_keys(&self.independent_endpoint(), &self.bucket).await;
+        keys.sort();
+        keys
+    }
+
+    /// [`boto3_dump`] of the bucket.
+    pub async fn dump(&self) -> serde_json::Map<String, Value> {
+        boto3_dump(&self.independent_endpoint(), &self.bucket).await
+    }
+
+    /// [`boto3_read`] of one object.
+    pub async fn read(&self, key: &str) -> Vec<u8> {
+        boto3_read(&self.independent_endpoint(), &self.bucket, key).await
+    }
+
+    /// Stores an object around our client.
+    pub async fn put_raw(&self, key: &str, body: &[u8]) {
+        boto3_put(&self.independent_endpoint(), &self.bucket, key, body).await
+    }
+
+    /// The `spindle` options naming this archive (bucket, no prefix).
+    pub fn cli_args(&self) -> Vec<String> {
+        let mut args = vec![
+            "--s3-bucket".to_owned(),
+            self.bucket.clone(),
+            "--s3-prefix=".to_owned(),
+        ];
+        match (&self.s3, &self.dir) {
+            (Some(s3), _) => args.extend(
+                [
+                    "--s3-endpoint",
+                    &s3.endpoint(),
+                    "--s3-path-style",
+                    "--s3-access-key-id",
+                    "test",
+                    "--s3-secret-access-key",
+                    "test",
+                ]
+                .map(str::to_owned),
+            ),
+            (None, Some(dir)) => {
+                args.push("--archive-dir".to_owned());
+                args.push(dir.path().display().to_string());
+            }
+            (None, None) => unreachable!("a store is S3 or a directory"),
+        }
+        args
     }
 }
