@@ -71,25 +71,68 @@ pub fn commands(args: &DevArgs, data: &Path, registry: &str) -> Vec<Vec<String>>
     let director = args.director_listen.to_string();
     let lines: [&[&str]; 5] = [
         &[
-            "manager", "--consul-addr", registry, "--mysql", &jobdbs, "--spares", "1",
-            "--max-age-s", &max_age, "--interval-ms", "1000",
+            "manager",
+            "--consul-addr",
+            registry,
+            "--mysql",
+            &jobdbs,
+            "--spares",
+            "1",
+            "--max-age-s",
+            &max_age,
+            "--interval-ms",
+            "1000",
         ],
         &[
-            "director", "--registry", "consul", "--consul-addr", registry, "--listen",
-            &director, "--advertise", &director, "--archive-dir", &archive,
+            "director",
+            "--registry",
+            "consul",
+            "--consul-addr",
+            registry,
+            "--listen",
+            &director,
+            "--advertise",
+            &director,
+            "--archive-dir",
+            &archive,
             // Endpoints on this machine are what a developer tries first.
-            "--allow-subnet", "127.0.0.0/8", "--allow-subnet", "::1/128",
+            "--allow-subnet",
+            "127.0.0.0/8",
+            "--allow-subnet",
+            "::1/128",
         ],
         &[
-            "drainer", "--consul-addr", registry, "--archive-dir", &archive, "--poll-ms", "1000",
+            "drainer",
+            "--consul-addr",
+            registry,
+            "--archive-dir",
+            &archive,
+            "--poll-ms",
+            "1000",
         ],
         &[
-            "router", "--consul-addr", registry, "--redis", "local=memory:", "--shard-size", "1",
-            "--listen", &args.listen.to_string(), "--catalog-ms", "500",
+            "router",
+            "--consul-addr",
+            registry,
+            "--redis",
+            "local=memory:",
+            "--shard-size",
+            "1",
+            "--listen",
+            &args.listen.to_string(),
+            "--catalog-ms",
+            "500",
         ],
         &[
-            "dashboard", "--registry", "consul", "--consul-addr", registry, "--listen",
+            "dashboard",
+            "--registry",
+            "consul",
+            "--consul-addr",
+            registry,
+            "--listen",
             &args.dashboard_listen.to_string(),
+            "--discover-every-ms",
+            "1000",
         ],
     ];
     lines
@@ -128,8 +171,14 @@ pub async fn run(args: DevArgs, stop: CancellationToken) -> anyhow::Result<()> {
     }
     println!("spindle dev: data in {}", data.display());
     println!("  producers' API (router):  http://{}/v1/jobs", args.listen);
-    println!("  Director API:             http://{}", args.director_listen);
-    println!("  dashboard:                http://{}/", args.dashboard_listen);
+    println!(
+        "  Director API:             http://{}",
+        args.director_listen
+    );
+    println!(
+        "  dashboard:                http://{}/",
+        args.dashboard_listen
+    );
     println!("  registry (Consul API):    {registry_url}");
     println!("  the same parts as separate processes:");
     for line in &lines {
@@ -139,9 +188,10 @@ pub async fn run(args: DevArgs, stop: CancellationToken) -> anyhow::Result<()> {
     if args.demo {
         let demo_stop = stop.clone();
         let api = format!("http://{}", args.listen);
+        let director = format!("http://{}", args.director_listen);
         let rate = args.demo_rate.max(1);
         tasks.spawn(async move {
-            let ended = demo(api, rate, started, demo_stop).await;
+            let ended = demo(api, director, rate, started, demo_stop).await;
             ("demo".to_owned(), ended)
         });
     }
@@ -194,7 +244,10 @@ async fn readopt_jobdbs(data: &Path, registry_url: &str) -> anyhow::Result<()> {
             })
             .await?;
         if added {
-            tracing::info!(jobdb = name, "an earlier run's jobdb: retiring, to be drained");
+            tracing::info!(
+                jobdb = name,
+                "an earlier run's jobdb: retiring, to be drained"
+            );
         }
     }
     Ok(())
@@ -204,6 +257,7 @@ async fn readopt_jobdbs(data: &Path, registry_url: &str) -> anyhow::Result<()> {
 /// rate limited, are refused, and repeat an idempotency key.
 async fn demo(
     api: String,
+    director: String,
     rate: u32,
     started: Instant,
     stop: CancellationToken,
@@ -211,9 +265,11 @@ async fn demo(
     use spindle_client::{Client, NewJob};
     let sink = crate::sink::Sink::start("127.0.0.1:0".parse()?).await?;
     let client = Client::new(&api, None)?;
-    // The router answers once it sees the Director in the catalog.
+    let director = Client::new(&director, None)?;
+    // Start producing once the Director serves a JobDB (the router finds it in the catalog
+    // within its refresh; until then it answers 503 and the producer retries).
     let ready = Instant::now();
-    while client.ready().await.is_err() {
+    while client.ready().await.is_err() || director.ready().await.is_err() {
         anyhow::ensure!(
             ready.elapsed() < Duration::from_secs(60),
             "the router at {api} did not become ready"
@@ -246,12 +302,23 @@ async fn demo(
             5 => ("shop-1", "/flaky/50".to_owned()),
             _ => ("shop-1", "/ok".to_owned()),
         };
-        let mut job = NewJob::new(bucket, sink.url(&path))
-            .with_payload(&serde_json::json!({"order": n}))?;
+        let mut job =
+            NewJob::new(bucket, sink.url(&path)).with_payload(&serde_json::json!({"order": n}))?;
         // Every tenth job repeats the previous one's key: the router answers `duplicate`.
-        let key = if n % 10 == 0 { n - 1 } else { n };
+        let key = if n.is_multiple_of(10) { n - 1 } else { n };
         job = job.with_idempotency_key(format!("order-{key}"));
-        match client.submit(std::slice::from_ref(&job)).await {
+        // A producer retries what certainly stored nothing (a 503 while no Director serves).
+        let mut reply = client.submit(std::slice::from_ref(&job)).await;
+        for _ in 0..20 {
+            match &reply {
+                Err(e) if e.stored_nothing() && !stop.is_cancelled() => {
+                    tokio::time::sleep(Duration::from_millis(100)).await;
+                    reply = client.submit(std::slice::from_ref(&job)).await;
+                }
+                _ => break,
+            }
+        }
+        match reply {
             Ok(reply) => {
                 for j in &reply.jobs {
                     match j.status.as_str() {

@@ -10,6 +10,7 @@ use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
+use common::browser::{chromium, render};
 use common::*;
 use serde_json::{json, Value};
 use spindle::dashboard::{self, DashboardConfig};
@@ -620,64 +621,4 @@ fn screenshot_path() -> PathBuf {
         .parent()
         .expect("the target dir")
         .join("dashboard-screenshot.png")
-}
-
-/// The Chromium binary, installing Debian's `chromium` package first if it is missing.
-fn chromium() -> &'static str {
-    use std::process::Command;
-    let present = || {
-        Command::new("chromium")
-            .arg("--version")
-            .output()
-            .is_ok_and(|o| o.status.success())
-    };
-    if !present() {
-        let installed = Command::new("sh")
-            .args([
-                "-c",
-                "DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium \
-                 || (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium)",
-            ])
-            .status()
-            .expect("apt-get");
-        assert!(
-            installed.success() && present(),
-            "could not install chromium"
-        );
-    }
-    "chromium"
-}
-
-/// Runs headless Chromium on `args` (plus the common flags and a private profile) and
-/// returns its stdout.
-async fn render(chromium: &str, args: &[&str]) -> Vec<u8> {
-    let profile = tempfile::tempdir().expect("profile dir");
-    let run = tokio::process::Command::new(chromium)
-        .args([
-            "--headless",
-            "--no-sandbox",
-            "--disable-gpu",
-            "--disable-dev-shm-usage",
-            "--disable-background-networking",
-            "--disable-component-update",
-            "--disable-sync",
-            "--no-first-run",
-            "--hide-scrollbars",
-            "--window-size=1280,2200",
-            "--virtual-time-budget=10000",
-        ])
-        .arg(format!("--user-data-dir={}", profile.path().display()))
-        .args(args)
-        .kill_on_drop(true)
-        .output();
-    let out = tokio::time::timeout(Duration::from_secs(60), run)
-        .await
-        .expect("chromium finishes within 60 s")
-        .expect("chromium runs");
-    assert!(
-        out.status.success(),
-        "chromium {args:?} failed: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    out.stdout
 }

@@ -13,6 +13,7 @@ use spindle::job::{JobId, State, Transition};
 use spindle::jobdb::{self, JobDb, JobDbUrl};
 use spindle::rpc::api::SubmitReply;
 
+pub mod browser;
 pub mod mariadb;
 pub mod procs;
 pub mod redis_server;
