@@ -501,6 +501,12 @@ fn free_len_minus(listed: &[Listed], target: usize) -> usize {
 
 /// `host:port` of a MySQL URL, for spreading JobDBs over servers.
 fn host_of(url: &str) -> String {
+    // A SQLite JobDB's "server" is its directory.
+    if let Ok(parsed) = url.parse::<JobDbUrl>() {
+        if let crate::jobdb::Server::Sqlite(dir) = &parsed.server {
+            return dir.display().to_string();
+        }
+    }
     url::Url::parse(url)
         .map(|u| {
             format!(
@@ -526,5 +532,6 @@ mod tests {
         assert!(server_jobdb_url("not a url", "x").is_err());
         assert_eq!(host_of("mysql://root@h:3307/x"), "h:3307");
         assert_eq!(host_of("mysql://root@h/x"), "h:3306");
+        assert_eq!(host_of("sqlite:///var/lib/spindle/j1"), "/var/lib/spindle");
     }
 }

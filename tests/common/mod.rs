@@ -31,9 +31,9 @@ pub enum Engine {
     Sqlite,
 }
 
-/// The directory SQLite test JobDBs live in (one per test process).
+/// The directory SQLite test JobDBs live in (each test's file has a unique name).
 pub fn sqlite_dir() -> std::path::PathBuf {
-    std::env::temp_dir().join(format!("spindle-tests-{}", std::process::id()))
+    std::env::temp_dir().join("spindle-tests")
 }
 
 /// Runs the async test function `$name(engine)` as two tests, `$name::mysql` and
