@@ -554,10 +554,12 @@ pub struct ManagerArgs {
     /// The agent.
     #[command(flatten)]
     pub consul: ConsulArgs,
-    /// A MySQL server that hosts JobDBs, `mysql://user[:password]@host[:port]` (repeatable;
-    /// comma-separated in the environment).
+    /// A server that hosts JobDBs: a MySQL server, `mysql://user[:password]@host[:port]`, or a
+    /// directory of SQLite JobDB files, `sqlite:///dir` (repeatable; comma-separated in the
+    /// environment).
     #[arg(
         long = "mysql",
+        visible_alias = "server",
         env = "SPINDLE_MANAGER_MYSQL",
         value_delimiter = ',',
         required = true

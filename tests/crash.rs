@@ -200,7 +200,7 @@ async fn kill_9_mid_load_loses_nothing(engine: Engine) {
         }
     }
     println!(
-        "crash: accepted {} jobs ({} unacknowledged batches at the kill), {} jobs in the jobdb, all terminal; \
+        "crash ({engine:?}): accepted {} jobs ({} unacknowledged batches at the kill), {} jobs in the jobdb, all terminal; \
          {} requests before the kill, {} after; {} attempts interrupted by the kill; {} duplicate deliveries; \
          restart to ready in {:.2} s",
         acked.len(),
