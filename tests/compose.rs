@@ -8,6 +8,8 @@
 //! Directors, health checks everywhere, start-up ordered by health, the Dockerfile on the
 //! workspace's Rust. Nothing is started: no Docker here.
 
+mod common;
+
 use std::collections::{BTreeMap, BTreeSet};
 use std::net::SocketAddr;
 use std::process::Command as Process;
@@ -726,27 +728,7 @@ fn dockerfile_builds_with_the_workspace_toolchain() {
 /// `docker-compose`, installed from Debian (`apt-get`) if missing, as the dashboard test does
 /// with Chromium. Its `config` needs no Docker daemon.
 fn docker_compose() -> &'static str {
-    let present = || {
-        Process::new("docker-compose")
-            .arg("version")
-            .output()
-            .is_ok_and(|o| o.status.success())
-    };
-    if !present() {
-        let installed = Process::new("sh")
-            .args([
-                "-c",
-                "DEBIAN_FRONTEND=noninteractive apt-get install -y -qq docker-compose \
-                 || (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq docker-compose)",
-            ])
-            .status()
-            .expect("apt-get");
-        assert!(
-            installed.success() && present(),
-            "could not install docker-compose"
-        );
-    }
-    "docker-compose"
+    common::debian_tool("docker-compose", "version", "docker-compose")
 }
 
 #[test]

@@ -366,36 +366,76 @@ macro_rules! stats_sql {
     };
 }
 
-/// The end of the command-targets query, after the endpoint-prefix test.
-macro_rules! command_targets_rest {
-    () => {
-        "AND (c.created_before IS NULL OR j.created_at < c.created_before) \
-         AND t.id = (SELECT MAX(l.id) FROM job_state_transitions l WHERE l.job_id = t.job_id) \
-         AND t.id < ? \
-         AND t.state IN ('awaiting-scheduling', 'awaiting-retry')"
-    };
-}
-
-/// The ended-jobs query of replay, before its endpoint-prefix test.
-macro_rules! ended_jobs_head {
-    () => {
-        "SELECT j.id, j.bucket, j.endpoint, j.method, j.headers, j.payload, \
-         j.execution_timeout_ms, j.backoff_min_delay_ms, j.backoff_coefficient, j.created_at, \
-         j.expire_at, j.idempotency_key, t.state \
-         FROM jobs j JOIN job_state_transitions t ON t.job_id = j.id \
-         WHERE j.id > ? \
-           AND t.id = (SELECT MAX(l.id) FROM job_state_transitions l WHERE l.job_id = j.id) \
-           AND ((? AND t.state = 'discarded') OR (? AND t.state = 'archived')) \
-           AND (? IS NULL OR j.bucket = ?) "
-    };
-}
-
-/// The ended-jobs query of replay, after its endpoint-prefix test.
-macro_rules! ended_jobs_tail {
-    () => {
-        "AND (? IS NULL OR j.created_at >= ?) \
-         AND (? IS NULL OR j.created_at < ?) \
-         ORDER BY j.id LIMIT ?"
+/// The statements that differ between the engines only in a few words: `$ignore` is how an
+/// INSERT skips rows whose key exists, `$empty_blob` an empty binary literal, `$int` a signed
+/// integer cast, and `$cut` opens a cut of `j.endpoint` to the length of what follows (the
+/// statement closes it as `<x>)) = <x>`), for "the endpoint starts with".
+macro_rules! spelled_sql {
+    ($ignore:literal, $empty_blob:literal, $int:literal, $cut:literal) => {
+        /// Origins of imported jobs; a repeat is ignored.
+        pub const INSERT_ORIGINS: &str =
+            concat!($ignore, " INTO job_origins (job_id, from_jobdb, imported_at) ");
+        /// A confirmed archive batch; a repeat is ignored.
+        pub const INSERT_CONFIRMATION: &str = concat!(
+            $ignore,
+            " INTO archive_confirmations (batch_id, sha256, confirmed_at) VALUES (?, ?, ?)"
+        );
+        /// A command's result; a repeat is ignored.
+        pub const INSERT_COMMAND_RESULT: &str = concat!(
+            $ignore,
+            " INTO operator_command_results (command_id, applied_at, applied_by, jobs) \
+             VALUES (?, ?, ?, ?)"
+        );
+        /// Jobs without payload and headers.
+        pub const SELECT_JOBS_BARE: &str = concat!(
+            "SELECT id, bucket, endpoint, method, '{}' AS headers, ",
+            $empty_blob,
+            " AS payload, execution_timeout_ms, backoff_min_delay_ms, backoff_coefficient, \
+             created_at, expire_at, idempotency_key FROM jobs WHERE id IN ("
+        );
+        /// Job summaries (no payload, its size).
+        pub const SELECT_JOB_SUMMARIES: &str = concat!(
+            "SELECT id, bucket, endpoint, method, '{}' AS headers, ",
+            $empty_blob,
+            " AS payload, execution_timeout_ms, backoff_min_delay_ms, backoff_coefficient, \
+             created_at, expire_at, idempotency_key, CAST(LENGTH(payload) AS ",
+            $int,
+            ") AS payload_bytes FROM jobs WHERE id IN ("
+        );
+        /// The jobs a command names that wait for an attempt, with their progress.
+        pub const COMMAND_TARGETS: &str = concat!(
+            "SELECT t.job_id, t.state, t.attempts, t.retry_at \
+             FROM operator_commands c \
+             JOIN jobs j ON (c.job_id IS NULL OR j.id = c.job_id) \
+             JOIN job_state_transitions t ON t.job_id = j.id \
+             WHERE c.id = ? \
+               AND (c.bucket IS NULL OR j.bucket = c.bucket) \
+               AND (c.endpoint_prefix IS NULL OR ",
+            $cut,
+            "c.endpoint_prefix)) = c.endpoint_prefix) \
+               AND (c.created_before IS NULL OR j.created_at < c.created_before) \
+               AND t.id = (SELECT MAX(l.id) FROM job_state_transitions l \
+                           WHERE l.job_id = t.job_id) \
+               AND t.id < ? \
+               AND t.state IN ('awaiting-scheduling', 'awaiting-retry')"
+        );
+        /// Ended jobs for replay.
+        pub const ENDED_JOBS: &str = concat!(
+            "SELECT j.id, j.bucket, j.endpoint, j.method, j.headers, j.payload, \
+             j.execution_timeout_ms, j.backoff_min_delay_ms, j.backoff_coefficient, \
+             j.created_at, j.expire_at, j.idempotency_key, t.state \
+             FROM jobs j JOIN job_state_transitions t ON t.job_id = j.id \
+             WHERE j.id > ? \
+               AND t.id = (SELECT MAX(l.id) FROM job_state_transitions l WHERE l.job_id = j.id) \
+               AND ((? AND t.state = 'discarded') OR (? AND t.state = 'archived')) \
+               AND (? IS NULL OR j.bucket = ?) \
+               AND (? IS NULL OR ",
+            $cut,
+            "?)) = ?) \
+               AND (? IS NULL OR j.created_at >= ?) \
+               AND (? IS NULL OR j.created_at < ?) \
+             ORDER BY j.id LIMIT ?"
+        );
     };
 }
 
@@ -414,45 +454,11 @@ pub mod mysql {
     /// The fence check: a shared lock on the owner row, so a takeover waits for this commit.
     pub const FENCE_CHECK: &str =
         "SELECT fencing_token FROM jobdb_owner WHERE id = 1 LOCK IN SHARE MODE";
-    /// Origins of imported jobs; a repeat is ignored.
-    pub const INSERT_ORIGINS: &str =
-        "INSERT IGNORE INTO job_origins (job_id, from_jobdb, imported_at) ";
-    /// A confirmed archive batch; a repeat is ignored.
-    pub const INSERT_CONFIRMATION: &str =
-        "INSERT IGNORE INTO archive_confirmations (batch_id, sha256, confirmed_at) \
-         VALUES (?, ?, ?)";
-    /// A command's result; a repeat is ignored.
-    pub const INSERT_COMMAND_RESULT: &str =
-        "INSERT IGNORE INTO operator_command_results (command_id, applied_at, applied_by, jobs) \
-         VALUES (?, ?, ?, ?)";
-    /// Jobs without payload and headers.
-    pub const SELECT_JOBS_BARE: &str =
-        "SELECT id, bucket, endpoint, method, '{}' AS headers, CAST('' AS BINARY) AS payload, \
-         execution_timeout_ms, backoff_min_delay_ms, backoff_coefficient, created_at, \
-         expire_at, idempotency_key FROM jobs WHERE id IN (";
-    /// Job summaries (no payload, its size).
-    pub const SELECT_JOB_SUMMARIES: &str =
-        "SELECT id, bucket, endpoint, method, '{}' AS headers, CAST('' AS BINARY) AS payload, \
-         execution_timeout_ms, backoff_min_delay_ms, backoff_coefficient, created_at, \
-         expire_at, idempotency_key, CAST(LENGTH(payload) AS SIGNED) AS payload_bytes \
-         FROM jobs WHERE id IN (";
-    /// Whether the job's endpoint (`j.endpoint`) starts with the command's prefix.
-    pub const COMMAND_TARGETS: &str = concat!(
-        "SELECT t.job_id, t.state, t.attempts, t.retry_at \
-         FROM operator_commands c \
-         JOIN jobs j ON (c.job_id IS NULL OR j.id = c.job_id) \
-         JOIN job_state_transitions t ON t.job_id = j.id \
-         WHERE c.id = ? \
-           AND (c.bucket IS NULL OR j.bucket = c.bucket) \
-           AND (c.endpoint_prefix IS NULL \
-                OR LEFT(j.endpoint, CHAR_LENGTH(c.endpoint_prefix)) = c.endpoint_prefix) ",
-        command_targets_rest!()
-    );
-    /// Ended jobs for replay.
-    pub const ENDED_JOBS: &str = concat!(
-        ended_jobs_head!(),
-        "AND (? IS NULL OR LEFT(j.endpoint, CHAR_LENGTH(?)) = ?) ",
-        ended_jobs_tail!()
+    spelled_sql!(
+        "INSERT IGNORE",
+        "CAST('' AS BINARY)",
+        "SIGNED",
+        "LEFT(j.endpoint, CHAR_LENGTH("
     );
     /// Deletes of a purge, `?` rows each.
     pub const DELETE_CHUNKS: [&str; 2] = [
@@ -488,44 +494,11 @@ pub mod sqlite {
     /// The fence check. SQLite has one writer at a time: by this statement the transaction
     /// holds the write lock (its first INSERT took it), so a takeover waits for the commit.
     pub const FENCE_CHECK: &str = "SELECT fencing_token FROM jobdb_owner WHERE id = 1";
-    /// Origins of imported jobs; a repeat is ignored.
-    pub const INSERT_ORIGINS: &str =
-        "INSERT OR IGNORE INTO job_origins (job_id, from_jobdb, imported_at) ";
-    /// A confirmed archive batch; a repeat is ignored.
-    pub const INSERT_CONFIRMATION: &str =
-        "INSERT OR IGNORE INTO archive_confirmations (batch_id, sha256, confirmed_at) \
-         VALUES (?, ?, ?)";
-    /// A command's result; a repeat is ignored.
-    pub const INSERT_COMMAND_RESULT: &str = "INSERT OR IGNORE INTO operator_command_results \
-         (command_id, applied_at, applied_by, jobs) VALUES (?, ?, ?, ?)";
-    /// Jobs without payload and headers.
-    pub const SELECT_JOBS_BARE: &str =
-        "SELECT id, bucket, endpoint, method, '{}' AS headers, X'' AS payload, \
-         execution_timeout_ms, backoff_min_delay_ms, backoff_coefficient, created_at, \
-         expire_at, idempotency_key FROM jobs WHERE id IN (";
-    /// Job summaries (no payload, its size).
-    pub const SELECT_JOB_SUMMARIES: &str =
-        "SELECT id, bucket, endpoint, method, '{}' AS headers, X'' AS payload, \
-         execution_timeout_ms, backoff_min_delay_ms, backoff_coefficient, created_at, \
-         expire_at, idempotency_key, CAST(LENGTH(payload) AS INTEGER) AS payload_bytes \
-         FROM jobs WHERE id IN (";
-    /// Whether the job's endpoint (`j.endpoint`) starts with the command's prefix.
-    pub const COMMAND_TARGETS: &str = concat!(
-        "SELECT t.job_id, t.state, t.attempts, t.retry_at \
-         FROM operator_commands c \
-         JOIN jobs j ON (c.job_id IS NULL OR j.id = c.job_id) \
-         JOIN job_state_transitions t ON t.job_id = j.id \
-         WHERE c.id = ? \
-           AND (c.bucket IS NULL OR j.bucket = c.bucket) \
-           AND (c.endpoint_prefix IS NULL \
-                OR substr(j.endpoint, 1, length(c.endpoint_prefix)) = c.endpoint_prefix) ",
-        command_targets_rest!()
-    );
-    /// Ended jobs for replay.
-    pub const ENDED_JOBS: &str = concat!(
-        ended_jobs_head!(),
-        "AND (? IS NULL OR substr(j.endpoint, 1, length(?)) = ?) ",
-        ended_jobs_tail!()
+    spelled_sql!(
+        "INSERT OR IGNORE",
+        "X''",
+        "INTEGER",
+        "substr(j.endpoint, 1, length("
     );
     /// Deletes of a purge, `?` rows each (SQLite has no DELETE ... LIMIT by default).
     pub const DELETE_CHUNKS: [&str; 2] = [

@@ -541,6 +541,29 @@ impl JobDb {
         const UPDATE: &str = "UPDATE jobdb_owner SET fencing_token = ?, holder = ?, \
                               acquired_at = ? WHERE id = 1 AND fencing_token < ?";
         const CURRENT: &str = "SELECT fencing_token FROM jobdb_owner WHERE id = 1";
+        // The same transaction on either engine's connection; `$busy` tells the engine's "a
+        // previous owner still holds the row" from other errors.
+        macro_rules! take_over {
+            ($conn:ident, $busy:expr) => {{
+                let mut tx = $conn.begin().await?;
+                let updated = match sqlx::query(UPDATE)
+                    .bind(int(token))
+                    .bind(holder)
+                    .bind(Utc::now().naive_utc())
+                    .bind(int(token))
+                    .execute(&mut *tx)
+                    .await
+                {
+                    Ok(done) => done.rows_affected(),
+                    Err(sqlx::Error::Database(e)) if $busy(&*e) => return Err(JobDbError::Busy),
+                    Err(e) => return Err(e.into()),
+                };
+                let current: u64 = sqlx::query_scalar(CURRENT).fetch_one(&mut *tx).await?;
+                tx.commit().await?;
+                $conn.close().await?;
+                (updated, current)
+            }};
+        }
         // A connection of its own, so the short lock wait does not leak into the pool.
         let (updated, current) = match self.url.sqlite_options(false) {
             Some(options) => {
@@ -548,25 +571,9 @@ impl JobDb {
                     .busy_timeout(wait.max(Duration::from_millis(1)))
                     .connect()
                     .await?;
-                let mut tx = conn.begin().await?;
-                let updated = sqlx::query(UPDATE)
-                    .bind(int(token))
-                    .bind(holder)
-                    .bind(Utc::now().naive_utc())
-                    .bind(int(token))
-                    .execute(&mut *tx)
-                    .await;
-                let updated = match updated {
-                    Ok(done) => done.rows_affected(),
-                    Err(sqlx::Error::Database(e)) if e.message().contains("locked") => {
-                        return Err(JobDbError::Busy);
-                    }
-                    Err(e) => return Err(e.into()),
-                };
-                let current: u64 = sqlx::query_scalar(CURRENT).fetch_one(&mut *tx).await?;
-                tx.commit().await?;
-                conn.close().await?;
-                (updated, current)
+                take_over!(conn, |e: &dyn sqlx::error::DatabaseError| e
+                    .message()
+                    .contains("locked"))
             }
             None => {
                 let mut conn = self.url.mysql_options()?.connect().await?;
@@ -574,28 +581,11 @@ impl JobDb {
                     .bind(wait.as_secs().max(1))
                     .execute(&mut conn)
                     .await?;
-                let mut tx = conn.begin().await?;
-                let updated = sqlx::query(UPDATE)
-                    .bind(int(token))
-                    .bind(holder)
-                    .bind(Utc::now().naive_utc())
-                    .bind(int(token))
-                    .execute(&mut *tx)
-                    .await;
-                let updated = match updated {
-                    Ok(done) => done.rows_affected(),
-                    Err(sqlx::Error::Database(e))
-                        if e.code().as_deref() == Some("HY000")
-                            && e.message().contains("Lock wait timeout") =>
-                    {
-                        return Err(JobDbError::Busy);
-                    }
-                    Err(e) => return Err(e.into()),
-                };
-                let current: u64 = sqlx::query_scalar(CURRENT).fetch_one(&mut *tx).await?;
-                tx.commit().await?;
-                conn.close().await?;
-                (updated, current)
+                take_over!(conn, |e: &dyn sqlx::error::DatabaseError| e
+                    .code()
+                    .as_deref()
+                    == Some("HY000")
+                    && e.message().contains("Lock wait timeout"))
             }
         };
         if updated == 1 {

@@ -4,28 +4,7 @@ use std::time::Duration;
 
 /// The Chromium binary, installing Debian's `chromium` package first if it is missing.
 pub fn chromium() -> &'static str {
-    use std::process::Command;
-    let present = || {
-        Command::new("chromium")
-            .arg("--version")
-            .output()
-            .is_ok_and(|o| o.status.success())
-    };
-    if !present() {
-        let installed = Command::new("sh")
-            .args([
-                "-c",
-                "DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium \
-                 || (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium)",
-            ])
-            .status()
-            .expect("apt-get");
-        assert!(
-            installed.success() && present(),
-            "could not install chromium"
-        );
-    }
-    "chromium"
+    super::debian_tool("chromium", "--version", "chromium")
 }
 
 /// Runs headless Chromium on `args` (plus the common flags and a private profile) and

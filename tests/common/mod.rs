@@ -434,19 +434,39 @@ pub async fn delivery_latencies(
         .collect()
 }
 
+/// `binary`, installing Debian's `package` first if `binary version_arg` does not run: the
+/// tools some tests drive (promtool, Chromium, docker-compose) on a machine that lacks them.
+pub fn debian_tool(binary: &'static str, version_arg: &str, package: &str) -> &'static str {
+    use std::process::Command;
+    let present = || {
+        Command::new(binary)
+            .arg(version_arg)
+            .output()
+            .is_ok_and(|o| o.status.success())
+    };
+    if !present() {
+        let install = format!("DEBIAN_FRONTEND=noninteractive apt-get install -y -qq {package}");
+        let installed = Command::new("sh")
+            .args([
+                "-c",
+                &format!("{install} || (apt-get update -qq && {install})"),
+            ])
+            .status()
+            .expect("apt-get");
+        assert!(
+            installed.success() && present(),
+            "could not install {package} (for {binary})"
+        );
+    }
+    binary
+}
+
 /// Runs Prometheus's own `promtool check metrics` over an exposition (installing Debian's
 /// `prometheus` package first if `promtool` is missing).
 pub fn promtool_accepts(exposition: &str) {
     use std::io::Write;
     use std::process::{Command, Stdio};
-    if Command::new("promtool").arg("--version").output().is_err() {
-        let installed = Command::new("sh")
-            .args(["-c", "apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq prometheus"])
-            .status()
-            .expect("apt-get");
-        assert!(installed.success(), "could not install promtool");
-    }
-    let mut child = Command::new("promtool")
+    let mut child = Command::new(debian_tool("promtool", "--version", "prometheus"))
         .args(["check", "metrics"])
         .stdin(Stdio::piped())
         .stdout(Stdio::piped())
