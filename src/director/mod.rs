@@ -486,14 +486,3 @@ async fn recover(
     }
     Ok(archiving)
 }
-
-/// Runs a Director until SIGINT or SIGTERM, then stops it cleanly.
-pub async fn run_until_signal(config: DirectorConfig) -> Result<(), DirectorError> {
-    let director = start(config).await?;
-    let stopper = director.stopping.clone();
-    tokio::spawn(async move {
-        crate::shutdown_signal().await;
-        stopper.cancel();
-    });
-    director.wait().await
-}
