@@ -26,7 +26,7 @@ pub struct BenchArgs {
         env = "SPINDLE_BENCH_MYSQL",
         default_value = "mysql://root@127.0.0.1:3306"
     )]
-    pub mysql: String,
+    pub mysql: crate::secret::SecretUrl,
     /// Jobs to submit.
     #[arg(long, default_value_t = 100_000)]
     pub jobs: usize,
@@ -82,7 +82,7 @@ pub async fn run(args: BenchArgs) -> anyhow::Result<()> {
         "spindle_bench_{}",
         ulid::Ulid::new().to_string().to_lowercase()
     );
-    let url: JobDbUrl = format!("{}/{}", args.mysql.trim_end_matches('/'), name)
+    let url: JobDbUrl = format!("{}/{}", args.mysql.expose().trim_end_matches('/'), name)
         .parse()
         .context("--mysql")?;
     let sink = Sink::start("127.0.0.1:0".parse()?).await?;
@@ -93,7 +93,7 @@ pub async fn run(args: BenchArgs) -> anyhow::Result<()> {
         .arg("--listen")
         .arg(format!("127.0.0.1:{port}"))
         .arg("--jobdb")
-        .arg(format!("{}/{}", args.mysql.trim_end_matches('/'), name))
+        .arg(format!("{}/{}", args.mysql.expose().trim_end_matches('/'), name))
         .arg("--log")
         .arg("warn")
         .arg("--allow-subnet")

@@ -9,6 +9,7 @@ use clap::{Args, Parser, Subcommand, ValueEnum};
 use tracing_subscriber::EnvFilter;
 
 use crate::director::{self, DirectorConfig};
+use crate::secret::{Secret, SecretUrl};
 
 /// spindle: a database-as-a-queue HTTP delivery engine.
 #[derive(Debug, Parser)]
@@ -85,7 +86,7 @@ pub enum Command {
 pub struct ReplayArgs {
     /// Read ended jobs from this JobDB (mysql://user[:password]@host:port/name).
     #[arg(long, conflicts_with = "from_archive")]
-    pub from_jobdb: Option<String>,
+    pub from_jobdb: Option<SecretUrl>,
     /// Read ended jobs from the archive (the `--s3-*` options, or `--archive-dir`), every
     /// JobDB's batches or those of `--archive-jobdb`.
     #[arg(long)]
@@ -117,7 +118,7 @@ pub struct ReplayArgs {
     pub to: String,
     /// An API token for `--to`.
     #[arg(long, env = "SPINDLE_TOKEN", hide_env_values = true)]
-    pub token: Option<String>,
+    pub token: Option<Secret>,
     /// Lifetime of the new jobs, in ms (default: the Director's).
     #[arg(long)]
     pub ttl_ms: Option<u64>,
@@ -142,7 +143,7 @@ pub enum JobsCommand {
         api: String,
         /// An API token (read scope for the job's bucket, or admin).
         #[arg(long, env = "SPINDLE_TOKEN", hide_env_values = true)]
-        token: Option<String>,
+        token: Option<Secret>,
         /// Print the API's JSON answer as it is.
         #[arg(long)]
         json: bool,
@@ -197,7 +198,7 @@ pub enum EndpointsCommand {
         apis: Vec<String>,
         /// An admin API token.
         #[arg(long, env = "SPINDLE_TOKEN", hide_env_values = true)]
-        token: Option<String>,
+        token: Option<Secret>,
     },
     /// Stop new attempts to an endpoint, or for a bucket's jobs, on every Director; jobs wait
     /// (and still expire) until resumed. Attempts in flight finish.
@@ -263,7 +264,7 @@ pub struct RouterArgs {
     pub tokens: Option<std::path::PathBuf>,
     /// Admin token presented to the Directors' import RPC, when they require tokens.
     #[arg(long, env = "SPINDLE_DIRECTOR_TOKEN", hide_env_values = true)]
-    pub director_token: Option<String>,
+    pub director_token: Option<Secret>,
     /// Largest request body, in bytes.
     #[arg(long, env = "SPINDLE_MAX_REQUEST_BYTES", default_value_t = 32 * 1024 * 1024)]
     pub max_request_bytes: usize,
@@ -502,7 +503,7 @@ pub struct S3Args {
     pub s3_access_key_id: Option<String>,
     /// Secret access key (default: the AWS credential chain).
     #[arg(long, env = "SPINDLE_S3_SECRET_ACCESS_KEY", hide_env_values = true)]
-    pub s3_secret_access_key: Option<String>,
+    pub s3_secret_access_key: Option<Secret>,
     /// Create the bucket when it is missing.
     #[arg(long, env = "SPINDLE_S3_CREATE_BUCKET")]
     pub s3_create_bucket: bool,
@@ -541,7 +542,10 @@ impl S3Args {
         config.prefix = self.s3_prefix.clone();
         config.path_style = self.s3_path_style;
         config.access_key_id = self.s3_access_key_id.clone();
-        config.secret_access_key = self.s3_secret_access_key.clone();
+        config.secret_access_key = self
+            .s3_secret_access_key
+            .as_ref()
+            .map(|s| s.expose().to_owned());
         config.create_bucket = self.s3_create_bucket;
         config.timeout = Duration::from_millis(self.s3_timeout_ms);
         Some(config.into())
@@ -564,7 +568,7 @@ pub struct ManagerArgs {
         value_delimiter = ',',
         required = true
     )]
-    pub mysql: Vec<String>,
+    pub mysql: Vec<SecretUrl>,
     /// Name prefix of the JobDBs it creates.
     #[arg(long, env = "SPINDLE_MANAGER_PREFIX", default_value = "spindle")]
     pub prefix: String,
@@ -606,7 +610,7 @@ pub struct DrainerArgs {
     pub s3: S3Args,
     /// Admin token for the Directors' import RPC, when they require tokens.
     #[arg(long, env = "SPINDLE_IMPORT_TOKEN", hide_env_values = true)]
-    pub import_token: Option<String>,
+    pub import_token: Option<Secret>,
     /// Jobs per import request (1 to 1000).
     #[arg(long, env = "SPINDLE_DRAINER_IMPORT_BATCH", default_value_t = 500)]
     pub import_batch: usize,
@@ -762,7 +766,12 @@ pub struct ConsulArgs {
     pub consul_addr: String,
     /// Consul ACL token.
     #[arg(long, env = "CONSUL_HTTP_TOKEN", hide_env_values = true)]
-    pub consul_token: Option<String>,
+    pub consul_token: Option<Secret>,
+    /// Password of the JobDBs the inventory names. The inventory in Consul never holds
+    /// passwords: `spindle jobdbs add` and the manager store URLs without one, and every
+    /// process that reads them connects with this one (a URL that has a password keeps it).
+    #[arg(long, env = "SPINDLE_JOBDB_PASSWORD", hide_env_values = true)]
+    pub jobdb_password: Option<Secret>,
 }
 
 impl ConsulArgs {
@@ -770,7 +779,8 @@ impl ConsulArgs {
         Ok(crate::registry::consul::ConsulClient::new(
             &self.consul_addr,
             self.consul_token.clone(),
-        )?)
+        )?
+        .with_jobdb_password(self.jobdb_password.clone()))
     }
 }
 
@@ -781,7 +791,7 @@ pub enum JobdbsCommand {
     Add {
         /// The JobDB: `mysql://user[:password]@host[:port]/name` (name in `[a-z0-9_]`).
         #[arg(long)]
-        jobdb: String,
+        jobdb: SecretUrl,
         /// The agent.
         #[command(flatten)]
         consul: ConsulArgs,
@@ -793,6 +803,9 @@ pub enum JobdbsCommand {
         consul: ConsulArgs,
     },
 }
+
+/// The longest `--backoff-cap-ms` (30 days, the longest a job may live).
+const MAX_BACKOFF_CAP_MS: u64 = 30 * 24 * 3600 * 1000;
 
 /// Options of `spindle director`.
 #[derive(Debug, Clone, Args)]
@@ -806,7 +819,7 @@ pub struct DirectorArgs {
         env = "SPINDLE_JOBDB",
         default_value = "mysql://root@127.0.0.1:3306/spindle"
     )]
-    pub jobdb: String,
+    pub jobdb: SecretUrl,
     /// Do not create the database when it is missing (fail instead).
     #[arg(long, env = "SPINDLE_NO_CREATE_DATABASE")]
     pub no_create_database: bool,
@@ -848,6 +861,14 @@ pub struct DirectorArgs {
     /// Circuit breaker: longest wait between two probes (ms).
     #[arg(long, env = "SPINDLE_BREAKER_PROBE_MAX_MS", default_value_t = 30_000)]
     pub breaker_probe_max_ms: u64,
+    /// Most attempts of one job: when the last one fails with a retryable error the job ends
+    /// `discarded` with `error_type` `max-attempts` (1 to 65535).
+    #[arg(long, env = "SPINDLE_MAX_ATTEMPTS", default_value_t = 1000)]
+    pub max_attempts: u16,
+    /// Shortest wait between two attempts of a job, in ms, whatever its backoff policy or the
+    /// endpoint's `Retry-After` say.
+    #[arg(long, env = "SPINDLE_MIN_RETRY_DELAY_MS", default_value_t = 100)]
+    pub min_retry_delay_ms: u64,
     /// Most rows in one group-commit transaction.
     #[arg(long, env = "SPINDLE_WRITE_BATCH_ROWS", default_value_t = 4000)]
     pub write_batch_rows: usize,
@@ -886,9 +907,14 @@ pub struct DirectorArgs {
     /// How the Director owns its JobDB.
     #[arg(long, env = "SPINDLE_REGISTRY", value_enum, default_value_t = RegistryKind::Mysql)]
     pub registry: RegistryKind,
-    /// With `--registry consul`: the agent.
+    /// With `--registry consul`, or `--read-controls`: the agent.
     #[command(flatten)]
     pub consul: ConsulArgs,
+    /// With `--registry mysql`: read endpoint and bucket controls from the Consul agent at
+    /// `--consul-addr` anyway (with `--registry consul` they always are). Without it, a
+    /// Director on `--registry mysql` says at start that it does not apply them.
+    #[arg(long, env = "SPINDLE_READ_CONTROLS")]
+    pub read_controls: bool,
     /// With `--registry consul`: address published in the catalog (default: the bound address).
     #[arg(long, env = "SPINDLE_ADVERTISE")]
     pub advertise: Option<std::net::SocketAddr>,
@@ -929,7 +955,7 @@ impl DirectorArgs {
 
     /// The validated Director configuration these options describe.
     pub fn to_config(&self) -> anyhow::Result<DirectorConfig> {
-        let jobdb = self.jobdb.parse().context("--jobdb")?;
+        let jobdb = self.jobdb.expose().parse().context("--jobdb")?;
         anyhow::ensure!(self.max_in_flight > 0, "--max-in-flight must be at least 1");
         anyhow::ensure!(
             self.endpoint_concurrency > 0,
@@ -943,12 +969,23 @@ impl DirectorArgs {
             self.db_connections >= 2,
             "--db-connections must be at least 2"
         );
+        anyhow::ensure!(self.max_attempts >= 1, "--max-attempts must be at least 1");
+        anyhow::ensure!(
+            self.backoff_cap_ms <= MAX_BACKOFF_CAP_MS,
+            "--backoff-cap-ms must be at most {MAX_BACKOFF_CAP_MS} (30 days)"
+        );
+        anyhow::ensure!(
+            self.min_retry_delay_ms <= self.backoff_cap_ms,
+            "--min-retry-delay-ms must not exceed --backoff-cap-ms"
+        );
         let mut config = DirectorConfig::new(self.listen, jobdb);
         config.create_database = !self.no_create_database;
         config.db_max_connections = self.db_connections;
         config.scheduler.max_in_flight = self.max_in_flight;
         config.scheduler.per_endpoint = self.endpoint_concurrency;
         config.scheduler.backoff_cap = Duration::from_millis(self.backoff_cap_ms);
+        config.scheduler.max_attempts = self.max_attempts;
+        config.scheduler.min_retry_delay = Duration::from_millis(self.min_retry_delay_ms);
         config.scheduler.shutdown_grace = Duration::from_millis(self.shutdown_grace_ms);
         config.scheduler.spill_after = Duration::from_millis(self.spill_after_ms);
         config.scheduler.max_cached_bytes = self.max_cached_payload_mib.saturating_mul(1024 * 1024);
@@ -996,7 +1033,7 @@ pub struct DashboardArgs {
         env = "SPINDLE_DASHBOARD_JOBDBS",
         value_delimiter = ','
     )]
-    pub jobdbs: Vec<String>,
+    pub jobdbs: Vec<SecretUrl>,
     /// Where else JobDBs come from: `none` shows the `--jobdb` list only; `consul` adds every
     /// JobDB of the inventory whose state is not `dropped` (spares included), re-read every
     /// `--discover-every-ms`.
@@ -1037,7 +1074,8 @@ impl DashboardArgs {
             self.discover_every_ms >= 100,
             "--discover-every-ms must be at least 100"
         );
-        let mut config = crate::dashboard::DashboardConfig::new(self.listen, self.jobdbs.clone());
+        let jobdbs = self.jobdbs.iter().map(|u| u.expose().to_owned()).collect();
+        let mut config = crate::dashboard::DashboardConfig::new(self.listen, jobdbs);
         if self.registry == DashboardRegistry::Consul {
             config.consul = Some(self.consul.client()?);
         }
@@ -1109,12 +1147,12 @@ pub async fn execute(
             );
         }
         Command::Jobdbs(JobdbsCommand::Add { jobdb, consul }) => {
-            let url: crate::jobdb::JobDbUrl = jobdb.parse().context("--jobdb")?;
+            let url: crate::jobdb::JobDbUrl = jobdb.expose().parse().context("--jobdb")?;
             let db = crate::jobdb::JobDb::open(&url, true, 2).await?;
             db.close().await;
             let record = crate::registry::inventory::JobDbRecord {
                 name: url.database.clone(),
-                url: jobdb.clone(),
+                url: jobdb.expose().to_owned(),
                 state: crate::registry::inventory::JobDbState::Spare,
                 changed_at: chrono::Utc::now(),
                 changed_by: "spindle jobdbs add".to_owned(),
@@ -1163,7 +1201,7 @@ pub async fn execute(
             api,
             token,
             json,
-        }) => show_job(&id, &api, token.as_deref(), json).await?,
+        }) => show_job(&id, &api, token.as_ref().map(Secret::expose), json).await?,
         Command::Submit(args) => crate::submit::run(*args).await?,
         Command::Demo(args) => crate::demo::run(args).await?,
         Command::Dev(args) => crate::dev::run(*args, stop).await?,
@@ -1205,7 +1243,17 @@ pub async fn run_service(
         }
         Command::Director(args) => match args.registry {
             RegistryKind::Mysql => {
-                let director = director::start(args.to_config_with_archive().await?).await?;
+                let mut config = args.to_config_with_archive().await?;
+                if args.read_controls {
+                    config.controls = Some(args.consul.client()?);
+                } else {
+                    tracing::warn!(
+                        "--registry mysql: endpoint and bucket controls (`spindle endpoints`) \
+                         live in Consul and are not read; give --read-controls (and \
+                         --consul-addr) to apply them"
+                    );
+                }
+                let director = director::start(config).await?;
                 let stopper = director.stopper();
                 tokio::spawn(async move {
                     stop.cancelled().await;
@@ -1285,7 +1333,7 @@ async fn endpoints(command: EndpointsCommand) -> anyhow::Result<()> {
             for api in apis {
                 let mut request = client.get(format!("{}/v1/endpoints", api.trim_end_matches('/')));
                 if let Some(token) = &token {
-                    request = request.bearer_auth(token);
+                    request = request.bearer_auth(token.expose());
                 }
                 let response = request
                     .send()
@@ -1350,7 +1398,7 @@ async fn replay(args: ReplayArgs) -> anyhow::Result<()> {
     let (discarded, archived) = crate::replay::states(&args.states).map_err(anyhow::Error::msg)?;
     let source = match (&args.from_jobdb, args.from_archive) {
         (Some(url), false) => {
-            let url: crate::jobdb::JobDbUrl = url.parse().context("--from-jobdb")?;
+            let url: crate::jobdb::JobDbUrl = url.expose().parse().context("--from-jobdb")?;
             ReplaySource::JobDb(Box::new(crate::jobdb::JobDb::open_reader(&url, 2).await?))
         }
         (None, true) => {
@@ -1378,7 +1426,7 @@ async fn replay(args: ReplayArgs) -> anyhow::Result<()> {
             archived,
         },
         to: args.to,
-        token: args.token,
+        token: args.token.map(|t| t.expose().to_owned()),
         ttl_ms: args.ttl_ms,
         dry_run: args.dry_run,
         limit: args.limit,

@@ -27,7 +27,7 @@ pub struct DemoArgs {
         env = "SPINDLE_DEMO_JOBDB",
         default_value = "mysql://root@127.0.0.1:3306/spindle_demo"
     )]
-    pub jobdb: String,
+    pub jobdb: crate::secret::SecretUrl,
     /// Jobs that succeed at once (the others are a fixed mix).
     #[arg(long, default_value_t = 500)]
     pub jobs: usize,
@@ -38,7 +38,7 @@ pub struct DemoArgs {
 
 /// Runs the demo.
 pub async fn run(args: DemoArgs) -> anyhow::Result<()> {
-    let url: JobDbUrl = args.jobdb.parse().context("--jobdb")?;
+    let url: JobDbUrl = args.jobdb.expose().parse().context("--jobdb")?;
     jobdb::drop_database(&url)
         .await
         .context("resetting the demo jobdb")?;

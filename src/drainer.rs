@@ -79,7 +79,7 @@ pub struct DrainerConfig {
     /// The archive (S3 or a local directory).
     pub archive: crate::archive::ArchiveConfig,
     /// Admin bearer token for the Directors' import RPC, when they require tokens.
-    pub import_token: Option<String>,
+    pub import_token: Option<crate::secret::Secret>,
     /// Jobs per import request (at most 1000).
     pub import_batch: usize,
     /// JobDBs drained at once.
@@ -171,6 +171,46 @@ pub async fn run(config: DrainerConfig, shutdown: CancellationToken) -> Result<(
     Ok(())
 }
 
+/// Most bytes of jobs in one import request: well inside a Director's default 32 MiB request
+/// limit, whatever the batch size.
+const MAX_IMPORT_BYTES: usize = 8 * 1024 * 1024;
+
+/// Jobs to move, in batches of at most `jobs` jobs and `bytes` bytes (a bigger job alone).
+fn import_batches(ids: &[(JobId, usize)], jobs: usize, bytes: usize) -> Vec<Vec<JobId>> {
+    let mut batches = Vec::new();
+    let (mut current, mut size) = (Vec::new(), 0usize);
+    for &(id, weight) in ids {
+        if !current.is_empty() && (current.len() == jobs || size.saturating_add(weight) > bytes) {
+            batches.push(std::mem::take(&mut current));
+            size = 0;
+        }
+        current.push(id);
+        size = size.saturating_add(weight);
+    }
+    if !current.is_empty() {
+        batches.push(current);
+    }
+    batches
+}
+
+/// The `error_type` of a job a live Director refused to import for good.
+pub const IMPORT_REFUSED: &str = "import-refused";
+
+/// Why sending a planned move did not work.
+enum Sent {
+    /// The target refused this job for good (a 4xx naming it).
+    Refused {
+        /// The job.
+        job: JobId,
+        /// The target's answer.
+        reason: String,
+    },
+    /// The target refused the request for good without naming a job.
+    BatchRefused(String),
+    /// Anything that may pass (no connection, 5xx, 409, 429): send the batch again later.
+    Failed(String),
+}
+
 struct Drain {
     config: DrainerConfig,
     inventory: Inventory,
@@ -248,7 +288,7 @@ impl Drain {
         lease: &Lease,
         stop: &CancellationToken,
     ) -> Result<usize, DrainerError> {
-        let url: JobDbUrl = listed.record.url.parse()?;
+        let url: JobDbUrl = self.inventory.jobdb_url(&listed.record)?;
         let db = JobDb::open(&url, false, 4).await?;
         let owned = self.own(db, lease, stop).await;
         let result = match owned {
@@ -329,7 +369,8 @@ impl Drain {
                         rows.push(Transition::archiving(job.id, p.attempts, now));
                         expired.push(job.id);
                     }
-                    _ => to_move.push(job.id),
+                    // An import carries the payload in base64 (4/3 of its bytes).
+                    _ => to_move.push((job.id, crate::jobdb::job_row_bytes(&job) * 4 / 3)),
                 }
             }
             self.append(o, rows).await?;
@@ -337,8 +378,8 @@ impl Drain {
                 .archive(BatchKind::Expired, &expired, stop)
                 .await?;
             let batch = self.config.import_batch.clamp(1, MAX_IMPORT_JOBS);
-            for chunk in to_move.chunks(batch) {
-                moved += self.move_jobs(o, chunk.to_vec(), stop).await?;
+            for chunk in import_batches(&to_move, batch, MAX_IMPORT_BYTES) {
+                moved += self.move_jobs(o, chunk, stop).await?;
             }
         }
         let histories = o.db.without_archived_history().await?;
@@ -455,7 +496,7 @@ impl Drain {
                         .into_iter()
                         .find(|(jobdb, _)| *jobdb == plan.to_jobdb);
                     if let Some((_, base)) = director {
-                        match self.send(o, plan, &base).await {
+                        match self.send(o, plan, &plan.jobs, &base).await {
                             Ok(response) => {
                                 self.record_moved(o, &plan.jobs).await?;
                                 tracing::info!(
@@ -468,7 +509,33 @@ impl Drain {
                                 );
                                 return Ok(Vec::new());
                             }
-                            Err(e) => {
+                            // The target will never take this job: it ends here, visibly, and
+                            // the rest of the batch goes on at once.
+                            Err(Sent::Refused { job, reason }) => {
+                                self.park_refused(o, job, &reason).await?;
+                                continue;
+                            }
+                            // Refused without naming a job: one at a time finds which.
+                            Err(Sent::BatchRefused(reason)) => {
+                                tracing::warn!(to = plan.to_jobdb, reason, "import batch refused; sending its jobs one by one");
+                                for job in &plan.jobs {
+                                    match self.send(o, plan, &[*job], &base).await {
+                                        Ok(_) => {}
+                                        Err(Sent::Refused { job, reason }) => {
+                                            self.park_refused(o, job, &reason).await?
+                                        }
+                                        Err(Sent::BatchRefused(reason)) => {
+                                            self.park_refused(o, *job, &reason).await?
+                                        }
+                                        Err(Sent::Failed(e)) => {
+                                            tracing::warn!(to = plan.to_jobdb, error = %e, "import failed; retrying");
+                                            break;
+                                        }
+                                    }
+                                }
+                                continue;
+                            }
+                            Err(Sent::Failed(e)) => {
                                 tracing::warn!(to = plan.to_jobdb, error = %e, "import failed; retrying")
                             }
                         }
@@ -477,7 +544,7 @@ impl Drain {
                 // Its drainer owns it now: nothing more can land in it, so its rows tell.
                 Some(JobDbState::Draining | JobDbState::Drained) => {
                     let Some(listed) = record else { continue };
-                    let url: JobDbUrl = listed.record.url.parse()?;
+                    let url: JobDbUrl = self.inventory.jobdb_url(&listed.record)?;
                     let target = JobDb::open(&url, false, 1).await?;
                     let arrived = target.existing_jobs(&plan.jobs).await;
                     target.close().await;
@@ -502,17 +569,30 @@ impl Drain {
         }
     }
 
+    /// Sends the jobs `ids` of a planned move that are still unfinished here to the target.
     async fn send(
         &self,
         o: &Owned,
         plan: &PlannedMove,
+        ids: &[JobId],
         base: &str,
-    ) -> Result<ImportResponse, String> {
-        let jobs = o.db.get_jobs(&plan.jobs).await.map_err(|e| e.to_string())?;
-        let latest =
-            o.db.latest_of(&plan.jobs)
-                .await
-                .map_err(|e| e.to_string())?;
+    ) -> Result<ImportResponse, Sent> {
+        let failed = |e: JobDbError| Sent::Failed(e.to_string());
+        let latest = o.db.latest_of(ids).await.map_err(failed)?;
+        // A job parked as refused (or otherwise ended) is not sent again.
+        let live: Vec<JobId> = ids
+            .iter()
+            .filter(|id| latest.get(id).is_some_and(|t| !t.state.is_terminal()))
+            .copied()
+            .collect();
+        if live.is_empty() {
+            return Ok(ImportResponse {
+                jobdb: plan.to_jobdb.clone(),
+                imported: 0,
+                already_present: 0,
+            });
+        }
+        let jobs = o.db.get_jobs(&live).await.map_err(failed)?;
         let now = Utc::now();
         let request = ImportRequest {
             jobdb: plan.to_jobdb.clone(),
@@ -530,15 +610,70 @@ impl Drain {
                 })
                 .collect(),
         };
-        spindle_client::Client::from_reqwest(
+        let client = spindle_client::Client::from_reqwest(
             self.http.clone(),
             base,
-            self.config.import_token.clone(),
+            self.config
+                .import_token
+                .as_ref()
+                .map(|t| t.expose().to_owned()),
         )
-        .map_err(|e| e.to_string())?
-        .import(&request)
-        .await
-        .map_err(|e| e.to_string())
+        .map_err(|e| Sent::Failed(e.to_string()))?;
+        match client.import(&request).await {
+            Ok(response) => Ok(response),
+            Err(spindle_client::Error::Api(api)) if matches!(api.status, 400 | 413 | 422) => {
+                // A definite refusal of the request's content: the same request will be
+                // refused again. Which job, if the answer names one (`jobs[3].bucket`)?
+                let named = api
+                    .field
+                    .as_deref()
+                    .and_then(|f| f.strip_prefix("jobs["))
+                    .and_then(|f| f.split(']').next())
+                    .and_then(|i| i.parse::<usize>().ok())
+                    .and_then(|i| jobs.get(i));
+                match named {
+                    Some(job) => Err(Sent::Refused {
+                        job: job.id,
+                        reason: api.to_string(),
+                    }),
+                    None if jobs.len() == 1 => Err(Sent::Refused {
+                        job: jobs[0].id,
+                        reason: api.to_string(),
+                    }),
+                    None => Err(Sent::BatchRefused(api.to_string())),
+                }
+            }
+            Err(e) => Err(Sent::Failed(e.to_string())),
+        }
+    }
+
+    /// Ends a job the target refused for good: `discarded`, `error_type` `import-refused`,
+    /// with the target's answer, so it is visible in SQL and archived with the JobDB's
+    /// history instead of blocking the drain forever.
+    async fn park_refused(&self, o: &Owned, job: JobId, reason: &str) -> Result<(), DrainerError> {
+        let latest = o.db.latest_of(&[job]).await?;
+        let Some(last) = latest.get(&job).filter(|t| !t.state.is_terminal()) else {
+            return Ok(());
+        };
+        tracing::error!(
+            jobdb = o.db.name(),
+            job = %job,
+            reason,
+            "a live director refuses this job for good: parked as discarded (import-refused)"
+        );
+        let row = Transition::discarded(
+            job,
+            last.attempts,
+            Utc::now(),
+            AttemptRecord {
+                error_type: Some(IMPORT_REFUSED.to_owned()),
+                error_response: Some(bytes::Bytes::from(reason.to_owned())),
+                ..AttemptRecord::default()
+            },
+        );
+        self.append(o, vec![row]).await?;
+        self.metrics.jobs_import_refused.inc();
+        Ok(())
     }
 
     async fn record_moved(&self, o: &Owned, ids: &[JobId]) -> Result<(), DrainerError> {
@@ -551,12 +686,37 @@ impl Drain {
             .iter()
             .filter_map(|id| {
                 let last = latest.get(id)?;
-                (last.state != State::Moved).then(|| Transition::moved(*id, last.attempts, now))
+                // A job parked as refused ended here already.
+                (!last.state.is_terminal()).then(|| Transition::moved(*id, last.attempts, now))
             })
             .collect();
         let moved = rows.len() as u64;
         self.append(o, rows).await?;
         self.metrics.jobs_moved.inc_by(moved);
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn import_batches_are_bounded_by_jobs_and_bytes() {
+        let id = || JobId(Ulid::new());
+        let small: Vec<(JobId, usize)> = (0..1200).map(|_| (id(), 100)).collect();
+        let sizes: Vec<usize> = import_batches(&small, 500, MAX_IMPORT_BYTES)
+            .iter()
+            .map(Vec::len)
+            .collect();
+        assert_eq!(sizes, vec![500, 500, 200]);
+        let big: Vec<(JobId, usize)> = (0..10).map(|_| (id(), 3 * 1024 * 1024)).collect();
+        let sizes: Vec<usize> = import_batches(&big, 500, MAX_IMPORT_BYTES)
+            .iter()
+            .map(Vec::len)
+            .collect();
+        assert_eq!(sizes, vec![2, 2, 2, 2, 2]);
+        let huge = vec![(id(), 20 * 1024 * 1024)];
+        assert_eq!(import_batches(&huge, 500, MAX_IMPORT_BYTES).len(), 1);
     }
 }

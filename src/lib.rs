@@ -21,10 +21,12 @@
 //!   gzip NDJSON batches with a manifest each, in S3 or a local directory. No SQL.
 //! - [`dashboard`]: `spindle dashboard`, a web page and JSON API over every live JobDB
 //!   (throughput, endpoints, attempts, inventory, job traces).
+//! - [`secret`]: tokens, keys and passwords that print as `***`.
 //! - [`sink`]: a recording HTTP endpoint for demos, benchmarks and tests.
 //! - [`cli`]: the `spindle` command line (`director`, `dashboard`, `demo`, `bench`, `sink`, ...).
 //! - [`bench`] and [`demo`]: the `spindle bench` and `spindle demo` subcommands.
 //! - [`dev`]: `spindle dev`, everything in one process on embedded parts.
+//! - `faults` (feature `fault-injection`, tests only): make a Director's core task panic.
 //! - [`submit`]: `spindle submit`, jobs from options, a file or stdin, through the
 //!   `spindle-client` crate (the typed client whose wire types [`rpc::api`] re-exports).
 //!
@@ -39,6 +41,8 @@ pub mod demo;
 pub mod dev;
 pub mod director;
 pub mod drainer;
+#[cfg(feature = "fault-injection")]
+pub mod faults;
 pub mod job;
 pub mod jobdb;
 pub mod manager;
@@ -47,6 +51,7 @@ pub mod registry;
 pub mod replay;
 pub mod router;
 pub mod rpc;
+pub mod secret;
 pub mod sink;
 pub mod submit;
 

@@ -23,6 +23,7 @@ use chrono::Utc;
 use tokio_util::sync::CancellationToken;
 
 use crate::jobdb::{self, JobDb, JobDbError, JobDbUrl};
+use crate::secret::SecretUrl;
 use crate::registry::consul::ConsulClient;
 use crate::registry::inventory::{Inventory, JobDbRecord, JobDbState, Listed};
 use crate::registry::lease::{consul_lock, LockTiming};
@@ -51,7 +52,7 @@ pub struct ManagerConfig {
     /// The Consul agent.
     pub consul: ConsulClient,
     /// MySQL servers that host JobDBs: `mysql://user[:password]@host[:port]` (no database).
-    pub servers: Vec<String>,
+    pub servers: Vec<SecretUrl>,
     /// Name prefix of the JobDBs it creates (`[a-z0-9_]`, up to 20 characters).
     pub prefix: String,
     /// Spare JobDBs to keep ready.
@@ -84,7 +85,7 @@ pub async fn run(config: ManagerConfig, shutdown: CancellationToken) -> Result<(
         ));
     }
     for server in &config.servers {
-        server_jobdb_url(server, "probe")?;
+        server_jobdb_url(server.expose(), "probe")?;
     }
     let inventory = Inventory::new(config.consul.clone());
     let mut manager = Manager {
@@ -156,8 +157,12 @@ fn inventory_name_ok(s: &str) -> bool {
 /// The URL of JobDB `name` on `server` (a server URL without database, or a SQLite
 /// directory `sqlite:///dir`).
 pub fn server_jobdb_url(server: &str, name: &str) -> Result<(String, JobDbUrl), ManagerError> {
-    JobDbUrl::on_server(server, name)
-        .map_err(|e| ManagerError::Config(format!("--mysql {server:?}: {e}")))
+    JobDbUrl::on_server(server, name).map_err(|e| {
+        ManagerError::Config(format!(
+            "--mysql {}: {e}",
+            crate::secret::redact_url(server)
+        ))
+    })
 }
 
 struct Manager {
@@ -180,7 +185,7 @@ impl Manager {
         if let Some(db) = self.pools.get(&record.name) {
             return Ok(db.clone());
         }
-        let url: JobDbUrl = record.url.parse()?;
+        let url: JobDbUrl = self.inventory.jobdb_url(record)?;
         let db = JobDb::open(&url, false, 1).await?;
         self.pools.insert(record.name.clone(), db.clone());
         Ok(db)
@@ -302,12 +307,12 @@ impl Manager {
 
     async fn create_spare(&mut self, listed: &[Listed]) -> Result<(), ManagerError> {
         // The server holding the fewest live JobDBs takes the new one.
-        let mut load: Vec<(usize, &String)> = self
+        let mut load: Vec<(usize, &SecretUrl)> = self
             .config
             .servers
             .iter()
             .map(|server| {
-                let host = host_of(server);
+                let host = host_of(server.expose());
                 let n = listed
                     .iter()
                     .filter(|l| l.record.state != JobDbState::Dropped)
@@ -323,7 +328,7 @@ impl Manager {
             self.config.prefix,
             ulid::Ulid::new().to_string().to_lowercase()
         );
-        let (text, url) = server_jobdb_url(&server, &name)?;
+        let (text, url) = server_jobdb_url(server.expose(), &name)?;
         let db = JobDb::open(&url, true, 1).await?;
         db.close().await;
         let record = JobDbRecord {
@@ -337,7 +342,7 @@ impl Manager {
             self.config.metrics.manager_action("create_spare");
             tracing::info!(
                 jobdb = name,
-                server = host_of(&server),
+                server = host_of(server.expose()),
                 "spare jobdb created"
             );
         }
@@ -364,7 +369,7 @@ impl Manager {
             .set_state(l, JobDbState::Dropped, &self.by())
             .await
         {
-            match l.record.url.parse::<JobDbUrl>() {
+            match self.inventory.jobdb_url(&l.record) {
                 Ok(url) => match jobdb::drop_database(&url).await {
                     Ok(()) => {
                         self.config.metrics.manager_action("drop_spare");
@@ -421,7 +426,7 @@ impl Manager {
             if let Some(db) = self.pools.remove(&l.record.name) {
                 db.close().await;
             }
-            let url: JobDbUrl = match l.record.url.parse() {
+            let url: JobDbUrl = match self.inventory.jobdb_url(&l.record) {
                 Ok(url) => url,
                 Err(e) => {
                     tracing::warn!(jobdb = l.record.name, error = %e, "bad url");

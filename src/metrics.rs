@@ -42,6 +42,23 @@ pub struct QueueLabels {
     pub class: &'static str,
 }
 
+/// Label set naming a kind of write to the JobDB.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct WriteLabels {
+    /// `submit`, `import` or `transitions`.
+    pub op: &'static str,
+    /// Why it was not written: `refused` (the server refused its data, or a row is larger
+    /// than it accepts) or `expired` (a router's `not_after` passed before the batch).
+    pub reason: &'static str,
+}
+
+/// Label set naming what a control applies to.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct ControlLabels {
+    /// `endpoint` or `bucket`.
+    pub target: &'static str,
+}
+
 /// Label set saying whether a JobDB could be reached.
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct ReachLabels {
@@ -73,6 +90,14 @@ pub struct Metrics {
     pub write_seconds: Histogram,
     /// Transactions rejected by the fence.
     pub fence_rejections: Counter,
+    /// Write requests queued for the writer (read when metrics are scraped).
+    pub write_queue: Gauge,
+    /// Write requests not written, by kind and reason (the rest of their batch was).
+    pub write_rejections: Family<WriteLabels, Counter>,
+    /// Jobs discarded because they used up `--max-attempts`.
+    pub jobs_out_of_attempts: Counter,
+    /// 1 while every core task of the Director runs; 0 once one ended unexpectedly.
+    pub core_tasks_up: Gauge,
     /// Jobs in the Director's cache.
     pub jobs_cached: Gauge,
     /// Attempts in flight.
@@ -97,6 +122,8 @@ pub struct Metrics {
     pub breakers_open: Gauge,
     /// Cached jobs by what they wait for (queue depth by endpoint class).
     pub queued: Family<QueueLabels, Gauge>,
+    /// Endpoint and bucket controls in force on this Director, by what they name.
+    pub controls: Family<ControlLabels, Gauge>,
     /// Dashboard: JobDBs it reads, by whether they could be reached.
     pub dashboard_jobdbs: Family<ReachLabels, Gauge>,
     /// Dashboard: API requests answered.
@@ -105,6 +132,8 @@ pub struct Metrics {
     pub jobs_moved: Counter,
     /// Drainer: retired JobDBs drained.
     pub jobdbs_drained: Counter,
+    /// Drainer: jobs a live Director refused to import for good (ended `import-refused`).
+    pub jobs_import_refused: Counter,
     /// Manager: JobDBs in the inventory by state (set every round by the active manager).
     pub jobdbs: Family<StateLabels, Gauge>,
     /// Manager: decisions taken, by kind.
@@ -178,6 +207,30 @@ impl Default for Metrics {
             "Transactions rejected by the fencing token",
             fence_rejections.clone(),
         );
+        let write_queue = Gauge::default();
+        registry.register(
+            "jobdb_write_queue",
+            "Write requests (submissions, transitions) queued for the JobDB writer",
+            write_queue.clone(),
+        );
+        let write_rejections = Family::<WriteLabels, Counter>::default();
+        registry.register(
+            "jobdb_write_rejections",
+            "Write requests refused alone (their data, or a router deadline), the rest of their batch written",
+            write_rejections.clone(),
+        );
+        let jobs_out_of_attempts = Counter::default();
+        registry.register(
+            "jobs_out_of_attempts",
+            "Jobs discarded after using up their attempts (error_type max-attempts)",
+            jobs_out_of_attempts.clone(),
+        );
+        let core_tasks_up = Gauge::default();
+        registry.register(
+            "director_core_tasks_up",
+            "1 while the Director's writer, scheduler and watchers all run",
+            core_tasks_up.clone(),
+        );
         let jobs_cached = Gauge::default();
         registry.register(
             "jobs_cached",
@@ -250,6 +303,12 @@ impl Default for Metrics {
             "Cached jobs by what they wait for: endpoint running, breaker open, endpoint or bucket paused, or a retry",
             queued.clone(),
         );
+        let controls = Family::<ControlLabels, Gauge>::default();
+        registry.register(
+            "controls",
+            "Endpoint and bucket controls (pauses, caps) this Director has in force",
+            controls.clone(),
+        );
         let dashboard_jobdbs = Family::<ReachLabels, Gauge>::default();
         registry.register(
             "dashboard_jobdbs",
@@ -273,6 +332,12 @@ impl Default for Metrics {
             "jobdbs_drained",
             "Retired JobDBs a drainer drained",
             jobdbs_drained.clone(),
+        );
+        let jobs_import_refused = Counter::default();
+        registry.register(
+            "jobs_import_refused",
+            "Jobs a live Director refused to import for good, ended discarded (import-refused)",
+            jobs_import_refused.clone(),
         );
         let jobdbs = Family::<StateLabels, Gauge>::default();
         registry.register(
@@ -301,10 +366,12 @@ impl Default for Metrics {
             breaker_opened,
             breakers_open,
             queued,
+            controls,
             dashboard_jobdbs,
             dashboard_requests,
             jobs_moved,
             jobdbs_drained,
+            jobs_import_refused,
             jobdbs,
             manager_actions,
             manager_active,
@@ -321,6 +388,10 @@ impl Default for Metrics {
             write_batch_rows,
             write_seconds,
             fence_rejections,
+            write_queue,
+            write_rejections,
+            jobs_out_of_attempts,
+            core_tasks_up,
             jobs_cached,
             in_flight,
         }
@@ -340,6 +411,13 @@ impl Metrics {
             .get_or_create(&ActionLabels {
                 action: action.to_owned(),
             })
+            .inc();
+    }
+
+    /// Counts a write request refused alone.
+    pub fn write_rejected(&self, op: &'static str, reason: &'static str) {
+        self.write_rejections
+            .get_or_create(&WriteLabels { op, reason })
             .inc();
     }
 

@@ -8,6 +8,11 @@
 //! `/redirect/{code}` that 3xx status pointing at `/ok` · `/capture` 200, keeping the body and
 //! the `webhook-*` headers (for signature checks) · `/down-until/{unix_ms}` 503 until then ·
 //! `/outage/{from_ms}/{until_ms}` 500 in that window, 200 outside it.
+//!
+//! Hostile answers, for the tests that a receiver cannot stop a Director:
+//! `/answer/{status}/retry-after/{value}` that status with `Retry-After: value` (any text, e.g.
+//! `99999999999999` or a percent-encoded HTTP date) · `/big/{status}/{bytes}` that status with a
+//! body of that many bytes.
 
 use std::collections::HashMap;
 use std::net::SocketAddr;
@@ -124,6 +129,8 @@ impl Sink {
             .route("/retry-after/{secs}", any(retry_after))
             .route("/redirect/{code}", any(redirect))
             .route("/capture", any(capture))
+            .route("/answer/{status}/retry-after/{value}", any(answer_retry_after))
+            .route("/big/{status}/{bytes}", any(big))
             .with_state(shared.clone());
         let stop = CancellationToken::new();
         let stopped = stop.clone();
@@ -319,6 +326,26 @@ async fn retry_after(State(s): Shared_, headers: HeaderMap, Path(secs): Path<u64
         s.note(&headers, &path, 200);
         StatusCode::OK.into_response()
     }
+}
+
+async fn answer_retry_after(
+    State(s): Shared_,
+    headers: HeaderMap,
+    Path((status, value)): Path<(u16, String)>,
+) -> Response {
+    let status = StatusCode::from_u16(status).unwrap_or(StatusCode::TOO_MANY_REQUESTS);
+    s.note(&headers, "/answer", status.as_u16());
+    match axum::http::HeaderValue::from_str(&value) {
+        Ok(value) => (status, [("retry-after", value)], "come back later").into_response(),
+        Err(_) => status.into_response(),
+    }
+}
+
+async fn big(State(s): Shared_, headers: HeaderMap, Path((status, bytes)): Path<(u16, usize)>) -> Response {
+    let status = StatusCode::from_u16(status).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
+    s.note(&headers, &format!("/big/{}", status.as_u16()), status.as_u16());
+    // At most 64 MiB, whatever is asked.
+    (status, vec![b'x'; bytes.min(64 << 20)]).into_response()
 }
 
 async fn capture(State(s): Shared_, headers: HeaderMap, body: bytes::Bytes) -> StatusCode {

@@ -46,7 +46,7 @@ pub struct SubmitArgs {
     /// An API token (bucket scope for the jobs' buckets, or admin), when the API has
     /// `--tokens`.
     #[arg(long, env = "SPINDLE_TOKEN", hide_env_values = true)]
-    pub token: Option<String>,
+    pub token: Option<crate::secret::Secret>,
     /// Read jobs from this NDJSON file (`-`: stdin): one JSON object per line in the
     /// `POST /v1/jobs` job schema; blank lines are skipped. Without it and without `--bucket`,
     /// jobs are read from stdin when it is not a terminal.
@@ -165,7 +165,7 @@ struct Tally {
 pub async fn run(args: SubmitArgs) -> anyhow::Result<()> {
     let inputs = read_inputs(&args).await?;
     let client = Client::builder(&args.url)
-        .token(args.token.clone())
+        .token(args.token.as_ref().map(|t| t.expose().to_owned()))
         .timeout(Duration::from_millis(args.timeout_ms))
         .build()
         .context("--url / --token")?;

@@ -16,6 +16,14 @@ fn endpoints(consul: &str, args: &[&str]) -> String {
     procs::run_ok(&all)
 }
 
+/// Waits until the Director's metric `name` (with its labels) reads `value`.
+async fn wait_metric(rig: &Rig, name: &str, value: f64) {
+    wait_for(Duration::from_secs(10), name, || async {
+        metric_value(&metrics_text(&rig.client, &rig.base()).await, name) == value
+    })
+    .await;
+}
+
 /// Jobs the sink has seen at `path`.
 fn seen(rig: &Rig, path: &str) -> usize {
     rig.sink
@@ -50,7 +58,9 @@ async fn pause_resume_and_caps_reach_a_running_director() {
         listed.contains(&paused_url) && listed.contains("quiet"),
         "{listed}"
     );
-    tokio::time::sleep(Duration::from_millis(500)).await;
+    // The Director has them in force once its gauges say so.
+    wait_metric(&rig, r#"spindle_controls{target="endpoint"}"#, 1.0).await;
+    wait_metric(&rig, r#"spindle_controls{target="bucket"}"#, 1.0).await;
     rig.submit(rig.jobs(10, "/status/201", json!({}))).await;
     let quiet: Vec<_> = (0..10)
         .map(|_| json!({"bucket": "quiet", "endpoint": rig.sink.url("/status/202")}))
@@ -61,7 +71,9 @@ async fn pause_resume_and_caps_reach_a_running_director() {
         seen(&rig, "/ok") == 10
     })
     .await;
-    tokio::time::sleep(Duration::from_secs(2)).await;
+    // Both held groups are queued (the gauges count them), and not one request went out.
+    wait_metric(&rig, r#"spindle_jobs_queued{class="paused"}"#, 10.0).await;
+    wait_metric(&rig, r#"spindle_jobs_queued{class="bucket_paused"}"#, 10.0).await;
     assert_eq!(seen(&rig, "/status/201"), 0, "a paused endpoint was called");
     // The Director reports the paused endpoint with its queue (the CLI reads the same API).
     let health = procs::run_ok(&["endpoints", "health", "--api", &rig.base()]);
@@ -102,7 +114,7 @@ async fn pause_resume_and_caps_reach_a_running_director() {
     // A rate cap of 5/s: 15 jobs take ≥ 2 s (a burst of 5, then 5 a second).
     let paced = rig.sink.url("/status/203");
     endpoints(&addr, &["limit", "--endpoint", &paced, "--per-second", "5"]);
-    tokio::time::sleep(Duration::from_millis(500)).await;
+    wait_metric(&rig, r#"spindle_controls{target="endpoint"}"#, 2.0).await;
     let started = Instant::now();
     rig.submit(rig.jobs(12, "/slow/200", json!({}))).await;
     rig.submit(rig.jobs(15, "/status/203", json!({}))).await;

@@ -259,7 +259,8 @@ impl Fleet {
             Ok(listed) => {
                 for l in listed {
                     if l.record.state != JobDbState::Dropped {
-                        wanted.insert(l.record.name.clone(), wanted_of(l));
+                        let url = inventory.connect_url(&l.record).expose().to_owned();
+                        wanted.insert(l.record.name.clone(), wanted_of(l, url));
                     }
                 }
             }
@@ -294,9 +295,9 @@ impl Fleet {
     }
 }
 
-fn wanted_of(l: Listed) -> Wanted {
+fn wanted_of(l: Listed, url: String) -> Wanted {
     Wanted {
-        url: l.record.url,
+        url,
         inventory: Some(InventoryInfo {
             state: l.record.state,
             changed_at: l.record.changed_at,

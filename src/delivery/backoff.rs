@@ -27,6 +27,25 @@ pub fn delay(policy: &RetryPolicy, failed_attempt: u16, cap: Duration, unit: f64
     Duration::from_secs_f64(capped * (1.0 - JITTER * unit))
 }
 
+/// How long a job waits after failed attempt `failed_attempt`: its jittered backoff, at least
+/// `floor`, and at least what the endpoint asked for in `Retry-After` (that request clamped to
+/// `cap`: an endpoint cannot park a job beyond the longest backoff). Never above
+/// `max(cap, floor)`.
+pub fn next_delay(
+    policy: &RetryPolicy,
+    failed_attempt: u16,
+    cap: Duration,
+    floor: Duration,
+    retry_after: Option<Duration>,
+    unit: f64,
+) -> Duration {
+    let own = delay(policy, failed_attempt, cap, unit).max(floor);
+    match retry_after {
+        Some(asked) => own.max(asked.min(cap)),
+        None => own,
+    }
+}
+
 /// The un-jittered delay, for tests and documentation: the upper bound of [`delay`].
 pub fn nominal(policy: &RetryPolicy, failed_attempt: u16, cap: Duration) -> Duration {
     delay(policy, failed_attempt, cap, 0.0)
@@ -61,6 +80,26 @@ mod tests {
             assert!(d >= Duration::from_millis(3200), "{d:?}");
         }
         assert!(delay(&p, 3, cap, 0.5) < delay(&p, 3, cap, 0.0));
+    }
+
+    #[test]
+    fn the_next_delay_has_a_floor_and_clamps_retry_after() {
+        let cap = Duration::from_secs(3600);
+        let floor = Duration::from_millis(100);
+        let hasty = policy(1, 1.0);
+        assert_eq!(next_delay(&hasty, 9, cap, floor, None, 0.0), floor);
+        let asked = Some(Duration::from_secs(u32::MAX.into()));
+        assert_eq!(next_delay(&hasty, 1, cap, floor, asked, 0.0), cap);
+        let small = Some(Duration::from_secs(2));
+        assert_eq!(
+            next_delay(&hasty, 1, cap, floor, small, 0.0),
+            Duration::from_secs(2)
+        );
+        let slow = policy(10_000, 2.0);
+        assert_eq!(
+            next_delay(&slow, 1, cap, floor, small, 0.0),
+            Duration::from_secs(10)
+        );
     }
 
     #[test]

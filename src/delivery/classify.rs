@@ -56,15 +56,28 @@ pub fn classify_status(status: u16, retry_after: Option<Duration>) -> Verdict {
     }
 }
 
-/// Parses `Retry-After`: delay-seconds or an HTTP-date (relative to `now`).
+/// The longest `Retry-After` taken from an endpoint, whatever it says: a week. The scheduler
+/// clamps further (to the backoff cap and the job's expiry); this bound keeps every later
+/// computation far from overflow.
+pub const MAX_RETRY_AFTER: Duration = Duration::from_secs(7 * 24 * 3600);
+
+/// Parses `Retry-After`: delay-seconds or an HTTP-date (relative to `now`), at most
+/// [`MAX_RETRY_AFTER`]. An endpoint's header is hostile input: any number of digits, any date
+/// `httpdate` accepts, and nothing here can overflow or panic.
 pub fn parse_retry_after(value: &str, now: DateTime<Utc>) -> Option<Duration> {
     let value = value.trim();
-    if let Ok(secs) = value.parse::<u64>() {
-        return Some(Duration::from_secs(secs));
+    if !value.is_empty() && value.bytes().all(|b| b.is_ascii_digit()) {
+        // Too many digits for a u64 is still "a very long time".
+        let secs = value.parse::<u64>().unwrap_or(u64::MAX);
+        return Some(Duration::from_secs(secs.min(MAX_RETRY_AFTER.as_secs())));
     }
     let at = httpdate::parse_http_date(value).ok()?;
-    let at: DateTime<Utc> = at.into();
-    Some((at - now).to_std().unwrap_or(Duration::ZERO))
+    let now = std::time::SystemTime::from(now);
+    Some(
+        at.duration_since(now)
+            .unwrap_or(Duration::ZERO)
+            .min(MAX_RETRY_AFTER),
+    )
 }
 
 #[cfg(test)]
@@ -111,5 +124,17 @@ mod tests {
         let past = httpdate::fmt_http_date((now - chrono::Duration::seconds(30)).into());
         assert_eq!(parse_retry_after(&past, now), Some(Duration::ZERO));
         assert_eq!(parse_retry_after("soon", now), None);
+    }
+
+    #[test]
+    fn hostile_retry_after_is_clamped() {
+        let now = Utc::now();
+        for huge in ["99999999999999", "18446744073709551615", "99999999999999999999999999"] {
+            assert_eq!(parse_retry_after(huge, now), Some(MAX_RETRY_AFTER), "{huge}");
+        }
+        let far = parse_retry_after("Fri, 31 Dec 9999 23:59:59 GMT", now);
+        assert_eq!(far, Some(MAX_RETRY_AFTER));
+        assert_eq!(parse_retry_after("-5", now), None);
+        assert_eq!(parse_retry_after("", now), None);
     }
 }

@@ -72,6 +72,8 @@ fn v4_class(ip: Ipv4Addr) -> Option<&'static str> {
         (100, 64..=127, _) => "shared",
         (169, 254, _) => "link-local",
         (192, 0, 0) | (192, 0, 2) | (198, 51, 100) | (203, 0, 113) => "reserved",
+        // The deprecated 6to4 relay anycast (RFC 7526): whatever answers there is a relay.
+        (192, 88, 99) => "reserved",
         (198, 18..=19, _) => "reserved",
         (224..=239, _, _) => "multicast",
         (240..=255, _, _) => "reserved",
@@ -97,8 +99,19 @@ fn v6_class(ip: Ipv6Addr) -> Option<&'static str> {
         return v4_class(embedded(s[1], s[2]));
     }
     Some(match s[0] {
+        // The rest of ::/8 (IPv4-translated ::ffff:0:a.b.c.d and the unassigned forms):
+        // reserved by the IETF, reachable only through translators.
+        0 => "reserved",
+        // Local-use NAT64 (RFC 8215): translates to whatever the operator's network holds.
+        0x0064 if s[1] == 0xff9b && s[2] == 1 => "nat64-local",
         0x2001 if s[1] == 0 => "teredo",
         0x2001 if s[1] == 0x0db8 => "reserved",
+        // Benchmarking (2001:2::/48) and ORCHID v1/v2 (2001:10::/28, 2001:20::/28).
+        0x2001 if s[1] == 2 && s[2] == 0 => "reserved",
+        0x2001 if matches!(s[1] & 0xfff0, 0x0010 | 0x0020) => "reserved",
+        // Documentation (3fff::/20, RFC 9637) and SRv6 segment ids (5f00::/16).
+        0x3fff if s[1] & 0xf000 == 0 => "reserved",
+        0x5f00 => "reserved",
         0x0100 if s[1..4] == [0, 0, 0] => "reserved",
         x if x & 0xfe00 == 0xfc00 => "unique-local",
         x if x & 0xffc0 == 0xfe80 => "link-local",
@@ -183,6 +196,17 @@ mod tests {
             ("fd00:ec2::254", "unique-local"),
             ("fe80::1", "link-local"),
             ("ff02::1", "multicast"),
+            // Ranges a review found let through.
+            ("64:ff9b:1::7f00:1", "nat64-local"),
+            ("64:ff9b:1:abcd::808:808", "nat64-local"),
+            ("::ffff:0:7f00:1", "reserved"),
+            ("::ffff:0:808:808", "reserved"),
+            ("192.88.99.1", "reserved"),
+            ("2001:2::1", "reserved"),
+            ("2001:10::1", "reserved"),
+            ("2001:20::1", "reserved"),
+            ("3fff::1", "reserved"),
+            ("5f00::1", "reserved"),
         ] {
             assert_eq!(class(ip), Some(expected), "{ip}");
         }

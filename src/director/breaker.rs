@@ -4,6 +4,11 @@
 //!
 //! Jobs held back by an open breaker wait in their queue without using an attempt, so an
 //! outage does not burn their retry schedule either.
+//!
+//! "Failing" is the endpoint telling us it cannot take the request now: no answer, a server
+//! error, a timeout, and also 429/425 (too many requests). A job's own `Retry-After` only
+//! delays that job; an endpoint that answers 429 to everything would otherwise be hammered by
+//! its other jobs, so a mostly-429 endpoint is probed like a down one, no sooner than it asked.
 
 use std::collections::VecDeque;
 use std::time::Duration;
@@ -107,8 +112,16 @@ impl Breaker {
         }
     }
 
-    /// Records an attempt's outcome (`ok`: the endpoint is up, whatever the job's fate).
-    pub fn record(&mut self, ok: bool, now: Instant, config: &BreakerConfig) -> Change {
+    /// Records an attempt's outcome (`ok`: the endpoint is up, whatever the job's fate), with
+    /// the endpoint's `Retry-After` (no probe before it, up to `probe_max`).
+    pub fn record(
+        &mut self,
+        ok: bool,
+        now: Instant,
+        config: &BreakerConfig,
+        retry_after: Option<Duration>,
+    ) -> Change {
+        let asked = retry_after.unwrap_or_default().min(config.probe_max);
         if let Some(open) = &mut self.open {
             if ok {
                 self.open = None;
@@ -119,7 +132,7 @@ impl Breaker {
             if open.probing {
                 open.probing = false;
                 open.interval = (open.interval * 2).min(config.probe_max);
-                open.next_probe = now + open.interval;
+                open.next_probe = now + open.interval.max(asked);
             }
             return Change::None;
         }
@@ -136,7 +149,7 @@ impl Breaker {
         if seen >= config.min_attempts && self.failures as f64 >= config.failure_ratio * seen as f64
         {
             self.open = Some(Open {
-                next_probe: now + config.probe_min,
+                next_probe: now + config.probe_min.max(asked),
                 interval: config.probe_min,
                 probing: false,
             });
@@ -156,14 +169,14 @@ mod tests {
         let mut b = Breaker::default();
         let t0 = Instant::now();
         for _ in 0..9 {
-            assert_eq!(b.record(false, t0, &config), Change::None);
+            assert_eq!(b.record(false, t0, &config, None), Change::None);
         }
         assert_eq!(
             b.allowance(t0),
             Allowance::Full,
             "too few outcomes to judge"
         );
-        assert_eq!(b.record(false, t0, &config), Change::Opened);
+        assert_eq!(b.record(false, t0, &config, None), Change::Opened);
         assert_eq!(
             b.allowance(t0),
             Allowance::Wait(Some(t0 + config.probe_min))
@@ -173,7 +186,7 @@ mod tests {
         b.probe_started();
         assert_eq!(b.allowance(t1), Allowance::Wait(None));
         // A failed probe doubles the wait.
-        assert_eq!(b.record(false, t1, &config), Change::None);
+        assert_eq!(b.record(false, t1, &config, None), Change::None);
         assert_eq!(
             b.allowance(t1),
             Allowance::Wait(Some(t1 + 2 * config.probe_min))
@@ -183,12 +196,32 @@ mod tests {
         for _ in 0..10 {
             t += config.probe_max;
             b.probe_started();
-            b.record(false, t, &config);
+            b.record(false, t, &config, None);
         }
         assert_eq!(b.allowance(t), Allowance::Wait(Some(t + config.probe_max)));
-        assert_eq!(b.record(true, t, &config), Change::Closed);
+        assert_eq!(b.record(true, t, &config, None), Change::Closed);
         assert_eq!(b.allowance(t), Allowance::Full);
         assert!(b.is_idle());
+    }
+
+    #[test]
+    fn probes_wait_for_what_the_endpoint_asked_up_to_the_max() {
+        let config = BreakerConfig::default();
+        let mut b = Breaker::default();
+        let t0 = Instant::now();
+        let asked = Some(Duration::from_secs(7));
+        for _ in 0..10 {
+            b.record(false, t0, &config, asked);
+        }
+        assert_eq!(b.allowance(t0), Allowance::Wait(Some(t0 + Duration::from_secs(7))));
+        let t1 = t0 + Duration::from_secs(7);
+        b.probe_started();
+        b.record(false, t1, &config, Some(Duration::from_secs(u32::MAX.into())));
+        assert_eq!(
+            b.allowance(t1),
+            Allowance::Wait(Some(t1 + config.probe_max)),
+            "an endpoint cannot push its probes past probe_max"
+        );
     }
 
     #[test]
@@ -198,7 +231,7 @@ mod tests {
         let now = Instant::now();
         for i in 0..200 {
             // 75% failures stay under the 80% threshold.
-            assert_eq!(b.record(i % 4 == 0, now, &config), Change::None);
+            assert_eq!(b.record(i % 4 == 0, now, &config, None), Change::None);
         }
         assert!(!b.is_open());
     }

@@ -165,6 +165,16 @@ pub async fn run(
                 finish_retiring(&mut retiring).await;
                 return Ok(());
             };
+            if let Ok(Err(DirectorError::TaskFailed(task))) = &joined {
+                // A bug, not a lost lock: stop the process so its supervisor restarts it
+                // (re-campaigning in a process in this state could hit it again).
+                let task = *task;
+                if let Some(registration) = registered.take() {
+                    registration.deregister().await;
+                }
+                finish_retiring(&mut retiring).await;
+                return Err(DirectorError::TaskFailed(task));
+            }
             log_end(&name, &metrics, joined, false);
             if shutdown.is_cancelled() {
                 finish_retiring(&mut retiring).await;
@@ -228,7 +238,7 @@ async fn start_on(
 ) -> Option<Director> {
     let name = listed.record.name.clone();
     let mut instance = config.clone();
-    instance.jobdb = match listed.record.url.parse() {
+    instance.jobdb = match inventory.jobdb_url(&listed.record) {
         Ok(url) => url,
         Err(e) => {
             tracing::error!(jobdb = name, error = %e, "inventory record has a bad url; skipping it");

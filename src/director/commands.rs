@@ -3,6 +3,7 @@
 //! once each; and the endpoint and bucket controls in the registry, handed over whole on every
 //! change.
 
+use std::collections::HashSet;
 use std::time::Duration;
 
 use tokio::sync::mpsc;
@@ -17,22 +18,21 @@ use crate::registry::controls;
 /// long plus one commit.
 pub const POLL_EVERY: Duration = Duration::from_secs(1);
 
-/// Polls for commands newer than the last one with a result (so a new owner applies what its
-/// predecessor did not finish) until `stop`.
+/// Polls for commands that have no result yet (so a new owner applies what its predecessor
+/// did not finish, and a command committed after a later-numbered one is still seen) until
+/// `stop`, handing each to the scheduler once. A failed read waits for the next poll.
 pub async fn watch(db: JobDb, scheduler: mpsc::UnboundedSender<Event>, stop: CancellationToken) {
-    let mut after = None;
+    // Handed over, result not yet seen: not handed again.
+    let mut handed: HashSet<u64> = HashSet::new();
     loop {
-        let read = match after {
-            None => db.last_applied_command().await.map(|last| {
-                after = Some(last);
-                Vec::new()
-            }),
-            Some(last) => db.commands_after(last).await,
-        };
-        match read {
+        match db.unapplied_commands().await {
             Ok(commands) => {
+                let unapplied: HashSet<u64> = commands.iter().map(|c| c.id).collect();
+                handed.retain(|id| unapplied.contains(id));
                 for command in commands {
-                    after = Some(command.id);
+                    if !handed.insert(command.id) {
+                        continue;
+                    }
                     if scheduler.send(Event::Command(Box::new(command))).is_err() {
                         return;
                     }
@@ -42,7 +42,7 @@ pub async fn watch(db: JobDb, scheduler: mpsc::UnboundedSender<Event>, stop: Can
         }
         tokio::select! {
             _ = stop.cancelled() => return,
-            _ = tokio::time::sleep(if after.is_some() { POLL_EVERY } else { Duration::ZERO }) => {}
+            _ = tokio::time::sleep(POLL_EVERY) => {}
         }
     }
 }

@@ -17,6 +17,7 @@ pub mod breaker;
 pub mod campaign;
 pub mod commands;
 pub mod scheduler;
+pub mod supervise;
 pub mod writer;
 
 use std::net::SocketAddr;
@@ -94,6 +95,8 @@ impl DirectorConfig {
                 max_cached_bytes: 512 * 1024 * 1024,
                 max_cached_jobs: 1_000_000,
                 breaker: breaker::BreakerConfig::default(),
+                max_attempts: 1000,
+                min_retry_delay: Duration::from_millis(100),
             },
             writer: WriterLimits {
                 max_rows: 4000,
@@ -147,6 +150,10 @@ pub enum DirectorError {
     /// A task panicked.
     #[error("a director task failed")]
     Task(#[from] tokio::task::JoinError),
+    /// A core task (writer, scheduler, server, archiver, a watcher) ended while the Director
+    /// was not stopping: it stopped, and must be restarted.
+    #[error("the director's {0} task ended unexpectedly")]
+    TaskFailed(&'static str),
 }
 
 /// A running Director.
@@ -295,10 +302,18 @@ async fn serve(
 
     let stopping = CancellationToken::new();
     let lock_lost = lease.lost.clone();
+    let ready = Arc::new(AtomicBool::new(true));
+    let supervisor = supervise::Supervisor::new(
+        stopping.clone(),
+        lock_lost.clone(),
+        ready.clone(),
+        metrics.clone(),
+    );
     let (writer_tx, writer_rx) = mpsc::channel(1024);
     let (events_tx, events_rx) = mpsc::unbounded_channel();
 
-    let writer_task = tokio::spawn(
+    let writer_task = supervisor.spawn(
+        "writer",
         Writer {
             db: db.clone(),
             token,
@@ -335,12 +350,10 @@ async fn serve(
                 recorder: Recorder::Writer(writer_tx.clone()),
                 metrics: metrics.clone(),
             };
-            Some(tokio::spawn(archiver::run_for_director(
-                archiver,
-                rx,
-                archiving,
-                archiver_stop.clone(),
-            )))
+            Some(supervisor.spawn(
+                "archiver",
+                archiver::run_for_director(archiver, rx, archiving, archiver_stop.clone()),
+            ))
         }
         None => {
             if !archiving.is_empty() {
@@ -356,18 +369,16 @@ async fn serve(
     let health = scheduler.health();
     let scheduler_stop = CancellationToken::new();
     if let Some(consul) = config.controls.clone() {
-        tokio::spawn(commands::watch_controls(
-            consul,
-            commands_tx.clone(),
-            scheduler_stop.clone(),
-        ));
+        supervisor.spawn(
+            "controls watcher",
+            commands::watch_controls(consul, commands_tx.clone(), scheduler_stop.clone()),
+        );
     }
-    tokio::spawn(commands::watch(
-        db.clone(),
-        commands_tx,
-        scheduler_stop.clone(),
-    ));
-    let scheduler_task = tokio::spawn(scheduler.run(scheduler_stop.clone()));
+    supervisor.spawn(
+        "commands watcher",
+        commands::watch(db.clone(), commands_tx, scheduler_stop.clone()),
+    );
+    let scheduler_task = supervisor.spawn("scheduler", scheduler.run(scheduler_stop.clone()));
 
     let state = RpcState {
         writer: writer_tx,
@@ -375,7 +386,7 @@ async fn serve(
         metrics,
         limits: Arc::new(config.intake.clone()),
         stopping: stopping.clone(),
-        ready: Arc::new(AtomicBool::new(true)),
+        ready,
         ids: Arc::new(Mutex::new(ulid::Generator::new())),
         auth: config.auth.clone(),
         imports: Arc::default(),
@@ -393,9 +404,12 @@ async fn serve(
             }
         }
     };
-    let server = tokio::spawn(std::future::IntoFuture::into_future(
-        axum::serve(listener, rpc::router(state)).with_graceful_shutdown(stop_serving),
-    ));
+    let server = supervisor.spawn(
+        "rpc server",
+        std::future::IntoFuture::into_future(
+            axum::serve(listener, rpc::router(state)).with_graceful_shutdown(stop_serving),
+        ),
+    );
     tracing::info!(%addr, jobdb = db.name(), "director serving");
 
     let task = {
@@ -410,21 +424,26 @@ async fn serve(
             stopping.cancel();
             scheduler_stop.cancel();
             tracing::info!("director stopping: intake closed, no new attempts");
-            if let Err(e) = server.await? {
+            // Every step runs whatever the others did, so the lock is always released; a
+            // task that failed was already reported by the supervisor.
+            if let Ok(Some(Err(e))) = server.await {
                 tracing::warn!(error = %e, "rpc server ended with an error");
             }
-            scheduler_task.await?;
+            let _ = scheduler_task.await;
             // An upload in progress is abandoned: its plan stays in the JobDB for whoever
             // owns it next.
             archiver_stop.cancel();
             if let Some(task) = archiver_task {
-                task.await?;
+                let _ = task.await;
             }
             // Every sender is gone now, so the writer drains what is queued and ends.
-            writer_task.await?;
+            let _ = writer_task.await;
             let lost = lock_lost.is_cancelled();
             lease.release().await;
             db.close().await;
+            if let Some(task) = supervisor.failure() {
+                return Err(DirectorError::TaskFailed(task));
+            }
             if lost {
                 return Err(DirectorError::LockLost(db.name().to_owned()));
             }

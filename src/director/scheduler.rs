@@ -26,7 +26,7 @@
 //! Everything here runs on one task and owns its state: no locks.
 
 use std::cmp::Reverse;
-use std::collections::{BinaryHeap, HashMap, HashSet, VecDeque};
+use std::collections::{BTreeSet, BinaryHeap, HashMap, HashSet, VecDeque};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -47,8 +47,9 @@ use crate::registry::controls::Controls;
 use super::breaker::{Allowance, Breaker, BreakerConfig, Change};
 use super::writer::{WriteOp, WriteRejected};
 
-/// How often jobs held by a pause (an endpoint's or a bucket's) are checked for expiry.
-const SWEEP_EVERY: Duration = Duration::from_secs(5);
+/// How long a job waits before it is tried again when its `executing` row was refused by the
+/// JobDB (a bug, not a condition that passes by itself): long enough not to loop.
+const REFUSED_START_PAUSE: Duration = Duration::from_secs(60);
 
 /// Something the scheduler must react to.
 #[derive(Debug)]
@@ -71,6 +72,8 @@ pub enum Event {
         jobs: Option<Vec<(Job, Progress)>>,
         /// The most the page could hold: fewer means the pass reached the end.
         limit: usize,
+        /// For a last page read up to a horizon: when the first job beyond it comes due.
+        next_due: Option<DateTime<Utc>>,
     },
     /// An operator command appended to the JobDB, to apply.
     Command(Box<Command>),
@@ -114,28 +117,41 @@ pub struct SchedulerLimits {
     pub max_cached_jobs: usize,
     /// When an endpoint's circuit breaker opens, and how it probes.
     pub breaker: BreakerConfig,
+    /// Most attempts of one job: a retryable failure of the last one discards the job
+    /// (`error_type` `max-attempts`). At most `u16::MAX`, the column's range.
+    pub max_attempts: u16,
+    /// Shortest wait between two attempts of a job, whatever its policy or the endpoint's
+    /// `Retry-After` say.
+    pub min_retry_delay: Duration,
 }
 
 /// Unfinished jobs that are in the JobDB but maybe not in the cache, and the pass that reads
 /// them in.
+///
+/// A pass reads pages in id order. With room in the cache (less than half full) it reads every
+/// waiting job, whenever due; otherwise only those due within the horizon (`spill_after`), and
+/// when it reaches the end it asks the JobDB when the first job beyond the horizon comes due
+/// and looks again shortly before then. So a job waiting in the JobDB only (after a restart, a
+/// takeover, an eviction, an import into a full cache) is read in before it is due or expires,
+/// however far ahead that is.
 #[derive(Default)]
 struct Backlog {
     /// Some unfinished jobs may be in the JobDB only.
     pending: bool,
     /// The last job id the current pass has read; `None` before its first page.
     cursor: Option<JobId>,
-    /// When the current pass began.
-    pass_started: Option<Instant>,
+    /// The current pass reads every waiting job, not only those due within the horizon.
+    whole: bool,
     /// A job was left out of the cache since the pass began: go round again.
     again: bool,
-    /// Evicted jobs are all within reach of a pass that starts after this instant.
-    evicted_until: Option<Instant>,
     /// A page is being read.
     loading: bool,
     /// Jobs that left the cache since the page's barrier was sent: its read may predate it.
     left: HashSet<JobId>,
-    /// No pass before this instant.
+    /// No pass before this instant (the next one is planned for then).
     wake: Option<Instant>,
+    /// No read of the JobDB before this instant (the last one failed).
+    pause: Option<Instant>,
     /// Look at a full cache again at this instant (eviction is due again).
     recheck: Option<Instant>,
     /// When waiting entries were last looked over for eviction.
@@ -145,6 +161,9 @@ struct Backlog {
 /// Where a job is, with respect to delivery.
 #[derive(Clone, Copy, Debug, PartialEq)]
 enum Phase {
+    /// Out of every queue and timer for a moment: just cached, or just taken from its queue;
+    /// the code at hand gives it its next phase.
+    Unplaced,
     /// In its lane's queue.
     Ready,
     /// Waiting for its timer.
@@ -163,6 +182,11 @@ enum Phase {
 
 struct Entry {
     job: Arc<Job>,
+    /// When it expires, on the scheduler's clock: ready and parked jobs are indexed by it.
+    deadline: Instant,
+    /// Which of its queue slots is live: a job leaving its queue other than by being picked
+    /// leaves its slot behind, skipped when reached (O(1) removal from the middle).
+    ticket: u32,
     /// A discard or flush that named the job while an attempt was under way: applied if
     /// the attempt ends in a retry.
     doomed: Option<Arc<Command>>,
@@ -177,16 +201,27 @@ struct Entry {
     phase: Phase,
 }
 
+impl Backlog {
+    /// Jobs due now wait in the JobDB only: a pass must find them soon, whatever was planned.
+    fn due_now(&mut self) {
+        self.pending = true;
+        self.again = true;
+        self.wake = None;
+    }
+}
+
 impl Entry {
     fn new(job: Arc<Job>, attempts: u16) -> Self {
         Entry {
+            deadline: deadline_of(job.expire_at),
+            ticket: 0,
             doomed: None,
             failed_at: None,
             lane: job.endpoint_key().into(),
             spilled: false,
             job,
             attempts,
-            phase: Phase::Ready,
+            phase: Phase::Unplaced,
         }
     }
 }
@@ -202,8 +237,10 @@ struct Lane {
     in_flight: usize,
     /// Jobs taken from the head of the queue whose payload is being read back.
     fetching: usize,
+    /// Live slots in the queues (slots of jobs that left are not counted).
     ready: usize,
-    queues: HashMap<Arc<str>, VecDeque<JobId>>,
+    /// A queue per bucket of slots `(job, ticket)`.
+    queues: HashMap<Arc<str>, VecDeque<(JobId, u32)>>,
     buckets: VecDeque<Arc<str>>,
     listed: bool,
     /// A lane timer is set for this instant (its breaker's next probe).
@@ -263,12 +300,15 @@ pub struct Scheduler {
     lane_timers: BinaryHeap<Reverse<(Instant, Arc<str>)>>,
     /// Endpoint and bucket controls in force.
     controls: Arc<Controls>,
-    /// Due jobs of paused buckets, by bucket.
+    /// Due jobs of paused buckets, by bucket (ids of jobs that left since are skipped).
     parked: HashMap<Arc<str>, Vec<JobId>>,
+    /// Jobs in the `Parked` phase.
+    parked_count: usize,
+    /// Ready and parked jobs by deadline: held queues (paused, breaker open, rate-limited)
+    /// expire their jobs on time without being walked.
+    queued_by_deadline: BTreeSet<(Instant, JobId)>,
     /// Request-rate token buckets of rate-limited lanes: tokens, and when last refilled.
     rates: HashMap<Arc<str>, (f64, Instant)>,
-    /// When jobs held by a pause are next checked for expiry.
-    sweep_at: Option<Instant>,
     /// When the queue-depth gauges were last computed.
     gauges_at: Instant,
     /// Something changed since: compute them again a second after the last time.
@@ -319,8 +359,9 @@ impl Scheduler {
             lane_timers: BinaryHeap::new(),
             controls: Arc::default(),
             parked: HashMap::new(),
+            parked_count: 0,
+            queued_by_deadline: BTreeSet::new(),
             rates: HashMap::new(),
-            sweep_at: None,
             gauges_at: Instant::now(),
             gauges_stale: true,
             health: Arc::default(),
@@ -368,17 +409,17 @@ impl Scheduler {
             let next_timer = [
                 self.timers.peek().map(|Reverse((due, _))| *due),
                 self.lane_timers.peek().map(|Reverse((due, _))| *due),
-                self.sweep_at,
+                self.queued_by_deadline.first().map(|(at, _)| *at),
                 self.gauges_stale
                     .then(|| self.gauges_at + Duration::from_secs(1)),
             ]
             .into_iter()
             .flatten()
             .min();
-            let backlog_wake = match (self.backlog.wake, self.backlog.recheck) {
-                (Some(a), Some(b)) => Some(a.min(b)),
-                (a, b) => a.or(b),
-            };
+            let backlog_wake = [self.backlog.wake, self.backlog.recheck, self.backlog.pause]
+                .into_iter()
+                .flatten()
+                .min();
             tokio::select! {
                 biased;
                 _ = shutdown.cancelled(), if stopping_at.is_none() => {
@@ -401,6 +442,7 @@ impl Scheduler {
                     let now = Instant::now();
                     self.backlog.wake = self.backlog.wake.filter(|at| *at > now);
                     self.backlog.recheck = self.backlog.recheck.filter(|at| *at > now);
+                    self.backlog.pause = self.backlog.pause.filter(|at| *at > now);
                 }
                 _ = tokio::time::sleep_until(stopping_at.unwrap_or_else(Instant::now)), if stopping_at.is_some() => {
                     tracing::warn!(in_flight = self.in_flight, "grace period over; attempts still in flight will be recovered as interrupted");
@@ -445,6 +487,8 @@ impl Scheduler {
         match event {
             Event::Accepted(jobs) => {
                 for job in jobs {
+                    #[cfg(feature = "fault-injection")]
+                    crate::faults::on_accepted(&job.bucket);
                     let id = job.id;
                     if self.admit(Entry::new(job, 0)) {
                         self.enqueue(id);
@@ -471,7 +515,13 @@ impl Scheduler {
                 }
             }
             Event::StartFailed(ids, why) => {
-                tracing::warn!(jobs = ids.len(), reason = %why, "could not record attempts; not starting them");
+                let refused = matches!(why, WriteRejected::Refused { .. });
+                if refused {
+                    tracing::error!(jobs = ids.len(), "the jobdb refused attempts' rows; trying these jobs again later");
+                } else {
+                    tracing::warn!(jobs = ids.len(), reason = %why, "could not record attempts; not starting them");
+                }
+                let later = Instant::now() + REFUSED_START_PAUSE;
                 for id in ids {
                     let Some(key) = self.lane_of(id) else {
                         continue;
@@ -481,9 +531,14 @@ impl Scheduler {
                         lane.starting -= 1;
                     }
                     if let Some(entry) = self.jobs.get_mut(&id) {
-                        entry.attempts -= 1;
+                        entry.attempts = entry.attempts.saturating_sub(1);
                     }
-                    self.enqueue(id);
+                    if refused {
+                        self.wait(id, later);
+                        self.relist(&key);
+                    } else {
+                        self.enqueue(id);
+                    }
                 }
                 self.metrics.in_flight.set(self.in_flight as i64);
             }
@@ -537,7 +592,11 @@ impl Scheduler {
                 }
             }
             Event::Finished { id, result } => self.finish(id, *result),
-            Event::BacklogPage { jobs, limit } => self.backlog_page(jobs, limit),
+            Event::BacklogPage {
+                jobs,
+                limit,
+                next_due,
+            } => self.backlog_page(jobs, limit, next_due),
             Event::Command(command) => self.commands.push_back(*command),
             Event::Controls(controls) => self.set_controls(controls),
             Event::CommandTargets { command, targets } => self.apply_command(*command, targets),
@@ -573,10 +632,28 @@ impl Scheduler {
             && starts.len() + reload.len() < self.limits.start_batch
         {
             let Some((id, key)) = self.pick() else { break };
+            let max_attempts = self.limits.max_attempts;
             match self.jobs.get_mut(&id) {
                 Some(entry) if entry.job.expire_at <= now => self.expire(id, now),
                 // A discard or flush named it during an attempt that ended in a retry.
                 Some(entry) if entry.doomed.is_some() => self.end_doomed(id),
+                // Its attempts are used up (imported so, or the limit was lowered): it ends
+                // without another request, and its count can never wrap.
+                Some(entry) if entry.attempts >= max_attempts => {
+                    let attempts = entry.attempts;
+                    self.forget(id);
+                    self.metrics.jobs_out_of_attempts.inc();
+                    self.metrics.jobs_cached.set(self.jobs.len() as i64);
+                    self.outbox.push(Transition::discarded(
+                        id,
+                        attempts,
+                        now,
+                        crate::job::AttemptRecord {
+                            error_type: Some(MAX_ATTEMPTS.to_owned()),
+                            ..Default::default()
+                        },
+                    ));
+                }
                 // Its payload waits in the JobDB (the cache was full): read it back first; it
                 // rejoins its queue once loaded.
                 Some(entry) if entry.spilled => {
@@ -641,23 +718,69 @@ impl Scheduler {
         });
     }
 
-    /// The next job to start (head lane of the ring, its next bucket) and its lane. The caller
-    /// relists the lane once it has counted the attempt, so a lane is never forgotten while
-    /// an attempt of it is being started.
+    /// The next job to start (head lane of the ring, its next bucket) and its lane; the job
+    /// leaves its queue (phase `Unplaced` until the caller says otherwise). The caller relists
+    /// the lane once it has counted the attempt, so a lane is never forgotten while an attempt
+    /// of it is being started. Slots of jobs that left are dropped on the way: each is passed
+    /// once.
     fn pick(&mut self) -> Option<(JobId, Arc<str>)> {
         let key = self.ring.pop_front()?;
         let lane = self.lanes.get_mut(&key)?;
         lane.listed = false;
-        let bucket = lane.buckets.pop_front()?;
-        let queue = lane.queues.get_mut(&bucket)?;
-        let id = queue.pop_front();
-        if queue.is_empty() {
-            lane.queues.remove(&bucket);
-        } else {
-            lane.buckets.push_back(bucket);
+        while lane.ready > 0 {
+            let bucket = lane.buckets.pop_front()?;
+            let Some(queue) = lane.queues.get_mut(&bucket) else {
+                continue;
+            };
+            let mut live = None;
+            while let Some((id, ticket)) = queue.pop_front() {
+                if let Some(entry) = self
+                    .jobs
+                    .get_mut(&id)
+                    .filter(|e| e.phase == Phase::Ready && e.ticket == ticket)
+                {
+                    entry.phase = Phase::Unplaced;
+                    self.queued_by_deadline.remove(&(entry.deadline, id));
+                    live = Some(id);
+                    break;
+                }
+            }
+            if queue.is_empty() {
+                lane.queues.remove(&bucket);
+            } else {
+                lane.buckets.push_back(bucket);
+            }
+            if let Some(id) = live {
+                lane.ready -= 1;
+                return Some((id, key));
+            }
         }
-        lane.ready -= 1;
-        id.map(|id| (id, key))
+        None
+    }
+
+    /// Takes a ready or parked job out of its queue's accounting (its slot stays behind and is
+    /// skipped): the caller gives it its next phase.
+    fn leave_queue(&mut self, id: JobId) {
+        let Some(entry) = self.jobs.get_mut(&id) else {
+            return;
+        };
+        match entry.phase {
+            Phase::Ready => {
+                self.queued_by_deadline.remove(&(entry.deadline, id));
+                entry.phase = Phase::Unplaced;
+                let key = entry.lane.clone();
+                if let Some(lane) = self.lanes.get_mut(&key) {
+                    lane.ready -= 1;
+                }
+                self.relist(&key);
+            }
+            Phase::Parked => {
+                self.queued_by_deadline.remove(&(entry.deadline, id));
+                entry.phase = Phase::Unplaced;
+                self.parked_count -= 1;
+            }
+            _ => {}
+        }
     }
 
     /// Puts a lane back in the ring if it can start something, or forgets an idle lane.
@@ -679,12 +802,7 @@ impl Scheduler {
             (allowance, _) => allowance,
         };
         let limit = match allowance {
-            _ if paused => {
-                if lane.ready > 0 && self.sweep_at.is_none() {
-                    self.sweep_at = Some(Instant::now() + SWEEP_EVERY);
-                }
-                0
-            }
+            _ if paused => 0,
             Allowance::Full => concurrency,
             // An open breaker: one probe, when nothing else is under way.
             Allowance::Probe if pending + lane.in_flight == 0 => 1,
@@ -714,17 +832,21 @@ impl Scheduler {
     /// Queues a job in its lane and bucket: at the back, or at the front for a job that was
     /// at the head already and only waited for its payload to be read back.
     fn enqueue_at(&mut self, id: JobId, front: bool) {
+        self.leave_queue(id);
         let Some(entry) = self.jobs.get_mut(&id) else {
             return;
         };
+        self.queued_by_deadline.insert((entry.deadline, id));
         let bucket = entry.job.bucket.clone();
         if self.controls.bucket_paused(&bucket) {
             entry.phase = Phase::Parked;
+            self.parked_count += 1;
             self.parked.entry(bucket).or_default().push(id);
-            self.schedule_sweep();
             return;
         }
         entry.phase = Phase::Ready;
+        entry.ticket = entry.ticket.wrapping_add(1);
+        let ticket = entry.ticket;
         let key = entry.lane.clone();
         // Behind an open breaker the next probe comes from the head of the queue: a job that
         // was tried before goes first, since a job-specific failure of a first attempt is no
@@ -737,15 +859,17 @@ impl Scheduler {
             lane.buckets.push_back(bucket);
         }
         if front {
-            queue.push_front(id);
+            queue.push_front((id, ticket));
         } else {
-            queue.push_back(id);
+            queue.push_back((id, ticket));
         }
         lane.ready += 1;
         self.relist(&key);
     }
 
+    /// Makes a job wait for its timer (leaving its queue if it was in one).
     fn wait(&mut self, id: JobId, due: Instant) {
+        self.leave_queue(id);
         if let Some(entry) = self.jobs.get_mut(&id) {
             entry.phase = Phase::Waiting { due };
             self.timers.push(Reverse((due, id)));
@@ -754,9 +878,25 @@ impl Scheduler {
 
     fn fire_timers(&mut self) {
         let now = Instant::now();
-        if self.sweep_at.is_some_and(|at| at <= now) {
-            self.sweep_at = None;
-            self.sweep_paused();
+        let wall = Utc::now();
+        // Queued jobs whose time ran out while their queue was held (paused, breaker open,
+        // rate-limited, bucket paused): a held queue is not picked from, where expiry is
+        // usually noticed. Each is found through the deadline index, never by a walk.
+        while let Some(&(deadline, id)) = self.queued_by_deadline.first() {
+            if deadline > now {
+                break;
+            }
+            self.queued_by_deadline.pop_first();
+            let Some(expire_at) = self.jobs.get(&id).map(|e| e.job.expire_at) else {
+                continue;
+            };
+            if expire_at <= wall {
+                self.expire(id, wall);
+            } else if let Some(entry) = self.jobs.get_mut(&id) {
+                // The monotonic clock ran ahead of the wall clock: look again when it is due.
+                entry.deadline = now + wait_until(wall, expire_at).max(Duration::from_millis(1));
+                self.queued_by_deadline.insert((entry.deadline, id));
+            }
         }
         while let Some(Reverse((due, key))) = self.lane_timers.peek().cloned() {
             if due > now {
@@ -768,10 +908,8 @@ impl Scheduler {
                     lane.wake_at = None;
                 }
             }
-            self.expire_held(&key);
             self.relist(&key);
         }
-        let wall = Utc::now();
         let mut expired = Vec::new();
         let mut reload = Vec::new();
         while let Some(Reverse((due, id))) = self.timers.peek().copied() {
@@ -906,8 +1044,7 @@ impl Scheduler {
             return false;
         }
         if self.jobs.len() >= self.limits.max_cached_jobs {
-            self.backlog.pending = true;
-            self.backlog.again = true;
+            self.backlog.due_now();
             return false;
         }
         if entry.spilled {
@@ -932,7 +1069,7 @@ impl Scheduler {
         let due = retry_at
             .map(|at| at.min(entry.job.expire_at))
             .filter(|at| *at > now)
-            .map(|at| instant + (at - now).to_std().unwrap_or_default());
+            .map(|at| instant + wait_until(now, at));
         let id = entry.job.id;
         if self.admit(entry) {
             match due {
@@ -949,7 +1086,10 @@ impl Scheduler {
         if self.backlog.loading {
             return;
         }
-        if !self.commands.is_empty() && self.backlog.wake.is_none_or(|at| at <= now) {
+        if self.backlog.pause.is_some_and(|at| at > now) {
+            return;
+        }
+        if !self.commands.is_empty() {
             return self.read_command_targets().await;
         }
         let b = &self.backlog;
@@ -970,31 +1110,45 @@ impl Scheduler {
         }
         let b = &mut self.backlog;
         if b.cursor.is_none() {
-            b.pass_started = Some(now);
+            // A new pass: everything if the cache has room to spare, else what is due soon.
             b.again = false;
+            b.whole = self.jobs.len() < self.limits.max_cached_jobs / 2;
         }
         b.loading = true;
         b.left.clear();
         let limit = room.min(1000);
         let after = b.cursor;
-        let horizon =
-            chrono::Duration::from_std(self.limits.spill_after).unwrap_or(chrono::Duration::MAX);
+        let horizon = (!b.whole).then(|| {
+            chrono::Duration::from_std(self.limits.spill_after).unwrap_or(chrono::Duration::MAX)
+        });
         let (db, events) = (self.db.clone(), self.events_tx.clone());
         tokio::spawn(async move {
-            let jobs = match barrier.await {
-                Ok(before_row) => {
-                    let due_by = Utc::now() + horizon;
-                    match db.backlog_page(after, due_by, before_row, limit).await {
-                        Ok(jobs) => Some(jobs),
-                        Err(e) => {
-                            tracing::warn!(error = %e, "reading the backlog failed; trying again");
-                            None
-                        }
+            let (mut jobs, mut next_due) = (None, None);
+            if let Ok(before_row) = barrier.await {
+                let now = Utc::now();
+                let due_by = match horizon {
+                    Some(horizon) => now.checked_add_signed(horizon).unwrap_or(now),
+                    None => crate::jobdb::latest_time(),
+                };
+                let page = db.backlog_page(after, due_by, before_row, limit).await;
+                // The pass's last page: when does the first job beyond the horizon come due?
+                let last = page.as_ref().is_ok_and(|jobs| jobs.len() < limit);
+                let beyond = match (last, horizon) {
+                    (true, Some(_)) => db.next_due_after(due_by).await,
+                    _ => Ok(None),
+                };
+                match (page, beyond) {
+                    (Ok(page), Ok(due)) => (jobs, next_due) = (Some(page), due),
+                    (Err(e), _) | (_, Err(e)) => {
+                        tracing::warn!(error = %e, "reading the backlog failed; trying again")
                     }
                 }
-                Err(_) => None,
-            };
-            let _ = events.send(Event::BacklogPage { jobs, limit });
+            }
+            let _ = events.send(Event::BacklogPage {
+                jobs,
+                limit,
+                next_due,
+            });
         });
     }
 
@@ -1038,13 +1192,12 @@ impl Scheduler {
         let left = std::mem::take(&mut self.backlog.left);
         let Some(targets) = targets else {
             self.commands.push_front(command);
-            self.backlog.wake = Some(Instant::now() + Duration::from_secs(1));
+            self.backlog.pause = Some(Instant::now() + Duration::from_secs(1));
             return;
         };
         let command = Arc::new(command);
         let now = Utc::now();
         let mut changed = 0u64;
-        let mut unqueued = HashSet::new();
         let mut flushed = Vec::new();
         let named: HashSet<JobId> = self
             .jobs
@@ -1076,20 +1229,13 @@ impl Scheduler {
                     let until = command.postpone_until.unwrap_or(now);
                     self.outbox
                         .push(operator_retry(id, attempts, now, until, &command));
-                    if ready {
-                        unqueued.insert(id);
-                    }
                     let wake = until.min(expire_at);
-                    let wait = (wake - now).to_std().unwrap_or_default();
-                    self.wait(id, Instant::now() + wait);
+                    self.wait(id, Instant::now() + wait_until(now, wake));
                     if let Some(entry) = self.jobs.get_mut(&id) {
                         entry.failed_at = None;
                     }
                 }
                 Action::Flush | Action::Discard => {
-                    if ready {
-                        unqueued.insert(id);
-                    }
                     self.forget(id);
                     self.outbox
                         .push(operator_end(command.action, id, attempts, now, &command));
@@ -1100,7 +1246,6 @@ impl Scheduler {
             }
             changed += 1;
         }
-        self.dequeue(&unqueued);
         for (id, progress) in targets {
             // Cached when the command came (handled above, or left to its attempt), cached
             // since, or gone since the read began: not the JobDB's to change.
@@ -1110,8 +1255,7 @@ impl Scheduler {
             let row = match command.action {
                 Action::Expedite if progress.state == State::AwaitingRetry => {
                     // Due now: a backlog pass reads it in.
-                    self.backlog.pending = true;
-                    self.backlog.again = true;
+                    self.backlog.due_now();
                     operator_retry(id, progress.attempts, now, now, &command)
                 }
                 Action::Expedite => continue,
@@ -1132,6 +1276,10 @@ impl Scheduler {
             };
             self.outbox.push(row);
             changed += 1;
+            // Its due time changed (a postpone may bring it closer), and its new row may be
+            // newer than a pass in progress can see: a pass after this one plans from the
+            // JobDB's new times.
+            self.backlog.due_now();
         }
         if !flushed.is_empty() {
             self.metrics.jobs_expired.inc_by(flushed.len() as u64);
@@ -1167,7 +1315,7 @@ impl Scheduler {
                 running += lane.ready;
             }
         }
-        let parked: usize = self.parked.values().map(Vec::len).sum();
+        let parked = self.parked_count;
         let waiting = self
             .jobs
             .len()
@@ -1260,6 +1408,15 @@ impl Scheduler {
             buckets = controls.buckets.len(),
             "endpoint controls changed"
         );
+        for (target, n) in [
+            ("endpoint", controls.endpoints.len()),
+            ("bucket", controls.buckets.len()),
+        ] {
+            self.metrics
+                .controls
+                .get_or_create(&crate::metrics::ControlLabels { target })
+                .set(n as i64);
+        }
         let newly_paused: HashSet<Arc<str>> = self
             .lanes
             .values()
@@ -1275,27 +1432,23 @@ impl Scheduler {
                 .is_some_and(|c| c.max_per_second.is_some())
         });
         if !newly_paused.is_empty() {
-            let park: HashSet<JobId> = self
+            // Rare (an operator's pause), so a walk over the paused buckets' queues is fine.
+            let park: Vec<JobId> = self
                 .lanes
                 .values()
                 .flat_map(|lane| {
                     lane.queues
                         .iter()
                         .filter(|(b, _)| newly_paused.contains(*b))
-                        .flat_map(|(_, q)| q.iter().copied())
+                        .flat_map(|(_, q)| q.iter().map(|(id, _)| *id))
                 })
                 .collect();
-            self.dequeue(&park);
             for id in park {
-                if let Some(entry) = self.jobs.get_mut(&id) {
-                    entry.phase = Phase::Parked;
-                    self.parked
-                        .entry(entry.job.bucket.clone())
-                        .or_default()
-                        .push(id);
+                if self.jobs.get(&id).is_some_and(|e| e.phase == Phase::Ready) {
+                    // Queued again under the paused bucket: parked.
+                    self.enqueue(id);
                 }
             }
-            self.schedule_sweep();
         }
         let resumed: Vec<Arc<str>> = self
             .parked
@@ -1310,97 +1463,39 @@ impl Scheduler {
                 }
             }
         }
+        let parked = &mut self.parked;
+        let jobs = &self.jobs;
+        parked.retain(|_, ids| {
+            ids.retain(|id| jobs.get(id).is_some_and(|e| e.phase == Phase::Parked));
+            !ids.is_empty()
+        });
         let keys: Vec<Arc<str>> = self.lanes.keys().cloned().collect();
         for key in keys {
             self.dispatch(&key);
         }
     }
 
-    fn schedule_sweep(&mut self) {
-        if self.sweep_at.is_none() {
-            self.sweep_at = Some(Instant::now() + SWEEP_EVERY);
-        }
-    }
-
-    /// Expires jobs whose time ran out while they were held (the queues of paused endpoints
-    /// and of endpoints behind an open breaker, and paused buckets' parked jobs), and keeps
-    /// sweeping while anything is held.
-    fn sweep_paused(&mut self) {
-        let wall = Utc::now();
-        let paused_lanes: Vec<Arc<str>> = self
-            .lanes
-            .keys()
-            .filter(|k| {
-                self.concurrency(k) == 0 || self.breakers.get(*k).is_some_and(|(b, _)| b.is_open())
-            })
-            .cloned()
-            .collect();
-        for key in &paused_lanes {
-            self.expire_held(key);
-        }
-        let mut expired = Vec::new();
-        for ids in self.parked.values_mut() {
-            let jobs = &self.jobs;
-            ids.retain(|id| match jobs.get(id) {
-                Some(e) if e.phase == Phase::Parked && e.job.expire_at <= wall => {
-                    expired.push(*id);
-                    false
-                }
-                Some(e) => e.phase == Phase::Parked,
-                None => false,
-            });
-        }
-        self.parked.retain(|_, ids| !ids.is_empty());
-        for id in expired {
-            self.expire(id, wall);
-        }
-        if !paused_lanes.is_empty() || !self.parked.is_empty() {
-            self.schedule_sweep();
-        }
-    }
-
-    /// Expires the jobs of a lane held back by its breaker whose time ran out while they
-    /// waited in the queue (a held lane is not picked from, where expiry is usually noticed).
-    fn expire_held(&mut self, key: &Arc<str>) {
-        let wall = Utc::now();
-        let Some(lane) = self.lanes.get(key) else {
-            return;
-        };
-        let expired: HashSet<JobId> = lane
-            .queues
-            .values()
-            .flatten()
-            .filter(|id| self.jobs.get(id).is_some_and(|e| e.job.expire_at <= wall))
-            .copied()
-            .collect();
-        if expired.is_empty() {
-            return;
-        }
-        self.dequeue(&expired);
-        for id in expired {
-            self.expire(id, wall);
-        }
-    }
-
-    /// Feeds an attempt's outcome to its endpoint's breaker. The endpoint is down for the
-    /// breaker when it did not answer or answered a server error; a 429 is the endpoint
-    /// pacing us (Retry-After handles that), and a 4xx or a success means it is up.
+    /// Feeds an attempt's outcome to its endpoint's breaker. The endpoint cannot take the
+    /// request when it did not answer, answered a server error, or asked us to slow down
+    /// (429/425: other jobs of the same endpoint would be told the same); a 4xx or a success
+    /// means it is up.
     fn record_outcome(&mut self, key: &Arc<str>, verdict: &Verdict) {
-        let ok =
-            !matches!(verdict, Verdict::Retry { error_type, .. } if *error_type != "rate-limited");
+        let (ok, retry_after) = match verdict {
+            Verdict::Retry { retry_after, .. } => (false, *retry_after),
+            _ => (true, None),
+        };
         let now = Instant::now();
         let (breaker, seen) = self
             .breakers
             .entry(key.clone())
             .or_insert_with(|| (Breaker::default(), now));
         *seen = now;
-        match breaker.record(ok, now, &self.limits.breaker) {
+        match breaker.record(ok, now, &self.limits.breaker, retry_after) {
             Change::Opened => {
                 tracing::warn!(endpoint = %key, "endpoint failing: circuit breaker open, probing");
                 self.metrics.breaker_opened.inc();
                 self.metrics.breakers_open.inc();
                 self.opened_at.insert(key.clone(), now);
-                self.schedule_sweep();
             }
             Change::Closed => {
                 self.metrics.breakers_open.dec();
@@ -1501,40 +1596,18 @@ impl Scheduler {
         });
     }
 
-    /// Takes these jobs out of their lanes' queues (an operator command moved them).
-    fn dequeue(&mut self, ids: &HashSet<JobId>) {
-        if ids.is_empty() {
-            return;
-        }
-        let keys: Vec<Arc<str>> = self.lanes.keys().cloned().collect();
-        for key in keys {
-            let Some(lane) = self.lanes.get_mut(&key) else {
-                continue;
-            };
-            let mut removed = 0;
-            for queue in lane.queues.values_mut() {
-                let before = queue.len();
-                queue.retain(|id| !ids.contains(id));
-                removed += before - queue.len();
-            }
-            if removed == 0 {
-                continue;
-            }
-            lane.ready -= removed;
-            lane.queues.retain(|_, q| !q.is_empty());
-            let queues = &lane.queues;
-            lane.buckets.retain(|b| queues.contains_key(b));
-            self.relist(&key);
-        }
-    }
-
     /// Takes a page of the backlog into the cache, as metadata (payloads are read when due).
-    fn backlog_page(&mut self, jobs: Option<Vec<(Job, Progress)>>, limit: usize) {
+    fn backlog_page(
+        &mut self,
+        jobs: Option<Vec<(Job, Progress)>>,
+        limit: usize,
+        next_due: Option<DateTime<Utc>>,
+    ) {
         let now = Instant::now();
         self.backlog.loading = false;
         let left = std::mem::take(&mut self.backlog.left);
         let Some(jobs) = jobs else {
-            self.backlog.wake = Some(now + Duration::from_secs(1));
+            self.backlog.pause = Some(now + Duration::from_secs(1));
             return;
         };
         let read = jobs.len();
@@ -1559,20 +1632,30 @@ impl Scheduler {
         self.metrics.jobs_cached.set(self.jobs.len() as i64);
         if read < limit {
             // The pass reached the end of the JobDB.
+            let roomy = self.jobs.len() < self.limits.max_cached_jobs / 2;
+            let every = (self.limits.spill_after / 4)
+                .clamp(Duration::from_millis(100), Duration::from_secs(15));
             let b = &mut self.backlog;
             b.cursor = None;
-            let evicted_out_of_reach = b
-                .evicted_until
-                .is_some_and(|until| b.pass_started.is_none_or(|started| started < until));
             if b.again {
                 b.wake = None;
-            } else if evicted_out_of_reach {
-                let every = (self.limits.spill_after / 4)
-                    .clamp(Duration::from_millis(100), Duration::from_secs(15));
-                b.wake = Some(now + every);
+            } else if b.whole {
+                // Every waiting job of the JobDB is cached now.
+                b.pending = false;
+            } else if roomy {
+                // A pass of the due jobs ended with room to spare: the next one reads the
+                // rest, whenever due.
+                b.wake = None;
+            } else if let Some(due) = next_due {
+                // Jobs wait in the JobDB beyond the horizon: look again shortly before the
+                // first comes due (no sooner than `every`, the cache may hold it already).
+                let wall = Utc::now();
+                let horizon = chrono::Duration::from_std(self.limits.spill_after)
+                    .unwrap_or(chrono::Duration::MAX);
+                let read_at = due.checked_sub_signed(horizon).unwrap_or(wall);
+                b.wake = Some((now + wait_until(wall, read_at)).max(now + every));
             } else {
                 b.pending = false;
-                b.evicted_until = None;
             }
         }
     }
@@ -1608,7 +1691,6 @@ impl Scheduler {
         // The furthest first: they would sit in memory longest.
         far.sort_unstable_by(|a, b| b.cmp(a));
         far.truncate(want.max(self.limits.max_cached_jobs / 4));
-        let latest = far[0].0;
         for (_, id) in &far {
             if let Some(entry) = self.jobs.remove(id) {
                 if entry.spilled {
@@ -1620,10 +1702,10 @@ impl Scheduler {
         }
         let jobs = &self.jobs;
         self.timers.retain(|Reverse((_, id))| jobs.contains_key(id));
-        let until = latest.checked_sub(horizon).unwrap_or(now);
-        let b = &mut self.backlog;
-        b.pending = true;
-        b.evicted_until = Some(b.evicted_until.map_or(until, |u| u.max(until)));
+        // A later pass finds them by their due time (`next_due_after`); the current one can no
+        // longer be a whole one, which would end believing every waiting job is cached.
+        self.backlog.pending = true;
+        self.backlog.whole = false;
         self.metrics.jobs_evicted.inc_by(far.len() as u64);
         self.metrics.jobs_spilled.set(self.spilled as i64);
         self.metrics
@@ -1634,6 +1716,7 @@ impl Scheduler {
 
     /// Removes a job from the cache, keeping the counts right.
     fn forget(&mut self, id: JobId) -> Option<Entry> {
+        self.leave_queue(id);
         let entry = self.jobs.remove(&id)?;
         if self.backlog.loading {
             self.backlog.left.insert(id);
@@ -1676,17 +1759,31 @@ impl Scheduler {
                 self.forget(id);
                 Transition::discarded(id, attempt, now, result.record)
             }
+            Verdict::Retry { .. } if attempt >= self.limits.max_attempts => {
+                // The last attempt it may make failed: it ends here, with that answer.
+                self.forget(id);
+                self.metrics.jobs_out_of_attempts.inc();
+                let mut record = result.record;
+                record.error_type = Some(MAX_ATTEMPTS.to_owned());
+                Transition::discarded(id, attempt, now, record)
+            }
             Verdict::Retry { retry_after, .. } => {
                 let job = &entry.job;
                 let unit: f64 = rand::rng().random();
-                let mut delay = backoff::delay(&job.retry, attempt, self.limits.backoff_cap, unit);
-                if let Some(asked) = retry_after {
-                    delay = delay.max(asked);
-                }
-                let retry_at =
-                    now + chrono::Duration::from_std(delay).unwrap_or(chrono::Duration::MAX);
-                let wake = retry_at.min(job.expire_at);
-                let wait = (wake - now).to_std().unwrap_or_default();
+                let delay = backoff::next_delay(
+                    &job.retry,
+                    attempt,
+                    self.limits.backoff_cap,
+                    self.limits.min_retry_delay,
+                    retry_after,
+                    unit,
+                );
+                // Never past the job's expiry (it is archived then), whatever was asked.
+                let retry_at = chrono::Duration::from_std(delay)
+                    .ok()
+                    .and_then(|d| now.checked_add_signed(d))
+                    .map_or(job.expire_at, |at| at.min(job.expire_at));
+                let wait = wait_until(now, retry_at);
                 let row = Transition::awaiting_retry(id, attempt, now, retry_at, result.record);
                 if wait >= self.limits.spill_after {
                     self.spill(id);
@@ -1755,4 +1852,19 @@ fn weight(job: &Job) -> usize {
             .iter()
             .map(|(name, value)| name.len() + value.len())
             .sum::<usize>()
+}
+
+/// The `error_type` of a job discarded because its attempts are used up.
+pub const MAX_ATTEMPTS: &str = "max-attempts";
+
+/// How long from `now` until `at` (zero if it has passed), capped so that adding it to an
+/// `Instant` can never overflow: times come from the JobDB and from endpoints.
+fn wait_until(now: DateTime<Utc>, at: DateTime<Utc>) -> Duration {
+    const LONGEST: Duration = Duration::from_secs(100 * 365 * 24 * 3600);
+    (at - now).to_std().unwrap_or_default().min(LONGEST)
+}
+
+/// The scheduler-clock instant at which a job expiring at `expire_at` expires.
+fn deadline_of(expire_at: DateTime<Utc>) -> Instant {
+    Instant::now() + wait_until(Utc::now(), expire_at)
 }

@@ -112,6 +112,26 @@ impl JobDb {
         })
     }
 
+    /// Commands without a recorded result, oldest first (at most 100): what the owner must
+    /// still apply. Read by what is missing, not by id order, so a command whose id was
+    /// assigned before another's but committed after it is never skipped.
+    pub async fn unapplied_commands(&self) -> Result<Vec<Command>, JobDbError> {
+        with_pool!(self, |p, q| {
+            sqlx::query(
+                "SELECT c.id, c.issued_by, c.action, c.bucket, c.endpoint_prefix, c.job_id, \
+                 c.created_before, c.postpone_until, c.reason \
+                 FROM operator_commands c \
+                 LEFT JOIN operator_command_results r ON r.command_id = c.id \
+                 WHERE r.command_id IS NULL ORDER BY c.id LIMIT 100",
+            )
+            .fetch_all(p)
+            .await?
+            .iter()
+            .map(q::command_from_row)
+            .collect()
+        })
+    }
+
     /// The highest command id with a recorded result (0 if none): where a new owner resumes.
     pub async fn last_applied_command(&self) -> Result<u64, JobDbError> {
         let last: Option<u64> = with_pool!(self, |p, q| {

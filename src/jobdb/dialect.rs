@@ -22,7 +22,7 @@ macro_rules! engine_common {
         use crate::job::{Job, JobId, Progress, RetryPolicy, State, Transition};
         use crate::jobdb::commands::Command;
         use crate::jobdb::lifecycle::Origin;
-        use crate::jobdb::{headers_json, millis_u32, JobDbError};
+        use crate::jobdb::{headers_json, millis_u32, JobDbError, OpenRow};
 
         /// This engine's sqlx database type.
         pub type Db = $db;
@@ -178,7 +178,7 @@ macro_rules! engine_common {
         }
 
         /// One multi-row INSERT of jobs.
-        pub fn insert_jobs(jobs: &[Arc<Job>]) -> QueryBuilder<'_, $db> {
+        fn insert_jobs(jobs: &[Arc<Job>]) -> QueryBuilder<'_, $db> {
             let mut qb = QueryBuilder::<$db>::new(
                 "INSERT INTO jobs (id, bucket, endpoint, method, headers, payload, \
                  execution_timeout_ms, backoff_min_delay_ms, backoff_coefficient, created_at, \
@@ -202,7 +202,7 @@ macro_rules! engine_common {
         }
 
         /// One multi-row INSERT of transitions.
-        pub fn insert_transitions(rows: &[(u64, Transition)]) -> QueryBuilder<'_, $db> {
+        fn insert_transitions(rows: &[(u64, Transition)]) -> QueryBuilder<'_, $db> {
             let mut qb = QueryBuilder::<$db>::new(
                 "INSERT INTO job_state_transitions (id, job_id, time, retry_at, attempts, state, \
                  error_type, error_response, error_response_encoding, response_status, \
@@ -225,7 +225,7 @@ macro_rules! engine_common {
         }
 
         /// One multi-row INSERT of import origins (a repeated import keeps the first).
-        pub fn insert_origins(origins: &[Origin]) -> QueryBuilder<'_, $db> {
+        fn insert_origins(origins: &[Origin]) -> QueryBuilder<'_, $db> {
             let mut qb = QueryBuilder::<$db>::new(INSERT_ORIGINS);
             qb.push_values(origins, |mut row, o| {
                 row.push_bind(o.job_id.to_bytes().to_vec())
@@ -233,6 +233,62 @@ macro_rules! engine_common {
                     .push_bind(o.imported_at.naive_utc());
             });
             qb
+        }
+
+        /// One multi-row upsert of jobs' latest states into `open_jobs` (a job's `expire_at` is
+        /// kept when the row does not name it).
+        pub(crate) fn upsert_open_jobs(rows: &[OpenRow]) -> QueryBuilder<'_, $db> {
+            let mut qb = QueryBuilder::<$db>::new(
+                "INSERT INTO open_jobs (job_id, transition_id, state, attempts, retry_at, \
+                 expire_at) ",
+            );
+            qb.push_values(rows, |mut row, o| {
+                row.push_bind(o.job_id.to_bytes().to_vec())
+                    .push_bind(crate::jobdb::int(o.transition_id))
+                    .push_bind(o.state.as_str())
+                    .push_bind(o.attempts)
+                    .push_bind(o.retry_at.map(|r| r.naive_utc()))
+                    .push_bind(o.expire_at.map(|r| r.naive_utc()));
+            });
+            qb.push(UPSERT_OPEN_JOBS);
+            qb
+        }
+
+        /// Writes jobs, their transitions and import origins in `tx`, and keeps `open_jobs` in
+        /// step: the one way rows enter `jobs` and `job_state_transitions`, whoever writes
+        /// (the Director's writer, a drainer, the archiver). Statements of at most `limit`
+        /// bytes of rows.
+        pub(crate) async fn write_rows(
+            tx: &mut sqlx::Transaction<'_, $db>,
+            jobs: &[Arc<Job>],
+            transitions: &[(u64, Transition)],
+            origins: &[Origin],
+            limit: usize,
+        ) -> Result<(), sqlx::Error> {
+            use crate::jobdb::{
+                chunks_by_size, job_row_bytes, open_changes, transition_row_bytes,
+                MAX_IDS_PER_SELECT, MAX_ROWS_PER_INSERT,
+            };
+            for chunk in chunks_by_size(jobs, limit, |job| job_row_bytes(job)) {
+                insert_jobs(chunk).build().execute(&mut **tx).await?;
+            }
+            for chunk in chunks_by_size(transitions, limit, |(_, t)| transition_row_bytes(t)) {
+                insert_transitions(chunk).build().execute(&mut **tx).await?;
+            }
+            for chunk in origins.chunks(MAX_ROWS_PER_INSERT) {
+                insert_origins(chunk).build().execute(&mut **tx).await?;
+            }
+            let (open, closed) = open_changes(jobs, transitions);
+            for chunk in open.chunks(MAX_ROWS_PER_INSERT) {
+                upsert_open_jobs(chunk).build().execute(&mut **tx).await?;
+            }
+            for chunk in closed.chunks(MAX_IDS_PER_SELECT) {
+                ids_query("DELETE FROM open_jobs WHERE job_id IN (", chunk, ")")
+                    .build()
+                    .execute(&mut **tx)
+                    .await?;
+            }
+            Ok(())
         }
 
         /// `prefix` + a bound list of ids + `suffix`.
@@ -264,8 +320,22 @@ macro_rules! engine_common {
                     current,
                 });
             }
-            tx.commit().await?;
-            Ok(())
+            // Past this point a failure may come after the server committed.
+            tx.commit().await.map_err(JobDbError::CommitUnknown)
+        }
+
+        /// Why the server refused a write for good (its data, not the connection), or `None`
+        /// when the error may pass (connection lost, deadlock, lock wait, pool).
+        pub fn refusal(e: &sqlx::Error) -> Option<String> {
+            match e {
+                sqlx::Error::Encode(why) => Some(format!("a value cannot be encoded: {why}")),
+                sqlx::Error::Database(db) => {
+                    use sqlx::error::ErrorKind;
+                    let by_kind = !matches!(db.kind(), ErrorKind::Other);
+                    (by_kind || refused_code(&**db)).then(|| db.message().to_owned())
+                }
+                _ => None,
+            }
         }
     };
 }
@@ -320,7 +390,7 @@ macro_rules! stats_sql {
             "SELECT ",
             $lane,
             " AS lane, l.state, COUNT(*) AS n \
-             FROM jobs j JOIN job_latest l ON l.job_id = j.id \
+             FROM open_jobs l JOIN jobs j ON j.id = l.job_id \
              WHERE l.state IN ('awaiting-scheduling', 'awaiting-retry', 'executing') \
              GROUP BY lane, l.state"
         );
@@ -406,17 +476,15 @@ macro_rules! spelled_sql {
         pub const COMMAND_TARGETS: &str = concat!(
             "SELECT t.job_id, t.state, t.attempts, t.retry_at \
              FROM operator_commands c \
-             JOIN jobs j ON (c.job_id IS NULL OR j.id = c.job_id) \
-             JOIN job_state_transitions t ON t.job_id = j.id \
+             JOIN open_jobs t ON (c.job_id IS NULL OR t.job_id = c.job_id) \
+             JOIN jobs j ON j.id = t.job_id \
              WHERE c.id = ? \
                AND (c.bucket IS NULL OR j.bucket = c.bucket) \
                AND (c.endpoint_prefix IS NULL OR ",
             $cut,
             "c.endpoint_prefix)) = c.endpoint_prefix) \
                AND (c.created_before IS NULL OR j.created_at < c.created_before) \
-               AND t.id = (SELECT MAX(l.id) FROM job_state_transitions l \
-                           WHERE l.job_id = t.job_id) \
-               AND t.id < ? \
+               AND t.transition_id < ? \
                AND t.state IN ('awaiting-scheduling', 'awaiting-retry')"
         );
         /// Ended jobs for replay.
@@ -454,6 +522,22 @@ pub mod mysql {
     /// The fence check: a shared lock on the owner row, so a takeover waits for this commit.
     pub const FENCE_CHECK: &str =
         "SELECT fencing_token FROM jobdb_owner WHERE id = 1 LOCK IN SHARE MODE";
+
+    /// Replaces an existing `open_jobs` row (MariaDB and MySQL both take `VALUES()`).
+    pub const UPSERT_OPEN_JOBS: &str = " ON DUPLICATE KEY UPDATE \
+         transition_id = VALUES(transition_id), state = VALUES(state), \
+         attempts = VALUES(attempts), retry_at = VALUES(retry_at), \
+         expire_at = COALESCE(VALUES(expire_at), expire_at)";
+
+    /// MySQL error numbers that refuse the data itself: out of range, bad value, too long,
+    /// NULL where not allowed, packet or row too large, truncated, duplicate or constraint.
+    fn refused_code(db: &dyn sqlx::error::DatabaseError) -> bool {
+        const DATA: [u16; 14] = [
+            1048, 1062, 1118, 1153, 1264, 1265, 1292, 1301, 1366, 1367, 1406, 1690, 3819, 4025,
+        ];
+        db.try_downcast_ref::<sqlx::mysql::MySqlDatabaseError>()
+            .is_some_and(|e| DATA.contains(&e.number()) || e.code().is_some_and(|c| c.starts_with("22")))
+    }
     spelled_sql!(
         "INSERT IGNORE",
         "CAST('' AS BINARY)",
@@ -461,7 +545,8 @@ pub mod mysql {
         "LEFT(j.endpoint, CHAR_LENGTH("
     );
     /// Deletes of a purge, `?` rows each.
-    pub const DELETE_CHUNKS: [&str; 2] = [
+    pub const DELETE_CHUNKS: [&str; 3] = [
+        "DELETE FROM open_jobs LIMIT ?",
         "DELETE FROM job_state_transitions LIMIT ?",
         "DELETE FROM jobs LIMIT ?",
     ];
@@ -494,6 +579,20 @@ pub mod sqlite {
     /// The fence check. SQLite has one writer at a time: by this statement the transaction
     /// holds the write lock (its first INSERT took it), so a takeover waits for the commit.
     pub const FENCE_CHECK: &str = "SELECT fencing_token FROM jobdb_owner WHERE id = 1";
+
+    /// Replaces an existing `open_jobs` row.
+    pub const UPSERT_OPEN_JOBS: &str = " ON CONFLICT (job_id) DO UPDATE SET \
+         transition_id = excluded.transition_id, state = excluded.state, \
+         attempts = excluded.attempts, retry_at = excluded.retry_at, \
+         expire_at = COALESCE(excluded.expire_at, open_jobs.expire_at)";
+
+    /// SQLite result codes that refuse the data itself: too big, constraint, type mismatch,
+    /// parameter out of range (the primary code is the low byte of an extended one).
+    fn refused_code(db: &dyn sqlx::error::DatabaseError) -> bool {
+        db.code()
+            .and_then(|c| c.parse::<u32>().ok())
+            .is_some_and(|code| matches!(code & 0xff, 18 | 19 | 20 | 25))
+    }
     spelled_sql!(
         "INSERT OR IGNORE",
         "X''",
@@ -501,7 +600,8 @@ pub mod sqlite {
         "substr(j.endpoint, 1, length("
     );
     /// Deletes of a purge, `?` rows each (SQLite has no DELETE ... LIMIT by default).
-    pub const DELETE_CHUNKS: [&str; 2] = [
+    pub const DELETE_CHUNKS: [&str; 3] = [
+        "DELETE FROM open_jobs WHERE job_id IN (SELECT job_id FROM open_jobs LIMIT ?)",
         "DELETE FROM job_state_transitions WHERE (job_id, id) IN \
          (SELECT job_id, id FROM job_state_transitions LIMIT ?)",
         "DELETE FROM jobs WHERE id IN (SELECT id FROM jobs LIMIT ?)",

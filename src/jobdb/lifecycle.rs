@@ -107,12 +107,7 @@ impl JobDb {
     /// How many jobs are not in a terminal state here (a JobDB is dropped only at zero).
     pub async fn unfinished_count(&self) -> Result<u64, JobDbError> {
         let n: i64 = with_pool!(self, |p, q| {
-            sqlx::query_scalar(
-                "SELECT COUNT(*) FROM job_state_transitions t \
-                 JOIN (SELECT job_id, MAX(id) AS id FROM job_state_transitions GROUP BY job_id) \
-                   last ON last.job_id = t.job_id AND last.id = t.id \
-                 WHERE t.state NOT IN ('succeeded', 'discarded', 'archived', 'moved')",
-            )
+            sqlx::query_scalar("SELECT COUNT(*) FROM open_jobs")
             .fetch_one(p)
             .await?
         });
@@ -314,12 +309,7 @@ impl JobDb {
                 .bind(Utc::now().naive_utc())
                 .execute(&mut *tx)
                 .await?;
-            for chunk in transitions.chunks(MAX_ROWS_PER_INSERT) {
-                q::insert_transitions(chunk)
-                    .build()
-                    .execute(&mut *tx)
-                    .await?;
-            }
+            q::write_rows(&mut tx, &[], transitions, &[], self.max_statement_bytes()).await?;
             q::commit_fenced(tx, token).await
         })
     }

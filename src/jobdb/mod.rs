@@ -39,11 +39,17 @@ pub static SQLITE_MIGRATOR: sqlx::migrate::Migrator = sqlx::migrate!("./migratio
 /// Most rows in one multi-row INSERT (MySQL allows 65,535 placeholders per statement, SQLite
 /// 32,766). Chunks are powers of two up to this, so a connection prepares at most ten
 /// statement shapes per table and reuses them, instead of a new statement per row count.
-const MAX_ROWS_PER_INSERT: usize = 512;
-/// Most payload bytes in one multi-row INSERT, well under the default 16 MiB `max_allowed_packet`.
+pub(crate) const MAX_ROWS_PER_INSERT: usize = 512;
+/// Most bytes in one multi-row INSERT (every column counted), and at most half the server's
+/// `max_allowed_packet`: a statement and its bound values travel as one packet.
 const MAX_BYTES_PER_INSERT: usize = 4 * 1024 * 1024;
+/// Room a statement needs besides its rows' bytes (text, per-value framing), per row and in all.
+const ROW_OVERHEAD_BYTES: usize = 128;
+/// The packet limit assumed for SQLite (which has none below its 1 GB value limit), so one
+/// row is refused on both engines at the same size.
+const SQLITE_MAX_PACKET: usize = 64 * 1024 * 1024;
 /// Most ids in one `IN (...)` lookup.
-const MAX_IDS_PER_SELECT: usize = 1000;
+pub(crate) const MAX_IDS_PER_SELECT: usize = 1000;
 /// The file name suffix of a SQLite JobDB.
 pub const SQLITE_SUFFIX: &str = ".sqlite3";
 
@@ -94,6 +100,15 @@ pub enum JobDbError {
     /// A previous owner still has a transaction open on the fence row.
     #[error("a previous owner's transaction is still open")]
     Busy,
+    /// The server refused the data of a write (a value out of range, a row larger than the
+    /// server accepts, a duplicate key): nothing was stored, and sending the same rows again
+    /// will be refused again.
+    #[error("the jobdb refused the write: {0}")]
+    Refused(String),
+    /// The COMMIT was sent but its answer was lost: the transaction may or may not have
+    /// committed. Only reading the JobDB tells.
+    #[error("the commit's outcome is unknown")]
+    CommitUnknown(#[source] sqlx::Error),
     /// A row the JobDB returned breaks an invariant.
     #[error("corrupt jobdb row: {0}")]
     Corrupt(String),
@@ -115,27 +130,44 @@ impl JobDbError {
     /// Whether retrying the same operation later may succeed (a connection problem), as
     /// opposed to a verdict (fenced, corrupt, invalid).
     pub fn is_transient(&self) -> bool {
-        matches!(
-            self,
-            JobDbError::Sql(
+        matches!(self, JobDbError::CommitUnknown(_))
+            || matches!(
+                self,
+                JobDbError::Sql(
                 sqlx::Error::Io(_)
                     | sqlx::Error::PoolTimedOut
                     | sqlx::Error::PoolClosed
                     | sqlx::Error::WorkerCrashed
                     | sqlx::Error::Protocol(_)
                     | sqlx::Error::Database(_)
+                )
             )
-        )
     }
 }
 
-/// The server a JobDB lives on: a MySQL server, or a directory of SQLite files.
-#[derive(Clone, Debug)]
+/// The server a JobDB lives on: a MySQL server, or a directory of SQLite files. Its `Debug`
+/// never shows the MySQL password.
+#[derive(Clone)]
 pub enum Server {
     /// A MySQL (MariaDB) server, without a database.
     MySql(Box<MySqlConnectOptions>),
     /// A directory holding one `<database>.sqlite3` file per JobDB.
     Sqlite(PathBuf),
+}
+
+impl std::fmt::Debug for Server {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Server::MySql(options) => write!(
+                f,
+                "MySql(mysql://{}@{}:{})",
+                options.get_username(),
+                options.get_host(),
+                options.get_port()
+            ),
+            Server::Sqlite(dir) => f.debug_tuple("Sqlite").field(dir).finish(),
+        }
+    }
 }
 
 /// Where a JobDB lives, parsed from its URL: `mysql://user[:pass]@host[:port]/database`, or
@@ -265,13 +297,7 @@ impl JobDbUrl {
 
 /// A JobDB URL with any password replaced by `***`, for printing and display.
 pub fn redact_password(url: &str) -> String {
-    match url::Url::parse(url) {
-        Ok(mut parsed) if parsed.password().is_some() => {
-            let _ = parsed.set_password(Some("***"));
-            parsed.to_string()
-        }
-        _ => url.to_owned(),
-    }
+    crate::secret::redact_url(url)
 }
 
 fn valid_database_name(name: &str) -> bool {
@@ -385,6 +411,9 @@ pub(crate) enum Pool {
 pub struct JobDb {
     pool: Pool,
     url: JobDbUrl,
+    /// The largest packet the server accepts (`max_allowed_packet`), read at connect: no
+    /// statement may be larger.
+    max_packet: usize,
 }
 
 impl JobDb {
@@ -427,10 +456,31 @@ impl JobDb {
                     .await?,
             ),
         };
+        let max_packet = match &pool {
+            Pool::MySql(p) => {
+                let packet: u64 = sqlx::query_scalar("SELECT @@max_allowed_packet")
+                    .fetch_one(p)
+                    .await?;
+                usize::try_from(packet).unwrap_or(usize::MAX)
+            }
+            Pool::Sqlite(_) => SQLITE_MAX_PACKET,
+        };
         Ok(JobDb {
             pool,
             url: url.clone(),
+            max_packet,
         })
+    }
+
+    /// The largest row (in [`job_row_bytes`] / [`transition_row_bytes`]) this JobDB can store:
+    /// a bigger one is refused whatever else is in its batch.
+    pub fn max_row_bytes(&self) -> usize {
+        self.max_packet.saturating_sub(64 * 1024)
+    }
+
+    /// Most bytes of rows in one INSERT statement on this JobDB.
+    pub(crate) fn max_statement_bytes(&self) -> usize {
+        MAX_BYTES_PER_INSERT.min(self.max_packet / 2)
     }
 
     /// Opens a JobDB for reading only (dashboards, replay): no migration is applied, so a
@@ -623,7 +673,15 @@ impl JobDb {
             .await
     }
 
-    /// [`JobDb::append`], also recording where imported jobs came from (`job_origins`).
+    /// [`JobDb::append`], also recording where imported jobs came from (`job_origins`), and
+    /// keeping `open_jobs` (each unfinished job's latest state) in step in the same
+    /// transaction.
+    ///
+    /// What a failure means for the caller: [`JobDbError::Fenced`], another owner holds the
+    /// JobDB; [`JobDbError::Refused`], the server (or the size check before sending) refused
+    /// the data, nothing was stored and the same rows will be refused again;
+    /// [`JobDbError::CommitUnknown`], the COMMIT's answer was lost; any other error happened
+    /// before the COMMIT was sent, so nothing was stored and trying again may succeed.
     pub async fn append_with_origins(
         &self,
         token: u64,
@@ -631,23 +689,41 @@ impl JobDb {
         transitions: &[(u64, Transition)],
         origins: &[lifecycle::Origin],
     ) -> Result<(), JobDbError> {
+        let max_row = self.max_row_bytes();
+        if let Some(job) = jobs.iter().find(|job| job_row_bytes(job) > max_row) {
+            return Err(JobDbError::Refused(format!(
+                "job {} takes {} bytes; this jobdb's server accepts rows of at most {max_row} \
+                 (max_allowed_packet)",
+                job.id,
+                job_row_bytes(job)
+            )));
+        }
+        if let Some((_, t)) = transitions
+            .iter()
+            .find(|(_, t)| transition_row_bytes(t) > max_row)
+        {
+            return Err(JobDbError::Refused(format!(
+                "a transition of job {} takes {} bytes; this jobdb's server accepts rows of at \
+                 most {max_row} (max_allowed_packet)",
+                t.job_id,
+                transition_row_bytes(t)
+            )));
+        }
+        let limit = self.max_statement_bytes();
         with_pool!(self, |p, q| {
-            let mut tx = p.begin().await?;
-            for chunk in chunks_by_size(jobs, |job| job.payload.len() + job.endpoint.len()) {
-                q::insert_jobs(chunk).build().execute(&mut *tx).await?;
+            let written: Result<(), JobDbError> = async {
+                let mut tx = p.begin().await?;
+                q::write_rows(&mut tx, jobs, transitions, origins, limit).await?;
+                q::commit_fenced(tx, token).await
             }
-            for chunk in chunks_by_size(transitions, |(_, t)| {
-                t.error_response.as_ref().map_or(0, Bytes::len)
-            }) {
-                q::insert_transitions(chunk)
-                    .build()
-                    .execute(&mut *tx)
-                    .await?;
-            }
-            for chunk in origins.chunks(MAX_ROWS_PER_INSERT) {
-                q::insert_origins(chunk).build().execute(&mut *tx).await?;
-            }
-            q::commit_fenced(tx, token).await
+            .await;
+            written.map_err(|e| match e {
+                JobDbError::Sql(sql) => match q::refusal(&sql) {
+                    Some(why) => JobDbError::Refused(why),
+                    None => JobDbError::Sql(sql),
+                },
+                other => other,
+            })
         })
     }
 
@@ -673,21 +749,16 @@ impl JobDb {
         Ok(max.unwrap_or(0))
     }
 
-    /// Every job whose latest transition is not terminal, with that transition.
+    /// Every job whose latest transition is not terminal, with that transition (from
+    /// `open_jobs`: as many rows as unfinished jobs, whatever the history's length).
     pub async fn load_unfinished(&self) -> Result<Vec<(Job, Progress)>, JobDbError> {
         let progress: HashMap<JobId, Progress> = with_pool!(self, |p, q| {
-            sqlx::query(
-                "SELECT t.job_id, t.state, t.attempts, t.retry_at \
-                 FROM job_state_transitions t \
-                 JOIN (SELECT job_id, MAX(id) AS id FROM job_state_transitions GROUP BY job_id) \
-                   last ON last.job_id = t.job_id AND last.id = t.id \
-                 WHERE t.state NOT IN ('succeeded', 'discarded', 'archived', 'moved')",
-            )
-            .fetch_all(p)
-            .await?
-            .iter()
-            .map(|row| Ok((q::job_id_of(row, "job_id")?, q::progress_of(row)?)))
-            .collect::<Result<_, JobDbError>>()?
+            sqlx::query("SELECT job_id, state, attempts, retry_at FROM open_jobs")
+                .fetch_all(p)
+                .await?
+                .iter()
+                .map(|row| Ok((q::job_id_of(row, "job_id")?, q::progress_of(row)?)))
+                .collect::<Result<_, JobDbError>>()?
         });
         self.with_jobs(progress, true).await
     }
@@ -695,15 +766,12 @@ impl JobDb {
     /// Jobs whose latest transition is `executing` or `archiving`, with it: what a new owner
     /// must settle before serving (attempts cut short, expired jobs for the archive). Only
     /// their ids and progress: the jobs themselves come back through [`JobDb::backlog_page`].
+    /// Read from `open_jobs` by its state index: bounded by the open work.
     pub async fn load_stranded(&self) -> Result<Vec<(JobId, Progress)>, JobDbError> {
         with_pool!(self, |p, q| {
             sqlx::query(
-                "SELECT t.job_id, t.state, t.attempts, t.retry_at \
-                 FROM job_state_transitions t \
-                 JOIN (SELECT job_id, MAX(id) AS id FROM job_state_transitions GROUP BY job_id) \
-                   last ON last.job_id = t.job_id AND last.id = t.id \
-                 WHERE t.state IN ('executing', 'archiving') \
-                 ORDER BY t.job_id",
+                "SELECT job_id, state, attempts, retry_at FROM open_jobs \
+                 WHERE state IN ('executing', 'archiving') ORDER BY job_id",
             )
             .fetch_all(p)
             .await?
@@ -716,8 +784,9 @@ impl JobDb {
     /// The next `limit` jobs after `after` (in id order) that wait for an attempt, due by
     /// `due_by` (jobs never tried are always due), without their payloads and headers: the
     /// page a Director's cache reads when it has room. A job is in it when its latest
-    /// transition is `awaiting-scheduling`, or `awaiting-retry` with `retry_at <= due_by`, and
-    /// that transition's id is below `before_row` (rows written since are the cache's own news).
+    /// transition is `awaiting-scheduling`, or `awaiting-retry` with `retry_at <= due_by` or
+    /// an expiry by then (so it is archived on time), and that transition's id is below
+    /// `before_row` (rows written since are the cache's own news). Reads `open_jobs` only.
     pub async fn backlog_page(
         &self,
         after: Option<JobId>,
@@ -728,21 +797,18 @@ impl JobDb {
         let after = after.map_or_else(|| vec![0u8; 16], |id| id.to_bytes().to_vec());
         let progress: HashMap<JobId, Progress> = with_pool!(self, |p, q| {
             sqlx::query(
-                "SELECT t.job_id, t.state, t.attempts, t.retry_at \
-                 FROM job_state_transitions t \
-                 WHERE t.job_id > ? \
-                   AND t.id = (SELECT MAX(l.id) FROM job_state_transitions l \
-                               WHERE l.job_id = t.job_id) \
-                   AND t.id < ? \
-                   AND (t.state = 'awaiting-scheduling' \
-                        OR (t.state = 'awaiting-retry' AND t.retry_at <= ?)) \
-                 ORDER BY t.job_id \
+                "SELECT job_id, state, attempts, retry_at FROM open_jobs \
+                 WHERE job_id > ? AND transition_id < ? \
+                   AND (state = 'awaiting-scheduling' \
+                        OR (state = 'awaiting-retry' AND (retry_at <= ? OR expire_at <= ?))) \
+                 ORDER BY job_id \
                  LIMIT ?",
             )
             .bind(after)
             .bind(int(before_row))
             .bind(due_by.naive_utc())
-            .bind(limit as i64)
+            .bind(due_by.naive_utc())
+            .bind(i64::try_from(limit).unwrap_or(i64::MAX))
             .fetch_all(p)
             .await?
             .iter()
@@ -750,6 +816,35 @@ impl JobDb {
             .collect::<Result<_, JobDbError>>()?
         });
         self.with_jobs(progress, false).await
+    }
+
+    /// When the first job waiting in the JobDB beyond `after` comes due: the earliest
+    /// `retry_at` of an `awaiting-retry` job, or expiry of a waiting job, later than `after`
+    /// (`None`: nothing waits beyond it). A backlog pass that read everything due by `after`
+    /// must look again before this instant. Two index look-ups on `open_jobs`.
+    pub async fn next_due_after(
+        &self,
+        after: DateTime<Utc>,
+    ) -> Result<Option<DateTime<Utc>>, JobDbError> {
+        with_pool!(self, |p, q| {
+            let row = sqlx::query(
+                "SELECT (SELECT MIN(retry_at) FROM open_jobs \
+                         WHERE state = 'awaiting-retry' AND retry_at > ?) AS next_retry, \
+                        (SELECT MIN(expire_at) FROM open_jobs \
+                         WHERE expire_at > ? \
+                           AND state IN ('awaiting-scheduling', 'awaiting-retry')) AS next_expiry",
+            )
+            .bind(after.naive_utc())
+            .bind(after.naive_utc())
+            .fetch_one(p)
+            .await?;
+            let retry = q::time_opt(&row, "next_retry")?;
+            let expiry = q::time_opt(&row, "next_expiry")?;
+            Ok(match (retry, expiry) {
+                (Some(a), Some(b)) => Some(a.min(b)),
+                (a, b) => a.or(b),
+            })
+        })
     }
 
     /// Pairs each job's progress with the job (without payload and headers unless
@@ -905,22 +1000,97 @@ impl JobDb {
     }
 }
 
-/// Splits rows into INSERT-sized chunks: at most [`MAX_BYTES_PER_INSERT`] bytes each, and a
-/// power-of-two number of rows up to [`MAX_ROWS_PER_INSERT`] (so statement shapes repeat).
-fn chunks_by_size<T>(rows: &[T], bytes_of: impl Fn(&T) -> usize) -> Vec<&[T]> {
+/// Splits rows into INSERT-sized chunks: at most `max_bytes` bytes each (a single larger row
+/// is a chunk of its own), and a power-of-two number of rows up to [`MAX_ROWS_PER_INSERT`] (so
+/// statement shapes repeat).
+pub(crate) fn chunks_by_size<T>(
+    rows: &[T],
+    max_bytes: usize,
+    bytes_of: impl Fn(&T) -> usize,
+) -> Vec<&[T]> {
     let mut chunks = Vec::new();
-    let (mut start, mut bytes) = (0, 0);
+    let (mut start, mut bytes) = (0usize, 0usize);
     for (i, row) in rows.iter().enumerate() {
-        let size = bytes_of(row);
-        if i > start && (i - start == MAX_ROWS_PER_INSERT || bytes + size > MAX_BYTES_PER_INSERT) {
+        let size = bytes_of(row).saturating_add(ROW_OVERHEAD_BYTES);
+        if i > start
+            && (i - start == MAX_ROWS_PER_INSERT || bytes.saturating_add(size) > max_bytes)
+        {
             push_pow2(&mut chunks, &rows[start..i]);
             start = i;
             bytes = 0;
         }
-        bytes += size;
+        bytes = bytes.saturating_add(size);
     }
     push_pow2(&mut chunks, &rows[start..]);
     chunks
+}
+
+/// The bytes a job's row takes on the wire: every column, headers as their stored JSON.
+pub fn job_row_bytes(job: &Job) -> usize {
+    let headers: usize = job
+        .headers
+        .iter()
+        .map(|(name, value)| name.len() + value.len() + 6)
+        .sum();
+    16 + job.bucket.len()
+        + job.endpoint.len()
+        + job.method.len()
+        + headers
+        + 2
+        + job.payload.len()
+        + job.idempotency_key.as_ref().map_or(0, String::len)
+        + 64
+}
+
+/// The bytes a transition's row takes on the wire.
+pub fn transition_row_bytes(t: &Transition) -> usize {
+    16 + t.error_type.as_ref().map_or(0, String::len)
+        + t.error_response.as_ref().map_or(0, Bytes::len)
+        + 64
+}
+
+/// A job's new latest state for `open_jobs`.
+pub(crate) struct OpenRow {
+    pub(crate) job_id: JobId,
+    pub(crate) transition_id: u64,
+    pub(crate) state: State,
+    pub(crate) attempts: u16,
+    pub(crate) retry_at: Option<DateTime<Utc>>,
+    /// Known for jobs written in the same batch; else the stored value is kept.
+    pub(crate) expire_at: Option<DateTime<Utc>>,
+}
+
+/// What a batch changes in `open_jobs`: each job's last row of the batch replaces its entry,
+/// or, when it is terminal, removes it.
+pub(crate) fn open_changes(
+    jobs: &[Arc<Job>],
+    transitions: &[(u64, Transition)],
+) -> (Vec<OpenRow>, Vec<JobId>) {
+    let expiry: HashMap<JobId, DateTime<Utc>> =
+        jobs.iter().map(|job| (job.id, job.expire_at)).collect();
+    let mut last: HashMap<JobId, usize> = HashMap::with_capacity(transitions.len());
+    for (i, (_, t)) in transitions.iter().enumerate() {
+        last.insert(t.job_id, i);
+    }
+    let (mut open, mut closed) = (Vec::new(), Vec::new());
+    for (i, (id, t)) in transitions.iter().enumerate() {
+        if last.get(&t.job_id) != Some(&i) {
+            continue;
+        }
+        if t.state.is_terminal() {
+            closed.push(t.job_id);
+        } else {
+            open.push(OpenRow {
+                job_id: t.job_id,
+                transition_id: *id,
+                state: t.state,
+                attempts: t.attempts,
+                retry_at: t.retry_at,
+                expire_at: expiry.get(&t.job_id).copied(),
+            });
+        }
+    }
+    (open, closed)
 }
 
 /// Pushes `rows` as chunks whose lengths are powers of two, largest first.
@@ -930,6 +1100,12 @@ fn push_pow2<'a, T>(chunks: &mut Vec<&'a [T]>, mut rows: &'a [T]) {
         chunks.push(&rows[..take]);
         rows = &rows[take..];
     }
+}
+
+/// The latest time a JobDB column holds (MySQL's DATETIME ends with year 9999): "no bound"
+/// in a query that compares times.
+pub fn latest_time() -> DateTime<Utc> {
+    DateTime::<Utc>::from_timestamp(253_402_300_799, 0).unwrap_or(DateTime::<Utc>::MAX_UTC)
 }
 
 /// A `u64` as the `i64` SQLite binds (MySQL takes either): ids, tokens and counts stay far
@@ -993,15 +1169,22 @@ mod tests {
     #[test]
     fn chunks_respect_rows_and_bytes() {
         let rows: Vec<usize> = vec![1; 1100];
-        let chunks = chunks_by_size(&rows, |r| *r);
+        let chunks = chunks_by_size(&rows, MAX_BYTES_PER_INSERT, |r| *r);
         assert_eq!(
             chunks.iter().map(|c| c.len()).collect::<Vec<_>>(),
             vec![512, 512, 64, 8, 4]
         );
         assert_eq!(chunks.iter().map(|c| c.len()).sum::<usize>(), 1100);
         let big: Vec<usize> = vec![3 * 1024 * 1024; 3];
-        assert_eq!(chunks_by_size(&big, |r| *r).len(), 3);
+        assert_eq!(chunks_by_size(&big, MAX_BYTES_PER_INSERT, |r| *r).len(), 3);
         let empty: Vec<usize> = vec![];
-        assert!(chunks_by_size(&empty, |r| *r).is_empty());
+        assert!(chunks_by_size(&empty, MAX_BYTES_PER_INSERT, |r| *r).is_empty());
+        // Every byte of a row counts, and a chunk never passes the limit unless one row does.
+        let rows: Vec<usize> = vec![600; 100];
+        let chunks = chunks_by_size(&rows, 8 * 1024, |r| *r);
+        assert!(chunks
+            .iter()
+            .all(|c| c.len() * (600 + ROW_OVERHEAD_BYTES) <= 8 * 1024));
+        assert_eq!(chunks.iter().map(|c| c.len()).sum::<usize>(), 100);
     }
 }

@@ -11,6 +11,7 @@ use reqwest::{Method, StatusCode};
 use serde::{Deserialize, Serialize};
 
 use super::RegistryError;
+use crate::secret::Secret;
 
 /// The answer of a read, with the index to block on next (`X-Consul-Index`).
 #[derive(Clone, Debug, PartialEq)]
@@ -209,13 +210,15 @@ struct RawService {
 pub struct ConsulClient {
     http: reqwest::Client,
     base: String,
-    token: Option<String>,
+    token: Option<Secret>,
+    /// Password of the JobDBs the inventory names (it stores URLs without one).
+    jobdb_password: Option<Secret>,
 }
 
 impl ConsulClient {
     /// A client for the agent at `addr` (`http://127.0.0.1:8500`; a bare `host:port` is taken
     /// as http, like `CONSUL_HTTP_ADDR`), with an optional ACL token.
-    pub fn new(addr: &str, token: Option<String>) -> Result<Self, RegistryError> {
+    pub fn new(addr: &str, token: Option<Secret>) -> Result<Self, RegistryError> {
         let base = if addr.contains("://") {
             addr.to_owned()
         } else {
@@ -229,7 +232,25 @@ impl ConsulClient {
             .connect_timeout(Duration::from_secs(5))
             .build()
             .map_err(RegistryError::Transport)?;
-        Ok(ConsulClient { http, base, token })
+        Ok(ConsulClient {
+            http,
+            base,
+            token,
+            jobdb_password: None,
+        })
+    }
+
+    /// The same client, filling `password` into the URLs of JobDBs read from the inventory
+    /// (see [`super::inventory`]): the credentials to reach what the registry names travel
+    /// with the client that reads it, never through Consul.
+    pub fn with_jobdb_password(mut self, password: Option<Secret>) -> Self {
+        self.jobdb_password = password;
+        self
+    }
+
+    /// The password filled into inventory URLs that have none.
+    pub fn jobdb_password(&self) -> Option<&Secret> {
+        self.jobdb_password.as_ref()
     }
 
     /// The agent address.
@@ -243,7 +264,7 @@ impl ConsulClient {
             .request(method, format!("{}{path}", self.base))
             .timeout(timeout);
         if let Some(token) = &self.token {
-            builder = builder.header("X-Consul-Token", token);
+            builder = builder.header("X-Consul-Token", token.expose());
         }
         builder
     }

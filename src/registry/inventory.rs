@@ -4,6 +4,11 @@
 //! lifecycle state. `spindle/locks/jobdbs/<name>` is the JobDB's lock key; its holder's session
 //! is the owner. Lock keys are never deleted (their `ModifyIndex` is the fencing token). Names
 //! are `[a-z0-9_]` so keys are valid on every Consul version.
+//!
+//! Records hold no passwords: [`Inventory::add`] stores a JobDB's URL without its password, and
+//! every reader connects through [`Inventory::jobdb_url`], which fills in the password its
+//! [`ConsulClient`] was configured with (`--jobdb-password`). Consul KV is readable by whoever
+//! holds a read token; a database password does not belong there.
 
 use chrono::{DateTime, Utc};
 use serde::{Deserialize, Serialize};
@@ -35,11 +40,12 @@ pub enum JobDbState {
 }
 
 /// One JobDB as the inventory knows it.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct JobDbRecord {
     /// Database name (also the key segment).
     pub name: String,
-    /// Connection URL (`mysql://user[:password]@host:port/name`).
+    /// Connection URL without a password (`mysql://user@host:port/name`); records written
+    /// by earlier releases may still carry one.
     pub url: String,
     /// Lifecycle state.
     pub state: JobDbState,
@@ -48,6 +54,18 @@ pub struct JobDbRecord {
     /// Who set the state (a Director's holder name, the manager, an operator).
     #[serde(default)]
     pub changed_by: String,
+}
+
+impl std::fmt::Debug for JobDbRecord {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("JobDbRecord")
+            .field("name", &self.name)
+            .field("url", &crate::secret::redact_url(&self.url))
+            .field("state", &self.state)
+            .field("changed_at", &self.changed_at)
+            .field("changed_by", &self.changed_by)
+            .finish()
+    }
 }
 
 /// A record with its check-and-set index, and the session holding its lock if any.
@@ -88,12 +106,37 @@ impl Inventory {
         &self.client
     }
 
+    /// Where a JobDB of the inventory is, ready to connect to: its record's URL with the
+    /// configured JobDB password filled in when the URL names a user but no password.
+    pub fn jobdb_url(
+        &self,
+        record: &JobDbRecord,
+    ) -> Result<crate::jobdb::JobDbUrl, crate::jobdb::JobDbError> {
+        self.connect_url(record).expose().parse()
+    }
+
+    /// [`Inventory::jobdb_url`] as text (it prints without its password).
+    pub fn connect_url(&self, record: &JobDbRecord) -> crate::secret::SecretUrl {
+        match (url::Url::parse(&record.url), self.client.jobdb_password()) {
+            (Ok(mut url), Some(password))
+                if url.password().is_none()
+                    && !url.username().is_empty()
+                    && matches!(url.scheme(), "mysql" | "mariadb") =>
+            {
+                let _ = url.set_password(Some(password.expose()));
+                crate::secret::SecretUrl::new(url.as_str())
+            }
+            _ => crate::secret::SecretUrl::new(record.url.as_str()),
+        }
+    }
+
     /// The lock key of a JobDB.
     pub fn lock_key(name: &str) -> String {
         format!("{LOCKS}{name}")
     }
 
-    /// Adds a JobDB; `false` if one of that name exists already.
+    /// Adds a JobDB (its URL stored without a password); `false` if one of that name exists
+    /// already.
     pub async fn add(&self, record: &JobDbRecord) -> Result<bool, RegistryError> {
         if !valid_name(&record.name) {
             return Err(RegistryError::Config(format!(
@@ -101,7 +144,10 @@ impl Inventory {
                 record.name
             )));
         }
-        let value = serde_json::to_vec(record).map_err(|e| RegistryError::Decode(e.to_string()))?;
+        let mut record = record.clone();
+        record.url = without_password(&record.url);
+        let value =
+            serde_json::to_vec(&record).map_err(|e| RegistryError::Decode(e.to_string()))?;
         self.client
             .kv_put(&format!("{RECORDS}{}", record.name), &value, Put::Cas(0))
             .await
@@ -200,3 +246,15 @@ impl Inventory {
         own
     }
 }
+
+/// `url` without its password (text that is not a URL is kept as is).
+fn without_password(url: &str) -> String {
+    match url::Url::parse(url) {
+        Ok(mut parsed) if parsed.password().is_some() => {
+            let _ = parsed.set_password(None);
+            parsed.to_string()
+        }
+        _ => url.to_owned(),
+    }
+}
+

@@ -67,7 +67,7 @@ pub struct RouterSettings {
     /// API tokens of producers; `None` leaves the API open.
     pub auth: Option<Arc<TokenStore>>,
     /// Admin token the router presents to the Directors' import RPC.
-    pub director_token: Option<String>,
+    pub director_token: Option<crate::secret::Secret>,
     /// How often the catalog is re-read.
     pub catalog_every: Duration,
     /// How long a Director that failed a forward is skipped.
@@ -311,7 +311,10 @@ impl Shared {
         spindle_client::Client::from_reqwest(
             self.http.clone(),
             &director.base,
-            self.settings.director_token.clone(),
+            self.settings
+                .director_token
+                .as_ref()
+                .map(|t| t.expose().to_owned()),
         )
     }
 

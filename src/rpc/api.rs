@@ -128,7 +128,7 @@ impl FieldError {
         }
     }
 
-    fn too_large(field: impl Into<String>, message: impl Into<String>) -> Self {
+    pub(crate) fn too_large(field: impl Into<String>, message: impl Into<String>) -> Self {
         FieldError {
             too_large: true,
             ..FieldError::new(field, message)
@@ -193,95 +193,16 @@ fn validate_job(
 ) -> Result<Job, FieldError> {
     let field = |name: &str| format!("{at}.{name}");
 
-    if spec.bucket.is_empty() || spec.bucket.chars().count() > MAX_BUCKET_CHARS {
-        return Err(FieldError::new(
-            field("bucket"),
-            format!("must be 1 to {MAX_BUCKET_CHARS} characters"),
-        ));
-    }
-    if spec.bucket.chars().any(char::is_control) {
-        return Err(FieldError::new(
-            field("bucket"),
-            "must not contain control characters",
-        ));
-    }
-
-    if spec.endpoint.len() > MAX_URL_BYTES {
-        return Err(FieldError::new(
-            field("endpoint"),
-            format!("is longer than {MAX_URL_BYTES} bytes"),
-        ));
-    }
-    if spec
-        .endpoint
-        .chars()
-        .any(|c| c.is_whitespace() || c.is_control())
-    {
-        return Err(FieldError::new(
-            field("endpoint"),
-            "must be an encoded URL: no spaces or control characters",
-        ));
-    }
-    let url = url::Url::parse(&spec.endpoint)
-        .map_err(|e| FieldError::new(field("endpoint"), format!("is not a valid URL: {e}")))?;
-    if url.scheme() != "http" && url.scheme() != "https" {
-        return Err(FieldError::new(
-            field("endpoint"),
-            "scheme must be http or https",
-        ));
-    }
-    match url.host() {
-        None => return Err(FieldError::new(field("endpoint"), "must name a host")),
-        Some(url::Host::Domain(name)) if !valid_host_name(name) => {
-            return Err(FieldError::new(
-                field("endpoint"),
-                "host must be a DNS name or an IP address",
-            ));
-        }
-        Some(_) => {}
-    }
-
+    check_bucket(&spec.bucket, &field("bucket"))?;
+    check_endpoint(&spec.endpoint, &field("endpoint"))?;
     let method = spec
         .method
         .as_deref()
         .unwrap_or("POST")
         .to_ascii_uppercase();
-    if !METHODS.contains(&method.as_str()) {
-        return Err(FieldError::new(
-            field("method"),
-            format!("must be one of {}", METHODS.join(", ")),
-        ));
-    }
-
-    let mut headers = Vec::new();
-    let given = spec.headers.unwrap_or_default();
-    if given.len() > MAX_HEADERS {
-        return Err(FieldError::too_large(
-            field("headers"),
-            format!("at most {MAX_HEADERS} headers are allowed"),
-        ));
-    }
-    for (name, value) in given {
-        let f = field(&format!("headers.{name}"));
-        if name.len() + value.len() > MAX_HEADER_BYTES {
-            return Err(FieldError::too_large(
-                f,
-                format!("name and value exceed {MAX_HEADER_BYTES} bytes"),
-            ));
-        }
-        let parsed = http::HeaderName::from_bytes(name.as_bytes())
-            .map_err(|_| FieldError::new(f.clone(), "is not a valid header name"))?;
-        if RESERVED_HEADERS.contains(&parsed.as_str()) {
-            return Err(FieldError::new(f, "is set by spindle and may not be given"));
-        }
-        if value.contains(['\r', '\n']) || http::HeaderValue::from_str(&value).is_err() {
-            return Err(FieldError::new(
-                f,
-                "value must be visible ASCII or spaces, without CR or LF",
-            ));
-        }
-        headers.push((parsed.as_str().to_owned(), value));
-    }
+    check_method(&method, &field("method"))?;
+    let given: Vec<(String, String)> = spec.headers.unwrap_or_default().into_iter().collect();
+    let mut headers = check_headers(&given, &field("headers"))?;
 
     let (payload, default_type) = match (spec.payload, spec.payload_base64) {
         (Some(_), Some(_)) => {
@@ -304,67 +225,28 @@ fn validate_job(
         }
         (None, None) => (Bytes::new(), "application/json"),
     };
-    if payload.len() > limits.max_payload_bytes {
-        let name = if default_type == "application/json" {
-            "payload"
-        } else {
-            "payload_base64"
-        };
-        return Err(FieldError::too_large(
-            field(name),
-            format!(
-                "is {} bytes; at most {} are allowed",
-                payload.len(),
-                limits.max_payload_bytes
-            ),
-        ));
-    }
+    let payload_field = if default_type == "application/json" {
+        field("payload")
+    } else {
+        field("payload_base64")
+    };
+    check_payload(payload.len(), limits, &payload_field)?;
     if !payload.is_empty() && !headers.iter().any(|(n, _)| n == "content-type") {
         headers.push(("content-type".to_owned(), default_type.to_owned()));
     }
 
     let timeout = match spec.execution_timeout_ms {
         None => limits.default_timeout,
-        Some(ms) => {
-            let d = Duration::from_millis(ms);
-            if d < MIN_TIMEOUT || d > limits.max_timeout {
-                return Err(FieldError::new(
-                    field("execution_timeout_ms"),
-                    format!(
-                        "must be between {} and {} ms",
-                        MIN_TIMEOUT.as_millis(),
-                        limits.max_timeout.as_millis()
-                    ),
-                ));
-            }
-            d
-        }
+        Some(ms) => check_timeout(ms, limits, &field("execution_timeout_ms"))?,
     };
     let min_delay = match spec.backoff_min_delay_ms {
         None => limits.default_min_delay,
-        Some(ms) => {
-            let d = Duration::from_millis(ms);
-            if ms == 0 || d > limits.max_min_delay {
-                return Err(FieldError::new(
-                    field("backoff_min_delay_ms"),
-                    format!(
-                        "must be between 1 and {} ms",
-                        limits.max_min_delay.as_millis()
-                    ),
-                ));
-            }
-            d
-        }
+        Some(ms) => check_min_delay(ms, limits, &field("backoff_min_delay_ms"))?,
     };
     let coefficient = spec
         .backoff_coefficient
         .unwrap_or(limits.default_coefficient);
-    if !(1.0..=limits.max_coefficient).contains(&coefficient) {
-        return Err(FieldError::new(
-            field("backoff_coefficient"),
-            format!("must be between 1.0 and {}", limits.max_coefficient),
-        ));
-    }
+    check_coefficient(coefficient, limits, &field("backoff_coefficient"))?;
 
     let max_expiry =
         now + chrono::Duration::from_std(limits.max_ttl).unwrap_or(chrono::Duration::MAX);
@@ -400,12 +282,7 @@ fn validate_job(
     };
 
     if let Some(key) = &spec.idempotency_key {
-        if key.is_empty() || key.chars().count() > MAX_IDEMPOTENCY_KEY_CHARS {
-            return Err(FieldError::new(
-                field("idempotency_key"),
-                format!("must be 1 to {MAX_IDEMPOTENCY_KEY_CHARS} characters"),
-            ));
-        }
+        check_idempotency_key(key, &field("idempotency_key"))?;
     }
 
     Ok(Job {
@@ -424,6 +301,189 @@ fn validate_job(
         expire_at,
         idempotency_key: spec.idempotency_key,
     })
+}
+
+// The checks below are the rules of a stored job, shared by every way a job enters a JobDB:
+// a submission (`validate_job`) and an import (`rpc::import::job_of`). A job one path takes,
+// the other takes too, so a drainer can always move what a Director accepted.
+
+/// A bucket: 1 to [`MAX_BUCKET_CHARS`] characters (as the column counts them), no control
+/// characters.
+pub(crate) fn check_bucket(bucket: &str, field: &str) -> Result<(), FieldError> {
+    if bucket.is_empty() || bucket.chars().count() > MAX_BUCKET_CHARS {
+        return Err(FieldError::new(
+            field,
+            format!("must be 1 to {MAX_BUCKET_CHARS} characters"),
+        ));
+    }
+    if bucket.chars().any(char::is_control) {
+        return Err(FieldError::new(field, "must not contain control characters"));
+    }
+    Ok(())
+}
+
+/// An endpoint: an encoded http(s) URL of at most [`MAX_URL_BYTES`] naming a host.
+pub(crate) fn check_endpoint(endpoint: &str, field: &str) -> Result<(), FieldError> {
+    if endpoint.len() > MAX_URL_BYTES {
+        return Err(FieldError::new(
+            field,
+            format!("is longer than {MAX_URL_BYTES} bytes"),
+        ));
+    }
+    if endpoint
+        .chars()
+        .any(|c| c.is_whitespace() || c.is_control())
+    {
+        return Err(FieldError::new(
+            field,
+            "must be an encoded URL: no spaces or control characters",
+        ));
+    }
+    let url = url::Url::parse(endpoint)
+        .map_err(|e| FieldError::new(field, format!("is not a valid URL: {e}")))?;
+    if url.scheme() != "http" && url.scheme() != "https" {
+        return Err(FieldError::new(field, "scheme must be http or https"));
+    }
+    match url.host() {
+        None => Err(FieldError::new(field, "must name a host")),
+        Some(url::Host::Domain(name)) if !valid_host_name(name) => Err(FieldError::new(
+            field,
+            "host must be a DNS name or an IP address",
+        )),
+        Some(_) => Ok(()),
+    }
+}
+
+/// A method, upper case, one of [`METHODS`].
+pub(crate) fn check_method(method: &str, field: &str) -> Result<(), FieldError> {
+    if METHODS.contains(&method) {
+        Ok(())
+    } else {
+        Err(FieldError::new(
+            field,
+            format!("must be one of {}", METHODS.join(", ")),
+        ))
+    }
+}
+
+/// Headers: at most [`MAX_HEADERS`], each valid, not reserved, name and value within
+/// [`MAX_HEADER_BYTES`]. Returns them with their names normalised (lower case).
+pub(crate) fn check_headers(
+    given: &[(String, String)],
+    field: &str,
+) -> Result<Vec<(String, String)>, FieldError> {
+    if given.len() > MAX_HEADERS {
+        return Err(FieldError::too_large(
+            field,
+            format!("at most {MAX_HEADERS} headers are allowed"),
+        ));
+    }
+    let mut headers = Vec::with_capacity(given.len());
+    for (name, value) in given {
+        let f = format!("{field}.{name}");
+        if name.len() + value.len() > MAX_HEADER_BYTES {
+            return Err(FieldError::too_large(
+                f,
+                format!("name and value exceed {MAX_HEADER_BYTES} bytes"),
+            ));
+        }
+        let parsed = http::HeaderName::from_bytes(name.as_bytes())
+            .map_err(|_| FieldError::new(f.clone(), "is not a valid header name"))?;
+        if RESERVED_HEADERS.contains(&parsed.as_str()) {
+            return Err(FieldError::new(f, "is set by spindle and may not be given"));
+        }
+        if value.contains(['\r', '\n']) || http::HeaderValue::from_str(value).is_err() {
+            return Err(FieldError::new(
+                f,
+                "value must be visible ASCII or spaces, without CR or LF",
+            ));
+        }
+        headers.push((parsed.as_str().to_owned(), value.clone()));
+    }
+    Ok(headers)
+}
+
+/// A payload of at most `limits.max_payload_bytes`.
+pub(crate) fn check_payload(
+    len: usize,
+    limits: &IntakeLimits,
+    field: &str,
+) -> Result<(), FieldError> {
+    if len > limits.max_payload_bytes {
+        return Err(FieldError::too_large(
+            field,
+            format!(
+                "is {len} bytes; at most {} are allowed",
+                limits.max_payload_bytes
+            ),
+        ));
+    }
+    Ok(())
+}
+
+/// An execution timeout between [`MIN_TIMEOUT`] and `limits.max_timeout`.
+pub(crate) fn check_timeout(
+    ms: u64,
+    limits: &IntakeLimits,
+    field: &str,
+) -> Result<Duration, FieldError> {
+    let d = Duration::from_millis(ms);
+    if d < MIN_TIMEOUT || d > limits.max_timeout {
+        return Err(FieldError::new(
+            field,
+            format!(
+                "must be between {} and {} ms",
+                MIN_TIMEOUT.as_millis(),
+                limits.max_timeout.as_millis()
+            ),
+        ));
+    }
+    Ok(d)
+}
+
+/// A backoff minimum delay between 1 ms and `limits.max_min_delay`.
+pub(crate) fn check_min_delay(
+    ms: u64,
+    limits: &IntakeLimits,
+    field: &str,
+) -> Result<Duration, FieldError> {
+    let d = Duration::from_millis(ms);
+    if ms == 0 || d > limits.max_min_delay {
+        return Err(FieldError::new(
+            field,
+            format!(
+                "must be between 1 and {} ms",
+                limits.max_min_delay.as_millis()
+            ),
+        ));
+    }
+    Ok(d)
+}
+
+/// A backoff coefficient between 1.0 and `limits.max_coefficient`.
+pub(crate) fn check_coefficient(
+    coefficient: f64,
+    limits: &IntakeLimits,
+    field: &str,
+) -> Result<(), FieldError> {
+    if !(1.0..=limits.max_coefficient).contains(&coefficient) {
+        return Err(FieldError::new(
+            field,
+            format!("must be between 1.0 and {}", limits.max_coefficient),
+        ));
+    }
+    Ok(())
+}
+
+/// An idempotency key of 1 to [`MAX_IDEMPOTENCY_KEY_CHARS`] characters.
+pub(crate) fn check_idempotency_key(key: &str, field: &str) -> Result<(), FieldError> {
+    if key.is_empty() || key.chars().count() > MAX_IDEMPOTENCY_KEY_CHARS {
+        return Err(FieldError::new(
+            field,
+            format!("must be 1 to {MAX_IDEMPOTENCY_KEY_CHARS} characters"),
+        ));
+    }
+    Ok(())
 }
 
 impl From<&Job> for AcceptedJob {

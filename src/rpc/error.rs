@@ -68,6 +68,38 @@ pub enum ApiError {
     Internal,
 }
 
+impl From<crate::director::writer::WriteRejected> for ApiError {
+    /// What a producer hears when the writer did not store its request.
+    fn from(why: crate::director::writer::WriteRejected) -> Self {
+        use crate::director::writer::WriteRejected;
+        match why {
+            WriteRejected::Unavailable => {
+                ApiError::Unavailable("the jobdb is unavailable; nothing was stored".into())
+            }
+            WriteRejected::LockLost => ApiError::ShuttingDown,
+            WriteRejected::Refused { too_large: true } => ApiError::InvalidField(
+                FieldError::too_large(
+                    "jobs",
+                    "a job is larger than this director's jobdb server accepts \
+                     (max_allowed_packet); nothing was stored",
+                ),
+            ),
+            WriteRejected::Refused { too_large: false } => ApiError::InvalidField(
+                FieldError::new(
+                    "jobs",
+                    "the jobdb refused a value of this batch; nothing was stored",
+                ),
+            ),
+            WriteRejected::Expired => ApiError::Conflict {
+                message: "not_after passed before the jobs were written: the claim may have \
+                          been taken over; nothing was stored"
+                    .into(),
+                field: Some("not_after".to_owned()),
+            },
+        }
+    }
+}
+
 impl From<FieldError> for ApiError {
     fn from(e: FieldError) -> Self {
         ApiError::InvalidField(e)

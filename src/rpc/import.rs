@@ -17,7 +17,6 @@
 
 use std::collections::HashSet;
 use std::sync::{Arc, Mutex};
-use std::time::Duration;
 
 use axum::extract::rejection::BytesRejection;
 use axum::extract::State;
@@ -28,7 +27,7 @@ use bytes::Bytes;
 use chrono::{DateTime, Utc};
 use tokio::sync::{oneshot, Notify};
 
-use super::api::FieldError;
+use super::api::{self, FieldError, IntakeLimits};
 use super::auth::Scope;
 use super::error::ApiError;
 use super::RpcState;
@@ -58,58 +57,74 @@ pub fn import_job(job: &Job, attempts: u16, retry_at: DateTime<Utc>) -> ImportJo
     }
 }
 
-/// The job of an import, checked (`i` is its index, for error paths).
-pub fn job_of(spec: &ImportJob, i: usize) -> Result<Job, FieldError> {
+/// The job of an import, checked by the same rules as a submitted job (`api::check_*`, with
+/// this Director's `limits`), plus the times an import carries (`i` is its index, for error
+/// paths): what a Director accepted directly, another accepts as an import.
+pub fn job_of(spec: &ImportJob, i: usize, limits: &IntakeLimits) -> Result<Job, FieldError> {
     let field = |name: &str| format!("jobs[{i}].{name}");
     let id: JobId = spec
         .id
         .parse()
         .map_err(|_| FieldError::new(field("id"), "is not a ULID"))?;
-    let url = url::Url::parse(&spec.endpoint)
-        .map_err(|e| FieldError::new(field("endpoint"), format!("is not a URL: {e}")))?;
-    if !matches!(url.scheme(), "http" | "https") {
-        return Err(FieldError::new(field("endpoint"), "must be http or https"));
+    api::check_bucket(&spec.bucket, &field("bucket"))?;
+    api::check_endpoint(&spec.endpoint, &field("endpoint"))?;
+    api::check_method(&spec.method, &field("method"))?;
+    let headers = api::check_headers(&spec.headers, &field("headers"))?;
+    let payload = base64::engine::general_purpose::STANDARD
+        .decode(&spec.payload_base64)
+        .map_err(|_| FieldError::new(field("payload_base64"), "is not base64"))?;
+    api::check_payload(payload.len(), limits, &field("payload_base64"))?;
+    let timeout = api::check_timeout(
+        spec.execution_timeout_ms.into(),
+        limits,
+        &field("execution_timeout_ms"),
+    )?;
+    let min_delay = api::check_min_delay(
+        spec.backoff_min_delay_ms.into(),
+        limits,
+        &field("backoff_min_delay_ms"),
+    )?;
+    api::check_coefficient(spec.backoff_coefficient, limits, &field("backoff_coefficient"))?;
+    if let Some(key) = &spec.idempotency_key {
+        api::check_idempotency_key(key, &field("idempotency_key"))?;
     }
-    if spec.bucket.is_empty() || spec.bucket.len() > 128 {
-        return Err(FieldError::new(field("bucket"), "must be 1 to 128 bytes"));
-    }
-    if spec.method.is_empty()
-        || spec.method.len() > 10
-        || !spec.method.bytes().all(|b| b.is_ascii_uppercase())
-    {
-        return Err(FieldError::new(
-            field("method"),
-            "must be an upper-case HTTP method",
-        ));
-    }
-    if !spec.backoff_coefficient.is_finite() || spec.backoff_coefficient < 1.0 {
-        return Err(FieldError::new(
-            field("backoff_coefficient"),
-            "must be a number ≥ 1",
-        ));
+    for (name, at) in [
+        ("created_at", spec.created_at),
+        ("expire_at", spec.expire_at),
+        ("retry_at", spec.retry_at),
+    ] {
+        check_stored_time(at, &field(name))?;
     }
     if spec.expire_at < spec.created_at {
         return Err(FieldError::new(field("expire_at"), "is before created_at"));
     }
-    let payload = base64::engine::general_purpose::STANDARD
-        .decode(&spec.payload_base64)
-        .map_err(|_| FieldError::new(field("payload_base64"), "is not base64"))?;
     Ok(Job {
         id,
         bucket: spec.bucket.as_str().into(),
         endpoint: spec.endpoint.as_str().into(),
         method: spec.method.as_str().into(),
-        headers: spec.headers.clone(),
+        headers,
         payload: Bytes::from(payload),
-        execution_timeout: Duration::from_millis(spec.execution_timeout_ms.into()),
+        execution_timeout: timeout,
         retry: RetryPolicy {
-            min_delay: Duration::from_millis(spec.backoff_min_delay_ms.into()),
+            min_delay,
             coefficient: spec.backoff_coefficient,
         },
         created_at: spec.created_at,
         expire_at: spec.expire_at,
         idempotency_key: spec.idempotency_key.clone(),
     })
+}
+
+/// A time a JobDB can store: from 1970 to the end of year 9999 (MySQL's DATETIME).
+fn check_stored_time(at: DateTime<Utc>, field: &str) -> Result<(), FieldError> {
+    if at < DateTime::<Utc>::UNIX_EPOCH || at > crate::jobdb::latest_time() {
+        return Err(FieldError::new(
+            field,
+            "must be between 1970-01-01 and 9999-12-31",
+        ));
+    }
+    Ok(())
 }
 
 /// Import jobs from a retired JobDB (admin).
@@ -199,7 +214,7 @@ pub(super) async fn import_jobs(
             )
             .into());
         }
-        jobs.push((job_of(spec, i)?, spec.attempts, spec.retry_at));
+        jobs.push((job_of(spec, i, &state.limits)?, spec.attempts, spec.retry_at));
     }
 
     // Requests sharing an id are checked and written one after the other: the check for jobs
@@ -241,8 +256,11 @@ pub(super) async fn import_jobs(
             }
             None => {
                 let (reply, outcome) = oneshot::channel();
+                // The deadline travels with the write: checked again when its batch is
+                // assembled, the last moment before the jobs can be stored.
                 let op = WriteOp::Submit {
                     jobs: fresh.into_iter().map(|r| r.job).collect(),
+                    not_after: request.not_after,
                     reply,
                 };
                 (op, Outcome::Submitted(outcome))
@@ -259,12 +277,8 @@ pub(super) async fn import_jobs(
         };
         match outcome {
             Ok(Ok(())) => {}
-            Ok(Err(WriteRejected::Unavailable)) => {
-                return Err(ApiError::Unavailable(
-                    "the jobdb is unavailable; nothing was stored".into(),
-                ))
-            }
-            Ok(Err(WriteRejected::LockLost)) | Err(_) => return Err(ApiError::ShuttingDown),
+            Ok(Err(why)) => return Err(why.into()),
+            Err(_) => return Err(ApiError::ShuttingDown),
         }
     }
     tracing::debug!(

@@ -22,7 +22,7 @@ use tokio::sync::{mpsc, oneshot};
 use tokio_util::sync::CancellationToken;
 use utoipa::OpenApi;
 
-use crate::director::writer::{WriteOp, WriteRejected};
+use crate::director::writer::WriteOp;
 use crate::job::JobId;
 use crate::jobdb::JobDb;
 use crate::metrics::Metrics;
@@ -220,18 +220,15 @@ async fn submit_jobs(
         .writer
         .send(WriteOp::Submit {
             jobs: jobs.clone(),
+            not_after: None,
             reply,
         })
         .await
         .map_err(|_| ApiError::ShuttingDown)?;
     let transaction = match outcome.await {
         Ok(Ok(transaction)) => transaction,
-        Ok(Err(WriteRejected::Unavailable)) => {
-            return Err(ApiError::Unavailable(
-                "the jobdb is unavailable; nothing was stored".into(),
-            ))
-        }
-        Ok(Err(WriteRejected::LockLost)) | Err(_) => return Err(ApiError::ShuttingDown),
+        Ok(Err(why)) => return Err(why.into()),
+        Err(_) => return Err(ApiError::ShuttingDown),
     };
     let response = SubmitReply {
         transaction_id: transaction.to_string(),
@@ -439,6 +436,8 @@ async fn readyz(State(state): State<RpcState>) -> impl IntoResponse {
 /// Prometheus metrics: OpenMetrics when the scraper asks for it, else the classic text format.
 #[utoipa::path(get, path = "/metrics", responses((status = 200, description = "Metrics")))]
 async fn metrics(State(state): State<RpcState>, headers: HeaderMap) -> impl IntoResponse {
+    let queued = state.writer.max_capacity() - state.writer.capacity();
+    state.metrics.write_queue.set(queued as i64);
     exposition(&state.metrics, &headers)
 }
 

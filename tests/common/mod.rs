@@ -253,7 +253,7 @@ impl ConsulUnderTest {
             Ok(addr) if !addr.is_empty() => ConsulUnderTest {
                 client: spindle::registry::consul::ConsulClient::new(
                     &addr,
-                    std::env::var("CONSUL_HTTP_TOKEN").ok(),
+                    std::env::var("CONSUL_HTTP_TOKEN").ok().map(spindle::secret::Secret::new),
                 )
                 .expect("consul client"),
                 double: None,
@@ -559,4 +559,37 @@ pub async fn schemathesis_passes(spec: &str) {
         "schemathesis found problems:\n{stdout}\n{}",
         String::from_utf8_lossy(&out.stderr)
     );
+}
+
+/// An HTTP endpoint no server library would write: it answers a status line and then sends
+/// one more header line every `every`, forever (headers that never end). Returns its URL;
+/// it stops with the test's runtime.
+pub async fn endless_headers(every: Duration) -> String {
+    use tokio::io::AsyncWriteExt;
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    tokio::spawn(async move {
+        while let Ok((mut socket, _)) = listener.accept().await {
+            tokio::spawn(async move {
+                // Read (and drop) whatever the client sends, then start the endless answer.
+                let mut buf = [0u8; 4096];
+                let _ = tokio::time::timeout(Duration::from_millis(200), async {
+                    use tokio::io::AsyncReadExt;
+                    let _ = socket.read(&mut buf).await;
+                })
+                .await;
+                if socket.write_all(b"HTTP/1.1 200 OK\r\n").await.is_err() {
+                    return;
+                }
+                for i in 0u64.. {
+                    let line = format!("x-never-ends-{i}: {}\r\n", "v".repeat(64));
+                    if socket.write_all(line.as_bytes()).await.is_err() {
+                        return;
+                    }
+                    tokio::time::sleep(every).await;
+                }
+            });
+        }
+    });
+    format!("http://{addr}/endless")
 }
