@@ -545,11 +545,12 @@ pub mod mysql {
         "LEFT(j.endpoint, CHAR_LENGTH("
     );
     /// Deletes of a purge, `?` rows each.
-    pub const DELETE_CHUNKS: [&str; 3] = [
-        "DELETE FROM open_jobs LIMIT ?",
+    pub const DELETE_CHUNKS: [&str; 2] = [
         "DELETE FROM job_state_transitions LIMIT ?",
         "DELETE FROM jobs LIMIT ?",
     ];
+    /// Deletes of a purge's `open_jobs` rows (not counted: they repeat the latest rows).
+    pub const DELETE_OPEN_CHUNK: &str = "DELETE FROM open_jobs LIMIT ?";
     /// Rows and bytes of the JobDB's tables (`?` is the database name).
     pub const SIZE: &str = "SELECT CAST(COALESCE(SUM(table_rows), 0) AS UNSIGNED) AS n_rows, \
          CAST(COALESCE(SUM(data_length + index_length), 0) AS UNSIGNED) AS n_bytes \
@@ -600,12 +601,14 @@ pub mod sqlite {
         "substr(j.endpoint, 1, length("
     );
     /// Deletes of a purge, `?` rows each (SQLite has no DELETE ... LIMIT by default).
-    pub const DELETE_CHUNKS: [&str; 3] = [
-        "DELETE FROM open_jobs WHERE job_id IN (SELECT job_id FROM open_jobs LIMIT ?)",
+    pub const DELETE_CHUNKS: [&str; 2] = [
         "DELETE FROM job_state_transitions WHERE (job_id, id) IN \
          (SELECT job_id, id FROM job_state_transitions LIMIT ?)",
         "DELETE FROM jobs WHERE id IN (SELECT id FROM jobs LIMIT ?)",
     ];
+    /// Deletes of a purge's `open_jobs` rows (not counted: they repeat the latest rows).
+    pub const DELETE_OPEN_CHUNK: &str =
+        "DELETE FROM open_jobs WHERE job_id IN (SELECT job_id FROM open_jobs LIMIT ?)";
     /// Rows of the two big tables and bytes of the file's pages (`?`, the name, is unused
     /// but bound so both engines take the same parameters).
     pub const SIZE: &str = "SELECT ? IS NOT NULL AS named, \

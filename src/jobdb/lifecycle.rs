@@ -335,10 +335,17 @@ impl JobDb {
 
     /// Deletes every job and transition, `chunk` rows per statement: the purge a DROP of a
     /// retired JobDB replaces (kept for the benchmark that compares them, and for operators
-    /// emptying a JobDB in place).
+    /// emptying a JobDB in place). Returns the job and transition rows deleted.
     pub async fn delete_all_in_chunks(&self, chunk: u32) -> Result<u64, JobDbError> {
         let mut deleted = 0;
         with_pool!(self, |p, q| {
+            while sqlx::query(q::DELETE_OPEN_CHUNK)
+                .bind(chunk)
+                .execute(p)
+                .await?
+                .rows_affected()
+                > 0
+            {}
             for statement in q::DELETE_CHUNKS {
                 loop {
                     let done = sqlx::query(statement).bind(chunk).execute(p).await?;
