@@ -93,7 +93,11 @@ pub async fn run(args: BenchArgs) -> anyhow::Result<()> {
         .arg("--listen")
         .arg(format!("127.0.0.1:{port}"))
         .arg("--jobdb")
-        .arg(format!("{}/{}", args.mysql.expose().trim_end_matches('/'), name))
+        .arg(format!(
+            "{}/{}",
+            args.mysql.expose().trim_end_matches('/'),
+            name
+        ))
         .arg("--log")
         .arg("warn")
         .arg("--allow-subnet")

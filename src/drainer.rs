@@ -517,7 +517,11 @@ impl Drain {
                             }
                             // Refused without naming a job: one at a time finds which.
                             Err(Sent::BatchRefused(reason)) => {
-                                tracing::warn!(to = plan.to_jobdb, reason, "import batch refused; sending its jobs one by one");
+                                tracing::warn!(
+                                    to = plan.to_jobdb,
+                                    reason,
+                                    "import batch refused; sending its jobs one by one"
+                                );
                                 for job in &plan.jobs {
                                     match self.send(o, plan, &[*job], &base).await {
                                         Ok(_) => {}

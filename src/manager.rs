@@ -23,11 +23,11 @@ use chrono::Utc;
 use tokio_util::sync::CancellationToken;
 
 use crate::jobdb::{self, JobDb, JobDbError, JobDbUrl};
-use crate::secret::SecretUrl;
 use crate::registry::consul::ConsulClient;
 use crate::registry::inventory::{Inventory, JobDbRecord, JobDbState, Listed};
 use crate::registry::lease::{consul_lock, LockTiming};
 use crate::registry::RegistryError;
+use crate::secret::SecretUrl;
 
 /// The manager's lock key.
 pub const LOCK_KEY: &str = "spindle/locks/manager";

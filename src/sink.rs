@@ -129,7 +129,10 @@ impl Sink {
             .route("/retry-after/{secs}", any(retry_after))
             .route("/redirect/{code}", any(redirect))
             .route("/capture", any(capture))
-            .route("/answer/{status}/retry-after/{value}", any(answer_retry_after))
+            .route(
+                "/answer/{status}/retry-after/{value}",
+                any(answer_retry_after),
+            )
             .route("/big/{status}/{bytes}", any(big))
             .with_state(shared.clone());
         let stop = CancellationToken::new();
@@ -341,9 +344,17 @@ async fn answer_retry_after(
     }
 }
 
-async fn big(State(s): Shared_, headers: HeaderMap, Path((status, bytes)): Path<(u16, usize)>) -> Response {
+async fn big(
+    State(s): Shared_,
+    headers: HeaderMap,
+    Path((status, bytes)): Path<(u16, usize)>,
+) -> Response {
     let status = StatusCode::from_u16(status).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
-    s.note(&headers, &format!("/big/{}", status.as_u16()), status.as_u16());
+    s.note(
+        &headers,
+        &format!("/big/{}", status.as_u16()),
+        status.as_u16(),
+    );
     // At most 64 MiB, whatever is asked.
     (status, vec![b'x'; bytes.min(64 << 20)]).into_response()
 }

@@ -109,6 +109,16 @@ async fn a_director_whose_core_task_dies_turns_non_ready_and_fails() {
     rig.stop().await;
 }
 
+/// A child process killed when the test ends, whatever its outcome.
+struct Reaped(std::process::Child);
+
+impl Drop for Reaped {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
 /// The binary: a Director process whose core task dies exits non-zero (so its supervisor
 /// restarts it), and says why.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -116,14 +126,17 @@ async fn a_director_process_whose_core_task_dies_exits_non_zero() {
     let db = TestDb::new("coreproc");
     let bucket = format!("poison-{}", ulid::Ulid::new());
     let port = procs::free_port();
-    let mut child = std::process::Command::new(env!("CARGO_BIN_EXE_spindle"))
-        .args(["director", "--listen", &format!("127.0.0.1:{port}")])
-        .args(["--jobdb", &db.url_string(), "--allow-subnet", "127.0.0.0/8"])
-        .env("SPINDLE_FAULT_PANIC_BUCKET", &bucket)
-        .env("SPINDLE_LOG", "warn")
-        .stderr(std::process::Stdio::piped())
-        .spawn()
-        .expect("spindle director");
+    let mut child = Reaped(
+        std::process::Command::new(env!("CARGO_BIN_EXE_spindle"))
+            .args(["director", "--listen", &format!("127.0.0.1:{port}")])
+            .args(["--jobdb", &db.url_string(), "--allow-subnet", "127.0.0.0/8"])
+            .env("SPINDLE_FAULT_PANIC_BUCKET", &bucket)
+            .env("SPINDLE_LOG", "warn")
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .expect("spindle director"),
+    );
+    let child = &mut child.0;
     let base = format!("http://127.0.0.1:{port}");
     let client = reqwest::Client::new();
     wait_for(Duration::from_secs(30), "the director ready", || async {
@@ -162,6 +175,100 @@ async fn a_director_process_whose_core_task_dies_exits_non_zero() {
     );
 }
 
+/// The receivers of the review, all at once, beside a healthy endpoint: `Retry-After:
+/// 99999999999999`, `Retry-After` as a date in year 9999, 429 forever, 2 MiB error bodies, and
+/// headers that never end. They hurt only themselves: the healthy endpoint keeps its latency
+/// (p99 within 1.5× of its baseline), `/readyz` says 200 throughout because the Director is
+/// delivering, and every hostile job waits within its expiry.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn hostile_receivers_hurt_only_themselves() {
+    let rig = Rig::start("hostile", |c| {
+        c.scheduler.breaker.probe_max = Duration::from_secs(2);
+    })
+    .await;
+    // `SPINDLE_HOSTILE_S` lengthens both phases (6 s each in the suite).
+    let phase = Duration::from_secs(
+        std::env::var("SPINDLE_HOSTILE_S")
+            .ok()
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(6),
+    );
+    let calm = |rig: &Rig| rig.jobs(10, "/ok", json!({}));
+    let baseline = calm_latencies(&rig, calm, phase).await;
+    let endless = endless_headers(Duration::from_millis(50)).await;
+    let hostile = [
+        rig.sink.url("/answer/429/retry-after/99999999999999"),
+        rig.sink
+            .url("/answer/503/retry-after/Fri,%2031%20Dec%209999%2023:59:59%20GMT"),
+        rig.sink.url("/status/429"),
+        rig.sink.url("/big/500/2097152"),
+        endless,
+    ];
+    let mut ids = Vec::new();
+    for url in &hostile {
+        let jobs: Vec<_> = (0..40)
+            .map(|_| {
+                json!({"bucket": "hostile", "endpoint": url, "execution_timeout_ms": 2_000,
+                       "backoff_min_delay_ms": 100, "backoff_coefficient": 1.0,
+                       "ttl_ms": 3_600_000})
+            })
+            .collect();
+        ids.extend(rig.submit(jobs).await.jobs.into_iter().map(|j| j.id));
+    }
+    // Readiness is watched all along: a Director that cannot deliver must not say 200, and
+    // one that delivers must.
+    let watch = {
+        let (client, base) = (rig.client.clone(), rig.base());
+        tokio::spawn(async move {
+            let mut answers = Vec::new();
+            let started = Instant::now();
+            while started.elapsed() < phase {
+                let status = client
+                    .get(format!("{base}/readyz"))
+                    .send()
+                    .await
+                    .map(|r| r.status().as_u16())
+                    .unwrap_or(0);
+                answers.push(status);
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+            answers
+        })
+    };
+    let beside = calm_latencies(&rig, calm, phase).await;
+    let answers = watch.await.unwrap();
+    let (b50, b99) = (pct(&baseline, 0.5), pct(&baseline, 0.99));
+    let (l50, l99) = (pct(&beside, 0.5), pct(&beside, 0.99));
+    let hostile_requests = rig.sink.total() as usize - baseline.len() - beside.len();
+    println!(
+        "healthy endpoint p50/p99 {b50:.1}/{b99:.1} ms alone, {l50:.1}/{l99:.1} ms beside 200 \
+         hostile jobs on 5 receivers ({hostile_requests} requests to the sink's hostile paths \
+         in {} s, {} healthy jobs each phase); /readyz {} × 200 of {}",
+        phase.as_secs(),
+        beside.len(),
+        answers.iter().filter(|s| **s == 200).count(),
+        answers.len()
+    );
+    assert!(answers.iter().all(|s| *s == 200), "readyz said {answers:?}");
+    assert!(l50 <= b50 * 1.5 + 10.0, "p50 {b50:.1} → {l50:.1} ms");
+    assert!(l99 <= b99 * 1.5 + 30.0, "p99 {b99:.1} → {l99:.1} ms");
+    // Every hostile job is still waiting, within its expiry, its next attempt a time the
+    // JobDB stores.
+    let h = histories(&rig.reader).await;
+    for id in &ids {
+        let history = &h[&id.parse::<JobId>().unwrap()];
+        assert_legal(history);
+        let last = history.last().unwrap();
+        assert!(!last.state.is_terminal(), "{history:?}");
+        if let Some(at) = last.retry_at {
+            assert!(
+                at <= history[0].time + chrono::Duration::hours(1) + chrono::Duration::seconds(1)
+            );
+        }
+    }
+    rig.stop().await;
+}
+
 // ---- 2. Retries due far ahead are stranded after a restart -------------------------------
 
 /// A restart (or takeover) read only retries due within the horizon; nothing scheduled the next
@@ -186,12 +293,16 @@ async fn far_retries_fire_on_time_after_a_restart(engine: Engine) {
         jobs.push(json!({"bucket": "b", "endpoint": rig.sink.url("/fail/5"),
                          "backoff_min_delay_ms": 6_000, "ttl_ms": 4_000}));
         let reply = rig.submit(jobs).await;
-        wait_for(Duration::from_secs(20), "every first attempt failed", || async {
-            let h = histories(&rig.reader).await;
-            h.len() == 4
-                && h.values()
-                    .all(|t| t.iter().any(|t| t.state == State::AwaitingRetry))
-        })
+        wait_for(
+            Duration::from_secs(20),
+            "every first attempt failed",
+            || async {
+                let h = histories(&rig.reader).await;
+                h.len() == 4
+                    && h.values()
+                        .all(|t| t.iter().any(|t| t.state == State::AwaitingRetry))
+            },
+        )
         .await;
         rig.stop_director().await;
         rig.restart_director(tweak).await;
@@ -271,7 +382,14 @@ async fn jobs_with_the_largest_headers_are_stored_with_their_neighbours() {
     // Stored whole: every header of every job comes back from the JobDB.
     let id: JobId = a.jobs[39].id.parse().unwrap();
     let stored = rig.reader.get_jobs(&[id]).await.unwrap().remove(0);
-    assert!(stored.headers.iter().filter(|(n, _)| n.starts_with("x-big-")).count() == 64);
+    assert!(
+        stored
+            .headers
+            .iter()
+            .filter(|(n, _)| n.starts_with("x-big-"))
+            .count()
+            == 64
+    );
     assert_eq!(rig.reader.count_jobs().await.unwrap(), 50);
     // And delivered: each ends (the sink may refuse 512 KiB of headers: that is its answer).
     wait_all_final(&rig.reader, 50, Duration::from_secs(60)).await;
@@ -321,8 +439,12 @@ async fn a_refused_request_fails_alone_and_its_batch_is_written() {
         writer_waits_for_a_lock(&pool)
     })
     .await;
-    let poison = post(vec![json!({"bucket": "poison", "endpoint": rig.sink.url("/ok")})]);
-    let healthy: Vec<_> = (0..5).map(|_| post(rig.jobs(3, "/ok", json!({})))).collect();
+    let poison = post(vec![
+        json!({"bucket": "poison", "endpoint": rig.sink.url("/ok")}),
+    ]);
+    let healthy: Vec<_> = (0..5)
+        .map(|_| post(rig.jobs(3, "/ok", json!({}))))
+        .collect();
     wait_for(Duration::from_secs(10), "six requests queued", || async {
         metric_value(
             &metrics_text(&rig.client, &rig.base()).await,
@@ -334,7 +456,11 @@ async fn a_refused_request_fails_alone_and_its_batch_is_written() {
     assert_eq!(first.await.unwrap(), 202);
     assert_eq!(poison.await.unwrap(), 422, "the refused request");
     for h in healthy {
-        assert_eq!(h.await.unwrap(), 202, "a request batched with the refused one");
+        assert_eq!(
+            h.await.unwrap(),
+            202,
+            "a request batched with the refused one"
+        );
     }
     rig.wait_in_state(State::Succeeded, 16, Duration::from_secs(20))
         .await;
@@ -368,7 +494,11 @@ async fn a_forward_whose_deadline_passes_in_the_writer_queue_is_refused() {
         .await
         .unwrap();
     let blocker = {
-        let (client, base, jobs) = (rig.client.clone(), rig.base(), rig.jobs(1, "/ok", json!({})));
+        let (client, base, jobs) = (
+            rig.client.clone(),
+            rig.base(),
+            rig.jobs(1, "/ok", json!({})),
+        );
         tokio::spawn(async move {
             client
                 .post(format!("{base}/v1/jobs"))
@@ -379,9 +509,11 @@ async fn a_forward_whose_deadline_passes_in_the_writer_queue_is_refused() {
                 .status()
         })
     };
-    wait_for(Duration::from_secs(10), "the blocker's commit to wait", || {
-        writer_waits_for_a_lock(&pool)
-    })
+    wait_for(
+        Duration::from_secs(10),
+        "the blocker's commit to wait",
+        || writer_waits_for_a_lock(&pool),
+    )
     .await;
     let not_after = Utc::now() + chrono::Duration::milliseconds(300);
     let id = ulid::Ulid::new();
@@ -428,12 +560,7 @@ async fn a_forward_whose_deadline_passes_in_the_writer_queue_is_refused() {
     let api = refused.api().expect("an error answer");
     assert_eq!(api.status, 409, "{api}");
     assert_eq!(api.field.as_deref(), Some("not_after"));
-    assert!(rig
-        .reader
-        .get_jobs(&[JobId(id)])
-        .await
-        .unwrap()
-        .is_empty());
+    assert!(rig.reader.get_jobs(&[JobId(id)]).await.unwrap().is_empty());
     pool.close().await;
     rig.stop().await;
 }
@@ -448,8 +575,10 @@ async fn what_a_director_accepts_another_imports() {
     let rig = Rig::start("sameimport", |_| {}).await;
     let bucket = "é".repeat(128);
     let reply = rig
-        .submit(vec![json!({"bucket": bucket, "endpoint": rig.sink.url("/status/500"),
-                            "backoff_min_delay_ms": 600_000})])
+        .submit(vec![
+            json!({"bucket": bucket, "endpoint": rig.sink.url("/status/500"),
+                            "backoff_min_delay_ms": 600_000}),
+        ])
         .await;
     let id: JobId = reply.jobs[0].id.parse().unwrap();
     rig.wait_in_state(State::AwaitingRetry, 1, Duration::from_secs(20))
@@ -469,7 +598,10 @@ async fn what_a_director_accepts_another_imports() {
     let mut bad = moved.clone();
     bad.jobs[0].bucket = "b".repeat(129);
     let refused = other.api().import(&bad).await.expect_err("refused");
-    assert_eq!(refused.api().unwrap().field.as_deref(), Some("jobs[0].bucket"));
+    assert_eq!(
+        refused.api().unwrap().field.as_deref(),
+        Some("jobs[0].bucket")
+    );
     bad.jobs[0].bucket = "b".into();
     bad.jobs[0].headers = vec![("host".into(), "evil".into())];
     let refused = other.api().import(&bad).await.expect_err("refused");
@@ -520,7 +652,10 @@ async fn a_tenant_retrying_in_a_loop_cannot_saturate_the_writer() {
          of 300 jobs; loop made {loud_attempts} requests in 5 s"
     );
     // Without the fixes the loop makes tens of thousands of requests in 5 s.
-    assert!(loud_attempts < 1_000, "{loud_attempts} requests from the loop");
+    assert!(
+        loud_attempts < 1_000,
+        "{loud_attempts} requests from the loop"
+    );
     assert!(l50 <= b50 * 1.5 + 20.0, "p50 {b50:.1} → {l50:.1} ms");
     assert!(l95 <= b95 * 1.5 + 50.0, "p95 {b95:.1} → {l95:.1} ms");
 
@@ -562,7 +697,11 @@ async fn a_tenant_retrying_in_a_loop_cannot_saturate_the_writer() {
     let last = h[&JobId(tired)].last().unwrap().clone();
     assert_eq!(last.error_type.as_deref(), Some("max-attempts"));
     assert_eq!(last.attempts, u16::MAX);
-    assert!(rig.sink.received().iter().all(|r| r.job_id != tired.to_string()));
+    assert!(rig
+        .sink
+        .received()
+        .iter()
+        .all(|r| r.job_id != tired.to_string()));
     rig.stop().await;
 }
 
@@ -654,7 +793,11 @@ async fn a_command_committed_after_a_later_one_is_applied_too() {
         .execute(&mut *early)
         .await
         .unwrap();
-    sqlx::query(discard).bind(hex(1)).execute(&pool).await.unwrap();
+    sqlx::query(discard)
+        .bind(hex(1))
+        .execute(&pool)
+        .await
+        .unwrap();
     rig.wait_in_state(State::Discarded, 1, Duration::from_secs(10))
         .await;
     early.commit().await.unwrap();

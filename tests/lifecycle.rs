@@ -745,6 +745,103 @@ async fn a_drainer_killed_at_random_converges_without_loss_or_duplicates() {
     life.stop().await;
 }
 
+/// A job a live Director refuses for good must not block a drain. Before, submit and import
+/// disagreed (a bucket of 128 two-byte characters was a valid submission and an invalid
+/// import): the drainer retried that batch forever and the JobDB was never drained. Now both
+/// paths share one validation (that job moves), and a job the target still refuses (here a
+/// 2 MiB payload, above the live Director's 1 MiB limit) ends `discarded` / `import-refused`
+/// in the retired JobDB with the target's answer, while the rest of its batch moves on.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_job_a_live_director_refuses_is_parked_and_the_drain_goes_on() {
+    use spindle::job::{Job, RetryPolicy, Transition};
+    let life = Life::start().await;
+    let (retired, db) = life.add_jobdb("refusing", JobDbState::Retiring).await;
+    let (live, _) = fill_retired(&db, &life.sink, 40, 0).await;
+    let now = chrono::Utc::now();
+    let odd = |bucket: &str, payload: Vec<u8>| Job {
+        id: JobId(ulid::Ulid::new()),
+        bucket: bucket.into(),
+        endpoint: life.sink.url("/ok").into(),
+        method: "POST".into(),
+        headers: vec![("content-type".into(), "application/octet-stream".into())],
+        payload: bytes::Bytes::from(payload),
+        execution_timeout: Duration::from_secs(5),
+        retry: RetryPolicy {
+            min_delay: Duration::from_millis(100),
+            coefficient: 2.0,
+        },
+        created_at: now,
+        expire_at: now + chrono::Duration::hours(1),
+        idempotency_key: None,
+    };
+    let wide = odd(&"é".repeat(128), b"{}".to_vec());
+    let huge = odd("b1", vec![b'x'; 2 * 1024 * 1024]);
+    let (token, _) = db.owner().await.unwrap();
+    let rows: Vec<(u64, Transition)> = [&wide, &huge]
+        .iter()
+        .enumerate()
+        .map(|(i, job)| {
+            (
+                1_000_000 + i as u64,
+                Transition::imported(job.id, 1, now, now),
+            )
+        })
+        .collect();
+    db.append(
+        token,
+        &[Arc::new(wide.clone()), Arc::new(huge.clone())],
+        &rows,
+    )
+    .await
+    .unwrap();
+    db.close().await;
+    let (spare, _spare_db) = life.add_jobdb("taking", JobDbState::Spare).await;
+    let mut director = life.director("d1");
+    wait_for(
+        Duration::from_secs(20),
+        "the director on the spare",
+        || async {
+            life.inventory
+                .get(&spare)
+                .await
+                .unwrap()
+                .is_some_and(|l| l.holder.is_some())
+        },
+    )
+    .await;
+    let mut drainer = life.drainer("dr");
+    wait_for(Duration::from_secs(60), "the jobdb drained", || async {
+        life.inventory
+            .get(&retired)
+            .await
+            .unwrap()
+            .is_some_and(|l| l.record.state == JobDbState::Drained)
+    })
+    .await;
+    let old = JobDb::open(
+        &format!("{}/{retired}", mysql_server()).parse().unwrap(),
+        false,
+        2,
+    )
+    .await
+    .unwrap();
+    let h = histories(&old).await;
+    for id in live.iter().chain([&wide.id]) {
+        assert_eq!(h[id].last().unwrap().state, State::Moved, "{id}");
+    }
+    let parked = h[&huge.id].last().unwrap();
+    assert_legal(&h[&huge.id]);
+    assert_eq!(parked.state, State::Discarded);
+    assert_eq!(parked.error_type.as_deref(), Some("import-refused"));
+    let why = String::from_utf8_lossy(parked.error_response.as_deref().unwrap());
+    assert!(why.contains("413") && why.contains("payload"), "{why}");
+    println!("parked: {why}");
+    old.close().await;
+    drainer.term().await;
+    director.term().await;
+    life.stop().await;
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn while_s3_fails_expired_jobs_stay_archiving() {
     let life = Life::start().await;

@@ -22,28 +22,97 @@ fn parse(args: &[&str]) -> Cli {
 fn no_secret_shows_in_the_debug_of_a_command_line_or_a_configuration() {
     let lines: [&[&str]; 12] = [
         &[
-            "spindle", "director", "--jobdb", "mysql://app:{S}@db:3306/jobdb_1",
-            "--consul-token", "{S}", "--jobdb-password", "{S}", "--s3-bucket", "b",
-            "--s3-access-key-id", "id", "--s3-secret-access-key", "{S}",
+            "spindle",
+            "director",
+            "--jobdb",
+            "mysql://app:{S}@db:3306/jobdb_1",
+            "--consul-token",
+            "{S}",
+            "--jobdb-password",
+            "{S}",
+            "--s3-bucket",
+            "b",
+            "--s3-access-key-id",
+            "id",
+            "--s3-secret-access-key",
+            "{S}",
         ],
         &[
-            "spindle", "manager", "--mysql", "mysql://app:{S}@db:3306", "--consul-token", "{S}",
-            "--jobdb-password", "{S}",
+            "spindle",
+            "manager",
+            "--mysql",
+            "mysql://app:{S}@db:3306",
+            "--consul-token",
+            "{S}",
+            "--jobdb-password",
+            "{S}",
         ],
         &[
-            "spindle", "drainer", "--s3-bucket", "b", "--s3-access-key-id", "id",
-            "--s3-secret-access-key", "{S}", "--import-token", "{S}", "--consul-token", "{S}",
+            "spindle",
+            "drainer",
+            "--s3-bucket",
+            "b",
+            "--s3-access-key-id",
+            "id",
+            "--s3-secret-access-key",
+            "{S}",
+            "--import-token",
+            "{S}",
+            "--consul-token",
+            "{S}",
         ],
         &[
-            "spindle", "router", "--redis", "a=redis://127.0.0.1:6379", "--director-token", "{S}",
-            "--consul-token", "{S}",
+            "spindle",
+            "router",
+            "--redis",
+            "a=redis://127.0.0.1:6379",
+            "--director-token",
+            "{S}",
+            "--consul-token",
+            "{S}",
         ],
-        &["spindle", "dashboard", "--jobdb", "mysql://app:{S}@db:3306/jobdb_1"],
-        &["spindle", "replay", "--from-jobdb", "mysql://app:{S}@db/jobdb_1", "--token", "{S}"],
-        &["spindle", "jobdbs", "add", "--jobdb", "mysql://app:{S}@db/jobdb_1", "--consul-token", "{S}"],
+        &[
+            "spindle",
+            "dashboard",
+            "--jobdb",
+            "mysql://app:{S}@db:3306/jobdb_1",
+        ],
+        &[
+            "spindle",
+            "replay",
+            "--from-jobdb",
+            "mysql://app:{S}@db/jobdb_1",
+            "--token",
+            "{S}",
+        ],
+        &[
+            "spindle",
+            "jobdbs",
+            "add",
+            "--jobdb",
+            "mysql://app:{S}@db/jobdb_1",
+            "--consul-token",
+            "{S}",
+        ],
         &["spindle", "endpoints", "health", "--token", "{S}"],
-        &["spindle", "jobs", "show", "01J0000000000000000000000", "--token", "{S}"],
-        &["spindle", "submit", "--token", "{S}", "--bucket", "b", "--endpoint", "http://e.test/"],
+        &[
+            "spindle",
+            "jobs",
+            "show",
+            "01J0000000000000000000000",
+            "--token",
+            "{S}",
+        ],
+        &[
+            "spindle",
+            "submit",
+            "--token",
+            "{S}",
+            "--bucket",
+            "b",
+            "--endpoint",
+            "http://e.test/",
+        ],
         &["spindle", "bench", "--mysql", "mysql://app:{S}@db:3306"],
         &["spindle", "demo", "--jobdb", "mysql://app:{S}@db:3306/demo"],
     ];
@@ -98,7 +167,10 @@ async fn jobdb_passwords_stay_out_of_the_inventory_and_come_from_the_readers_con
         .expect("the record");
     let text = String::from_utf8_lossy(&stored.value).into_owned();
     assert!(!text.contains(SECRET), "consul kv holds a password: {text}");
-    assert!(text.contains(&format!("mysql://app@db.internal:3306/{name}")), "{text}");
+    assert!(
+        text.contains(&format!("mysql://app@db.internal:3306/{name}")),
+        "{text}"
+    );
 
     // A reader configured with the password connects with it; its Debug still hides it.
     let reader = Inventory::new(
@@ -110,7 +182,10 @@ async fn jobdb_passwords_stay_out_of_the_inventory_and_come_from_the_readers_con
     let url = reader.jobdb_url(&listed.record).expect("url");
     let options = url.mysql_options().expect("mysql");
     assert_eq!(options.get_username(), "app");
-    let shown = format!("{url:?} {listed:?} {:?}", reader.connect_url(&listed.record));
+    let shown = format!(
+        "{url:?} {listed:?} {:?}",
+        reader.connect_url(&listed.record)
+    );
     assert!(!shown.contains(SECRET), "{shown}");
     assert_eq!(
         reader.connect_url(&listed.record).expose(),
@@ -121,7 +196,10 @@ async fn jobdb_passwords_stay_out_of_the_inventory_and_come_from_the_readers_con
     assert_eq!(bare.mysql_options().expect("mysql").get_username(), "app");
     let _ = c
         .client
-        .kv_delete(&format!("{}{name}", spindle::registry::inventory::RECORDS), None)
+        .kv_delete(
+            &format!("{}{name}", spindle::registry::inventory::RECORDS),
+            None,
+        )
         .await;
     c.stop().await;
 }

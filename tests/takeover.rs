@@ -77,21 +77,23 @@ async fn fill_history(pool: &sqlx::MySqlPool, delivered: u64, open: u64) {
 
 /// Rows InnoDB has read so far on the whole server (every `Handler_read_*` counter).
 async fn rows_read(pool: &sqlx::MySqlPool) -> u64 {
-    let rows: Vec<(String, String)> =
-        sqlx::query_as("SHOW GLOBAL STATUS LIKE 'Handler_read%'")
-            .fetch_all(pool)
-            .await
-            .unwrap();
+    let rows: Vec<(String, String)> = sqlx::query_as("SHOW GLOBAL STATUS LIKE 'Handler_read%'")
+        .fetch_all(pool)
+        .await
+        .unwrap();
     rows.iter().filter_map(|(_, v)| v.parse::<u64>().ok()).sum()
 }
 
-/// `SELECT`s the server has run so far.
+/// Reads the server has been asked for so far: `SELECT`s run, and statements prepared (a read
+/// whose table is missing fails at its prepare, and sqlx prepares it again on every try).
 async fn selects(pool: &sqlx::MySqlPool) -> u64 {
-    let (_, v): (String, String) = sqlx::query_as("SHOW GLOBAL STATUS LIKE 'Com_select'")
-        .fetch_one(pool)
-        .await
-        .unwrap();
-    v.parse().unwrap()
+    let rows: Vec<(String, String)> = sqlx::query_as(
+        "SHOW GLOBAL STATUS WHERE Variable_name IN ('Com_select', 'Com_stmt_prepare')",
+    )
+    .fetch_all(pool)
+    .await
+    .unwrap();
+    rows.iter().filter_map(|(_, v)| v.parse::<u64>().ok()).sum()
 }
 
 fn config(url: &str) -> DirectorConfig {
@@ -121,8 +123,10 @@ async fn a_takeover_reads_the_open_work_not_the_history() {
     // Everything open is back in the cache: the 100 retries, and the 200 jobs due now (the 100
     // attempts in flight were settled as interrupted and are due again).
     wait_for(Duration::from_secs(30), "the open work cached", || async {
-        metric_value(&metrics_text(&client, &base).await, "spindle_jobs_backlog_loaded_total")
-            >= 300.0
+        metric_value(
+            &metrics_text(&client, &base).await,
+            "spindle_jobs_backlog_loaded_total",
+        ) >= 300.0
     })
     .await;
     let read = rows_read(&pool).await - before;
@@ -152,8 +156,8 @@ async fn a_takeover_reads_the_open_work_not_the_history() {
     })
     .await;
     let ran = selects(&pool).await - before;
-    println!("commands unreadable: {ran} SELECTs in 2 s");
-    assert!(ran < 200, "{ran} SELECTs in 2 s: the command poller spins");
+    println!("commands unreadable: {ran} reads in 2 s");
+    assert!(ran < 200, "{ran} reads in 2 s: the command poller spins");
     director.shutdown();
     director.wait().await.unwrap();
     pool.close().await;

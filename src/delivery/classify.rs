@@ -129,8 +129,16 @@ mod tests {
     #[test]
     fn hostile_retry_after_is_clamped() {
         let now = Utc::now();
-        for huge in ["99999999999999", "18446744073709551615", "99999999999999999999999999"] {
-            assert_eq!(parse_retry_after(huge, now), Some(MAX_RETRY_AFTER), "{huge}");
+        for huge in [
+            "99999999999999",
+            "18446744073709551615",
+            "99999999999999999999999999",
+        ] {
+            assert_eq!(
+                parse_retry_after(huge, now),
+                Some(MAX_RETRY_AFTER),
+                "{huge}"
+            );
         }
         let far = parse_retry_after("Fri, 31 Dec 9999 23:59:59 GMT", now);
         assert_eq!(far, Some(MAX_RETRY_AFTER));

@@ -213,10 +213,18 @@ mod tests {
         for _ in 0..10 {
             b.record(false, t0, &config, asked);
         }
-        assert_eq!(b.allowance(t0), Allowance::Wait(Some(t0 + Duration::from_secs(7))));
+        assert_eq!(
+            b.allowance(t0),
+            Allowance::Wait(Some(t0 + Duration::from_secs(7)))
+        );
         let t1 = t0 + Duration::from_secs(7);
         b.probe_started();
-        b.record(false, t1, &config, Some(Duration::from_secs(u32::MAX.into())));
+        b.record(
+            false,
+            t1,
+            &config,
+            Some(Duration::from_secs(u32::MAX.into())),
+        );
         assert_eq!(
             b.allowance(t1),
             Allowance::Wait(Some(t1 + config.probe_max)),

@@ -517,7 +517,10 @@ impl Scheduler {
             Event::StartFailed(ids, why) => {
                 let refused = matches!(why, WriteRejected::Refused { .. });
                 if refused {
-                    tracing::error!(jobs = ids.len(), "the jobdb refused attempts' rows; trying these jobs again later");
+                    tracing::error!(
+                        jobs = ids.len(),
+                        "the jobdb refused attempts' rows; trying these jobs again later"
+                    );
                 } else {
                     tracing::warn!(jobs = ids.len(), reason = %why, "could not record attempts; not starting them");
                 }

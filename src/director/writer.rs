@@ -194,8 +194,11 @@ impl Batch {
     /// Keeps only the requests `keep` says yes to (with their rows); the others are returned.
     fn retain(&mut self, keep: impl Fn(&Reply) -> bool) -> Vec<(Reply, usize)> {
         let old = std::mem::take(self);
-        let (mut jobs, mut rows, mut origins) =
-            (old.jobs.into_iter(), old.rows.into_iter(), old.origins.into_iter());
+        let (mut jobs, mut rows, mut origins) = (
+            old.jobs.into_iter(),
+            old.rows.into_iter(),
+            old.origins.into_iter(),
+        );
         let (mut j0, mut r0, mut o0) = (0, 0, 0);
         let mut dropped = Vec::new();
         for request in old.requests {
@@ -252,8 +255,7 @@ impl Writer {
         while let Some(first) = self.rx.recv().await {
             let mut batch = Batch::default();
             self.add(&mut batch, first);
-            while batch.rows.len() < self.limits.max_rows && batch.bytes < self.limits.max_bytes
-            {
+            while batch.rows.len() < self.limits.max_rows && batch.bytes < self.limits.max_bytes {
                 match self.rx.try_recv() {
                     Ok(op) => self.add(&mut batch, op),
                     Err(_) => break,

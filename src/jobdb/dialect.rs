@@ -536,7 +536,9 @@ pub mod mysql {
             1048, 1062, 1118, 1153, 1264, 1265, 1292, 1301, 1366, 1367, 1406, 1690, 3819, 4025,
         ];
         db.try_downcast_ref::<sqlx::mysql::MySqlDatabaseError>()
-            .is_some_and(|e| DATA.contains(&e.number()) || e.code().is_some_and(|c| c.starts_with("22")))
+            .is_some_and(|e| {
+                DATA.contains(&e.number()) || e.code().is_some_and(|c| c.starts_with("22"))
+            })
     }
     spelled_sql!(
         "INSERT IGNORE",

@@ -108,8 +108,8 @@ impl JobDb {
     pub async fn unfinished_count(&self) -> Result<u64, JobDbError> {
         let n: i64 = with_pool!(self, |p, q| {
             sqlx::query_scalar("SELECT COUNT(*) FROM open_jobs")
-            .fetch_one(p)
-            .await?
+                .fetch_one(p)
+                .await?
         });
         Ok(u64::try_from(n).unwrap_or(0))
     }

@@ -134,12 +134,12 @@ impl JobDbError {
             || matches!(
                 self,
                 JobDbError::Sql(
-                sqlx::Error::Io(_)
-                    | sqlx::Error::PoolTimedOut
-                    | sqlx::Error::PoolClosed
-                    | sqlx::Error::WorkerCrashed
-                    | sqlx::Error::Protocol(_)
-                    | sqlx::Error::Database(_)
+                    sqlx::Error::Io(_)
+                        | sqlx::Error::PoolTimedOut
+                        | sqlx::Error::PoolClosed
+                        | sqlx::Error::WorkerCrashed
+                        | sqlx::Error::Protocol(_)
+                        | sqlx::Error::Database(_)
                 )
             )
     }
@@ -1012,8 +1012,7 @@ pub(crate) fn chunks_by_size<T>(
     let (mut start, mut bytes) = (0usize, 0usize);
     for (i, row) in rows.iter().enumerate() {
         let size = bytes_of(row).saturating_add(ROW_OVERHEAD_BYTES);
-        if i > start
-            && (i - start == MAX_ROWS_PER_INSERT || bytes.saturating_add(size) > max_bytes)
+        if i > start && (i - start == MAX_ROWS_PER_INSERT || bytes.saturating_add(size) > max_bytes)
         {
             push_pow2(&mut chunks, &rows[start..i]);
             start = i;

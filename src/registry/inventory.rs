@@ -257,4 +257,3 @@ fn without_password(url: &str) -> String {
         _ => url.to_owned(),
     }
 }
-

@@ -317,7 +317,10 @@ pub(crate) fn check_bucket(bucket: &str, field: &str) -> Result<(), FieldError> 
         ));
     }
     if bucket.chars().any(char::is_control) {
-        return Err(FieldError::new(field, "must not contain control characters"));
+        return Err(FieldError::new(
+            field,
+            "must not contain control characters",
+        ));
     }
     Ok(())
 }

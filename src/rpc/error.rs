@@ -77,19 +77,17 @@ impl From<crate::director::writer::WriteRejected> for ApiError {
                 ApiError::Unavailable("the jobdb is unavailable; nothing was stored".into())
             }
             WriteRejected::LockLost => ApiError::ShuttingDown,
-            WriteRejected::Refused { too_large: true } => ApiError::InvalidField(
-                FieldError::too_large(
+            WriteRejected::Refused { too_large: true } => {
+                ApiError::InvalidField(FieldError::too_large(
                     "jobs",
                     "a job is larger than this director's jobdb server accepts \
                      (max_allowed_packet); nothing was stored",
-                ),
-            ),
-            WriteRejected::Refused { too_large: false } => ApiError::InvalidField(
-                FieldError::new(
-                    "jobs",
-                    "the jobdb refused a value of this batch; nothing was stored",
-                ),
-            ),
+                ))
+            }
+            WriteRejected::Refused { too_large: false } => ApiError::InvalidField(FieldError::new(
+                "jobs",
+                "the jobdb refused a value of this batch; nothing was stored",
+            )),
             WriteRejected::Expired => ApiError::Conflict {
                 message: "not_after passed before the jobs were written: the claim may have \
                           been taken over; nothing was stored"

@@ -84,7 +84,11 @@ pub fn job_of(spec: &ImportJob, i: usize, limits: &IntakeLimits) -> Result<Job, 
         limits,
         &field("backoff_min_delay_ms"),
     )?;
-    api::check_coefficient(spec.backoff_coefficient, limits, &field("backoff_coefficient"))?;
+    api::check_coefficient(
+        spec.backoff_coefficient,
+        limits,
+        &field("backoff_coefficient"),
+    )?;
     if let Some(key) = &spec.idempotency_key {
         api::check_idempotency_key(key, &field("idempotency_key"))?;
     }
@@ -214,7 +218,11 @@ pub(super) async fn import_jobs(
             )
             .into());
         }
-        jobs.push((job_of(spec, i, &state.limits)?, spec.attempts, spec.retry_at));
+        jobs.push((
+            job_of(spec, i, &state.limits)?,
+            spec.attempts,
+            spec.retry_at,
+        ));
     }
 
     // Requests sharing an id are checked and written one after the other: the check for jobs

@@ -253,7 +253,9 @@ impl ConsulUnderTest {
             Ok(addr) if !addr.is_empty() => ConsulUnderTest {
                 client: spindle::registry::consul::ConsulClient::new(
                     &addr,
-                    std::env::var("CONSUL_HTTP_TOKEN").ok().map(spindle::secret::Secret::new),
+                    std::env::var("CONSUL_HTTP_TOKEN")
+                        .ok()
+                        .map(spindle::secret::Secret::new),
                 )
                 .expect("consul client"),
                 double: None,
