@@ -4,13 +4,24 @@
 
 mod common;
 
-use std::collections::HashMap;
 use std::time::{Duration, Instant};
 
 use chrono::Utc;
 use common::*;
 use serde_json::json;
 use spindle::job::{JobId, State};
+
+/// Tests that measure latency or lateness run alone (`alone()`); the others share the
+/// machine among themselves (`shared()`), never with a measurement.
+static QUIET: tokio::sync::RwLock<()> = tokio::sync::RwLock::const_new(());
+
+async fn alone() -> tokio::sync::RwLockWriteGuard<'static, ()> {
+    QUIET.write().await
+}
+
+async fn shared() -> tokio::sync::RwLockReadGuard<'static, ()> {
+    QUIET.read().await
+}
 
 /// Whether the Director's writer is waiting at the fence check of its JobDB (behind the
 /// test's lock on the fence row): a statement of this database reading the owner row is
@@ -25,6 +36,68 @@ async fn writer_waits_for_a_lock(pool: &sqlx::MySqlPool) -> bool {
     .await
     .unwrap();
     waiting > 0
+}
+
+/// A connection pool of the rig's JobDB, for the SQL a test runs beside the Director.
+async fn jobdb_pool(rig: &Rig) -> sqlx::MySqlPool {
+    sqlx::MySqlPool::connect_with(rig.db.url.mysql_options().unwrap())
+        .await
+        .unwrap()
+}
+
+/// Locks the JobDB's fence row in a transaction of the test's: the Director's writer waits at
+/// its fence check until the transaction ends, and requests pile up in its queue meanwhile.
+async fn hold_the_fence(pool: &sqlx::MySqlPool) -> sqlx::Transaction<'static, sqlx::MySql> {
+    let mut holder = pool.begin().await.unwrap();
+    sqlx::query("SELECT fencing_token FROM jobdb_owner WHERE id = 1 FOR UPDATE")
+        .execute(&mut *holder)
+        .await
+        .unwrap();
+    holder
+}
+
+/// `POST /v1/jobs` with `jobs`, in a task of its own; yields the answer's status.
+fn post_jobs(rig: &Rig, jobs: Vec<serde_json::Value>) -> tokio::task::JoinHandle<u16> {
+    let (client, base) = (rig.client.clone(), rig.base());
+    tokio::spawn(async move {
+        client
+            .post(format!("{base}/v1/jobs"))
+            .json(&json!({ "jobs": jobs }))
+            .send()
+            .await
+            .unwrap()
+            .status()
+            .as_u16()
+    })
+}
+
+/// Write requests waiting for the Director's writer (its `/metrics`).
+async fn write_queue(rig: &Rig) -> f64 {
+    metric_value(
+        &metrics_text(&rig.client, &rig.base()).await,
+        "spindle_jobdb_write_queue",
+    )
+}
+
+/// A job in the import form: to `endpoint`, with `attempts` made, due now, expiring in an hour.
+fn import_form(id: ulid::Ulid, endpoint: String, attempts: u16) -> spindle::rpc::import::ImportJob {
+    let now = Utc::now();
+    spindle::rpc::import::ImportJob {
+        id: id.to_string(),
+        bucket: "b".into(),
+        endpoint,
+        method: "POST".into(),
+        headers: vec![],
+        payload_base64: String::new(),
+        execution_timeout_ms: 10_000,
+        backoff_min_delay_ms: 1_000,
+        backoff_coefficient: 2.0,
+        created_at: now,
+        expire_at: now + chrono::Duration::hours(1),
+        idempotency_key: None,
+        attempts,
+        retry_at: now,
+    }
 }
 
 /// The Director's `/readyz` status.
@@ -44,6 +117,7 @@ async fn ready(rig: &Rig) -> u16 {
 /// year 9999 that the JobDB refused forever. Now both are clamped to the backoff cap and the
 /// job's expiry, and the healthy endpoint is served throughout.
 async fn a_huge_retry_after_cannot_stop_deliveries(engine: Engine) {
+    let _machine = shared().await;
     let rig = Rig::start_on(engine, "retryafter", |_| {}).await;
     let hostile = [
         rig.sink.url("/answer/429/retry-after/99999999999999"),
@@ -85,6 +159,7 @@ async fn a_huge_retry_after_cannot_stop_deliveries(engine: Engine) {
 /// nothing was delivered).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_director_whose_core_task_dies_turns_non_ready_and_fails() {
+    let _machine = shared().await;
     let bucket = format!("poison-{}", ulid::Ulid::new());
     spindle::faults::panic_on_bucket(&bucket);
     let mut rig = Rig::start("coretask", |_| {}).await;
@@ -123,6 +198,7 @@ impl Drop for Reaped {
 /// restarts it), and says why.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_director_process_whose_core_task_dies_exits_non_zero() {
+    let _machine = shared().await;
     let db = TestDb::new("coreproc");
     let bucket = format!("poison-{}", ulid::Ulid::new());
     let port = procs::free_port();
@@ -182,6 +258,7 @@ async fn a_director_process_whose_core_task_dies_exits_non_zero() {
 /// delivering, and every hostile job waits within its expiry.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn hostile_receivers_hurt_only_themselves() {
+    let _machine = alone().await;
     let rig = Rig::start("hostile", |c| {
         c.scheduler.breaker.probe_max = Duration::from_secs(2);
     })
@@ -204,17 +281,36 @@ async fn hostile_receivers_hurt_only_themselves() {
         rig.sink.url("/big/500/2097152"),
         endless,
     ];
-    let mut ids = Vec::new();
-    for url in &hostile {
-        let jobs: Vec<_> = (0..40)
-            .map(|_| {
-                json!({"bucket": "hostile", "endpoint": url, "execution_timeout_ms": 2_000,
-                       "backoff_min_delay_ms": 100, "backoff_coefficient": 1.0,
-                       "ttl_ms": 3_600_000})
-            })
-            .collect();
-        ids.extend(rig.submit(jobs).await.jobs.into_iter().map(|j| j.id));
-    }
+    // The hostile tenant sends steadily: 8 jobs to each receiver every second of the phase.
+    let hostile_load = {
+        let (client, base) = (rig.client.clone(), rig.base());
+        tokio::spawn(async move {
+            let mut ids = Vec::new();
+            let started = Instant::now();
+            let mut tick = tokio::time::interval(Duration::from_secs(1));
+            while started.elapsed() < phase {
+                tick.tick().await;
+                let jobs: Vec<_> = hostile
+                    .iter()
+                    .flat_map(|url| {
+                        (0..8).map(move |_| {
+                            json!({"bucket": "hostile", "endpoint": url,
+                                   "execution_timeout_ms": 2_000, "backoff_min_delay_ms": 100,
+                                   "backoff_coefficient": 1.0, "ttl_ms": 3_600_000})
+                        })
+                    })
+                    .collect();
+                ids.extend(
+                    submit(&client, &base, jobs)
+                        .await
+                        .jobs
+                        .into_iter()
+                        .map(|j| j.id),
+                );
+            }
+            ids
+        })
+    };
     // Readiness is watched all along: a Director that cannot deliver must not say 200, and
     // one that delivers must.
     let watch = {
@@ -237,13 +333,15 @@ async fn hostile_receivers_hurt_only_themselves() {
     };
     let beside = calm_latencies(&rig, calm, phase).await;
     let answers = watch.await.unwrap();
+    let ids = hostile_load.await.unwrap();
     let (b50, b99) = (pct(&baseline, 0.5), pct(&baseline, 0.99));
     let (l50, l99) = (pct(&beside, 0.5), pct(&beside, 0.99));
     let hostile_requests = rig.sink.total() as usize - baseline.len() - beside.len();
     println!(
-        "healthy endpoint p50/p99 {b50:.1}/{b99:.1} ms alone, {l50:.1}/{l99:.1} ms beside 200 \
+        "healthy endpoint p50/p99 {b50:.1}/{b99:.1} ms alone, {l50:.1}/{l99:.1} ms beside {} \
          hostile jobs on 5 receivers ({hostile_requests} requests to the sink's hostile paths \
          in {} s, {} healthy jobs each phase); /readyz {} × 200 of {}",
+        ids.len(),
         phase.as_secs(),
         beside.len(),
         answers.iter().filter(|s| **s == 200).count(),
@@ -277,6 +375,7 @@ async fn hostile_receivers_hurt_only_themselves() {
 /// would be at 6 s. Each fires (or is archived) on time after a restart, with the cache
 /// roomy and with it nearly full.
 async fn far_retries_fire_on_time_after_a_restart(engine: Engine) {
+    let _machine = alone().await;
     for cache in [1_000_000usize, 2] {
         let tweak = move |c: &mut spindle::director::DirectorConfig| {
             c.scheduler.spill_after = Duration::from_millis(500);
@@ -363,6 +462,7 @@ async fn far_retries_fire_on_time_after_a_restart(engine: Engine) {
 /// batched with them 503, forever. Now every byte of a row counts.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn jobs_with_the_largest_headers_are_stored_with_their_neighbours() {
+    let _machine = shared().await;
     let rig = Rig::start("bigheaders", |_| {}).await;
     let headers: serde_json::Map<String, serde_json::Value> = (0..64)
         .map(|i| {
@@ -402,10 +502,9 @@ async fn jobs_with_the_largest_headers_are_stored_with_their_neighbours() {
 /// it gets a 422 naming the reason, and everything batched with it is stored.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_refused_request_fails_alone_and_its_batch_is_written() {
+    let _machine = shared().await;
     let rig = Rig::start("refused", |_| {}).await;
-    let pool = sqlx::MySqlPool::connect_with(rig.db.url.mysql_options().unwrap())
-        .await
-        .unwrap();
+    let pool = jobdb_pool(&rig).await;
     sqlx::raw_sql(
         "CREATE TRIGGER refuse_poison BEFORE INSERT ON jobs FOR EACH ROW \
          IF NEW.bucket = 'poison' THEN \
@@ -415,41 +514,22 @@ async fn a_refused_request_fails_alone_and_its_batch_is_written() {
     .execute(&pool)
     .await
     .unwrap();
-    // Hold the fence row so requests pile up in the writer's queue and go in one batch.
-    let mut holder = pool.begin().await.unwrap();
-    sqlx::query("SELECT fencing_token FROM jobdb_owner WHERE id = 1 FOR UPDATE")
-        .execute(&mut *holder)
-        .await
-        .unwrap();
-    let post = |jobs: Vec<serde_json::Value>| {
-        let (client, base) = (rig.client.clone(), rig.base());
-        tokio::spawn(async move {
-            client
-                .post(format!("{base}/v1/jobs"))
-                .json(&json!({ "jobs": jobs }))
-                .send()
-                .await
-                .unwrap()
-                .status()
-                .as_u16()
-        })
-    };
-    let first = post(rig.jobs(1, "/ok", json!({})));
+    // Requests pile up behind the held fence and go in one batch.
+    let holder = hold_the_fence(&pool).await;
+    let first = post_jobs(&rig, rig.jobs(1, "/ok", json!({})));
     wait_for(Duration::from_secs(10), "the first commit to wait", || {
         writer_waits_for_a_lock(&pool)
     })
     .await;
-    let poison = post(vec![
-        json!({"bucket": "poison", "endpoint": rig.sink.url("/ok")}),
-    ]);
+    let poison = post_jobs(
+        &rig,
+        vec![json!({"bucket": "poison", "endpoint": rig.sink.url("/ok")})],
+    );
     let healthy: Vec<_> = (0..5)
-        .map(|_| post(rig.jobs(3, "/ok", json!({}))))
+        .map(|_| post_jobs(&rig, rig.jobs(3, "/ok", json!({}))))
         .collect();
     wait_for(Duration::from_secs(10), "six requests queued", || async {
-        metric_value(
-            &metrics_text(&rig.client, &rig.base()).await,
-            "spindle_jobdb_write_queue",
-        ) >= 6.0
+        write_queue(&rig).await >= 6.0
     })
     .await;
     holder.rollback().await.unwrap();
@@ -484,31 +564,11 @@ async fn a_refused_request_fails_alone_and_its_batch_is_written() {
 /// with the write and is checked when the batch is assembled.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_forward_whose_deadline_passes_in_the_writer_queue_is_refused() {
+    let _machine = shared().await;
     let rig = Rig::start("notafter", |_| {}).await;
-    let pool = sqlx::MySqlPool::connect_with(rig.db.url.mysql_options().unwrap())
-        .await
-        .unwrap();
-    let mut holder = pool.begin().await.unwrap();
-    sqlx::query("SELECT fencing_token FROM jobdb_owner WHERE id = 1 FOR UPDATE")
-        .execute(&mut *holder)
-        .await
-        .unwrap();
-    let blocker = {
-        let (client, base, jobs) = (
-            rig.client.clone(),
-            rig.base(),
-            rig.jobs(1, "/ok", json!({})),
-        );
-        tokio::spawn(async move {
-            client
-                .post(format!("{base}/v1/jobs"))
-                .json(&json!({ "jobs": jobs }))
-                .send()
-                .await
-                .unwrap()
-                .status()
-        })
-    };
+    let pool = jobdb_pool(&rig).await;
+    let holder = hold_the_fence(&pool).await;
+    let blocker = post_jobs(&rig, rig.jobs(1, "/ok", json!({})));
     wait_for(
         Duration::from_secs(10),
         "the blocker's commit to wait",
@@ -517,26 +577,13 @@ async fn a_forward_whose_deadline_passes_in_the_writer_queue_is_refused() {
     .await;
     let not_after = Utc::now() + chrono::Duration::milliseconds(300);
     let id = ulid::Ulid::new();
-    let now = Utc::now();
     let forward = spindle::rpc::import::ImportRequest {
         jobdb: rig.db.url.database.clone(),
         from_jobdb: None,
         not_after: Some(not_after),
         jobs: vec![spindle::rpc::import::ImportJob {
-            id: id.to_string(),
-            bucket: "b".into(),
-            endpoint: rig.sink.url("/ok"),
-            method: "POST".into(),
-            headers: vec![],
-            payload_base64: String::new(),
-            execution_timeout_ms: 10_000,
-            backoff_min_delay_ms: 1_000,
-            backoff_coefficient: 2.0,
-            created_at: now,
-            expire_at: now + chrono::Duration::hours(1),
             idempotency_key: Some("k".into()),
-            attempts: 0,
-            retry_at: now,
+            ..import_form(id, rig.sink.url("/ok"), 0)
         }],
     };
     let sent = {
@@ -544,10 +591,7 @@ async fn a_forward_whose_deadline_passes_in_the_writer_queue_is_refused() {
         tokio::spawn(async move { api.import(&forward).await })
     };
     wait_for(Duration::from_secs(10), "the forward queued", || async {
-        metric_value(
-            &metrics_text(&rig.client, &rig.base()).await,
-            "spindle_jobdb_write_queue",
-        ) >= 1.0
+        write_queue(&rig).await >= 1.0
     })
     .await;
     wait_for(Duration::from_secs(5), "not_after to pass", || async {
@@ -555,7 +599,7 @@ async fn a_forward_whose_deadline_passes_in_the_writer_queue_is_refused() {
     })
     .await;
     holder.rollback().await.unwrap();
-    assert_eq!(blocker.await.unwrap().as_u16(), 202);
+    assert_eq!(blocker.await.unwrap(), 202);
     let refused = sent.await.unwrap().expect_err("stored after its not_after");
     let api = refused.api().expect("an error answer");
     assert_eq!(api.status, 409, "{api}");
@@ -572,6 +616,7 @@ async fn a_forward_whose_deadline_passes_in_the_writer_queue_is_refused() {
 /// serves both.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn what_a_director_accepts_another_imports() {
+    let _machine = shared().await;
     let rig = Rig::start("sameimport", |_| {}).await;
     let bucket = "é".repeat(128);
     let reply = rig
@@ -622,6 +667,7 @@ async fn what_a_director_accepts_another_imports() {
 /// latency does not notice.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_tenant_retrying_in_a_loop_cannot_saturate_the_writer() {
+    let _machine = alone().await;
     let rig = Rig::start("looping", |c| c.scheduler.max_attempts = 50).await;
     let calm = |rig: &Rig| {
         (0..5)
@@ -661,28 +707,12 @@ async fn a_tenant_retrying_in_a_loop_cannot_saturate_the_writer() {
 
     // Attempts are bounded: a job imported with 65,535 attempts (the u16's last value) ends
     // `max-attempts` without a request instead of wrapping (or panicking the scheduler).
-    let now = Utc::now();
     let tired = ulid::Ulid::new();
     let import = spindle::rpc::import::ImportRequest {
         jobdb: rig.db.url.database.clone(),
         from_jobdb: Some("elsewhere".into()),
         not_after: None,
-        jobs: vec![spindle::rpc::import::ImportJob {
-            id: tired.to_string(),
-            bucket: "loud".into(),
-            endpoint: rig.sink.url("/ok"),
-            method: "POST".into(),
-            headers: vec![],
-            payload_base64: String::new(),
-            execution_timeout_ms: 10_000,
-            backoff_min_delay_ms: 1_000,
-            backoff_coefficient: 2.0,
-            created_at: now,
-            expire_at: now + chrono::Duration::hours(1),
-            idempotency_key: None,
-            attempts: u16::MAX,
-            retry_at: now,
-        }],
+        jobs: vec![import_form(tired, rig.sink.url("/ok"), u16::MAX)],
     };
     rig.api().import(&import).await.expect("imported");
     wait_for(Duration::from_secs(10), "the tired job to end", || async {
@@ -713,6 +743,7 @@ async fn a_tenant_retrying_in_a_loop_cannot_saturate_the_writer() {
 /// the queue (50,000 in the suite; 1,000,000 on demand, in release).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_long_queue_behind_a_rate_cap_leaves_other_endpoints_alone() {
+    let _machine = alone().await;
     let queued: usize = std::env::var("SPINDLE_RATE_CAP_QUEUE")
         .ok()
         .and_then(|v| v.parse().ok())
@@ -774,6 +805,7 @@ async fn a_long_queue_behind_a_rate_cap_leaves_other_endpoints_alone() {
 /// result yet.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_command_committed_after_a_later_one_is_applied_too() {
+    let _machine = shared().await;
     let rig = Rig::start("cmdorder", |_| {}).await;
     let reply = rig
         .submit(rig.jobs(2, "/status/500", json!({"backoff_min_delay_ms": 600_000})))
@@ -816,6 +848,7 @@ async fn a_command_committed_after_a_later_one_is_applied_too() {
 /// at start (and reads them with `--read-controls`).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_director_without_consul_says_it_does_not_read_controls() {
+    let _machine = shared().await;
     let db = TestDb::new("nocontrols");
     let port = procs::free_port();
     let child = std::process::Command::new(env!("CARGO_BIN_EXE_spindle"))
@@ -855,17 +888,9 @@ async fn calm_latencies(
     batch: impl Fn(&Rig) -> Vec<serde_json::Value>,
     span: Duration,
 ) -> Vec<Duration> {
-    let mut submitted: HashMap<String, Instant> = HashMap::new();
-    let started = Instant::now();
-    let mut tick = tokio::time::interval(Duration::from_millis(100));
-    while started.elapsed() < span {
-        tick.tick().await;
-        let at = Instant::now();
-        for job in rig.submit(batch(rig)).await.jobs {
-            submitted.insert(job.id, at);
-        }
-    }
-    delivery_latencies(&rig.sink, &submitted, Duration::from_secs(30)).await
+    let base = rig.base();
+    let every = Duration::from_millis(100);
+    steady_latencies(&rig.client, &base, &rig.sink, every, span, || batch(rig)).await
 }
 
 fn pct(samples: &[Duration], p: f64) -> f64 {

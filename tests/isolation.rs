@@ -4,8 +4,7 @@
 
 mod common;
 
-use std::collections::HashMap;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use common::*;
 use serde_json::json;
@@ -20,20 +19,12 @@ async fn healthy_latencies(
     bucket: &str,
     run: Duration,
 ) -> Vec<Duration> {
-    let mut submitted: HashMap<String, Instant> = HashMap::new();
-    let started = Instant::now();
-    let mut tick = tokio::time::interval(Duration::from_millis(50));
-    while started.elapsed() < run {
-        tick.tick().await;
-        let jobs: Vec<_> = (0..20)
+    steady_latencies(client, base, sink, Duration::from_millis(50), run, || {
+        (0..20)
             .map(|_| json!({"bucket": bucket, "endpoint": sink.url("/ok")}))
-            .collect();
-        let at = Instant::now();
-        for job in submit(client, base, jobs).await.jobs {
-            submitted.insert(job.id, at);
-        }
-    }
-    delivery_latencies(sink, &submitted, Duration::from_secs(20)).await
+            .collect()
+    })
+    .await
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

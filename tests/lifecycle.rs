@@ -204,6 +204,30 @@ impl Life {
         (name, db)
     }
 
+    /// Waits until a process holds the lock of JobDB `name`.
+    async fn wait_owned(&self, name: &str, what: &str) {
+        wait_for(Duration::from_secs(20), what, || async {
+            self.inventory
+                .get(name)
+                .await
+                .unwrap()
+                .is_some_and(|l| l.holder.is_some())
+        })
+        .await;
+    }
+
+    /// Waits until JobDB `name` is marked drained.
+    async fn wait_drained(&self, name: &str, timeout: Duration) {
+        wait_for(timeout, "the jobdb drained", || async {
+            self.inventory
+                .get(name)
+                .await
+                .unwrap()
+                .is_some_and(|l| l.record.state == JobDbState::Drained)
+        })
+        .await;
+    }
+
     /// Every database of this test that exists on the server.
     async fn databases(&self) -> HashSet<String> {
         let db = JobDb::open(
@@ -639,18 +663,7 @@ async fn a_drainer_killed_at_random_converges_without_loss_or_duplicates() {
     db.close().await;
     let (spare, _spare_db) = life.add_jobdb("new", JobDbState::Spare).await;
     let mut director = life.director("d1");
-    wait_for(
-        Duration::from_secs(20),
-        "the director on the spare",
-        || async {
-            life.inventory
-                .get(&spare)
-                .await
-                .unwrap()
-                .is_some_and(|l| l.holder.is_some())
-        },
-    )
-    .await;
+    life.wait_owned(&spare, "the director on the spare").await;
 
     let started = Instant::now();
     for k in 0..kills {
@@ -660,14 +673,7 @@ async fn a_drainer_killed_at_random_converges_without_loss_or_duplicates() {
         drainer.kill9().await;
     }
     let mut drainer = life.drainer("dr-final");
-    wait_for(Duration::from_secs(120), "the jobdb drained", || async {
-        life.inventory
-            .get(&retired)
-            .await
-            .unwrap()
-            .is_some_and(|l| l.record.state == JobDbState::Drained)
-    })
-    .await;
+    life.wait_drained(&retired, Duration::from_secs(120)).await;
     println!(
         "drainer: {} jobs ({} live, {} expired) drained through {kills} kill -9s in {:.1} s",
         n,
@@ -797,27 +803,9 @@ async fn a_job_a_live_director_refuses_is_parked_and_the_drain_goes_on() {
     db.close().await;
     let (spare, _spare_db) = life.add_jobdb("taking", JobDbState::Spare).await;
     let mut director = life.director("d1");
-    wait_for(
-        Duration::from_secs(20),
-        "the director on the spare",
-        || async {
-            life.inventory
-                .get(&spare)
-                .await
-                .unwrap()
-                .is_some_and(|l| l.holder.is_some())
-        },
-    )
-    .await;
+    life.wait_owned(&spare, "the director on the spare").await;
     let mut drainer = life.drainer("dr");
-    wait_for(Duration::from_secs(60), "the jobdb drained", || async {
-        life.inventory
-            .get(&retired)
-            .await
-            .unwrap()
-            .is_some_and(|l| l.record.state == JobDbState::Drained)
-    })
-    .await;
+    life.wait_drained(&retired, Duration::from_secs(60)).await;
     let old = JobDb::open(
         &format!("{}/{retired}", mysql_server()).parse().unwrap(),
         false,
@@ -847,14 +835,7 @@ async fn while_s3_fails_expired_jobs_stay_archiving() {
     let life = Life::start().await;
     let (jobdb, _db) = life.add_jobdb("s3", JobDbState::Spare).await;
     let mut director = life.director("d1");
-    wait_for(Duration::from_secs(20), "the director", || async {
-        life.inventory
-            .get(&jobdb)
-            .await
-            .unwrap()
-            .is_some_and(|l| l.holder.is_some())
-    })
-    .await;
+    life.wait_owned(&jobdb, "the director").await;
     let reader = JobDb::open(
         &format!("{}/{jobdb}", mysql_server()).parse().unwrap(),
         false,
@@ -1034,14 +1015,8 @@ async fn drain_benchmark() {
         .unwrap());
     let started = Instant::now();
     let mut drainer = life.drainer("dr");
-    wait_for(Duration::from_secs(1800), "drained", || async {
-        life.inventory
-            .get(&to_drain.record.name)
-            .await
-            .unwrap()
-            .is_some_and(|l| l.record.state == JobDbState::Drained)
-    })
-    .await;
+    life.wait_drained(&to_drain.record.name, Duration::from_secs(1800))
+        .await;
     let took = started.elapsed().as_secs_f64();
     let manifests = life.archive.manifests(None).await.unwrap();
     let jobs: u64 = manifests.iter().map(|m| m.jobs).sum();

@@ -413,6 +413,30 @@ impl Rig {
     }
 }
 
+/// Submits `jobs()` to `base` every `every` for `run`, then returns each job's
+/// submit-to-delivery latency (first arrival at the sink's `/ok`): a steady load's latencies.
+pub async fn steady_latencies(
+    client: &reqwest::Client,
+    base: &str,
+    sink: &spindle::sink::Sink,
+    every: Duration,
+    run: Duration,
+    jobs: impl Fn() -> Vec<Value>,
+) -> Vec<Duration> {
+    let mut submitted: std::collections::HashMap<String, std::time::Instant> =
+        std::collections::HashMap::new();
+    let started = std::time::Instant::now();
+    let mut tick = tokio::time::interval(every);
+    while started.elapsed() < run {
+        tick.tick().await;
+        let at = std::time::Instant::now();
+        for job in submit(client, base, jobs()).await.jobs {
+            submitted.insert(job.id, at);
+        }
+    }
+    delivery_latencies(sink, &submitted, Duration::from_secs(30)).await
+}
+
 /// Waits until the sink received every submitted job (id → submit instant), then returns each
 /// job's submit-to-delivery latency (first arrival at `/ok`).
 pub async fn delivery_latencies(
