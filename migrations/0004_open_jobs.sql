@@ -4,10 +4,12 @@
 -- A Director taking a JobDB over must find the jobs its predecessor left unfinished, read the
 -- waiting ones in by pages and continue numbering transitions after the last one. Over the
 -- history alone each of these scans every transition ever written (the key is (job_id, id)),
--- so a takeover grew with the JobDB. `open_jobs` holds each unfinished job's latest state,
--- written in the same transaction as its transition (inserted with the job, replaced by each
--- later non-terminal row, deleted by the terminal one): it is as large as the work in
--- progress. The history stays the record; `open_jobs` can be rebuilt from it with the
+-- so a takeover grew with the JobDB. `open_jobs` holds each unfinished job's latest resting
+-- state, written in the same transaction as its transition (inserted with the job, replaced by
+-- each later row but `executing`, deleted by the terminal one): it is as large as the work in
+-- progress. An attempt under way is the one row that may follow a job's entry (its start is
+-- not written here, to keep the hot path light); readers that need it look for a row after
+-- `transition_id`. The history stays the record; `open_jobs` can be rebuilt from it with the
 -- INSERT below.
 
 -- MAX(id) from an index instead of a scan of the whole table.
@@ -15,7 +17,7 @@ ALTER TABLE job_state_transitions ADD KEY job_state_transitions_id (id);
 
 CREATE TABLE open_jobs (
   job_id        BINARY(16)        NOT NULL,
-  transition_id BIGINT UNSIGNED   NOT NULL COMMENT 'its latest row in job_state_transitions',
+  transition_id BIGINT UNSIGNED   NOT NULL COMMENT 'its latest row but an executing one',
   state         ENUM('awaiting-scheduling', 'executing', 'succeeded', 'discarded',
                      'awaiting-retry', 'archiving', 'archived', 'moved') NOT NULL
                                   COMMENT 'never a terminal state: those rows are deleted',

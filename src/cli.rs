@@ -1190,7 +1190,7 @@ pub async fn execute(
                     listed.record.name,
                     format!("{:?}", listed.record.state).to_lowercase(),
                     listed.holder.as_deref().unwrap_or("-"),
-                    crate::jobdb::redact_password(&listed.record.url)
+                    crate::secret::redact_url(&listed.record.url)
                 );
             }
         }

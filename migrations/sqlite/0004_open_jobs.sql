@@ -1,5 +1,5 @@
--- spindle JobDB on SQLite, schema version 4: `open_jobs`, each unfinished job's latest state
--- (read the MySQL migration's comments), and an index for MAX(id).
+-- spindle JobDB on SQLite, schema version 4: `open_jobs`, each unfinished job's latest resting
+-- state (read the MySQL migration's comments), and an index for MAX(id).
 
 CREATE INDEX job_state_transitions_id ON job_state_transitions (id);
 

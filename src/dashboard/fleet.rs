@@ -13,8 +13,9 @@ use std::time::Duration;
 use chrono::{DateTime, Utc};
 
 use crate::delivery::error_chain;
-use crate::jobdb::{redact_password, JobDb, JobDbUrl};
+use crate::jobdb::{JobDb, JobDbUrl};
 use crate::registry::inventory::{Inventory, JobDbState, Listed};
+use crate::secret::redact_url;
 
 /// What the inventory says about a JobDB.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -104,7 +105,7 @@ impl Fleet {
         let mut configured = BTreeMap::new();
         for url in urls {
             let parsed: JobDbUrl = url.parse().map_err(|source| FleetError::InvalidUrl {
-                url: redact_password(url),
+                url: redact_url(url),
                 source,
             })?;
             if configured
@@ -192,7 +193,7 @@ impl Fleet {
                 name.clone(),
                 Member {
                     name,
-                    url: redact_password(&w.url),
+                    url: redact_url(&w.url),
                     open_url: w.url,
                     inventory: w.inventory,
                     db,

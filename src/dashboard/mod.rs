@@ -75,7 +75,7 @@ impl std::fmt::Debug for DashboardConfig {
         let jobdbs: Vec<String> = self
             .jobdbs
             .iter()
-            .map(|u| crate::jobdb::redact_password(u))
+            .map(|u| crate::secret::redact_url(u))
             .collect();
         f.debug_struct("DashboardConfig")
             .field("listen", &self.listen)

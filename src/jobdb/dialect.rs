@@ -390,7 +390,7 @@ macro_rules! stats_sql {
             "SELECT ",
             $lane,
             " AS lane, l.state, COUNT(*) AS n \
-             FROM open_jobs l JOIN jobs j ON j.id = l.job_id \
+             FROM jobs j JOIN job_latest l ON l.job_id = j.id \
              WHERE l.state IN ('awaiting-scheduling', 'awaiting-retry', 'executing') \
              GROUP BY lane, l.state"
         );

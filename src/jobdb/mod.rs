@@ -130,10 +130,10 @@ impl JobDbError {
     /// Whether retrying the same operation later may succeed (a connection problem), as
     /// opposed to a verdict (fenced, corrupt, invalid).
     pub fn is_transient(&self) -> bool {
-        matches!(self, JobDbError::CommitUnknown(_))
-            || matches!(
-                self,
-                JobDbError::Sql(
+        matches!(
+            self,
+            JobDbError::CommitUnknown(_)
+                | JobDbError::Sql(
                     sqlx::Error::Io(_)
                         | sqlx::Error::PoolTimedOut
                         | sqlx::Error::PoolClosed
@@ -141,7 +141,7 @@ impl JobDbError {
                         | sqlx::Error::Protocol(_)
                         | sqlx::Error::Database(_)
                 )
-            )
+        )
     }
 }
 
@@ -293,11 +293,6 @@ impl JobDbUrl {
         let parsed = text.parse()?;
         Ok((text, parsed))
     }
-}
-
-/// A JobDB URL with any password replaced by `***`, for printing and display.
-pub fn redact_password(url: &str) -> String {
-    crate::secret::redact_url(url)
 }
 
 fn valid_database_name(name: &str) -> bool {
@@ -750,10 +745,11 @@ impl JobDb {
     }
 
     /// Every job whose latest transition is not terminal, with that transition (from
-    /// `open_jobs`: as many rows as unfinished jobs, whatever the history's length).
+    /// `open_jobs` and the attempt under way it may not show: as many rows as unfinished jobs,
+    /// whatever the history's length).
     pub async fn load_unfinished(&self) -> Result<Vec<(Job, Progress)>, JobDbError> {
         let progress: HashMap<JobId, Progress> = with_pool!(self, |p, q| {
-            sqlx::query("SELECT job_id, state, attempts, retry_at FROM open_jobs")
+            sqlx::query(OPEN_JOBS_AS_THEY_ARE)
                 .fetch_all(p)
                 .await?
                 .iter()
@@ -766,19 +762,19 @@ impl JobDb {
     /// Jobs whose latest transition is `executing` or `archiving`, with it: what a new owner
     /// must settle before serving (attempts cut short, expired jobs for the archive). Only
     /// their ids and progress: the jobs themselves come back through [`JobDb::backlog_page`].
-    /// Read from `open_jobs` by its state index: bounded by the open work.
+    /// Bounded by the open work: `open_jobs`, and one key probe each for an attempt under way.
     pub async fn load_stranded(&self) -> Result<Vec<(JobId, Progress)>, JobDbError> {
-        with_pool!(self, |p, q| {
-            sqlx::query(
-                "SELECT job_id, state, attempts, retry_at FROM open_jobs \
-                 WHERE state IN ('executing', 'archiving') ORDER BY job_id",
-            )
-            .fetch_all(p)
-            .await?
-            .iter()
-            .map(|row| Ok((q::job_id_of(row, "job_id")?, q::progress_of(row)?)))
-            .collect()
-        })
+        let mut stranded: Vec<(JobId, Progress)> = with_pool!(self, |p, q| {
+            sqlx::query(OPEN_JOBS_AS_THEY_ARE)
+                .fetch_all(p)
+                .await?
+                .iter()
+                .map(|row| Ok((q::job_id_of(row, "job_id")?, q::progress_of(row)?)))
+                .collect::<Result<Vec<_>, JobDbError>>()?
+        });
+        stranded.retain(|(_, p)| matches!(p.state, State::Executing | State::Archiving));
+        stranded.sort_by_key(|(id, _)| *id);
+        Ok(stranded)
     }
 
     /// The next `limit` jobs after `after` (in id order) that wait for an attempt, due by
@@ -1059,18 +1055,29 @@ pub(crate) struct OpenRow {
     pub(crate) expire_at: Option<DateTime<Utc>>,
 }
 
-/// What a batch changes in `open_jobs`: each job's last row of the batch replaces its entry,
-/// or, when it is terminal, removes it.
+/// What a batch changes in `open_jobs`: each job's last row of the batch that is not
+/// `executing` replaces its entry, or, when it is terminal, removes it.
+///
+/// `executing` rows are left out on purpose: an attempt's start is written on the hot path of
+/// every delivery, and its outcome follows within the job's timeout. So a job's entry holds its
+/// latest *resting* state, and at most one later row exists for it: the `executing` row of an
+/// attempt under way (every other state is written here). Readers that need the true latest
+/// state (recovery, drainers) look for that row after the entry's `transition_id`.
 pub(crate) fn open_changes(
     jobs: &[Arc<Job>],
     transitions: &[(u64, Transition)],
 ) -> (Vec<OpenRow>, Vec<JobId>) {
-    let expiry: HashMap<JobId, DateTime<Utc>> =
-        jobs.iter().map(|job| (job.id, job.expire_at)).collect();
     let mut last: HashMap<JobId, usize> = HashMap::with_capacity(transitions.len());
     for (i, (_, t)) in transitions.iter().enumerate() {
-        last.insert(t.job_id, i);
+        if t.state != State::Executing {
+            last.insert(t.job_id, i);
+        }
     }
+    if last.is_empty() {
+        return (Vec::new(), Vec::new());
+    }
+    let expiry: HashMap<JobId, DateTime<Utc>> =
+        jobs.iter().map(|job| (job.id, job.expire_at)).collect();
     let (mut open, mut closed) = (Vec::new(), Vec::new());
     for (i, (id, t)) in transitions.iter().enumerate() {
         if last.get(&t.job_id) != Some(&i) {
@@ -1106,6 +1113,14 @@ fn push_pow2<'a, T>(chunks: &mut Vec<&'a [T]>, mut rows: &'a [T]) {
 pub fn latest_time() -> DateTime<Utc> {
     DateTime::<Utc>::from_timestamp(253_402_300_799, 0).unwrap_or(DateTime::<Utc>::MAX_UTC)
 }
+
+/// Every unfinished job's latest state: its `open_jobs` entry, or the one row that may follow
+/// it (the `executing` row of an attempt under way, which `open_jobs` does not record).
+const OPEN_JOBS_AS_THEY_ARE: &str = "SELECT o.job_id, \
+     COALESCE(t.state, o.state) AS state, COALESCE(t.attempts, o.attempts) AS attempts, \
+     CASE WHEN t.id IS NULL THEN o.retry_at ELSE t.retry_at END AS retry_at \
+     FROM open_jobs o \
+     LEFT JOIN job_state_transitions t ON t.job_id = o.job_id AND t.id > o.transition_id";
 
 /// A `u64` as the `i64` SQLite binds (MySQL takes either): ids, tokens and counts stay far
 /// below 2^63.
