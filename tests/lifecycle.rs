@@ -230,18 +230,10 @@ impl Life {
 
     /// Every database of this test that exists on the server.
     async fn databases(&self) -> HashSet<String> {
-        let db = JobDb::open(
-            &format!("{}/mysql", mysql_server()).parse().unwrap(),
-            false,
-            1,
-        )
-        .await
-        .unwrap();
-        let names = db
-            .databases_like(&format!("{}\\_%", self.prefix))
+        let server: spindle::jobdb::JobDbUrl = format!("{}/any", mysql_server()).parse().unwrap();
+        let names = spindle::jobdb::databases_like(&server.server, &format!("{}\\_%", self.prefix))
             .await
             .unwrap();
-        db.close().await;
         names.into_iter().collect()
     }
 

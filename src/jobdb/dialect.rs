@@ -485,7 +485,9 @@ macro_rules! spelled_sql {
             "c.endpoint_prefix)) = c.endpoint_prefix) \
                AND (c.created_before IS NULL OR j.created_at < c.created_before) \
                AND t.transition_id < ? \
-               AND t.state IN ('awaiting-scheduling', 'awaiting-retry')"
+               AND t.state IN ('awaiting-scheduling', 'awaiting-retry') \
+               AND NOT EXISTS (SELECT 1 FROM job_state_transitions l \
+                               WHERE l.job_id = t.job_id AND l.id > t.transition_id)"
         );
         /// Ended jobs for replay.
         pub const ENDED_JOBS: &str = concat!(

@@ -10,7 +10,7 @@ use chrono::{DateTime, Utc};
 use sqlx::QueryBuilder;
 use ulid::Ulid;
 
-use super::{with_pool, JobDb, JobDbError, Pool, Server, MAX_IDS_PER_SELECT, MAX_ROWS_PER_INSERT};
+use super::{with_pool, JobDb, JobDbError, MAX_IDS_PER_SELECT, MAX_ROWS_PER_INSERT};
 pub use crate::archive::BatchKind;
 use crate::job::{JobId, State, Transition};
 
@@ -362,45 +362,7 @@ impl JobDb {
     /// Databases on this JobDB's server whose name matches a `LIKE` pattern (`%`, `_`, and
     /// `\` escaping either); for SQLite, the JobDB files in its directory.
     pub async fn databases_like(&self, pattern: &str) -> Result<Vec<String>, JobDbError> {
-        match &self.pool {
-            Pool::MySql(p) => {
-                let rows = sqlx::query(
-                    "SELECT schema_name AS name FROM information_schema.schemata \
-                     WHERE schema_name LIKE ?",
-                )
-                .bind(pattern)
-                .fetch_all(p)
-                .await?;
-                rows.iter()
-                    .map(|r| super::dialect::mysql::text(r, "name"))
-                    .collect()
-            }
-            Pool::Sqlite(_) => {
-                let Server::Sqlite(dir) = &self.url.server else {
-                    return Ok(Vec::new());
-                };
-                let mut names = Vec::new();
-                let mut entries = tokio::fs::read_dir(dir)
-                    .await
-                    .map_err(super::file_error(dir))?;
-                while let Some(entry) =
-                    entries.next_entry().await.map_err(super::file_error(dir))?
-                {
-                    let file = entry.file_name();
-                    let Some(name) = file
-                        .to_str()
-                        .and_then(|f| f.strip_suffix(super::SQLITE_SUFFIX))
-                    else {
-                        continue;
-                    };
-                    if like(pattern.as_bytes(), name.as_bytes()) {
-                        names.push(name.to_owned());
-                    }
-                }
-                names.sort();
-                Ok(names)
-            }
-        }
+        super::databases_like(&self.url.server, pattern).await
     }
 
     /// The JobDB each of these jobs is (currently) planned to move to.
@@ -437,7 +399,7 @@ impl JobDb {
 }
 
 /// SQL `LIKE` (case-sensitive, `\` escapes): `%` any run, `_` one character.
-fn like(pattern: &[u8], text: &[u8]) -> bool {
+pub(super) fn like(pattern: &[u8], text: &[u8]) -> bool {
     match pattern.split_first() {
         None => text.is_empty(),
         Some((b'%', rest)) => (0..=text.len()).any(|i| like(rest, &text[i..])),

@@ -345,6 +345,43 @@ pub async fn create_database(url: &JobDbUrl) -> Result<(), JobDbError> {
     Ok(())
 }
 
+/// Databases on `server` whose name matches a `LIKE` pattern (`%`, `_`, and `\` escaping
+/// either): schemas of a MySQL server (read without opening any of them, so nothing is
+/// migrated), or the JobDB files of a SQLite directory.
+pub async fn databases_like(server: &Server, pattern: &str) -> Result<Vec<String>, JobDbError> {
+    match server {
+        Server::MySql(options) => {
+            let mut conn = options.connect().await?;
+            let rows = sqlx::query(
+                "SELECT schema_name AS name FROM information_schema.schemata \
+                 WHERE schema_name LIKE ?",
+            )
+            .bind(pattern)
+            .fetch_all(&mut conn)
+            .await?;
+            conn.close().await?;
+            rows.iter()
+                .map(|r| dialect::mysql::text(r, "name"))
+                .collect()
+        }
+        Server::Sqlite(dir) => {
+            let mut names = Vec::new();
+            let mut entries = tokio::fs::read_dir(dir).await.map_err(file_error(dir))?;
+            while let Some(entry) = entries.next_entry().await.map_err(file_error(dir))? {
+                let file = entry.file_name();
+                let Some(name) = file.to_str().and_then(|f| f.strip_suffix(SQLITE_SUFFIX)) else {
+                    continue;
+                };
+                if lifecycle::like(pattern.as_bytes(), name.as_bytes()) {
+                    names.push(name.to_owned());
+                }
+            }
+            names.sort();
+            Ok(names)
+        }
+    }
+}
+
 /// Opens and closes one connection to the database: fails at once with the server's or the
 /// network's own error (a pool keeps retrying until its timeout, and then says only that).
 /// A SQLite JobDB must exist.
@@ -782,7 +819,8 @@ impl JobDb {
     /// page a Director's cache reads when it has room. A job is in it when its latest
     /// transition is `awaiting-scheduling`, or `awaiting-retry` with `retry_at <= due_by` or
     /// an expiry by then (so it is archived on time), and that transition's id is below
-    /// `before_row` (rows written since are the cache's own news). Reads `open_jobs` only.
+    /// `before_row` (rows written since are the cache's own news). Reads `open_jobs`, with one
+    /// key probe per job for an attempt under way (which is not waiting).
     pub async fn backlog_page(
         &self,
         after: Option<JobId>,
@@ -793,11 +831,14 @@ impl JobDb {
         let after = after.map_or_else(|| vec![0u8; 16], |id| id.to_bytes().to_vec());
         let progress: HashMap<JobId, Progress> = with_pool!(self, |p, q| {
             sqlx::query(
-                "SELECT job_id, state, attempts, retry_at FROM open_jobs \
-                 WHERE job_id > ? AND transition_id < ? \
-                   AND (state = 'awaiting-scheduling' \
-                        OR (state = 'awaiting-retry' AND (retry_at <= ? OR expire_at <= ?))) \
-                 ORDER BY job_id \
+                "SELECT o.job_id, o.state, o.attempts, o.retry_at FROM open_jobs o \
+                 WHERE o.job_id > ? AND o.transition_id < ? \
+                   AND (o.state = 'awaiting-scheduling' \
+                        OR (o.state = 'awaiting-retry' \
+                            AND (o.retry_at <= ? OR o.expire_at <= ?))) \
+                   AND NOT EXISTS (SELECT 1 FROM job_state_transitions t \
+                                   WHERE t.job_id = o.job_id AND t.id > o.transition_id) \
+                 ORDER BY o.job_id \
                  LIMIT ?",
             )
             .bind(after)
