@@ -260,6 +260,17 @@ pub struct Progress {
     pub retry_at: Option<DateTime<Utc>>,
 }
 
+/// A job recovered from the JobDB after a restart.
+#[derive(Debug)]
+pub struct Recovered {
+    /// The job.
+    pub job: Arc<Job>,
+    /// Attempts started so far.
+    pub attempts: u16,
+    /// When its next attempt is due (`None`: now).
+    pub retry_at: Option<DateTime<Utc>>,
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

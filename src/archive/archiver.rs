@@ -19,9 +19,9 @@ use ulid::Ulid;
 
 use super::BatchKind;
 use super::{Archive, ArchiveError, ArchivedJob};
-use crate::director::writer::WriteOp;
 use crate::job::{JobId, State, Transition};
 use crate::jobdb::lifecycle::PlannedBatch;
+use crate::jobdb::writes::WriteOp;
 use crate::jobdb::{JobDb, JobDbError};
 use crate::metrics::Metrics;
 

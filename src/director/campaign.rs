@@ -21,7 +21,6 @@ use crate::registry::catalog;
 use crate::registry::consul::ConsulClient;
 use crate::registry::inventory::{Inventory, JobDbState, Listed};
 use crate::registry::lease::{consul_lock, Lease, LockTiming};
-use crate::rpc;
 
 /// How a Director takes part in a cluster.
 #[derive(Clone, Debug)]
@@ -399,7 +398,7 @@ impl IdleServer {
         let stop = CancellationToken::new();
         let stopped = stop.clone();
         let task = tokio::spawn(async move {
-            let serve = axum::serve(listener, rpc::idle_router(metrics))
+            let serve = axum::serve(listener, super::http::idle_router(metrics))
                 .with_graceful_shutdown(stopped.cancelled_owned());
             if let Err(e) = serve.await {
                 tracing::warn!(error = %e, "idle server failed");

@@ -16,6 +16,7 @@
 pub mod breaker;
 pub mod campaign;
 pub mod commands;
+pub mod http;
 pub mod scheduler;
 pub mod supervise;
 pub mod writer;
@@ -37,7 +38,8 @@ use crate::job::{AttemptRecord, State, Transition};
 use crate::jobdb::{JobDb, JobDbError, JobDbUrl};
 use crate::metrics::Metrics;
 use crate::registry::lease::{self, Lease};
-use crate::rpc::{self, api::IntakeLimits, RpcState};
+use crate::rpc::api::IntakeLimits;
+use http::RpcState;
 use scheduler::{Scheduler, SchedulerLimits};
 use writer::{WriteOp, Writer, WriterLimits};
 
@@ -407,7 +409,7 @@ async fn serve(
     let server = supervisor.spawn(
         "rpc server",
         std::future::IntoFuture::into_future(
-            axum::serve(listener, rpc::router(state)).with_graceful_shutdown(stop_serving),
+            axum::serve(listener, http::router(state)).with_graceful_shutdown(stop_serving),
         ),
     );
     tracing::info!(%addr, jobdb = db.name(), "director serving");

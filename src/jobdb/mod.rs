@@ -14,6 +14,7 @@ pub mod lifecycle;
 pub mod lock;
 pub mod replay;
 pub mod stats;
+pub mod writes;
 
 use std::collections::HashMap;
 use std::path::PathBuf;

@@ -888,7 +888,8 @@ async fn metrics(State(shared): State<Arc<Shared>>) -> Response {
 /// The Director's document without what only Directors serve (`/v1/import`, and
 /// `/v1/endpoints`: each Director's own view of its endpoints).
 pub fn openapi_document() -> Result<String, serde_json::Error> {
-    let mut doc: serde_json::Value = serde_json::from_str(&crate::rpc::openapi_document()?)?;
+    let mut doc: serde_json::Value =
+        serde_json::from_str(&crate::director::http::openapi_document()?)?;
     if let Some(paths) = doc.get_mut("paths").and_then(|p| p.as_object_mut()) {
         paths.remove("/v1/import");
         paths.remove("/v1/endpoints");

@@ -68,10 +68,10 @@ pub enum ApiError {
     Internal,
 }
 
-impl From<crate::director::writer::WriteRejected> for ApiError {
+impl From<crate::jobdb::writes::WriteRejected> for ApiError {
     /// What a producer hears when the writer did not store its request.
-    fn from(why: crate::director::writer::WriteRejected) -> Self {
-        use crate::director::writer::WriteRejected;
+    fn from(why: crate::jobdb::writes::WriteRejected) -> Self {
+        use crate::jobdb::writes::WriteRejected;
         match why {
             WriteRejected::Unavailable => {
                 ApiError::Unavailable("the jobdb is unavailable; nothing was stored".into())

@@ -16,23 +16,14 @@
 //! one after the other; others run concurrently and share the writer's group commits.
 
 use std::collections::HashSet;
-use std::sync::{Arc, Mutex};
+use std::sync::Mutex;
 
-use axum::extract::rejection::BytesRejection;
-use axum::extract::State;
-use axum::http::{HeaderMap, StatusCode};
-use axum::Json;
 use base64::Engine;
 use bytes::Bytes;
 use chrono::{DateTime, Utc};
-use tokio::sync::{oneshot, Notify};
+use tokio::sync::Notify;
 
 use super::api::{self, FieldError, IntakeLimits};
-use super::auth::Scope;
-use super::error::ApiError;
-use super::RpcState;
-use crate::director::scheduler::Recovered;
-use crate::director::writer::{WriteOp, WriteRejected};
 use crate::job::{Job, JobId, RetryPolicy};
 
 pub use spindle_client::api::{ImportJob, ImportRequest, ImportResponse, MAX_IMPORT_JOBS};
@@ -129,186 +120,6 @@ fn check_stored_time(at: DateTime<Utc>, field: &str) -> Result<(), FieldError> {
         ));
     }
     Ok(())
-}
-
-/// Import jobs from a retired JobDB (admin).
-#[utoipa::path(
-    post,
-    path = "/v1/import",
-    request_body = ImportRequest,
-    responses(
-        (status = 200, description = "Every job is stored in this Director's JobDB", body = ImportResponse),
-        (status = 400, description = "Malformed JSON, or unknown or missing field", body = super::api::ErrorBody),
-        (status = 401, description = "Missing or invalid bearer token", body = super::api::ErrorBody),
-        (status = 403, description = "The token is not an admin token; nothing stored", body = super::api::ErrorBody),
-        (status = 409, description = "This Director owns another JobDB than `jobdb`; nothing stored", body = super::api::ErrorBody),
-        (status = 413, description = "Body or batch too large", body = super::api::ErrorBody),
-        (status = 422, description = "A field has an invalid value", body = super::api::ErrorBody),
-        (status = 503, description = "JobDB unavailable or Director stopping; nothing stored", body = super::api::ErrorBody)
-    )
-)]
-pub(super) async fn import_jobs(
-    State(state): State<RpcState>,
-    headers: HeaderMap,
-    body: Result<Bytes, BytesRejection>,
-) -> Result<(StatusCode, Json<ImportResponse>), ApiError> {
-    if state.stopping.is_cancelled() {
-        return Err(ApiError::ShuttingDown);
-    }
-    if let Some(caller) = state.caller(&headers)? {
-        if !matches!(caller.scope, Scope::Admin) {
-            return Err(ApiError::Forbidden {
-                message: format!(
-                    "token {:?} is not an admin token; nothing was stored",
-                    caller.name
-                ),
-                field: None,
-            });
-        }
-    }
-    let body = super::request_body(body, &state.limits)?;
-    let request: ImportRequest =
-        serde_path_to_error::deserialize(&mut serde_json::Deserializer::from_slice(&body))
-            .map_err(|e| ApiError::InvalidJson {
-                field: Some(e.path().to_string()),
-                message: e.inner().to_string(),
-            })?;
-    if request.jobdb != state.db.name() {
-        return Err(ApiError::Conflict {
-            message: format!(
-                "this director owns jobdb {:?}, not {:?}; nothing was stored",
-                state.db.name(),
-                request.jobdb
-            ),
-            field: Some("jobdb".to_owned()),
-        });
-    }
-    if let Some(from) = &request.from_jobdb {
-        if !crate::registry::inventory::valid_name(from) {
-            return Err(FieldError::new("from_jobdb", "must be 1 to 48 of [a-z0-9_]").into());
-        }
-    }
-    if let Some(not_after) = request.not_after {
-        if request.from_jobdb.is_some() {
-            return Err(
-                FieldError::new("not_after", "is only for new jobs (without from_jobdb)").into(),
-            );
-        }
-        if Utc::now() > not_after {
-            return Err(ApiError::Conflict {
-                message: format!(
-                    "not_after ({not_after}) has passed: the claim may have been taken over; \
-                     nothing was stored"
-                ),
-                field: Some("not_after".to_owned()),
-            });
-        }
-    }
-    if request.jobs.is_empty() || request.jobs.len() > MAX_IMPORT_JOBS {
-        return Err(
-            FieldError::new("jobs", format!("must hold 1 to {MAX_IMPORT_JOBS} jobs")).into(),
-        );
-    }
-    let mut jobs = Vec::with_capacity(request.jobs.len());
-    for (i, spec) in request.jobs.iter().enumerate() {
-        if request.from_jobdb.is_none() && spec.attempts != 0 {
-            return Err(FieldError::new(
-                format!("jobs[{i}].attempts"),
-                "must be 0 for new jobs (without from_jobdb)",
-            )
-            .into());
-        }
-        jobs.push((
-            job_of(spec, i, &state.limits)?,
-            spec.attempts,
-            spec.retry_at,
-        ));
-    }
-
-    // Requests sharing an id are checked and written one after the other: the check for jobs
-    // already present and their insert must not interleave with another request's.
-    let ids: Vec<JobId> = jobs.iter().map(|(job, _, _)| job.id).collect();
-    let _held = state.imports.hold(&ids).await;
-    let present = state.db.existing_jobs(&ids).await.map_err(|e| {
-        tracing::warn!(error = %e, "import: reading existing jobs failed");
-        ApiError::Unavailable("the jobdb is unavailable; nothing was stored".into())
-    })?;
-    let fresh: Vec<Recovered> = jobs
-        .into_iter()
-        .filter(|(job, _, _)| !present.contains(&job.id))
-        .map(|(job, attempts, retry_at)| Recovered {
-            job: Arc::new(job),
-            attempts,
-            retry_at: Some(retry_at),
-        })
-        .collect();
-    let imported = fresh.len();
-    // Checked again now that the request may have waited (for the ids, for the JobDB): a job
-    // must never be stored after `not_after`, or a lapsed claim could be taken over with it.
-    if request.not_after.is_some_and(|t| Utc::now() > t) {
-        return Err(ApiError::Conflict {
-            message: "not_after passed while the request waited; nothing was stored".into(),
-            field: Some("not_after".to_owned()),
-        });
-    }
-    if imported > 0 {
-        let (op, outcome) = match &request.from_jobdb {
-            Some(from) => {
-                let (reply, outcome) = oneshot::channel();
-                let op = WriteOp::Import {
-                    jobs: fresh,
-                    from_jobdb: from.clone(),
-                    reply,
-                };
-                (op, Outcome::Imported(outcome))
-            }
-            None => {
-                let (reply, outcome) = oneshot::channel();
-                // The deadline travels with the write: checked again when its batch is
-                // assembled, the last moment before the jobs can be stored.
-                let op = WriteOp::Submit {
-                    jobs: fresh.into_iter().map(|r| r.job).collect(),
-                    not_after: request.not_after,
-                    reply,
-                };
-                (op, Outcome::Submitted(outcome))
-            }
-        };
-        state
-            .writer
-            .send(op)
-            .await
-            .map_err(|_| ApiError::ShuttingDown)?;
-        let outcome = match outcome {
-            Outcome::Imported(rx) => rx.await,
-            Outcome::Submitted(rx) => rx.await.map(|r| r.map(|_| ())),
-        };
-        match outcome {
-            Ok(Ok(())) => {}
-            Ok(Err(why)) => return Err(why.into()),
-            Err(_) => return Err(ApiError::ShuttingDown),
-        }
-    }
-    tracing::debug!(
-        from = request.from_jobdb.as_deref().unwrap_or("router"),
-        imported,
-        already_present = present.len(),
-        "jobs imported"
-    );
-    Ok((
-        StatusCode::OK,
-        Json(ImportResponse {
-            jobdb: state.db.name().to_owned(),
-            imported,
-            already_present: present.len(),
-        }),
-    ))
-}
-
-/// Where a write's outcome arrives: imports are acknowledged, submissions get a transaction id.
-enum Outcome {
-    Imported(oneshot::Receiver<Result<(), WriteRejected>>),
-    Submitted(oneshot::Receiver<Result<ulid::Ulid, WriteRejected>>),
 }
 
 /// Job ids of the imports in progress: requests sharing an id wait for each other.

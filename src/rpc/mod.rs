@@ -1,69 +1,27 @@
-//! The RPC server (axum, JSON): submit jobs, trace a job, health, readiness, metrics and the
-//! OpenAPI document. Handlers validate, hand work to the Director's writer and wait for the
-//! commit; they never touch delivery.
+//! The intake toolkit: what every HTTP front of spindle (the Director's API in
+//! `director::http`, the router) shares — the RPC's types and validation (`api`, `import`),
+//! bearer tokens and their rate limits (`auth`), error bodies (`error`), request parsing, job
+//! ids, and the metrics endpoint of processes that only report. It imports nothing above it.
 
 pub mod api;
 pub mod auth;
 pub mod error;
 pub mod import;
 
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 
 use axum::extract::rejection::BytesRejection;
-use axum::extract::{DefaultBodyLimit, Path, State};
 use axum::http::{header, HeaderMap, StatusCode};
-use axum::response::IntoResponse;
-use axum::routing::{get, post};
-use axum::{Json, Router};
+use axum::routing::get;
+use axum::Router;
 use bytes::Bytes;
 use chrono::Utc;
-use tokio::sync::{mpsc, oneshot};
 use tokio_util::sync::CancellationToken;
-use utoipa::OpenApi;
 
-use crate::director::writer::WriteOp;
 use crate::job::JobId;
-use crate::jobdb::JobDb;
 use crate::metrics::Metrics;
-use api::{AcceptedJob, IntakeLimits, JobView, SubmitReply, SubmitRequest};
+use api::{IntakeLimits, SubmitRequest};
 use error::ApiError;
-
-/// What the handlers share.
-#[derive(Clone)]
-pub struct RpcState {
-    /// The Director's writer.
-    pub writer: mpsc::Sender<WriteOp>,
-    /// For reads (job traces).
-    pub db: JobDb,
-    /// Exported at `/metrics`.
-    pub metrics: Arc<Metrics>,
-    /// Intake limits and defaults.
-    pub limits: Arc<IntakeLimits>,
-    /// Cancelled when the Director stops taking work.
-    pub stopping: CancellationToken,
-    /// Set once recovery is done and the JobDB is owned.
-    pub ready: Arc<AtomicBool>,
-    /// Job id generator: monotonic within a millisecond, so ids keep submission order.
-    pub ids: Arc<Mutex<ulid::Generator>>,
-    /// Known API tokens; `None` leaves the API open (a warning is logged at start).
-    pub auth: Option<Arc<auth::TokenStore>>,
-    /// Job ids of the imports in progress (requests sharing an id run one at a time).
-    pub imports: Arc<import::InFlight>,
-    /// The scheduler's endpoint health, refreshed once a second.
-    pub health: Arc<Mutex<Vec<api::EndpointHealth>>>,
-}
-
-impl RpcState {
-    /// The caller behind the request's bearer token (`None` when authentication is off).
-    fn caller(&self, headers: &HeaderMap) -> Result<Option<auth::Caller>, ApiError> {
-        caller_of(self.auth.as_deref(), headers)
-    }
-
-    fn next_id(&self) -> JobId {
-        next_id(&self.ids)
-    }
-}
 
 /// A new job id from `ids`: monotonic within a millisecond, so ids keep submission order.
 pub fn next_id(ids: &Mutex<ulid::Generator>) -> JobId {
@@ -75,55 +33,9 @@ pub fn next_id(ids: &Mutex<ulid::Generator>) -> JobId {
     JobId(generated.unwrap_or_else(|_| ulid::Ulid::new()))
 }
 
-/// The OpenAPI document of the RPC API.
-#[derive(OpenApi)]
-#[openapi(
-    info(
-        title = "spindle",
-        description = "Database-as-a-queue HTTP delivery engine: Director RPC API"
-    ),
-    paths(
-        submit_jobs,
-        get_job,
-        endpoints,
-        import::import_jobs,
-        healthz,
-        readyz,
-        metrics
-    ),
-    components(schemas(
-        api::SubmitRequest,
-        api::NewJob,
-        api::SubmitReply,
-        api::AcceptedJob,
-        api::JobStatus,
-        api::JobView,
-        api::TransitionView,
-        api::EndpointsView,
-        api::EndpointHealth,
-        api::ErrorBody,
-        api::ErrorDetail,
-        import::ImportRequest,
-        import::ImportJob,
-        import::ImportResponse
-    ))
-)]
-pub struct ApiDoc;
-
-/// The routes of a Director.
-pub fn router(state: RpcState) -> Router {
-    let body_limit = state.limits.max_request_bytes;
-    Router::new()
-        .route("/v1/jobs", post(submit_jobs))
-        .route("/v1/jobs/{id}", get(get_job))
-        .route("/v1/endpoints", get(endpoints))
-        .route("/v1/import", post(import::import_jobs))
-        .route("/healthz", get(healthz))
-        .route("/readyz", get(readyz))
-        .route("/metrics", get(metrics))
-        .route("/openapi.json", get(openapi))
-        .layer(DefaultBodyLimit::max(body_limit))
-        .with_state(state)
+/// Liveness: the process answers.
+pub async fn healthz() -> &'static str {
+    "ok\n"
 }
 
 /// The routes of a process that only reports: `/healthz` and `/metrics` (manager, drainer).
@@ -155,86 +67,6 @@ pub async fn serve_metrics(
     });
     tracing::info!(addr = %bound, "metrics at /metrics");
     Ok(bound)
-}
-
-/// The routes of a Director process that owns no JobDB at the moment (campaigning): alive,
-/// not ready, metrics, and a 503 for everything else so producers go elsewhere.
-pub fn idle_router(metrics: Arc<Metrics>) -> Router {
-    Router::new()
-        .route("/healthz", get(healthz))
-        .route(
-            "/readyz",
-            get(|| async {
-                (
-                    StatusCode::SERVICE_UNAVAILABLE,
-                    "not ready: no jobdb owned\n",
-                )
-            }),
-        )
-        .route(
-            "/metrics",
-            get(move |headers: HeaderMap| {
-                let metrics = metrics.clone();
-                async move { exposition(&metrics, &headers) }
-            }),
-        )
-        .route("/openapi.json", get(openapi))
-        .fallback(|| async {
-            ApiError::Unavailable(
-                "this director owns no jobdb right now; nothing was stored".into(),
-            )
-        })
-}
-
-/// Submit jobs. The whole batch is persisted in one transaction before the answer.
-#[utoipa::path(
-    post,
-    path = "/v1/jobs",
-    request_body = SubmitRequest,
-    responses(
-        (status = 202, description = "All jobs persisted", body = SubmitReply),
-        (status = 400, description = "Malformed JSON, or unknown or missing field", body = api::ErrorBody),
-        (status = 413, description = "Body, payload or batch too large", body = api::ErrorBody),
-        (status = 401, description = "Missing or invalid bearer token", body = api::ErrorBody),
-        (status = 403, description = "The token may not submit to a job's bucket; nothing stored", body = api::ErrorBody),
-        (status = 422, description = "A field has an invalid value", body = api::ErrorBody),
-        (status = 429, description = "The token is over its request rate (see Retry-After); nothing stored", body = api::ErrorBody),
-        (status = 503, description = "JobDB unavailable or Director stopping; nothing stored", body = api::ErrorBody)
-    )
-)]
-async fn submit_jobs(
-    State(state): State<RpcState>,
-    headers: HeaderMap,
-    body: Result<Bytes, BytesRejection>,
-) -> Result<impl IntoResponse, ApiError> {
-    if state.stopping.is_cancelled() {
-        return Err(ApiError::ShuttingDown);
-    }
-    let caller = state.caller(&headers)?;
-    let body = request_body(body, &state.limits)?;
-    let jobs = check_submission(&body, &state.limits, || state.next_id())?;
-    check_buckets(caller.as_ref(), &jobs)?;
-
-    let (reply, outcome) = oneshot::channel();
-    state
-        .writer
-        .send(WriteOp::Submit {
-            jobs: jobs.clone(),
-            not_after: None,
-            reply,
-        })
-        .await
-        .map_err(|_| ApiError::ShuttingDown)?;
-    let transaction = match outcome.await {
-        Ok(Ok(transaction)) => transaction,
-        Ok(Err(why)) => return Err(why.into()),
-        Err(_) => return Err(ApiError::ShuttingDown),
-    };
-    let response = SubmitReply {
-        transaction_id: transaction.to_string(),
-        jobs: jobs.iter().map(|job| AcceptedJob::from(&**job)).collect(),
-    };
-    Ok((StatusCode::ACCEPTED, Json(response)))
 }
 
 /// The caller behind a request's bearer token, admitted by its rate limit (`None` when `store`
@@ -341,108 +173,8 @@ fn parse_json<T: serde::de::DeserializeOwned>(body: &[u8]) -> Result<T, ApiError
     Ok(value)
 }
 
-/// The health of the endpoints this Director works for (admin): queue, requests in flight,
-/// circuit breaker, controls.
-#[utoipa::path(
-    get,
-    path = "/v1/endpoints",
-    responses(
-        (status = 200, description = "Every endpoint with work or a remembered breaker", body = api::EndpointsView),
-        (status = 401, description = "No valid token", body = api::ErrorBody),
-        (status = 403, description = "Not an admin token", body = api::ErrorBody),
-    )
-)]
-async fn endpoints(
-    State(state): State<RpcState>,
-    headers: HeaderMap,
-) -> Result<Json<api::EndpointsView>, ApiError> {
-    if let Some(caller) = state.caller(&headers)? {
-        if !matches!(caller.scope, auth::Scope::Admin) {
-            return Err(ApiError::Forbidden {
-                message: format!("token {:?} is not an admin token", caller.name),
-                field: None,
-            });
-        }
-    }
-    let endpoints = state
-        .health
-        .lock()
-        .map(|h| h.clone())
-        .unwrap_or_else(|poisoned| poisoned.into_inner().clone());
-    Ok(Json(api::EndpointsView { endpoints }))
-}
-
-/// A job with its current state and full transition trace.
-#[utoipa::path(
-    get,
-    path = "/v1/jobs/{id}",
-    params(("id" = String, Path, description = "Job id: ULID, or 32 hex digits as HEX(id) prints",
-        pattern = "^([0-7][0-9A-HJKMNP-TV-Za-hjkmnp-tv-z]{25}|[0-9A-Fa-f]{32})$")),
-    responses(
-        (status = 200, description = "The job and its trace", body = JobView),
-        (status = 400, description = "Not a job id", body = api::ErrorBody),
-        (status = 401, description = "Missing or invalid bearer token", body = api::ErrorBody),
-        (status = 403, description = "The token may not read this job's bucket", body = api::ErrorBody),
-        (status = 404, description = "No such job in this Director's JobDB", body = api::ErrorBody)
-    )
-)]
-async fn get_job(
-    State(state): State<RpcState>,
-    headers: HeaderMap,
-    Path(id): Path<String>,
-) -> Result<Json<JobView>, ApiError> {
-    let caller = state.caller(&headers)?;
-    let id = parse_job_id(&id)?;
-    let unavailable = |e: crate::jobdb::JobDbError| {
-        tracing::warn!(error = %e, "job lookup failed");
-        ApiError::Unavailable("the jobdb is unavailable".into())
-    };
-    let job = state
-        .db
-        .get_jobs(&[id])
-        .await
-        .map_err(unavailable)?
-        .pop()
-        .ok_or_else(|| ApiError::NotFound(format!("no job {id} in this director's jobdb")))?;
-    if let Some(caller) = caller.filter(|c| !c.may_use(&job.bucket)) {
-        return Err(ApiError::Forbidden {
-            message: format!(
-                "token {:?} may not read jobs of bucket {:?}",
-                caller.name, job.bucket
-            ),
-            field: None,
-        });
-    }
-    let trace = state.db.get_transitions(id).await.map_err(unavailable)?;
-    Ok(Json(api::job_view(&job, &trace)))
-}
-
-/// Liveness: the process answers.
-#[utoipa::path(get, path = "/healthz", responses((status = 200, description = "Alive")))]
-async fn healthz() -> &'static str {
-    "ok\n"
-}
-
-/// Readiness: the JobDB is owned, recovery is done, and the Director takes jobs.
-#[utoipa::path(get, path = "/readyz", responses((status = 200, description = "Ready"), (status = 503, description = "Not ready")))]
-async fn readyz(State(state): State<RpcState>) -> impl IntoResponse {
-    if state.ready.load(Ordering::Acquire) && !state.stopping.is_cancelled() {
-        (StatusCode::OK, "ready\n")
-    } else {
-        (StatusCode::SERVICE_UNAVAILABLE, "not ready\n")
-    }
-}
-
-/// Prometheus metrics: OpenMetrics when the scraper asks for it, else the classic text format.
-#[utoipa::path(get, path = "/metrics", responses((status = 200, description = "Metrics")))]
-async fn metrics(State(state): State<RpcState>, headers: HeaderMap) -> impl IntoResponse {
-    let queued = state.writer.max_capacity() - state.writer.capacity();
-    state.metrics.write_queue.set(queued as i64);
-    exposition(&state.metrics, &headers)
-}
-
 /// The metrics in the format the `Accept` header prefers.
-fn exposition(
+pub fn exposition(
     metrics: &Metrics,
     headers: &HeaderMap,
 ) -> ([(header::HeaderName, &'static str); 1], String) {
@@ -466,32 +198,5 @@ fn exposition(
             )],
             metrics.render_prometheus(),
         )
-    }
-}
-
-/// The OpenAPI document, with what the derive cannot express: constraints on header names and
-/// values (JSON Schema `propertyNames`), and a payload that may be any JSON value.
-pub fn openapi_document() -> Result<String, serde_json::Error> {
-    let mut doc = serde_json::to_value(ApiDoc::openapi())?;
-    if let Some(payload) = doc.pointer_mut("/components/schemas/JobSpec/properties/payload") {
-        let description = payload.get("description").cloned().unwrap_or_default();
-        *payload = serde_json::json!({ "description": description });
-    }
-    if let Some(headers) = doc.pointer_mut("/components/schemas/JobSpec/properties/headers") {
-        headers["maxProperties"] = serde_json::json!(api::MAX_HEADERS);
-        headers["propertyNames"] =
-            serde_json::json!({"pattern": "^[!#$%&'*+.^_`|~0-9A-Za-z-]+$", "maxLength": 256});
-        headers["additionalProperties"] = serde_json::json!({"type": "string", "pattern": "^[^\\u0000-\\u0008\\u000A-\\u001F\\u007F]*$", "maxLength": 4096});
-    }
-    serde_json::to_string_pretty(&doc)
-}
-
-async fn openapi() -> impl IntoResponse {
-    match openapi_document() {
-        Ok(doc) => ([(header::CONTENT_TYPE, "application/json")], doc).into_response(),
-        Err(e) => {
-            tracing::error!(error = %e, "openapi document failed to render");
-            ApiError::Internal.into_response()
-        }
     }
 }

@@ -471,11 +471,13 @@ pub fn debian_tool(binary: &'static str, version_arg: &str, package: &str) -> &'
             .is_ok_and(|o| o.status.success())
     };
     if !present() {
-        let install = format!("DEBIAN_FRONTEND=noninteractive apt-get install -y -qq {package}");
+        // Test binaries run side by side: wait for another's apt-get instead of failing on its lock.
+        let apt = "apt-get -o DPkg::Lock::Timeout=600";
+        let install = format!("DEBIAN_FRONTEND=noninteractive {apt} install -y -qq {package}");
         let installed = Command::new("sh")
             .args([
                 "-c",
-                &format!("{install} || (apt-get update -qq && {install})"),
+                &format!("{install} || ({apt} update -qq && {install})"),
             ])
             .status()
             .expect("apt-get");

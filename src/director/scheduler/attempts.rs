@@ -1,0 +1,377 @@
+//! The verbs of one attempt: picking jobs and committing their `executing` rows (`pump`),
+//! handing durable starts to HTTP slots (`dispatch`), and taking the outcome (`finish`):
+//! success, discard, or a retry whose wait the backoff policy, the endpoint's `Retry-After`
+//! and the job's expiry decide. Outcomes feed the endpoint's breaker.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use chrono::{DateTime, Utc};
+use rand::Rng;
+use tokio::sync::oneshot;
+use tokio::time::Instant;
+
+use crate::delivery::classify::Verdict;
+use crate::delivery::{backoff, AttemptResult};
+use crate::job::{AttemptRecord, Job, JobId, Transition};
+
+use super::cache::Phase;
+use super::gates::Recorded;
+use super::{wait_until, Event, Scheduler, SchedulerLimits, WriteOp, WriteRejected, MAX_ATTEMPTS};
+
+/// How long a job waits before it is tried again when its `executing` row was refused by the
+/// JobDB (a bug, not a condition that passes by itself): long enough not to loop.
+const REFUSED_START_PAUSE: Duration = Duration::from_secs(60);
+
+impl Scheduler {
+    /// Starts as many attempts as the limits allow, fairly across lanes and buckets: their
+    /// `executing` rows go to the writer, and delivery begins once those are durable.
+    pub(super) async fn pump(&mut self) {
+        let now = Utc::now();
+        let mut starts = Vec::new();
+        let mut reload = Vec::new();
+        // Reads of spilled jobs count against the batch too, so a full cache brings back at most
+        // a batch of payloads at a time.
+        while self.in_flight < self.limits.max_in_flight
+            && starts.len() + reload.len() < self.limits.start_batch
+        {
+            let (cache, deadlines) = (&mut self.cache, &mut self.queued_by_deadline);
+            let picked = self.queues.pick(|(id, ticket)| {
+                match cache
+                    .get_mut(&id)
+                    .filter(|e| e.phase == Phase::Ready && e.ticket == ticket)
+                {
+                    Some(entry) => {
+                        entry.phase = Phase::Unplaced;
+                        deadlines.remove(&(entry.deadline, id));
+                        true
+                    }
+                    None => false,
+                }
+            });
+            let Some((id, key, bucket)) = picked else {
+                break;
+            };
+            let max_attempts = self.limits.max_attempts;
+            match self.cache.get_mut(&id) {
+                Some(entry) if entry.job.expire_at <= now => self.expire(id, now),
+                // A discard or flush named it during an attempt that ended in a retry.
+                Some(entry) if entry.doomed.is_some() => self.end_doomed(id),
+                // Its attempts are used up (imported so, or the limit was lowered): it ends
+                // without another request, and its count can never wrap.
+                Some(entry) if entry.attempts >= max_attempts => {
+                    let attempts = entry.attempts;
+                    self.forget(id);
+                    self.metrics.jobs_out_of_attempts.inc();
+                    self.cache.gauge();
+                    self.outbox.push(Transition::discarded(
+                        id,
+                        attempts,
+                        now,
+                        AttemptRecord {
+                            error_type: Some(MAX_ATTEMPTS.to_owned()),
+                            ..Default::default()
+                        },
+                    ));
+                }
+                // Its payload waits in the JobDB (the cache was full): read it back first; it
+                // rejoins its queue once loaded.
+                Some(entry) if entry.spilled => {
+                    entry.phase = Phase::Fetching;
+                    reload.push(id);
+                    if let Some(lane) = self.queues.lane_mut(&key) {
+                        lane.fetching += 1;
+                    }
+                }
+                Some(entry) => {
+                    if self.gates.take_token(&key, Instant::now()).is_err() {
+                        // Its lane's rate limit has no token now: back exactly where it was,
+                        // and the lane waits for the token.
+                        entry.phase = Phase::Ready;
+                        self.queued_by_deadline.insert((entry.deadline, id));
+                        self.queues.unpick(&key, &bucket, (id, entry.ticket));
+                    } else {
+                        entry.attempts += 1;
+                        entry.phase = Phase::Starting;
+                        starts.push(Transition::executing(id, entry.attempts, now));
+                        self.in_flight += 1;
+                        if let Some(lane) = self.queues.lane_mut(&key) {
+                            lane.starting += 1;
+                        }
+                        self.gates.starting(&key);
+                    }
+                }
+                None => {}
+            }
+            self.relist(&key);
+        }
+        if !reload.is_empty() {
+            self.reload(reload);
+        }
+        if starts.is_empty() {
+            return;
+        }
+        self.metrics.in_flight.set(self.in_flight as i64);
+        let ids: Vec<JobId> = starts.iter().map(|t| t.job_id).collect();
+        let (done, committed) = oneshot::channel();
+        // Rows queued before these starts (earlier outcomes) must keep their place.
+        let mut rows = std::mem::take(&mut self.outbox);
+        rows.extend(starts);
+        let events = self.events_tx.clone();
+        let sent = self
+            .writer
+            .send(WriteOp::Transitions {
+                rows,
+                done: Some(done),
+            })
+            .await;
+        if sent.is_err() {
+            let _ = events.send(Event::StartFailed(ids, WriteRejected::LockLost));
+            return;
+        }
+        tokio::spawn(async move {
+            let event = match committed.await {
+                Ok(Ok(())) => Event::Started(ids),
+                Ok(Err(why)) => Event::StartFailed(ids, why),
+                Err(_) => Event::StartFailed(ids, WriteRejected::LockLost),
+            };
+            let _ = events.send(event);
+        });
+    }
+
+    /// The `executing` rows of these jobs are durable: they wait for their lanes' HTTP slots.
+    pub(super) fn started(&mut self, ids: Vec<JobId>) {
+        let mut lanes = Vec::new();
+        for id in ids {
+            let Some(key) = self.lane_of(id) else {
+                continue;
+            };
+            if let Some(lane) = self.queues.lane_mut(&key) {
+                lane.starting -= 1;
+                lane.started.push_back(id);
+            }
+            lanes.push(key);
+        }
+        lanes.dedup();
+        for key in lanes {
+            self.dispatch(&key);
+        }
+    }
+
+    /// The `executing` rows of these jobs could not be written: they did not start.
+    pub(super) fn start_failed(&mut self, ids: Vec<JobId>, why: WriteRejected) {
+        let refused = matches!(why, WriteRejected::Refused { .. });
+        if refused {
+            tracing::error!(
+                jobs = ids.len(),
+                "the jobdb refused attempts' rows; trying these jobs again later"
+            );
+        } else {
+            tracing::warn!(jobs = ids.len(), reason = %why, "could not record attempts; not starting them");
+        }
+        let later = Instant::now() + REFUSED_START_PAUSE;
+        for id in ids {
+            let Some(key) = self.lane_of(id) else {
+                continue;
+            };
+            self.in_flight -= 1;
+            if let Some(lane) = self.queues.lane_mut(&key) {
+                lane.starting -= 1;
+            }
+            if let Some(entry) = self.cache.get_mut(&id) {
+                entry.attempts = entry.attempts.saturating_sub(1);
+            }
+            if refused {
+                self.wait(id, later);
+                self.relist(&key);
+            } else {
+                self.enqueue(id);
+            }
+        }
+        self.metrics.in_flight.set(self.in_flight as i64);
+    }
+
+    fn lane_of(&self, id: JobId) -> Option<Arc<str>> {
+        self.cache.get(&id).map(|e| e.lane.clone())
+    }
+
+    /// Sends the lane's durable-started attempts while it has free HTTP slots.
+    pub(super) fn dispatch(&mut self, key: &Arc<str>) {
+        let per_endpoint = self.gates.concurrency(key);
+        let mut ready = Vec::new();
+        if let Some(lane) = self.queues.lane_mut(key) {
+            while lane.in_flight < per_endpoint {
+                let Some(id) = lane.started.pop_front() else {
+                    break;
+                };
+                lane.in_flight += 1;
+                ready.push(id);
+            }
+        }
+        for id in ready {
+            self.deliver(id);
+        }
+        self.relist(key);
+    }
+
+    fn deliver(&mut self, id: JobId) {
+        let Some(entry) = self.cache.get_mut(&id) else {
+            return;
+        };
+        entry.phase = Phase::InFlight;
+        self.metrics.observe_start();
+        let job = entry.job.clone();
+        let attempt = entry.attempts;
+        let deliverer = self.deliverer.clone();
+        let events = self.events_tx.clone();
+        tokio::spawn(async move {
+            let result = deliverer.attempt(&job, attempt).await;
+            let _ = events.send(Event::Finished {
+                id: job.id,
+                result: Box::new(result),
+            });
+        });
+    }
+
+    /// An attempt ended: the job succeeds, is discarded, or waits for its next attempt.
+    pub(super) fn finish(&mut self, id: JobId, result: AttemptResult) {
+        let Some(key) = self.lane_of(id) else { return };
+        self.in_flight -= 1;
+        self.metrics.in_flight.set(self.in_flight as i64);
+        if let Some(lane) = self.queues.lane_mut(&key) {
+            lane.in_flight -= 1;
+        }
+        self.record_outcome(&key, &result.verdict);
+        self.dispatch(&key);
+        let Some(entry) = self.cache.get(&id) else {
+            return;
+        };
+        let attempt = entry.attempts;
+        let now = Utc::now();
+        if let Some(d) = result.record.duration {
+            self.metrics.observe_attempt(&result.verdict, d);
+        }
+        let row = match result.verdict {
+            Verdict::Succeeded => {
+                self.forget(id);
+                Transition::succeeded(id, attempt, now, result.record)
+            }
+            Verdict::Discard { .. } => {
+                self.forget(id);
+                Transition::discarded(id, attempt, now, result.record)
+            }
+            Verdict::Retry { .. } if attempt >= self.limits.max_attempts => {
+                // The last attempt it may make failed: it ends here, with that answer.
+                self.forget(id);
+                self.metrics.jobs_out_of_attempts.inc();
+                let mut record = result.record;
+                record.error_type = Some(MAX_ATTEMPTS.to_owned());
+                Transition::discarded(id, attempt, now, record)
+            }
+            Verdict::Retry { retry_after, .. } => {
+                let unit: f64 = rand::rng().random();
+                let retry_at = retry_at(&entry.job, attempt, &self.limits, retry_after, now, unit);
+                let wait = wait_until(now, retry_at);
+                let row = Transition::awaiting_retry(id, attempt, now, retry_at, result.record);
+                if wait >= self.limits.spill_after {
+                    self.cache.spill(id);
+                }
+                self.wait(id, Instant::now() + wait);
+                if let Some(entry) = self.cache.get_mut(&id) {
+                    entry.failed_at = Some(Instant::now());
+                }
+                row
+            }
+        };
+        self.cache.gauge();
+        self.outbox.push(row);
+        if self.cache.get(&id).is_some_and(|e| e.doomed.is_some()) {
+            self.end_doomed(id);
+        }
+    }
+
+    /// Feeds an attempt's outcome to its endpoint's breaker. The endpoint cannot take the
+    /// request when it did not answer, answered a server error, or asked us to slow down
+    /// (429/425: other jobs of the same endpoint would be told the same); a 4xx or a success
+    /// means it is up.
+    fn record_outcome(&mut self, key: &Arc<str>, verdict: &Verdict) {
+        let (ok, retry_after) = match verdict {
+            Verdict::Retry { retry_after, .. } => (false, *retry_after),
+            _ => (true, None),
+        };
+        match self.gates.record(key, ok, retry_after, Instant::now()) {
+            Recorded::Opened => {
+                tracing::warn!(endpoint = %key, "endpoint failing: circuit breaker open, probing");
+                self.metrics.breaker_opened.inc();
+                self.metrics.breakers_open.inc();
+            }
+            Recorded::Closed(opened_at) => {
+                self.metrics.breakers_open.dec();
+                let expedited = opened_at.map_or(0, |at| self.expedite_lane(key, at));
+                tracing::info!(endpoint = %key, expedited, "endpoint answering again: circuit breaker closed; its waiting retries are due now");
+            }
+            Recorded::Nothing => {}
+        }
+    }
+
+    /// An endpoint came back: the retries its outage made wait (attempts that failed from a
+    /// minute before the breaker opened; backoffs that grew during the outage, mostly of the
+    /// probes) become due now, each with an `awaiting-retry` row saying so. Jobs an operator
+    /// postponed are left alone. Rare (once per outage), so a walk over the cache is fine.
+    fn expedite_lane(&mut self, key: &Arc<str>, opened: Instant) -> usize {
+        let now = Utc::now();
+        let since = opened
+            .checked_sub(Duration::from_secs(60))
+            .unwrap_or(opened);
+        let waiting: Vec<(JobId, u16)> = self
+            .cache
+            .iter()
+            .filter(|(_, e)| {
+                e.lane == *key
+                    && matches!(e.phase, Phase::Waiting { .. })
+                    && e.failed_at.is_some_and(|t| t >= since)
+            })
+            .map(|(id, e)| (*id, e.attempts))
+            .collect();
+        for (id, attempts) in &waiting {
+            self.outbox.push(Transition::awaiting_retry(
+                *id,
+                *attempts,
+                now,
+                now,
+                AttemptRecord {
+                    error_type: Some("endpoint-recovered".to_owned()),
+                    ..Default::default()
+                },
+            ));
+            self.wait(*id, Instant::now());
+        }
+        waiting.len()
+    }
+}
+
+/// When a job's next attempt is due after attempt `attempt` failed: its backoff policy
+/// (`unit` the jitter draw in `0..1`), floored and capped by the limits, no sooner than the
+/// endpoint's `Retry-After`, and never past the job's expiry (it is archived then), whatever
+/// was asked. Checked arithmetic throughout: the inputs come from outside.
+fn retry_at(
+    job: &Job,
+    attempt: u16,
+    limits: &SchedulerLimits,
+    retry_after: Option<Duration>,
+    now: DateTime<Utc>,
+    unit: f64,
+) -> DateTime<Utc> {
+    let delay = backoff::next_delay(
+        &job.retry,
+        attempt,
+        limits.backoff_cap,
+        limits.min_retry_delay,
+        retry_after,
+        unit,
+    );
+    chrono::Duration::from_std(delay)
+        .ok()
+        .and_then(|d| now.checked_add_signed(d))
+        .map_or(job.expire_at, |at| at.min(job.expire_at))
+}

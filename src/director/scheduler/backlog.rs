@@ -1,0 +1,357 @@
+//! The backlog: unfinished jobs that are in the JobDB but maybe not in the cache, and the pass
+//! that reads them in.
+//!
+//! A pass reads pages in id order. With room in the cache (less than half full) it reads every
+//! waiting job, whenever due; otherwise only those due within the horizon (`spill_after`), and
+//! when it reaches the end it asks the JobDB when the first job beyond the horizon comes due
+//! and looks again shortly before then. So a job waiting in the JobDB only (after a restart, a
+//! takeover, an eviction, an import into a full cache) is read in before it is due or expires,
+//! however far ahead that is.
+//!
+//! Each page's read starts after a writer barrier and skips jobs that left the cache since
+//! (`left`), so a job that finished never comes back. Operator commands read the jobs they name
+//! the same way, never at the same time as a page.
+
+use std::collections::HashSet;
+use std::time::Duration;
+
+use chrono::{DateTime, Utc};
+use tokio::sync::{mpsc, oneshot};
+use tokio::time::Instant;
+
+use crate::job::JobId;
+use crate::jobdb::commands::Command;
+use crate::jobdb::JobDb;
+
+use super::{wait_until, Event};
+
+/// The pass state machine.
+#[derive(Default)]
+pub(super) struct Backlog {
+    /// Some unfinished jobs may be in the JobDB only.
+    pub(super) pending: bool,
+    /// The last job id the current pass has read; `None` before its first page.
+    pub(super) cursor: Option<JobId>,
+    /// The current pass reads every waiting job, not only those due within the horizon.
+    pub(super) whole: bool,
+    /// A job was left out of the cache since the pass began: go round again.
+    again: bool,
+    /// A page (or a command's jobs) is being read.
+    loading: bool,
+    /// Jobs that left the cache since the read's barrier was sent: the read may predate it.
+    left: HashSet<JobId>,
+    /// No pass before this instant (the next one is planned for then).
+    wake: Option<Instant>,
+    /// No read of the JobDB before this instant (the last one failed).
+    pause: Option<Instant>,
+    /// Look at a full cache again at this instant (eviction is due again).
+    recheck: Option<Instant>,
+    /// When waiting entries were last looked over for eviction.
+    evicted_at: Option<Instant>,
+}
+
+impl Backlog {
+    /// A backlog that may hold jobs (a Director's JobDB may, when it starts).
+    pub(super) fn pending() -> Self {
+        Backlog {
+            pending: true,
+            ..Backlog::default()
+        }
+    }
+
+    /// Jobs due now wait in the JobDB only: a pass must find them soon, whatever was planned.
+    pub(super) fn due_now(&mut self) {
+        self.pending = true;
+        self.again = true;
+        self.wake = None;
+    }
+
+    /// No read may start now: one is under way, or the last failed a moment ago.
+    pub(super) fn busy(&self, now: Instant) -> bool {
+        self.loading || self.pause.is_some_and(|at| at > now)
+    }
+
+    /// A pass is wanted now.
+    pub(super) fn wanted(&self, now: Instant) -> bool {
+        self.pending && self.wake.is_none_or(|at| at <= now)
+    }
+
+    /// Whether a full cache may be looked over for eviction now (at most once a second; if
+    /// not, a look is planned for when it may).
+    pub(super) fn may_evict(&mut self, now: Instant) -> bool {
+        let next = self.evicted_at.map(|at| at + Duration::from_secs(1));
+        if next.is_some_and(|next| now < next) {
+            self.recheck = next;
+            return false;
+        }
+        self.evicted_at = Some(now);
+        true
+    }
+
+    /// Jobs were evicted: a later pass finds them by their due time; the current one can no
+    /// longer be a whole one, which would end believing every waiting job is cached.
+    pub(super) fn evicted(&mut self) {
+        self.pending = true;
+        self.whole = false;
+    }
+
+    /// A read begins: a new pass reads everything if the cache is `roomy`, else what is due
+    /// soon. Returns where the page starts and whether it reads only up to the horizon.
+    pub(super) fn begin_page(&mut self, roomy: bool) -> (Option<JobId>, bool) {
+        if self.cursor.is_none() {
+            self.again = false;
+            self.whole = roomy;
+        }
+        self.begin_read();
+        (self.cursor, !self.whole)
+    }
+
+    /// A read (page or command targets) begins: from now on, jobs leaving the cache are noted.
+    pub(super) fn begin_read(&mut self) {
+        self.loading = true;
+        self.left.clear();
+    }
+
+    /// A job left the cache: a read under way must not bring it back.
+    pub(super) fn left_cache(&mut self, id: JobId) {
+        if self.loading {
+            self.left.insert(id);
+        }
+    }
+
+    /// The read ended (`ok`: it succeeded; else the next waits a second). Returns the jobs
+    /// that left the cache while it ran.
+    pub(super) fn end_read(&mut self, ok: bool, now: Instant) -> HashSet<JobId> {
+        self.loading = false;
+        if !ok {
+            self.pause = Some(now + Duration::from_secs(1));
+        }
+        std::mem::take(&mut self.left)
+    }
+
+    /// A page was taken in: `read` jobs of at most `limit`, the last with id `last`. Fewer
+    /// than `limit` means the pass reached the end of the JobDB; what comes next depends on
+    /// the cache (`roomy`) and, for a pass up to the horizon, on when the first job beyond it
+    /// is due (`next_due`).
+    pub(super) fn page_taken(
+        &mut self,
+        read: usize,
+        limit: usize,
+        last: Option<JobId>,
+        roomy: bool,
+        next_due: Option<DateTime<Utc>>,
+        horizon: Duration,
+    ) {
+        if last.is_some() {
+            self.cursor = last;
+        }
+        if read >= limit {
+            return;
+        }
+        let now = Instant::now();
+        let every = (horizon / 4).clamp(Duration::from_millis(100), Duration::from_secs(15));
+        self.cursor = None;
+        if self.again {
+            self.wake = None;
+        } else if self.whole {
+            // Every waiting job of the JobDB is cached now.
+            self.pending = false;
+        } else if roomy {
+            // A pass of the due jobs ended with room to spare: the next reads the rest,
+            // whenever due.
+            self.wake = None;
+        } else if let Some(due) = next_due {
+            // Jobs wait in the JobDB beyond the horizon: look again shortly before the first
+            // comes due (no sooner than `every`, the cache may hold it already).
+            let wall = Utc::now();
+            let horizon = chrono::Duration::from_std(horizon).unwrap_or(chrono::Duration::MAX);
+            let read_at = due.checked_sub_signed(horizon).unwrap_or(wall);
+            self.wake = Some((now + wait_until(wall, read_at)).max(now + every));
+        } else {
+            self.pending = false;
+        }
+    }
+
+    /// The earliest instant the pass waits for (a planned pass, a recheck, a pause).
+    pub(super) fn next_wake(&self) -> Option<Instant> {
+        [self.wake, self.recheck, self.pause]
+            .into_iter()
+            .flatten()
+            .min()
+    }
+
+    /// Forgets the waits that have passed.
+    pub(super) fn woke(&mut self, now: Instant) {
+        self.wake = self.wake.filter(|at| *at > now);
+        self.recheck = self.recheck.filter(|at| *at > now);
+        self.pause = self.pause.filter(|at| *at > now);
+    }
+}
+
+/// Reads a page of the backlog off the scheduler task, once the writer has passed `barrier`,
+/// and sends it as [`Event::BacklogPage`]: up to `limit` waiting jobs after `after`, due by
+/// `horizon` from now (`None`: whenever), and for the pass's last page up to a horizon, when
+/// the first job beyond it comes due.
+pub(super) fn read_page(
+    db: JobDb,
+    events: mpsc::UnboundedSender<Event>,
+    barrier: oneshot::Receiver<u64>,
+    after: Option<JobId>,
+    horizon: Option<chrono::Duration>,
+    limit: usize,
+) {
+    tokio::spawn(async move {
+        let (mut jobs, mut next_due) = (None, None);
+        if let Ok(before_row) = barrier.await {
+            let now = Utc::now();
+            let due_by = match horizon {
+                Some(horizon) => now.checked_add_signed(horizon).unwrap_or(now),
+                None => crate::jobdb::latest_time(),
+            };
+            let page = db.backlog_page(after, due_by, before_row, limit).await;
+            let last = page.as_ref().is_ok_and(|jobs| jobs.len() < limit);
+            let beyond = match (last, horizon) {
+                (true, Some(_)) => db.next_due_after(due_by).await,
+                _ => Ok(None),
+            };
+            match (page, beyond) {
+                (Ok(page), Ok(due)) => (jobs, next_due) = (Some(page), due),
+                (Err(e), _) | (_, Err(e)) => {
+                    tracing::warn!(error = %e, "reading the backlog failed; trying again")
+                }
+            }
+        }
+        let _ = events.send(Event::BacklogPage {
+            jobs,
+            limit,
+            next_due,
+        });
+    });
+}
+
+/// Reads which waiting jobs in the JobDB `command` names, off the scheduler task once the
+/// writer has passed `barrier`, and sends them as [`Event::CommandTargets`].
+pub(super) fn read_targets(
+    db: JobDb,
+    events: mpsc::UnboundedSender<Event>,
+    barrier: oneshot::Receiver<u64>,
+    command: Command,
+) {
+    tokio::spawn(async move {
+        let targets = match barrier.await {
+            Ok(before_row) => match db.command_targets(command.id, before_row).await {
+                Ok(targets) => Some(targets),
+                Err(e) => {
+                    tracing::warn!(error = %e, command = command.id, "reading a command's jobs failed; trying again");
+                    None
+                }
+            },
+            Err(_) => None,
+        };
+        let _ = events.send(Event::CommandTargets {
+            command: Box::new(command),
+            targets,
+        });
+    });
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const HORIZON: Duration = Duration::from_secs(60);
+
+    fn id(n: u128) -> JobId {
+        JobId(ulid::Ulid::from(n))
+    }
+
+    #[test]
+    fn a_whole_pass_that_reaches_the_end_leaves_nothing_pending() {
+        let mut b = Backlog::pending();
+        assert!(b.wanted(Instant::now()));
+        assert_eq!(b.begin_page(true), (None, false));
+        b.end_read(true, Instant::now());
+        b.page_taken(10, 1000, Some(id(10)), true, None, HORIZON);
+        assert!(!b.pending && b.cursor.is_none());
+    }
+
+    #[test]
+    fn a_full_page_continues_after_its_last_job() {
+        let mut b = Backlog::pending();
+        b.begin_page(true);
+        b.end_read(true, Instant::now());
+        b.page_taken(1000, 1000, Some(id(7)), true, None, HORIZON);
+        assert!(b.pending);
+        assert_eq!(
+            b.begin_page(false),
+            (Some(id(7)), false),
+            "a pass keeps its kind"
+        );
+    }
+
+    #[test]
+    fn a_horizon_pass_plans_the_next_before_the_first_job_beyond_it() {
+        let mut b = Backlog::pending();
+        assert_eq!(b.begin_page(false), (None, true));
+        b.end_read(true, Instant::now());
+        let due = Utc::now() + chrono::Duration::minutes(10);
+        b.page_taken(3, 1000, Some(id(3)), false, Some(due), HORIZON);
+        let wake = b.wake.expect("a planned pass");
+        let ahead = wake - Instant::now();
+        // Ten minutes ahead, less the one-minute horizon.
+        assert!(ahead > Duration::from_secs(530) && ahead <= Duration::from_secs(540));
+        assert!(b.pending && !b.wanted(Instant::now()));
+        // Something became due meanwhile: the plan gives way.
+        b.due_now();
+        assert!(b.wanted(Instant::now()));
+    }
+
+    #[test]
+    fn a_horizon_pass_with_nothing_beyond_ends_the_backlog() {
+        let mut b = Backlog::pending();
+        b.begin_page(false);
+        b.end_read(true, Instant::now());
+        b.page_taken(0, 1000, None, false, None, HORIZON);
+        assert!(!b.pending);
+    }
+
+    #[test]
+    fn jobs_left_out_during_a_pass_send_it_round_again() {
+        let mut b = Backlog::pending();
+        b.begin_page(true);
+        b.due_now();
+        b.end_read(true, Instant::now());
+        b.page_taken(5, 1000, Some(id(5)), true, None, HORIZON);
+        assert!(b.pending && b.wanted(Instant::now()));
+        // The next pass starts from the beginning.
+        assert_eq!(b.begin_page(true).0, None);
+    }
+
+    #[test]
+    fn a_failed_read_pauses_and_jobs_that_left_are_reported() {
+        let mut b = Backlog::pending();
+        let now = Instant::now();
+        b.begin_read();
+        b.left_cache(id(1));
+        assert!(b.busy(now));
+        let left = b.end_read(false, now);
+        assert!(left.contains(&id(1)));
+        assert!(b.busy(now), "paused a second");
+        assert!(!b.busy(now + Duration::from_secs(2)));
+        b.woke(now + Duration::from_secs(2));
+        assert_eq!(b.next_wake(), None);
+        // Outside a read, leaving is not noted.
+        b.left_cache(id(2));
+        assert!(b.end_read(true, now).is_empty());
+    }
+
+    #[test]
+    fn eviction_looks_at_most_once_a_second() {
+        let mut b = Backlog::pending();
+        let now = Instant::now();
+        assert!(b.may_evict(now));
+        assert!(!b.may_evict(now + Duration::from_millis(500)));
+        assert_eq!(b.next_wake(), Some(now + Duration::from_secs(1)));
+        assert!(b.may_evict(now + Duration::from_secs(1)));
+    }
+}

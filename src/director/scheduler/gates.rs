@@ -1,0 +1,509 @@
+//! The gates: what may hold a lane or a bucket back. Circuit breakers (an endpoint that mostly
+//! fails gets one probe at a time), request-rate limits (governor token buckets), operator
+//! controls (pauses, concurrency caps), jobs parked behind a paused bucket, and the lane timers
+//! that look at a held lane again when it may go on.
+//!
+//! [`Gates::limit`] is the one answer the queues need: how many attempts a lane may have under
+//! way now, or until when it must wait.
+
+use std::cmp::Reverse;
+use std::collections::{BinaryHeap, HashMap};
+use std::num::NonZeroU32;
+use std::sync::Arc;
+use std::time::Duration;
+
+use governor::clock::{Clock, DefaultClock};
+use governor::{DefaultDirectRateLimiter, Quota, RateLimiter};
+use tokio::time::Instant;
+
+use crate::director::breaker::{Allowance, Breaker, BreakerConfig, Change};
+use crate::job::JobId;
+use crate::registry::controls::{Controls, EndpointControl};
+
+/// What a lane may start now.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) enum Limit {
+    /// Up to this many attempts under way.
+    Open(usize),
+    /// Its breaker is open: one probe, when nothing else of it is under way.
+    Probe,
+    /// Nothing until this instant (`None`: until the probe in flight ends).
+    Wait(Option<Instant>),
+    /// An operator paused it.
+    Paused,
+}
+
+/// What recording an outcome changed.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) enum Recorded {
+    /// Nothing visible.
+    Nothing,
+    /// The breaker opened: the endpoint is treated as down.
+    Opened,
+    /// The breaker closed; it had opened at this instant (if known).
+    Closed(Option<Instant>),
+}
+
+/// A lane's request-rate limit.
+struct Rate {
+    /// The rate it was built for (a changed control builds a new one).
+    per_second: f64,
+    limiter: DefaultDirectRateLimiter,
+    /// Out of tokens until this instant.
+    until: Option<Instant>,
+}
+
+/// Breakers, rate limits, controls, parked jobs and lane timers.
+pub(super) struct Gates {
+    /// `--endpoint-concurrency`: requests in flight per endpoint unless a control lowers it.
+    per_endpoint: usize,
+    breaker_config: BreakerConfig,
+    /// Circuit breakers by lane, with when each last saw an outcome; they outlive idle lanes
+    /// (a down endpoint's jobs may all be waiting on timers) and are forgotten a while after
+    /// their last outcome.
+    breakers: HashMap<Arc<str>, (Breaker, Instant)>,
+    /// When each open breaker opened.
+    opened_at: HashMap<Arc<str>, Instant>,
+    /// When breakers were last pruned.
+    pruned: Instant,
+    /// Request-rate limits of rate-limited lanes.
+    rates: HashMap<Arc<str>, Rate>,
+    /// Endpoint and bucket controls in force.
+    controls: Arc<Controls>,
+    /// Lanes to look at again at an instant (a breaker's next probe, a rate limit's token).
+    timers: BinaryHeap<Reverse<(Instant, Arc<str>)>>,
+    /// The instant each lane's timer is set for (one timer per lane and instant).
+    wakes: HashMap<Arc<str>, Instant>,
+    /// Due jobs of paused buckets, by bucket (ids of jobs that left since are skipped).
+    parked: HashMap<Arc<str>, Vec<JobId>>,
+    /// Jobs parked.
+    parked_count: usize,
+}
+
+impl Gates {
+    /// Gates with no controls, every breaker closed.
+    pub(super) fn new(per_endpoint: usize, breaker_config: BreakerConfig) -> Self {
+        Gates {
+            per_endpoint,
+            breaker_config,
+            breakers: HashMap::new(),
+            opened_at: HashMap::new(),
+            pruned: Instant::now(),
+            rates: HashMap::new(),
+            controls: Arc::default(),
+            timers: BinaryHeap::new(),
+            wakes: HashMap::new(),
+            parked: HashMap::new(),
+            parked_count: 0,
+        }
+    }
+
+    /// Requests an endpoint may have in flight here: `--endpoint-concurrency`, lowered by
+    /// its control; 0 while it is paused.
+    pub(super) fn concurrency(&self, key: &str) -> usize {
+        match self.controls.endpoints.get(key) {
+            Some(c) if c.paused => 0,
+            Some(c) => c.max_concurrency.map_or(self.per_endpoint, |cap| {
+                self.per_endpoint.min(cap.max(1) as usize)
+            }),
+            None => self.per_endpoint,
+        }
+    }
+
+    /// What the lane may start at `now`.
+    pub(super) fn limit(&self, key: &str, now: Instant) -> Limit {
+        let concurrency = self.concurrency(key);
+        if concurrency == 0 {
+            return Limit::Paused;
+        }
+        let allowance = self
+            .breakers
+            .get(key)
+            .map_or(Allowance::Full, |(b, _)| b.allowance(now));
+        let token_at = self
+            .rates
+            .get(key)
+            .and_then(|r| r.until)
+            .filter(|at| *at > now);
+        match (allowance, token_at) {
+            (Allowance::Full | Allowance::Probe, Some(at)) => Limit::Wait(Some(at)),
+            (Allowance::Full, None) => Limit::Open(concurrency),
+            (Allowance::Probe, None) => Limit::Probe,
+            (Allowance::Wait(at), _) => Limit::Wait(at),
+        }
+    }
+
+    /// Takes a request token of a rate-limited lane for an attempt about to start:
+    /// `Err(at)` when there is none before `at` (the lane then waits; see [`Gates::limit`]).
+    pub(super) fn take_token(&mut self, key: &Arc<str>, now: Instant) -> Result<(), Instant> {
+        let Some(rate) = self.rate_of(key) else {
+            return Ok(());
+        };
+        match rate.limiter.check() {
+            Ok(()) => {
+                rate.until = None;
+                Ok(())
+            }
+            Err(not_until) => {
+                let wait = not_until.wait_time_from(DefaultClock::default().now());
+                // Never "wait" for nothing: that would pick the lane again at once.
+                let at = now + wait.max(Duration::from_millis(1));
+                rate.until = Some(at);
+                Err(at)
+            }
+        }
+    }
+
+    /// The lane's rate limit, built on first use from its control (`None`: not limited).
+    fn rate_of(&mut self, key: &Arc<str>) -> Option<&mut Rate> {
+        let per_second = self
+            .controls
+            .endpoints
+            .get(&**key)
+            .and_then(rate_limit)?;
+        let rate = self.rates.entry(key.clone()).or_insert_with(|| Rate {
+            per_second: per_second.0,
+            limiter: RateLimiter::direct(per_second.1),
+            until: None,
+        });
+        Some(rate)
+    }
+
+    /// Whether the lane's breaker is open.
+    pub(super) fn is_open(&self, key: &str) -> bool {
+        self.breakers.get(key).is_some_and(|(b, _)| b.is_open())
+    }
+
+    /// The lane's breaker, if it remembers anything.
+    pub(super) fn breaker(&self, key: &str) -> Option<&Breaker> {
+        self.breakers.get(key).map(|(b, _)| b)
+    }
+
+    /// Lanes whose breakers remember outcomes.
+    pub(super) fn breaker_keys(&self) -> impl Iterator<Item = &Arc<str>> {
+        self.breakers.keys()
+    }
+
+    /// The endpoint's control, if an operator set one.
+    pub(super) fn control(&self, key: &str) -> Option<&EndpointControl> {
+        self.controls.endpoints.get(key)
+    }
+
+    /// An attempt of the lane is starting: if its breaker is open, it is the probe.
+    pub(super) fn starting(&mut self, key: &str) {
+        if let Some((breaker, _)) = self.breakers.get_mut(key) {
+            if breaker.is_open() {
+                breaker.probe_started();
+            }
+        }
+    }
+
+    /// Feeds an attempt's outcome (`ok`: the endpoint is up, whatever the job's fate) to the
+    /// lane's breaker, with the endpoint's `Retry-After`.
+    pub(super) fn record(
+        &mut self,
+        key: &Arc<str>,
+        ok: bool,
+        retry_after: Option<Duration>,
+        now: Instant,
+    ) -> Recorded {
+        let (breaker, seen) = self
+            .breakers
+            .entry(key.clone())
+            .or_insert_with(|| (Breaker::default(), now));
+        *seen = now;
+        let recorded = match breaker.record(ok, now, &self.breaker_config, retry_after) {
+            Change::Opened => {
+                self.opened_at.insert(key.clone(), now);
+                Recorded::Opened
+            }
+            Change::Closed => Recorded::Closed(self.opened_at.remove(key)),
+            Change::None => Recorded::Nothing,
+        };
+        if now.duration_since(self.pruned) > Duration::from_secs(60) {
+            self.pruned = now;
+            self.breakers.retain(|_, (b, seen)| {
+                b.is_open() || now.duration_since(*seen) < Duration::from_secs(300)
+            });
+        }
+        recorded
+    }
+
+    /// Whether the bucket is paused.
+    pub(super) fn bucket_paused(&self, bucket: &str) -> bool {
+        self.controls.bucket_paused(bucket)
+    }
+
+    /// Replaces the controls in force. Rate limits whose rate changed start afresh.
+    pub(super) fn set_controls(&mut self, controls: Arc<Controls>) {
+        self.controls = controls;
+        let endpoints = &self.controls.endpoints;
+        self.rates.retain(|key, rate| {
+            endpoints
+                .get(&**key)
+                .and_then(rate_limit)
+                .is_some_and(|(per_second, _)| per_second == rate.per_second)
+        });
+    }
+
+    /// Parks a due job of a paused bucket.
+    pub(super) fn park(&mut self, bucket: Arc<str>, id: JobId) {
+        self.parked_count += 1;
+        self.parked.entry(bucket).or_default().push(id);
+    }
+
+    /// A parked job left its place (queued again, or gone).
+    pub(super) fn unparked(&mut self) {
+        self.parked_count = self.parked_count.saturating_sub(1);
+    }
+
+    /// Jobs parked now.
+    pub(super) fn parked_count(&self) -> usize {
+        self.parked_count
+    }
+
+    /// Ids parked under buckets no longer paused (check each is still parked), forgotten here.
+    pub(super) fn take_resumed(&mut self) -> Vec<JobId> {
+        let controls = &self.controls;
+        let resumed: Vec<Arc<str>> = self
+            .parked
+            .keys()
+            .filter(|b| !controls.bucket_paused(b))
+            .cloned()
+            .collect();
+        resumed
+            .into_iter()
+            .flat_map(|b| self.parked.remove(&b).unwrap_or_default())
+            .collect()
+    }
+
+    /// Forgets ids that are no longer parked.
+    pub(super) fn prune_parked(&mut self, still_parked: impl Fn(JobId) -> bool) {
+        self.parked.retain(|_, ids| {
+            ids.retain(|id| still_parked(*id));
+            !ids.is_empty()
+        });
+    }
+
+    /// Looks at the lane again at `at` (once per lane and instant).
+    pub(super) fn wake_at(&mut self, key: &Arc<str>, at: Instant) {
+        if self.wakes.get(key) != Some(&at) {
+            self.wakes.insert(key.clone(), at);
+            self.timers.push(Reverse((at, key.clone())));
+        }
+    }
+
+    /// When the next lane timer fires.
+    pub(super) fn next_wake(&self) -> Option<Instant> {
+        self.timers.peek().map(|Reverse((at, _))| *at)
+    }
+
+    /// The next lane whose timer fired by `now`.
+    pub(super) fn pop_wake(&mut self, now: Instant) -> Option<Arc<str>> {
+        let Reverse((at, key)) = self.timers.peek().filter(|Reverse((at, _))| *at <= now)?;
+        let (at, key) = (*at, key.clone());
+        self.timers.pop();
+        if self.wakes.get(&key) == Some(&at) {
+            self.wakes.remove(&key);
+        }
+        Some(key)
+    }
+}
+
+/// A control's request rate as (requests per second, quota), if it sets a usable one: a burst
+/// of at most one second's worth (at least one request). Rates that are not finite and
+/// positive, or too small or large to express, mean no limit.
+fn rate_limit(control: &EndpointControl) -> Option<(f64, Quota)> {
+    let per_second = control
+        .max_per_second
+        .filter(|r| r.is_finite() && *r > 0.0)?;
+    let period = Duration::try_from_secs_f64(1.0 / per_second).ok()?;
+    let burst = NonZeroU32::new(per_second.clamp(1.0, f64::from(u32::MAX)) as u32)?;
+    Some((per_second, Quota::with_period(period)?.allow_burst(burst)))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn control(endpoint: &str) -> EndpointControl {
+        EndpointControl::unset(endpoint, "test")
+    }
+
+    fn gates_with(controls: Vec<EndpointControl>) -> Gates {
+        let mut gates = Gates::new(8, BreakerConfig::default());
+        let mut all = Controls::default();
+        for c in controls {
+            all.endpoints.insert(c.endpoint.clone(), c);
+        }
+        gates.set_controls(Arc::new(all));
+        gates
+    }
+
+    #[test]
+    fn an_unknown_lane_is_open_at_full_concurrency() {
+        let gates = gates_with(vec![]);
+        assert_eq!(gates.limit("http://a/", Instant::now()), Limit::Open(8));
+    }
+
+    #[test]
+    fn controls_pause_and_cap_a_lane() {
+        let mut paused = control("http://a/");
+        paused.paused = true;
+        let mut capped = control("http://b/");
+        capped.max_concurrency = Some(3);
+        let mut zero = control("http://c/");
+        zero.max_concurrency = Some(0);
+        let gates = gates_with(vec![paused, capped, zero]);
+        let now = Instant::now();
+        assert_eq!(gates.limit("http://a/", now), Limit::Paused);
+        assert_eq!(gates.limit("http://b/", now), Limit::Open(3));
+        // A cap of 0 is read as 1: pausing is said with `paused`.
+        assert_eq!(gates.limit("http://c/", now), Limit::Open(1));
+    }
+
+    #[test]
+    fn a_failing_endpoint_gets_probes_then_full_speed_back() {
+        let mut gates = gates_with(vec![]);
+        let key: Arc<str> = "http://a/".into();
+        let now = Instant::now();
+        let mut opened = false;
+        for _ in 0..20 {
+            opened |= gates.record(&key, false, None, now) == Recorded::Opened;
+        }
+        assert!(opened && gates.is_open(&key));
+        // No probe before the first interval.
+        assert!(matches!(gates.limit(&key, now), Limit::Wait(Some(at)) if at > now));
+        let later = now + Duration::from_secs(2);
+        assert_eq!(gates.limit(&key, later), Limit::Probe);
+        gates.starting(&key);
+        assert_eq!(gates.limit(&key, later), Limit::Wait(None));
+        assert_eq!(
+            gates.record(&key, true, None, later),
+            Recorded::Closed(Some(now))
+        );
+        assert_eq!(gates.limit(&key, later), Limit::Open(8));
+    }
+
+    #[test]
+    fn a_retry_after_delays_the_probe() {
+        let mut gates = gates_with(vec![]);
+        let key: Arc<str> = "http://a/".into();
+        let now = Instant::now();
+        for _ in 0..20 {
+            gates.record(&key, false, Some(Duration::from_secs(10)), now);
+        }
+        assert!(matches!(
+            gates.limit(&key, now + Duration::from_secs(5)),
+            Limit::Wait(Some(_))
+        ));
+        assert_eq!(
+            gates.limit(&key, now + Duration::from_secs(11)),
+            Limit::Probe
+        );
+    }
+
+    #[test]
+    fn a_rate_limit_allows_its_burst_then_waits_for_a_token() {
+        let mut limited = control("http://a/");
+        limited.max_per_second = Some(2.0);
+        let mut gates = gates_with(vec![limited]);
+        let key: Arc<str> = "http://a/".into();
+        let now = Instant::now();
+        assert_eq!(gates.take_token(&key, now), Ok(()));
+        assert_eq!(gates.take_token(&key, now), Ok(()));
+        let at = gates.take_token(&key, now).expect_err("out of tokens");
+        assert!(
+            at > now && at <= now + Duration::from_millis(600),
+            "{:?}",
+            at - now
+        );
+        assert_eq!(gates.limit(&key, now), Limit::Wait(Some(at)));
+        // Past the token's time the lane is open again.
+        assert_eq!(gates.limit(&key, at), Limit::Open(8));
+        // Unlimited lanes never wait.
+        let free: Arc<str> = "http://b/".into();
+        for _ in 0..1000 {
+            assert_eq!(gates.take_token(&free, now), Ok(()));
+        }
+    }
+
+    #[test]
+    fn hostile_rates_mean_no_limit_and_never_panic() {
+        for rate in [f64::NAN, f64::INFINITY, -1.0, 0.0, 1e-300, 1e300] {
+            let mut c = control("http://a/");
+            c.max_per_second = Some(rate);
+            let mut gates = gates_with(vec![c]);
+            let key: Arc<str> = "http://a/".into();
+            let _ = gates.take_token(&key, Instant::now());
+        }
+    }
+
+    #[test]
+    fn a_changed_rate_starts_afresh_and_an_unchanged_one_keeps_its_state() {
+        let mut slow = control("http://a/");
+        slow.max_per_second = Some(1.0);
+        let mut gates = gates_with(vec![slow.clone()]);
+        let key: Arc<str> = "http://a/".into();
+        let now = Instant::now();
+        assert!(gates.take_token(&key, now).is_ok());
+        assert!(gates.take_token(&key, now).is_err());
+        let mut same = Controls::default();
+        same.endpoints.insert(slow.endpoint.clone(), slow.clone());
+        gates.set_controls(Arc::new(same));
+        assert!(
+            gates.take_token(&key, now).is_err(),
+            "same rate: still empty"
+        );
+        let mut faster = slow;
+        faster.max_per_second = Some(100.0);
+        let mut changed = Controls::default();
+        changed.endpoints.insert(faster.endpoint.clone(), faster);
+        gates.set_controls(Arc::new(changed));
+        assert!(
+            gates.take_token(&key, now).is_ok(),
+            "new rate: a fresh bucket"
+        );
+    }
+
+    #[test]
+    fn lane_timers_fire_in_order_once_per_instant() {
+        let mut gates = gates_with(vec![]);
+        let (a, b): (Arc<str>, Arc<str>) = ("http://a/".into(), "http://b/".into());
+        let now = Instant::now();
+        gates.wake_at(&b, now + Duration::from_millis(20));
+        gates.wake_at(&a, now + Duration::from_millis(10));
+        gates.wake_at(&a, now + Duration::from_millis(10));
+        assert_eq!(gates.next_wake(), Some(now + Duration::from_millis(10)));
+        assert_eq!(gates.pop_wake(now), None);
+        let later = now + Duration::from_millis(30);
+        assert_eq!(gates.pop_wake(later), Some(a));
+        assert_eq!(gates.pop_wake(later), Some(b));
+        assert_eq!(gates.pop_wake(later), None);
+    }
+
+    #[test]
+    fn parked_jobs_come_back_when_their_bucket_resumes() {
+        let mut gates = gates_with(vec![]);
+        let mut paused = Controls::default();
+        paused.buckets.insert(
+            "x".into(),
+            crate::registry::controls::BucketControl {
+                bucket: "x".into(),
+                paused: true,
+                updated_by: "test".into(),
+                updated_at: chrono::Utc::now(),
+            },
+        );
+        gates.set_controls(Arc::new(paused));
+        assert!(gates.bucket_paused("x"));
+        let id = JobId(ulid::Ulid::from(7u128));
+        gates.park("x".into(), id);
+        assert_eq!(gates.parked_count(), 1);
+        assert!(gates.take_resumed().is_empty());
+        gates.set_controls(Arc::new(Controls::default()));
+        assert_eq!(gates.take_resumed(), vec![id]);
+        gates.unparked();
+        assert_eq!(gates.parked_count(), 0);
+    }
+}

@@ -1,0 +1,64 @@
+//! What the scheduler shows of its lanes: queue depth by class (running, breaker open,
+//! paused) and each endpoint's health for `GET /v1/endpoints`. Read-only over the queues and
+//! the gates.
+
+use std::collections::HashSet;
+use std::sync::Arc;
+
+use crate::director::breaker::Breaker;
+use crate::rpc::api::EndpointHealth;
+
+use super::gates::Gates;
+use super::queues::Queues;
+
+/// Ready jobs by what holds their lane: (running, breaker open, paused).
+pub(super) fn depths(queues: &Queues, gates: &Gates) -> (usize, usize, usize) {
+    let (mut running, mut open, mut paused) = (0, 0, 0);
+    for (key, lane) in queues.lanes() {
+        if gates.concurrency(key) == 0 {
+            paused += lane.ready;
+        } else if gates.is_open(key) {
+            open += lane.ready;
+        } else {
+            running += lane.ready;
+        }
+    }
+    (running, open, paused)
+}
+
+/// Every known endpoint's health (lanes with work, and breakers that remember outcomes), by
+/// endpoint.
+pub(super) fn endpoints(queues: &Queues, gates: &Gates) -> Vec<EndpointHealth> {
+    let keys: HashSet<&Arc<str>> = queues
+        .lanes()
+        .map(|(key, _)| key)
+        .chain(gates.breaker_keys())
+        .collect();
+    let mut health: Vec<EndpointHealth> = keys
+        .into_iter()
+        .map(|key| {
+            let lane = queues.lane(key);
+            let breaker = gates.breaker(key);
+            let (recent_attempts, recent_failures) = breaker.map_or((0, 0), Breaker::recent);
+            let control = gates.control(key);
+            EndpointHealth {
+                endpoint: key.to_string(),
+                ready: lane.map_or(0, |l| l.ready),
+                in_flight: lane.map_or(0, |l| l.in_flight),
+                breaker: if breaker.is_some_and(Breaker::is_open) {
+                    "open"
+                } else {
+                    "closed"
+                }
+                .to_owned(),
+                recent_attempts,
+                recent_failures,
+                paused: control.is_some_and(|c| c.paused),
+                concurrency: gates.concurrency(key),
+                max_per_second: control.and_then(|c| c.max_per_second),
+            }
+        })
+        .collect();
+    health.sort_by(|a, b| a.endpoint.cmp(&b.endpoint));
+    health
+}

@@ -1,0 +1,663 @@
+//! The scheduler: the Director's in-memory cache of unfinished jobs and its virtual queues,
+//! after Centrifuge's "virtual queues".
+//!
+//! Every unfinished job of the JobDB is cached here (or waits in the JobDB for a backlog pass
+//! to read it in); a job leaves the cache when it reaches a terminal state (or `archiving`,
+//! which the archive takes over). Before an attempt starts its `executing` row is committed
+//! (batched with the others picked at the same time), so a fenced-out Director cannot start
+//! deliveries and after a crash the attempts that were in flight are known.
+//!
+//! The parts, each owning its state:
+//! - [`cache`]: the jobs, their memory (spill/reload, eviction) and retry timers;
+//! - [`queues`]: lanes (one per endpoint), a FIFO per bucket, the ring that shares the
+//!   Director fairly between endpoints and an endpoint between buckets;
+//! - [`gates`]: breakers, rate limits, controls, parked jobs, lane timers — one
+//!   `limit(lane, now)`;
+//! - [`backlog`]: the pass that reads jobs waiting in the JobDB only;
+//! - [`operator`]: operator commands as a pure plan;
+//! - [`health`]: queue depths and endpoint health, read over queues and gates;
+//! - [`attempts`]: starting, delivering and ending attempts (the verbs of one attempt);
+//! - [`reads`]: what comes in from the JobDB (spilled jobs, backlog pages, command targets).
+//!
+//! This module holds the event loop and the verbs that span parts (queue, wait, forget,
+//! expire). Everything runs on one task and owns its state: no locks.
+
+mod attempts;
+mod backlog;
+mod cache;
+mod gates;
+mod health;
+mod operator;
+mod queues;
+mod reads;
+
+use std::collections::{BTreeSet, HashSet, VecDeque};
+use std::sync::Arc;
+use std::time::Duration;
+
+use chrono::{DateTime, Utc};
+use tokio::sync::mpsc;
+use tokio::time::Instant;
+use tokio_util::sync::CancellationToken;
+
+use crate::delivery::{AttemptResult, Deliverer};
+pub use crate::job::Recovered;
+use crate::job::{Job, JobId, Progress, Transition};
+use crate::jobdb::commands::Command;
+use crate::jobdb::JobDb;
+use crate::metrics::Metrics;
+use crate::registry::controls::Controls;
+
+use super::breaker::BreakerConfig;
+use super::writer::{WriteOp, WriteRejected};
+use backlog::Backlog;
+use cache::{Admitted, Cache, Entry, Phase};
+use gates::{Gates, Limit};
+use queues::Queues;
+
+/// Something the scheduler must react to.
+#[derive(Debug)]
+pub enum Event {
+    /// New jobs, durable in the JobDB.
+    Accepted(Vec<Arc<Job>>),
+    /// Jobs imported from a retired JobDB, durable in this one.
+    Imported(Vec<Recovered>),
+    /// The `executing` rows of these jobs are durable: deliver them now.
+    Started(Vec<JobId>),
+    /// The `executing` rows of these jobs could not be written.
+    StartFailed(Vec<JobId>, WriteRejected),
+    /// Spilled jobs read back from the JobDB (with the ids that were asked for).
+    Reloaded(Vec<Job>, Vec<JobId>),
+    /// Reading spilled jobs back failed; they are tried again shortly.
+    ReloadFailed(Vec<JobId>),
+    /// A page of the backlog (jobs in the JobDB but not in the cache), read with `limit`.
+    BacklogPage {
+        /// The jobs, without payloads; `None` if the read failed.
+        jobs: Option<Vec<(Job, Progress)>>,
+        /// The most the page could hold: fewer means the pass reached the end.
+        limit: usize,
+        /// For a last page read up to a horizon: when the first job beyond it comes due.
+        next_due: Option<DateTime<Utc>>,
+    },
+    /// An operator command appended to the JobDB, to apply.
+    Command(Box<Command>),
+    /// The endpoint and bucket controls in force now (from the registry).
+    Controls(Arc<Controls>),
+    /// The jobs in the JobDB a command names (`None` if the read failed).
+    CommandTargets {
+        /// The command.
+        command: Box<Command>,
+        /// Waiting jobs it names, with their progress.
+        targets: Option<Vec<(JobId, Progress)>>,
+    },
+    /// An attempt ended.
+    Finished {
+        /// The job.
+        id: JobId,
+        /// What happened.
+        result: Box<AttemptResult>,
+    },
+}
+
+/// Bounds of the scheduler.
+#[derive(Clone, Copy, Debug)]
+pub struct SchedulerLimits {
+    /// Attempts in flight across all endpoints.
+    pub max_in_flight: usize,
+    /// Attempts in flight per endpoint.
+    pub per_endpoint: usize,
+    /// Most attempts started by one `executing` batch.
+    pub start_batch: usize,
+    /// Longest backoff between two attempts.
+    pub backoff_cap: Duration,
+    /// How long a stopping scheduler waits for attempts in flight.
+    pub shutdown_grace: Duration,
+    /// Waits at least this long drop the job's payload from memory until it is due.
+    pub spill_after: Duration,
+    /// Most payload and header bytes held in memory: beyond it, newly cached jobs keep only
+    /// their metadata and are read back from the JobDB when their turn comes.
+    pub max_cached_bytes: usize,
+    /// Most jobs in the cache: beyond it, jobs wait in the JobDB only.
+    pub max_cached_jobs: usize,
+    /// When an endpoint's circuit breaker opens, and how it probes.
+    pub breaker: BreakerConfig,
+    /// Most attempts of one job: a retryable failure of the last one discards the job
+    /// (`error_type` `max-attempts`). At most `u16::MAX`, the column's range.
+    pub max_attempts: u16,
+    /// Shortest wait between two attempts of a job, whatever its policy or the endpoint's
+    /// `Retry-After` say.
+    pub min_retry_delay: Duration,
+}
+
+/// The `error_type` of a job discarded because its attempts are used up.
+pub const MAX_ATTEMPTS: &str = "max-attempts";
+
+/// The scheduler task's state.
+pub struct Scheduler {
+    cache: Cache,
+    queues: Queues,
+    gates: Gates,
+    backlog: Backlog,
+    /// Ready and parked jobs by deadline: held queues (paused, breaker open, rate-limited)
+    /// expire their jobs on time without being walked.
+    queued_by_deadline: BTreeSet<(Instant, JobId)>,
+    /// Attempts under way (starting or in flight), across all lanes.
+    in_flight: usize,
+    limits: SchedulerLimits,
+    writer: mpsc::Sender<WriteOp>,
+    deliverer: Deliverer,
+    events_tx: mpsc::UnboundedSender<Event>,
+    events: mpsc::UnboundedReceiver<Event>,
+    metrics: Arc<Metrics>,
+    /// For reading spilled jobs and the backlog (never for writing).
+    db: JobDb,
+    /// Rows waiting to go to the writer, in the order they happened. Only this task sends
+    /// them, so a job's rows reach the writer (and get their ids) in order.
+    outbox: Vec<Transition>,
+    /// Told the ids of jobs that expired (the archiver takes them from `archiving`).
+    expired_tx: Option<mpsc::UnboundedSender<Vec<JobId>>>,
+    /// Operator commands waiting to be applied, oldest first.
+    commands: VecDeque<Command>,
+    /// Commands applied whose transitions are on their way to the JobDB: (id, jobs changed).
+    applied: Vec<(u64, u64)>,
+    /// Who applies commands (the Director's holder name), for their results.
+    holder: Arc<str>,
+    /// When the queue-depth gauges were last computed.
+    gauges_at: Instant,
+    /// Something changed since: compute them again a second after the last time.
+    gauges_stale: bool,
+    /// Endpoint health for `GET /v1/endpoints`, refreshed with the gauges.
+    health: Arc<std::sync::Mutex<Vec<crate::rpc::api::EndpointHealth>>>,
+}
+
+impl Scheduler {
+    /// A scheduler fed by `events`, writing through `writer`.
+    pub fn new(
+        limits: SchedulerLimits,
+        writer: mpsc::Sender<WriteOp>,
+        deliverer: Deliverer,
+        events_tx: mpsc::UnboundedSender<Event>,
+        events: mpsc::UnboundedReceiver<Event>,
+        metrics: Arc<Metrics>,
+        db: JobDb,
+    ) -> Self {
+        Scheduler {
+            cache: Cache::new(
+                limits.max_cached_jobs,
+                limits.max_cached_bytes,
+                metrics.clone(),
+            ),
+            queues: Queues::default(),
+            gates: Gates::new(limits.per_endpoint, limits.breaker),
+            // The JobDB may hold unfinished jobs: the first pass reads them in.
+            backlog: Backlog::pending(),
+            queued_by_deadline: BTreeSet::new(),
+            in_flight: 0,
+            limits,
+            writer,
+            deliverer,
+            events_tx,
+            events,
+            metrics,
+            db,
+            outbox: Vec::new(),
+            expired_tx: None,
+            commands: VecDeque::new(),
+            applied: Vec::new(),
+            holder: "director".into(),
+            gauges_at: Instant::now(),
+            gauges_stale: true,
+            health: Arc::default(),
+        }
+    }
+
+    /// Where the scheduler publishes its endpoints' health (once a second).
+    pub fn health(&self) -> Arc<std::sync::Mutex<Vec<crate::rpc::api::EndpointHealth>>> {
+        self.health.clone()
+    }
+
+    /// Names this Director in the results of the operator commands it applies.
+    pub fn applied_by(&mut self, holder: &str) {
+        self.holder = holder.into();
+    }
+
+    /// Tells `archiver` the ids of the jobs that expire from now on.
+    pub fn archive_to(&mut self, archiver: mpsc::UnboundedSender<Vec<JobId>>) {
+        self.expired_tx = Some(archiver);
+    }
+
+    fn expired(&self, ids: Vec<JobId>) {
+        if let Some(tx) = &self.expired_tx {
+            let _ = tx.send(ids);
+        }
+    }
+
+    /// Seeds the cache with jobs recovered from the JobDB.
+    pub fn recover(&mut self, recovered: Vec<Recovered>) {
+        for r in recovered {
+            self.admit_at(Entry::new(r.job, r.attempts), r.retry_at);
+        }
+        self.cache.gauge();
+    }
+
+    /// Runs until `shutdown`, then lets attempts in flight finish (up to the grace period) and
+    /// hands their outcomes to the writer before returning.
+    pub async fn run(mut self, shutdown: CancellationToken) {
+        let mut stopping_at: Option<Instant> = None;
+        // Recovered jobs that are already due wait for no event: start them now.
+        self.pump().await;
+        self.flush().await;
+        self.load_backlog().await;
+        loop {
+            let next_timer = [
+                self.cache.next_timer(),
+                self.gates.next_wake(),
+                self.queued_by_deadline.first().map(|(at, _)| *at),
+                self.gauges_stale
+                    .then(|| self.gauges_at + Duration::from_secs(1)),
+            ]
+            .into_iter()
+            .flatten()
+            .min();
+            let backlog_wake = self.backlog.next_wake();
+            tokio::select! {
+                biased;
+                _ = shutdown.cancelled(), if stopping_at.is_none() => {
+                    stopping_at = Some(Instant::now() + self.limits.shutdown_grace);
+                    tracing::info!(in_flight = self.in_flight, "scheduler stopping: no new attempts");
+                }
+                Some(event) = self.events.recv() => {
+                    self.handle(event);
+                    for _ in 0..1024 {
+                        match self.events.try_recv() {
+                            Ok(event) => self.handle(event),
+                            Err(_) => break,
+                        }
+                    }
+                }
+                _ = tokio::time::sleep_until(next_timer.unwrap_or_else(Instant::now)), if next_timer.is_some() && stopping_at.is_none() => {
+                    self.fire_timers();
+                }
+                _ = tokio::time::sleep_until(backlog_wake.unwrap_or_else(Instant::now)), if backlog_wake.is_some() && stopping_at.is_none() => {
+                    self.backlog.woke(Instant::now());
+                }
+                _ = tokio::time::sleep_until(stopping_at.unwrap_or_else(Instant::now)), if stopping_at.is_some() => {
+                    tracing::warn!(in_flight = self.in_flight, "grace period over; attempts still in flight will be recovered as interrupted");
+                    break;
+                }
+            }
+            if stopping_at.is_none() {
+                self.pump().await;
+            }
+            self.flush().await;
+            self.record_applied().await;
+            self.update_gauges();
+            if stopping_at.is_none() {
+                self.load_backlog().await;
+            }
+            if stopping_at.is_some() && self.in_flight == 0 {
+                break;
+            }
+        }
+        self.flush().await;
+    }
+
+    /// Hands queued rows to the writer, in order, in one request.
+    async fn flush(&mut self) {
+        if self.outbox.is_empty() {
+            return;
+        }
+        let rows = std::mem::take(&mut self.outbox);
+        if self
+            .writer
+            .send(WriteOp::Transitions { rows, done: None })
+            .await
+            .is_err()
+        {
+            tracing::warn!(
+                "writer gone; transitions not recorded will be recovered from the jobdb"
+            );
+        }
+    }
+
+    fn handle(&mut self, event: Event) {
+        match event {
+            Event::Accepted(jobs) => {
+                for job in jobs {
+                    #[cfg(feature = "fault-injection")]
+                    crate::faults::on_accepted(&job.bucket);
+                    let id = job.id;
+                    if self.admit(Entry::new(job, 0)) {
+                        self.enqueue(id);
+                    }
+                }
+                self.cache.gauge();
+            }
+            Event::Imported(jobs) => self.recover(jobs),
+            Event::Started(ids) => self.started(ids),
+            Event::StartFailed(ids, why) => self.start_failed(ids, why),
+            Event::Reloaded(jobs, asked) => self.reloaded(jobs, asked),
+            Event::ReloadFailed(ids) => {
+                let later = Instant::now() + Duration::from_secs(1);
+                for id in ids {
+                    if self
+                        .cache
+                        .get(&id)
+                        .is_some_and(|e| matches!(e.phase, Phase::Reloading | Phase::Fetching))
+                    {
+                        self.unfetch(id);
+                        self.wait(id, later);
+                    }
+                }
+            }
+            Event::Finished { id, result } => self.finish(id, *result),
+            Event::BacklogPage {
+                jobs,
+                limit,
+                next_due,
+            } => self.backlog_page(jobs, limit, next_due),
+            Event::Command(command) => self.commands.push_back(*command),
+            Event::Controls(controls) => self.set_controls(controls),
+            Event::CommandTargets { command, targets } => self.apply_command(*command, targets),
+        }
+    }
+
+    /// Takes a ready or parked job out of its queue's accounting (its slot stays behind and is
+    /// skipped): the caller gives it its next phase.
+    fn leave_queue(&mut self, id: JobId) {
+        let Some(entry) = self.cache.get_mut(&id) else {
+            return;
+        };
+        match entry.phase {
+            Phase::Ready => {
+                self.queued_by_deadline.remove(&(entry.deadline, id));
+                entry.phase = Phase::Unplaced;
+                let key = entry.lane.clone();
+                self.queues.left(&key);
+                self.relist(&key);
+            }
+            Phase::Parked => {
+                self.queued_by_deadline.remove(&(entry.deadline, id));
+                entry.phase = Phase::Unplaced;
+                self.gates.unparked();
+            }
+            _ => {}
+        }
+    }
+
+    /// Puts a lane back in the ring if its gates let it start something, or forgets an idle
+    /// lane; a lane held until an instant gets a timer for it.
+    fn relist(&mut self, key: &Arc<str>) {
+        let Some(lane) = self.queues.lane(key) else {
+            return;
+        };
+        let limit = match self.gates.limit(key, Instant::now()) {
+            Limit::Open(n) => n,
+            // An open breaker: one probe, when nothing else is under way.
+            Limit::Probe if lane.pending() + lane.in_flight == 0 => 1,
+            Limit::Probe | Limit::Wait(None) | Limit::Paused => 0,
+            Limit::Wait(Some(at)) => {
+                if lane.ready > 0 {
+                    self.gates.wake_at(key, at);
+                }
+                0
+            }
+        };
+        self.queues.relist(key, limit);
+    }
+
+    fn enqueue(&mut self, id: JobId) {
+        self.enqueue_at(id, false);
+    }
+
+    /// Queues a job in its lane and bucket: at the back, or at the front for a job that was
+    /// at the head already and only waited for its payload to be read back. A job of a paused
+    /// bucket is parked instead.
+    fn enqueue_at(&mut self, id: JobId, front: bool) {
+        self.leave_queue(id);
+        let Some(entry) = self.cache.get_mut(&id) else {
+            return;
+        };
+        self.queued_by_deadline.insert((entry.deadline, id));
+        let bucket = entry.job.bucket.clone();
+        if self.gates.bucket_paused(&bucket) {
+            entry.phase = Phase::Parked;
+            self.gates.park(bucket, id);
+            return;
+        }
+        entry.phase = Phase::Ready;
+        entry.ticket = entry.ticket.wrapping_add(1);
+        let key = entry.lane.clone();
+        // Behind an open breaker the next probe comes from the head of the queue: a job that
+        // was tried before goes first, since a job-specific failure of a first attempt is no
+        // evidence that the endpoint is still down.
+        let front = front || (entry.attempts > 0 && self.gates.is_open(&key));
+        self.queues.push(&key, &bucket, (id, entry.ticket), front);
+        self.relist(&key);
+    }
+
+    /// Makes a job wait for its timer (leaving its queue if it was in one).
+    fn wait(&mut self, id: JobId, due: Instant) {
+        self.leave_queue(id);
+        if let Some(entry) = self.cache.get_mut(&id) {
+            entry.phase = Phase::Waiting { due };
+            self.cache.set_timer(id, due);
+        }
+    }
+
+    fn fire_timers(&mut self) {
+        let now = Instant::now();
+        let wall = Utc::now();
+        // Queued jobs whose time ran out while their queue was held (paused, breaker open,
+        // rate-limited, bucket paused): a held queue is not picked from, where expiry is
+        // usually noticed. Each is found through the deadline index, never by a walk.
+        while let Some(&(deadline, id)) = self.queued_by_deadline.first() {
+            if deadline > now {
+                break;
+            }
+            self.queued_by_deadline.pop_first();
+            let Some(expire_at) = self.cache.get(&id).map(|e| e.job.expire_at) else {
+                continue;
+            };
+            if expire_at <= wall {
+                self.expire(id, wall);
+            } else if let Some(entry) = self.cache.get_mut(&id) {
+                // The monotonic clock ran ahead of the wall clock: look again when it is due.
+                entry.deadline = now + wait_until(wall, expire_at).max(Duration::from_millis(1));
+                self.queued_by_deadline.insert((entry.deadline, id));
+            }
+        }
+        while let Some(key) = self.gates.pop_wake(now) {
+            self.relist(&key);
+        }
+        let mut expired = Vec::new();
+        let mut reload = Vec::new();
+        while let Some(id) = self.cache.pop_due(now) {
+            let Some(entry) = self.cache.get(&id) else {
+                continue;
+            };
+            if entry.job.expire_at <= wall {
+                expired.push(id);
+            } else if entry.spilled {
+                reload.push(id);
+            } else {
+                self.enqueue(id);
+            }
+        }
+        for id in &reload {
+            if let Some(entry) = self.cache.get_mut(id) {
+                entry.phase = Phase::Reloading;
+            }
+        }
+        if !reload.is_empty() {
+            self.reload(reload);
+        }
+        if !expired.is_empty() {
+            let rows: Vec<Transition> = expired
+                .iter()
+                .filter_map(|id| self.forget(*id))
+                .map(|e| Transition::archiving(e.job.id, e.attempts, wall))
+                .collect();
+            self.metrics.jobs_expired.inc_by(rows.len() as u64);
+            self.cache.gauge();
+            self.outbox.extend(rows);
+            self.expired(expired);
+        }
+    }
+
+    /// The job expired before delivery: it leaves the cache as `archiving` for the archive.
+    fn expire(&mut self, id: JobId, now: DateTime<Utc>) {
+        if let Some(entry) = self.forget(id) {
+            self.metrics.jobs_expired.inc();
+            self.cache.gauge();
+            self.outbox
+                .push(Transition::archiving(id, entry.attempts, now));
+            self.expired(vec![id]);
+        }
+    }
+
+    /// A job whose payload was being fetched for its turn no longer is: its lane may take
+    /// another.
+    fn unfetch(&mut self, id: JobId) {
+        let Some(entry) = self.cache.get(&id).filter(|e| e.phase == Phase::Fetching) else {
+            return;
+        };
+        let key = entry.lane.clone();
+        if let Some(lane) = self.queues.lane_mut(&key) {
+            lane.fetching -= 1;
+        }
+        self.relist(&key);
+    }
+
+    /// Caches a job. Returns whether it is cached: a full cache leaves it in the JobDB for a
+    /// backlog pass.
+    fn admit(&mut self, entry: Entry) -> bool {
+        match self.cache.admit(entry) {
+            Admitted::Cached => true,
+            Admitted::Present => false,
+            Admitted::Full => {
+                self.backlog.due_now();
+                false
+            }
+        }
+    }
+
+    /// Caches a job at its place: ready now, or waiting until it is due.
+    fn admit_at(&mut self, entry: Entry, retry_at: Option<DateTime<Utc>>) {
+        let (now, instant) = (Utc::now(), Instant::now());
+        let due = retry_at
+            .map(|at| at.min(entry.job.expire_at))
+            .filter(|at| *at > now)
+            .map(|at| instant + wait_until(now, at));
+        let id = entry.job.id;
+        if self.admit(entry) {
+            match due {
+                Some(due) => self.wait(id, due),
+                None => self.enqueue(id),
+            }
+        }
+    }
+
+    /// Removes a job from the cache and its queue, keeping the counts right.
+    fn forget(&mut self, id: JobId) -> Option<Entry> {
+        self.leave_queue(id);
+        let entry = self.cache.remove(id)?;
+        self.backlog.left_cache(id);
+        Some(entry)
+    }
+
+    /// Applies a new set of controls: parks the due jobs of newly paused buckets, queues
+    /// those of resumed ones, and re-reads every lane's limits.
+    fn set_controls(&mut self, controls: Arc<Controls>) {
+        tracing::info!(
+            endpoints = controls.endpoints.len(),
+            buckets = controls.buckets.len(),
+            "endpoint controls changed"
+        );
+        for (target, n) in [
+            ("endpoint", controls.endpoints.len()),
+            ("bucket", controls.buckets.len()),
+        ] {
+            self.metrics
+                .controls
+                .get_or_create(&crate::metrics::ControlLabels { target })
+                .set(n as i64);
+        }
+        let newly_paused: HashSet<Arc<str>> = self
+            .queues
+            .buckets()
+            .filter(|b| controls.bucket_paused(b) && !self.gates.bucket_paused(b))
+            .cloned()
+            .collect();
+        self.gates.set_controls(controls);
+        if !newly_paused.is_empty() {
+            // Rare (an operator's pause), so a walk over the paused buckets' queues is fine.
+            for id in self.queues.queued_in(&newly_paused) {
+                if self.cache.get(&id).is_some_and(|e| e.phase == Phase::Ready) {
+                    // Queued again under the paused bucket: parked.
+                    self.enqueue(id);
+                }
+            }
+        }
+        for id in self.gates.take_resumed() {
+            if self
+                .cache
+                .get(&id)
+                .is_some_and(|e| e.phase == Phase::Parked)
+            {
+                self.enqueue(id);
+            }
+        }
+        let cache = &self.cache;
+        self.gates
+            .prune_parked(|id| cache.get(&id).is_some_and(|e| e.phase == Phase::Parked));
+        let keys: Vec<Arc<str>> = self.queues.lanes().map(|(key, _)| key.clone()).collect();
+        for key in keys {
+            self.dispatch(&key);
+        }
+    }
+
+    /// Queue depth by endpoint class, at most once a second (it walks the lanes, not the jobs).
+    fn update_gauges(&mut self) {
+        let now = Instant::now();
+        if now.duration_since(self.gauges_at) < Duration::from_secs(1) {
+            self.gauges_stale = true;
+            return;
+        }
+        self.gauges_at = now;
+        self.gauges_stale = false;
+        let (running, open, paused) = health::depths(&self.queues, &self.gates);
+        let parked = self.gates.parked_count();
+        let waiting = self
+            .cache
+            .len()
+            .saturating_sub(running + open + paused + parked + self.in_flight);
+        if let Ok(mut published) = self.health.lock() {
+            *published = health::endpoints(&self.queues, &self.gates);
+        }
+        for (class, n) in [
+            ("running", running),
+            ("breaker_open", open),
+            ("paused", paused),
+            ("bucket_paused", parked),
+            ("waiting", waiting),
+        ] {
+            self.metrics
+                .queued
+                .get_or_create(&crate::metrics::QueueLabels { class })
+                .set(n as i64);
+        }
+    }
+}
+
+/// How long from `now` until `at` (zero if it has passed), capped so that adding it to an
+/// `Instant` can never overflow: times come from the JobDB and from endpoints.
+fn wait_until(now: DateTime<Utc>, at: DateTime<Utc>) -> Duration {
+    const LONGEST: Duration = Duration::from_secs(100 * 365 * 24 * 3600);
+    (at - now).to_std().unwrap_or_default().min(LONGEST)
+}
+
+/// The scheduler-clock instant at which a job expiring at `expire_at` expires.
+fn deadline_of(expire_at: DateTime<Utc>) -> Instant {
+    Instant::now() + wait_until(Utc::now(), expire_at)
+}

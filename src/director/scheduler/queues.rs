@@ -1,0 +1,321 @@
+//! The virtual queues: ready jobs wait in a FIFO per (endpoint, bucket); each endpoint is a
+//! *lane*, and lanes with a ready job and room to start one sit in a ring.
+//!
+//! Picking takes one job from the lane at the head of the ring, from the lane's next bucket
+//! (round-robin), and the lane leaves the ring until it is relisted: endpoints share the
+//! Director fairly, and buckets share an endpoint fairly. A hanging endpoint only fills its
+//! own slots. A job that leaves its queue other than by being picked leaves its slot behind
+//! (a tombstone, recognised by its ticket), skipped when reached: removal from the middle is
+//! O(1).
+//!
+//! This part knows nothing of jobs beyond their ids: whether a slot is still live, and how
+//! many attempts a lane may have under way, are the caller's to say.
+
+use std::collections::{HashMap, HashSet, VecDeque};
+use std::sync::Arc;
+
+use crate::job::JobId;
+
+/// A queue slot: a job and the ticket it was queued with.
+pub(super) type Slot = (JobId, u32);
+
+/// The queues and attempt counts of one endpoint.
+#[derive(Default)]
+pub(super) struct Lane {
+    /// Attempts whose `executing` rows are being written.
+    pub(super) starting: usize,
+    /// Attempts whose `executing` rows are durable, waiting for an HTTP slot.
+    pub(super) started: VecDeque<JobId>,
+    /// HTTP requests in flight.
+    pub(super) in_flight: usize,
+    /// Jobs taken from the head of the queue whose payload is being read back.
+    pub(super) fetching: usize,
+    /// Live slots in the queues (slots of jobs that left are not counted).
+    pub(super) ready: usize,
+    /// A queue per bucket.
+    queues: HashMap<Arc<str>, VecDeque<Slot>>,
+    /// Buckets with a queue, in round-robin order.
+    buckets: VecDeque<Arc<str>>,
+    /// In the ring.
+    listed: bool,
+}
+
+impl Lane {
+    /// Attempts under way that do not hold an HTTP slot yet.
+    pub(super) fn pending(&self) -> usize {
+        self.starting + self.started.len() + self.fetching
+    }
+}
+
+/// Every lane, and the ring of lanes that can start something.
+#[derive(Default)]
+pub(super) struct Queues {
+    lanes: HashMap<Arc<str>, Lane>,
+    ring: VecDeque<Arc<str>>,
+}
+
+impl Queues {
+    pub(super) fn lane(&self, key: &str) -> Option<&Lane> {
+        self.lanes.get(key)
+    }
+
+    pub(super) fn lane_mut(&mut self, key: &str) -> Option<&mut Lane> {
+        self.lanes.get_mut(key)
+    }
+
+    /// Every lane, by endpoint.
+    pub(super) fn lanes(&self) -> impl Iterator<Item = (&Arc<str>, &Lane)> {
+        self.lanes.iter()
+    }
+
+    /// The lane that picks next.
+    #[cfg(test)]
+    pub(super) fn head(&self) -> Option<&Arc<str>> {
+        self.ring.front()
+    }
+
+    /// Queues a slot in its lane and bucket: at the back, or at the front (a job that was at
+    /// the head already and only waited for its payload or its lane's turn). The caller
+    /// relists the lane.
+    pub(super) fn push(&mut self, key: &Arc<str>, bucket: &Arc<str>, slot: Slot, front: bool) {
+        let lane = self.lanes.entry(key.clone()).or_default();
+        let queue = lane.queues.entry(bucket.clone()).or_default();
+        if queue.is_empty() {
+            lane.buckets.push_back(bucket.clone());
+        }
+        if front {
+            queue.push_front(slot);
+        } else {
+            queue.push_back(slot);
+        }
+        lane.ready += 1;
+    }
+
+    /// Puts a picked slot back exactly where it was: the head of its bucket's queue, and that
+    /// bucket first in its lane's turn (its lane could not start it after all).
+    pub(super) fn unpick(&mut self, key: &Arc<str>, bucket: &Arc<str>, slot: Slot) {
+        let lane = self.lanes.entry(key.clone()).or_default();
+        let queue = lane.queues.entry(bucket.clone()).or_default();
+        if queue.is_empty() {
+            lane.buckets.retain(|b| b != bucket);
+        } else if let Some(at) = lane.buckets.iter().position(|b| b == bucket) {
+            lane.buckets.remove(at);
+        }
+        lane.buckets.push_front(bucket.clone());
+        queue.push_front(slot);
+        lane.ready += 1;
+    }
+
+    /// A live slot of the lane was abandoned (its job left the queue without being picked).
+    pub(super) fn left(&mut self, key: &str) {
+        if let Some(lane) = self.lanes.get_mut(key) {
+            lane.ready = lane.ready.saturating_sub(1);
+        }
+    }
+
+    /// Takes the next live slot of the head lane (its next bucket, round-robin) and unlists
+    /// that lane; the caller relists it once it has counted the attempt, so a lane is never
+    /// forgotten while an attempt of it is being started. `live` says whether a slot still
+    /// stands for a queued job; dead slots met on the way are dropped (each is passed once).
+    /// Returns the job, its lane and bucket.
+    pub(super) fn pick(
+        &mut self,
+        mut live: impl FnMut(Slot) -> bool,
+    ) -> Option<(JobId, Arc<str>, Arc<str>)> {
+        let key = self.ring.pop_front()?;
+        let lane = self.lanes.get_mut(&key)?;
+        lane.listed = false;
+        while lane.ready > 0 {
+            let bucket = lane.buckets.pop_front()?;
+            let Some(queue) = lane.queues.get_mut(&bucket) else {
+                continue;
+            };
+            let mut found = None;
+            while let Some(slot) = queue.pop_front() {
+                if live(slot) {
+                    found = Some(slot.0);
+                    break;
+                }
+            }
+            if queue.is_empty() {
+                lane.queues.remove(&bucket);
+            } else {
+                lane.buckets.push_back(bucket.clone());
+            }
+            if let Some(id) = found {
+                lane.ready -= 1;
+                return Some((id, key, bucket));
+            }
+        }
+        None
+    }
+
+    /// Puts a lane in the ring if it has a ready job and fewer than `limit` attempts pending
+    /// (started but not yet holding an HTTP slot), or forgets it if it is idle.
+    pub(super) fn relist(&mut self, key: &Arc<str>, limit: usize) {
+        let Some(lane) = self.lanes.get_mut(key) else {
+            return;
+        };
+        let pending = lane.pending();
+        if lane.ready > 0 && pending < limit {
+            if !lane.listed {
+                lane.listed = true;
+                self.ring.push_back(key.clone());
+            }
+        } else if lane.ready == 0 && pending == 0 && lane.in_flight == 0 && !lane.listed {
+            self.lanes.remove(key);
+        }
+    }
+
+    /// Buckets that have a queue in some lane.
+    pub(super) fn buckets(&self) -> impl Iterator<Item = &Arc<str>> {
+        self.lanes.values().flat_map(|lane| lane.queues.keys())
+    }
+
+    /// Ids in the queues of these buckets (slots of jobs that left included: check them).
+    pub(super) fn queued_in(&self, buckets: &HashSet<Arc<str>>) -> Vec<JobId> {
+        self.lanes
+            .values()
+            .flat_map(|lane| {
+                lane.queues
+                    .iter()
+                    .filter(|(b, _)| buckets.contains(*b))
+                    .flat_map(|(_, q)| q.iter().map(|(id, _)| *id))
+            })
+            .collect()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn key(s: &str) -> Arc<str> {
+        s.into()
+    }
+
+    fn id(n: u128) -> JobId {
+        JobId(ulid::Ulid::from(n))
+    }
+
+    /// Pushes `n` jobs numbered from `first` into (lane, bucket) and relists the lane.
+    fn fill(q: &mut Queues, lane: &str, bucket: &str, first: u128, n: u128) {
+        for i in first..first + n {
+            q.push(&key(lane), &key(bucket), (id(i), 0), false);
+        }
+        q.relist(&key(lane), usize::MAX);
+    }
+
+    /// Picks until empty, relisting each lane as a caller with unlimited room would.
+    fn drain(q: &mut Queues) -> Vec<(JobId, String, String)> {
+        let mut out = Vec::new();
+        while let Some((job, lane, bucket)) = q.pick(|_| true) {
+            out.push((job, lane.to_string(), bucket.to_string()));
+            q.relist(&lane, usize::MAX);
+        }
+        out
+    }
+
+    #[test]
+    fn lanes_take_turns() {
+        let mut q = Queues::default();
+        fill(&mut q, "a", "x", 0, 3);
+        fill(&mut q, "b", "x", 10, 3);
+        let lanes: Vec<String> = drain(&mut q).into_iter().map(|(_, l, _)| l).collect();
+        assert_eq!(lanes, ["a", "b", "a", "b", "a", "b"]);
+    }
+
+    #[test]
+    fn buckets_take_turns_within_a_lane_in_fifo_order() {
+        let mut q = Queues::default();
+        fill(&mut q, "a", "x", 0, 3);
+        fill(&mut q, "a", "y", 10, 1);
+        let got: Vec<(JobId, String)> = drain(&mut q).into_iter().map(|(j, _, b)| (j, b)).collect();
+        assert_eq!(
+            got,
+            [
+                (id(0), "x".into()),
+                (id(10), "y".into()),
+                (id(1), "x".into()),
+                (id(2), "x".into())
+            ]
+        );
+    }
+
+    #[test]
+    fn a_busy_lane_does_not_delay_another() {
+        // Lane "a" has a thousand jobs, lane "b" one: b's job is the second picked.
+        let mut q = Queues::default();
+        fill(&mut q, "a", "x", 0, 1000);
+        fill(&mut q, "b", "x", 5000, 1);
+        let first_two: Vec<String> = drain(&mut q)
+            .into_iter()
+            .take(2)
+            .map(|(_, l, _)| l)
+            .collect();
+        assert_eq!(first_two, ["a", "b"]);
+    }
+
+    #[test]
+    fn dead_slots_are_skipped_and_dropped() {
+        let mut q = Queues::default();
+        fill(&mut q, "a", "x", 0, 3);
+        // Job 1 left its queue: its slot stays behind, the lane counts one fewer ready.
+        q.left("a");
+        let picked: Vec<JobId> = std::iter::from_fn(|| {
+            let got = q.pick(|(job, _)| job != id(1));
+            if let Some((_, lane, _)) = &got {
+                q.relist(lane, usize::MAX);
+            }
+            got.map(|(j, _, _)| j)
+        })
+        .collect();
+        assert_eq!(picked, [id(0), id(2)]);
+        // Nothing ready, nothing pending: the lane is forgotten.
+        assert!(q.lane("a").is_none());
+    }
+
+    #[test]
+    fn a_lane_at_its_limit_leaves_the_ring_until_relisted() {
+        let mut q = Queues::default();
+        fill(&mut q, "a", "x", 0, 2);
+        let (_, lane, _) = q.pick(|_| true).expect("a job");
+        q.lane_mut(&lane).expect("lane").starting += 1;
+        // One attempt pending and a limit of one: not listed.
+        q.relist(&lane, 1);
+        assert!(q.head().is_none());
+        assert!(q.pick(|_| true).is_none());
+        // The attempt got its HTTP slot: room again.
+        let l = q.lane_mut(&lane).expect("lane");
+        l.starting -= 1;
+        l.in_flight += 1;
+        q.relist(&lane, 1);
+        assert_eq!(q.head().map(|k| k.to_string()), Some("a".into()));
+        // A lane with work in flight is kept even when nothing is ready.
+        assert!(q.pick(|_| true).is_some());
+        q.relist(&lane, 1);
+        assert!(q.lane("a").is_some());
+    }
+
+    #[test]
+    fn unpick_restores_the_exact_order() {
+        let mut q = Queues::default();
+        fill(&mut q, "a", "x", 0, 2);
+        fill(&mut q, "a", "y", 10, 2);
+        let (job, lane, bucket) = q.pick(|_| true).expect("a job");
+        assert_eq!(job, id(0));
+        q.unpick(&lane, &bucket, (job, 0));
+        q.relist(&lane, usize::MAX);
+        let order: Vec<JobId> = drain(&mut q).into_iter().map(|(j, _, _)| j).collect();
+        assert_eq!(order, [id(0), id(10), id(1), id(11)]);
+    }
+
+    #[test]
+    fn front_pushes_go_first() {
+        let mut q = Queues::default();
+        fill(&mut q, "a", "x", 0, 2);
+        q.push(&key("a"), &key("x"), (id(99), 0), true);
+        let order: Vec<JobId> = drain(&mut q).into_iter().map(|(j, _, _)| j).collect();
+        assert_eq!(order, [id(99), id(0), id(1)]);
+    }
+}
