@@ -21,7 +21,7 @@ use super::BatchKind;
 use super::{Archive, ArchiveError, ArchivedJob};
 use crate::job::{JobId, State, Transition};
 use crate::jobdb::lifecycle::PlannedBatch;
-use crate::jobdb::writes::WriteOp;
+use crate::jobdb::write::WriteOp;
 use crate::jobdb::{JobDb, JobDbError};
 use crate::metrics::Metrics;
 

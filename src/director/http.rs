@@ -19,7 +19,7 @@ use tokio_util::sync::CancellationToken;
 use utoipa::OpenApi;
 
 use crate::job::{JobId, Recovered};
-use crate::jobdb::writes::{WriteOp, WriteRejected};
+use crate::jobdb::write::{WriteOp, WriteRejected};
 use crate::jobdb::JobDb;
 use crate::metrics::Metrics;
 use crate::rpc::api::{

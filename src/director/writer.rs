@@ -30,7 +30,7 @@ use crate::metrics::Metrics;
 use super::scheduler::Event;
 use crate::job::Recovered;
 use crate::jobdb::lifecycle::Origin;
-pub use crate::jobdb::writes::{WriteOp, WriteRejected};
+pub use crate::jobdb::write::{WriteOp, WriteRejected};
 
 /// Limits of one group commit.
 #[derive(Clone, Copy, Debug)]

@@ -397,31 +397,3 @@ impl JobDb {
         })
     }
 }
-
-/// SQL `LIKE` (case-sensitive, `\` escapes): `%` any run, `_` one character.
-pub(super) fn like(pattern: &[u8], text: &[u8]) -> bool {
-    match pattern.split_first() {
-        None => text.is_empty(),
-        Some((b'%', rest)) => (0..=text.len()).any(|i| like(rest, &text[i..])),
-        Some((b'_', rest)) => !text.is_empty() && like(rest, &text[1..]),
-        Some((b'\\', rest)) if !rest.is_empty() => {
-            text.first() == Some(&rest[0]) && like(&rest[1..], &text[1..])
-        }
-        Some((c, rest)) => text.first() == Some(c) && like(rest, &text[1..]),
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::like;
-
-    #[test]
-    fn like_matches_as_sql_does() {
-        assert!(like(b"spindle\\_%", b"spindle_01"));
-        assert!(!like(b"spindle\\_%", b"spindleX01"));
-        assert!(like(b"a_c", b"abc"));
-        assert!(!like(b"a_c", b"ac"));
-        assert!(like(b"%", b""));
-        assert!(like(b"jobdb%", b"jobdb"));
-    }
-}

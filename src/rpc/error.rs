@@ -68,10 +68,10 @@ pub enum ApiError {
     Internal,
 }
 
-impl From<crate::jobdb::writes::WriteRejected> for ApiError {
+impl From<crate::jobdb::write::WriteRejected> for ApiError {
     /// What a producer hears when the writer did not store its request.
-    fn from(why: crate::jobdb::writes::WriteRejected) -> Self {
-        use crate::jobdb::writes::WriteRejected;
+    fn from(why: crate::jobdb::write::WriteRejected) -> Self {
+        use crate::jobdb::write::WriteRejected;
         match why {
             WriteRejected::Unavailable => {
                 ApiError::Unavailable("the jobdb is unavailable; nothing was stored".into())

@@ -1,0 +1,434 @@
+//! The two JobDB engines, one module each ([`mysql`], [`sqlite`]), and what they share.
+//!
+//! # How a statement is written once
+//!
+//! [`super::JobDb`] holds a `Pool` of either engine. A method's body is written once and
+//! compiled once per engine by `with_pool!`, which runs it with `p` bound to that engine's pool
+//! and `q` naming that engine's module here. So:
+//!
+//! - a statement both engines accept (most of them: `?` placeholders, the same tables and
+//!   column names) is written once, in the method, as a literal;
+//! - a statement the engines spell differently is `q::NAME`, a constant of each engine module.
+//!   Where the difference is a few words, the constants too are written once, by
+//!   `spelled_sql!` and `stats_sql!`, from each engine's spelling of those words (each a
+//!   whole SQL expression or keyword, never a fragment opened here and closed elsewhere);
+//! - rows are decoded and written by functions generated for each engine's sqlx types from one
+//!   text: `engine_common!` (decoders, id lists) and `write::write_path!` (INSERT
+//!   builders, the fenced commit, what a refusal is);
+//! - what only one engine has (a connection id to `KILL`, a file lock, a busy timeout) is a
+//!   function of the same name and signature in both modules, and the engine without it says
+//!   so (`Ok(0)`, or [`super::JobDbError::Unsupported`]).
+//!
+//! An engine difference is therefore always visible as `q::NAME` (or a `match` on
+//! [`super::Server`] where there is no pool yet), and lives in [`mysql`], [`sqlite`] and the two
+//! `migrations/` directories, nowhere else. The generators name everything they use by its full
+//! path and bring no `use` into an engine module, so each engine module imports what its own
+//! code needs.
+
+use sqlx::mysql::MySqlPool;
+use sqlx::sqlite::SqlitePool;
+
+pub mod mysql;
+pub mod sqlite;
+
+/// A connection pool of either engine.
+#[derive(Clone, Debug)]
+pub(crate) enum Pool {
+    /// A MySQL JobDB.
+    MySql(MySqlPool),
+    /// A SQLite JobDB.
+    Sqlite(SqlitePool),
+}
+
+/// Runs `$body` against the JobDB's pool `$p`, with `$q` naming the engine's module
+/// ([`mysql`] or [`sqlite`]): one body, compiled once per engine.
+macro_rules! with_pool {
+    ($db:expr, |$p:ident, $q:ident| $body:expr) => {
+        match &$db.pool {
+            $crate::jobdb::engine::Pool::MySql($p) => {
+                #[allow(unused_imports)]
+                use $crate::jobdb::engine::mysql as $q;
+                $body
+            }
+            $crate::jobdb::engine::Pool::Sqlite($p) => {
+                #[allow(unused_imports)]
+                use $crate::jobdb::engine::sqlite as $q;
+                $body
+            }
+        }
+    };
+}
+pub(crate) use with_pool;
+
+/// What both engines share besides the write path: their sqlx types, decoders from a row to
+/// spindle's types, and bound id lists. `$db` is the sqlx database type, `$row` its row type.
+macro_rules! engine_common {
+    ($db:ty, $row:ty) => {
+        /// This engine's sqlx database type.
+        pub type Db = $db;
+        /// This engine's row type.
+        pub type DbRow = $row;
+
+        /// A text column, whatever its collation (sqlx types MySQL's `_bin` collations as
+        /// binary; SQLite hands TEXT out as bytes too).
+        pub fn text(row: &$row, column: &str) -> Result<String, $crate::jobdb::JobDbError> {
+            use sqlx::Row as _;
+            let bytes: Vec<u8> = row.try_get(column)?;
+            String::from_utf8(bytes)
+                .map_err(|_| $crate::jobdb::JobDbError::Corrupt(format!("{column} is not utf-8")))
+        }
+
+        /// A nullable text column.
+        pub fn text_opt(
+            row: &$row,
+            column: &str,
+        ) -> Result<Option<String>, $crate::jobdb::JobDbError> {
+            use sqlx::Row as _;
+            let bytes: Option<Vec<u8>> = row.try_get(column)?;
+            bytes
+                .map(|b| {
+                    String::from_utf8(b).map_err(|_| {
+                        $crate::jobdb::JobDbError::Corrupt(format!("{column} is not utf-8"))
+                    })
+                })
+                .transpose()
+        }
+
+        /// The `state` column.
+        pub fn state_of(row: &$row) -> Result<$crate::job::State, $crate::jobdb::JobDbError> {
+            std::str::FromStr::from_str(&text(row, "state")?).map_err(
+                |e: $crate::job::UnknownState| $crate::jobdb::JobDbError::Corrupt(e.to_string()),
+            )
+        }
+
+        /// A 16-byte id column.
+        pub fn job_id_of(
+            row: &$row,
+            column: &str,
+        ) -> Result<$crate::job::JobId, $crate::jobdb::JobDbError> {
+            use sqlx::Row as _;
+            let bytes: Vec<u8> = row.try_get(column)?;
+            let bytes: [u8; 16] = bytes.try_into().map_err(|_| {
+                $crate::jobdb::JobDbError::Corrupt(format!("{column} is not 16 bytes"))
+            })?;
+            Ok($crate::job::JobId::from_bytes(bytes))
+        }
+
+        /// A 16-byte ULID column (batch ids).
+        pub fn ulid_of(row: &$row, column: &str) -> Result<ulid::Ulid, $crate::jobdb::JobDbError> {
+            job_id_of(row, column).map(|id| id.0)
+        }
+
+        /// A count column (`COUNT(*)`, a cast sum, a length) as a `u64`.
+        pub fn count_of(row: &$row, column: &str) -> Result<u64, $crate::jobdb::JobDbError> {
+            use sqlx::Row as _;
+            let n: i64 = row.try_get(column)?;
+            u64::try_from(n).map_err(|_| {
+                $crate::jobdb::JobDbError::Corrupt(format!("{column} is negative: {n}"))
+            })
+        }
+
+        /// A UTC time column.
+        pub fn time_of(
+            row: &$row,
+            column: &str,
+        ) -> Result<chrono::DateTime<chrono::Utc>, $crate::jobdb::JobDbError> {
+            use sqlx::Row as _;
+            let t: chrono::NaiveDateTime = row.try_get(column)?;
+            Ok(t.and_utc())
+        }
+
+        /// A nullable UTC time column.
+        pub fn time_opt(
+            row: &$row,
+            column: &str,
+        ) -> Result<Option<chrono::DateTime<chrono::Utc>>, $crate::jobdb::JobDbError> {
+            use sqlx::Row as _;
+            let t: Option<chrono::NaiveDateTime> = row.try_get(column)?;
+            Ok(t.map(|t| t.and_utc()))
+        }
+
+        /// `state`, `attempts`, `retry_at` of a transition row.
+        pub fn progress_of(row: &$row) -> Result<$crate::job::Progress, $crate::jobdb::JobDbError> {
+            use sqlx::Row as _;
+            Ok($crate::job::Progress {
+                state: state_of(row)?,
+                attempts: row.try_get("attempts")?,
+                retry_at: time_opt(row, "retry_at")?,
+            })
+        }
+
+        /// A `jobs` row.
+        pub fn job_from_row(row: &$row) -> Result<$crate::job::Job, $crate::jobdb::JobDbError> {
+            use sqlx::Row as _;
+            use std::time::Duration;
+            use $crate::jobdb::JobDbError;
+            let id = job_id_of(row, "id")?;
+            let headers = text(row, "headers")?;
+            let headers: serde_json::Map<String, serde_json::Value> =
+                serde_json::from_str(&headers)
+                    .map_err(|e| JobDbError::Corrupt(format!("headers of {id}: {e}")))?;
+            let headers = headers
+                .into_iter()
+                .map(|(k, v)| match v {
+                    serde_json::Value::String(s) => Ok((k, s)),
+                    other => Err(JobDbError::Corrupt(format!(
+                        "header {k} of {id} is {other}"
+                    ))),
+                })
+                .collect::<Result<Vec<_>, _>>()?;
+            let payload: Vec<u8> = row.try_get("payload")?;
+            let timeout: u32 = row.try_get("execution_timeout_ms")?;
+            let min_delay: u32 = row.try_get("backoff_min_delay_ms")?;
+            Ok($crate::job::Job {
+                id,
+                bucket: text(row, "bucket")?.into(),
+                endpoint: text(row, "endpoint")?.into(),
+                method: text(row, "method")?.into(),
+                headers,
+                payload: bytes::Bytes::from(payload),
+                execution_timeout: Duration::from_millis(timeout.into()),
+                retry: $crate::job::RetryPolicy {
+                    min_delay: Duration::from_millis(min_delay.into()),
+                    coefficient: row.try_get("backoff_coefficient")?,
+                },
+                created_at: time_of(row, "created_at")?,
+                expire_at: time_of(row, "expire_at")?,
+                idempotency_key: text_opt(row, "idempotency_key")?,
+            })
+        }
+
+        /// A `job_state_transitions` row with its id.
+        pub fn transition_from_row(
+            row: &$row,
+        ) -> Result<(u64, $crate::job::Transition), $crate::jobdb::JobDbError> {
+            use sqlx::Row as _;
+            let encoding = text_opt(row, "error_response_encoding")?;
+            let error_response: Option<Vec<u8>> = row.try_get("error_response")?;
+            Ok((
+                row.try_get("id")?,
+                $crate::job::Transition {
+                    job_id: job_id_of(row, "job_id")?,
+                    state: state_of(row)?,
+                    attempts: row.try_get("attempts")?,
+                    time: time_of(row, "time")?,
+                    retry_at: time_opt(row, "retry_at")?,
+                    error_type: text_opt(row, "error_type")?,
+                    error_response: error_response.map(bytes::Bytes::from),
+                    error_response_encoding: match encoding.as_deref() {
+                        Some("utf-8") => Some("utf-8"),
+                        Some(_) => Some("binary"),
+                        None => None,
+                    },
+                    response_status: row.try_get("response_status")?,
+                    duration_ms: row.try_get("duration_ms")?,
+                },
+            ))
+        }
+
+        /// An `operator_commands` row.
+        pub fn command_from_row(
+            row: &$row,
+        ) -> Result<$crate::jobdb::commands::Command, $crate::jobdb::JobDbError> {
+            use sqlx::Row as _;
+            let job_id: Option<Vec<u8>> = row.try_get("job_id")?;
+            let job_id = match job_id {
+                Some(_) => Some(job_id_of(row, "job_id")?),
+                None => None,
+            };
+            Ok($crate::jobdb::commands::Command {
+                id: row.try_get("id")?,
+                issued_by: text(row, "issued_by")?,
+                action: text(row, "action")?.parse()?,
+                bucket: text_opt(row, "bucket")?,
+                endpoint_prefix: text_opt(row, "endpoint_prefix")?,
+                job_id,
+                created_before: time_opt(row, "created_before")?,
+                postpone_until: time_opt(row, "postpone_until")?,
+                reason: text_opt(row, "reason")?,
+            })
+        }
+
+        /// `prefix` + a bound list of ids + `suffix`.
+        pub fn ids_query<'a>(
+            prefix: &'a str,
+            ids: &'a [$crate::job::JobId],
+            suffix: &'a str,
+        ) -> sqlx::QueryBuilder<'a, $db> {
+            let mut qb = sqlx::QueryBuilder::<$db>::new(prefix);
+            let mut list = qb.separated(", ");
+            for id in ids {
+                list.push_bind(id.to_bytes().to_vec());
+            }
+            qb.push(suffix);
+            qb
+        }
+    };
+}
+pub(crate) use engine_common;
+
+/// Attempts (rows with a duration) that ended in these states: a success, or a failure that is
+/// retried or discarded. Rows without a duration in the same states are not attempts
+/// (`interrupted`, `imported`, operator commands).
+macro_rules! attempt_rows {
+    () => {
+        "t.state IN ('succeeded', 'awaiting-retry', 'discarded') AND t.duration_ms IS NOT NULL"
+    };
+}
+pub(crate) use attempt_rows;
+
+/// The statements of [`super::stats`] for one engine, from its spellings: `lane`, the lane of
+/// `jobs j` (its endpoint cut at the first `?` or `#`); `slot`, the time slot of `t.time` (whole
+/// slots of the second parameter's seconds since the first); `int`, its name for a signed
+/// integer cast; `latency`, the latency bucket of `t.duration_ms`
+/// ([`super::stats::latency_key`]) or, where the engine lacks `LOG2`, the duration itself (then
+/// `latency_in_sql` is false and the caller buckets).
+macro_rules! stats_sql {
+    (
+        lane: $lane:expr,
+        slot: $slot:expr,
+        int: $int:literal,
+        latency: $latency:expr,
+        latency_in_sql: $in_sql:literal $(,)?
+    ) => {
+        /// Whether `LANE_ATTEMPTS` returns latency buckets (else durations).
+        pub const LATENCY_IN_SQL: bool = $in_sql;
+        /// Transitions per state and slot.
+        pub const TRANSITIONS_PER_SLOT: &str = concat!(
+            "SELECT ",
+            $slot,
+            " AS slot, t.state, COUNT(*) AS n \
+             FROM job_state_transitions t WHERE t.time >= ? \
+             GROUP BY slot, t.state"
+        );
+        /// Waiting jobs by lane and state.
+        pub const LANE_BACKLOG: &str = concat!(
+            "SELECT ",
+            $lane,
+            " AS lane, l.state, COUNT(*) AS n \
+             FROM jobs j JOIN job_latest l ON l.job_id = j.id \
+             WHERE l.state IN ('awaiting-scheduling', 'awaiting-retry', 'executing') \
+             GROUP BY lane, l.state"
+        );
+        /// Attempts since a time by lane, state and latency bucket (or duration).
+        pub const LANE_ATTEMPTS: &str = concat!(
+            "SELECT ",
+            $lane,
+            " AS lane, t.state, ",
+            $latency,
+            " AS latency_key, COUNT(*) AS n \
+             FROM job_state_transitions t JOIN jobs j ON j.id = t.job_id \
+             WHERE t.time >= ? AND ",
+            $crate::jobdb::engine::attempt_rows!(),
+            " GROUP BY lane, t.state, latency_key"
+        );
+        /// Attempts per lane and slot, succeeded and failed.
+        pub const LANE_SLOTS: &str = concat!(
+            "SELECT ",
+            $lane,
+            " AS lane, ",
+            $slot,
+            " AS slot, \
+             CAST(SUM(t.state = 'succeeded') AS ",
+            $int,
+            ") AS succeeded, CAST(SUM(t.state <> 'succeeded') AS ",
+            $int,
+            ") AS failed \
+             FROM job_state_transitions t JOIN jobs j ON j.id = t.job_id \
+             WHERE t.time >= ? AND ",
+            $crate::jobdb::engine::attempt_rows!(),
+            " GROUP BY lane, slot"
+        );
+        /// Kinds of failed attempts since a time, by lane.
+        pub const LANE_ERRORS: &str = concat!(
+            "SELECT ",
+            $lane,
+            " AS lane, t.error_type, t.response_status, MAX(t.time) AS last_at \
+             FROM job_state_transitions t JOIN jobs j ON j.id = t.job_id \
+             WHERE t.time >= ? AND t.error_type IS NOT NULL AND ",
+            $crate::jobdb::engine::attempt_rows!(),
+            " GROUP BY lane, t.error_type, t.response_status"
+        );
+    };
+}
+pub(crate) use stats_sql;
+
+/// The statements that differ between the engines only in a few words, from each engine's
+/// spelling of them: `insert_ignore`, how an INSERT skips rows whose key exists; `empty_blob`,
+/// an empty binary literal; `int`, a signed integer cast; `starts_with`, the name of the
+/// engine's macro `starts_with!(text, prefix)`, which spells the whole condition "`text` starts
+/// with `prefix`" (`prefix` appears in it twice, so a placeholder there is bound twice).
+macro_rules! spelled_sql {
+    (
+        insert_ignore: $ignore:literal,
+        empty_blob: $empty_blob:literal,
+        int: $int:literal,
+        starts_with: $starts_with:ident $(,)?
+    ) => {
+        /// Origins of imported jobs; a repeat is ignored.
+        pub const INSERT_ORIGINS: &str =
+            concat!($ignore, " INTO job_origins (job_id, from_jobdb, imported_at) ");
+        /// A confirmed archive batch; a repeat is ignored.
+        pub const INSERT_CONFIRMATION: &str = concat!(
+            $ignore,
+            " INTO archive_confirmations (batch_id, sha256, confirmed_at) VALUES (?, ?, ?)"
+        );
+        /// A command's result; a repeat is ignored.
+        pub const INSERT_COMMAND_RESULT: &str = concat!(
+            $ignore,
+            " INTO operator_command_results (command_id, applied_at, applied_by, jobs) \
+             VALUES (?, ?, ?, ?)"
+        );
+        /// Jobs without payload and headers.
+        pub const SELECT_JOBS_BARE: &str = concat!(
+            "SELECT id, bucket, endpoint, method, '{}' AS headers, ",
+            $empty_blob,
+            " AS payload, execution_timeout_ms, backoff_min_delay_ms, backoff_coefficient, \
+             created_at, expire_at, idempotency_key FROM jobs WHERE id IN ("
+        );
+        /// Job summaries (no payload, its size).
+        pub const SELECT_JOB_SUMMARIES: &str = concat!(
+            "SELECT id, bucket, endpoint, method, '{}' AS headers, ",
+            $empty_blob,
+            " AS payload, execution_timeout_ms, backoff_min_delay_ms, backoff_coefficient, \
+             created_at, expire_at, idempotency_key, CAST(LENGTH(payload) AS ",
+            $int,
+            ") AS payload_bytes FROM jobs WHERE id IN ("
+        );
+        /// The jobs a command names that wait for an attempt, with their progress.
+        pub const COMMAND_TARGETS: &str = concat!(
+            "SELECT t.job_id, t.state, t.attempts, t.retry_at \
+             FROM operator_commands c \
+             JOIN open_jobs t ON (c.job_id IS NULL OR t.job_id = c.job_id) \
+             JOIN jobs j ON j.id = t.job_id \
+             WHERE c.id = ? \
+               AND (c.bucket IS NULL OR j.bucket = c.bucket) \
+               AND (c.endpoint_prefix IS NULL OR ",
+            $starts_with!("j.endpoint", "c.endpoint_prefix"),
+            ") \
+               AND (c.created_before IS NULL OR j.created_at < c.created_before) \
+               AND t.transition_id < ? \
+               AND t.state IN ('awaiting-scheduling', 'awaiting-retry') \
+               AND NOT EXISTS (SELECT 1 FROM job_state_transitions l \
+                               WHERE l.job_id = t.job_id AND l.id > t.transition_id)"
+        );
+        /// Ended jobs for replay.
+        pub const ENDED_JOBS: &str = concat!(
+            "SELECT j.id, j.bucket, j.endpoint, j.method, j.headers, j.payload, \
+             j.execution_timeout_ms, j.backoff_min_delay_ms, j.backoff_coefficient, \
+             j.created_at, j.expire_at, j.idempotency_key, t.state \
+             FROM jobs j JOIN job_state_transitions t ON t.job_id = j.id \
+             WHERE j.id > ? \
+               AND t.id = (SELECT MAX(l.id) FROM job_state_transitions l WHERE l.job_id = j.id) \
+               AND ((? AND t.state = 'discarded') OR (? AND t.state = 'archived')) \
+               AND (? IS NULL OR j.bucket = ?) \
+               AND (? IS NULL OR ",
+            $starts_with!("j.endpoint", "?"),
+            ") \
+               AND (? IS NULL OR j.created_at >= ?) \
+               AND (? IS NULL OR j.created_at < ?) \
+             ORDER BY j.id LIMIT ?"
+        );
+    };
+}
+pub(crate) use spelled_sql;

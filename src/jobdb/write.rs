@@ -1,0 +1,513 @@
+//! The write path: how rows enter a JobDB. [`JobDb::append`] (and
+//! [`JobDb::append_with_origins`]) write jobs, their transitions and import origins in one
+//! fenced transaction, keeping `open_jobs` (each unfinished job's latest resting state) in step;
+//! the per-engine functions that do it, `write_path!`, are the one way rows enter `jobs` and
+//! `job_state_transitions`, whoever writes (the Director's writer, a drainer, the archiver).
+//!
+//! The requests the Director's group-commit writer takes ([`WriteOp`]) and why one is not
+//! made ([`WriteRejected`]) live here too, below everyone who sends them (the Director's
+//! intake, imports, the scheduler, the archiver); the writer task is `director::writer`.
+//!
+//! Rows go in multi-row INSERTs chunked by bytes (below the server's packet limit) and by a
+//! power-of-two number of rows (so a connection prepares few statement shapes and reuses them).
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::time::Duration;
+
+use bytes::Bytes;
+use chrono::{DateTime, Utc};
+use tokio::sync::oneshot;
+use ulid::Ulid;
+
+use super::{int, lifecycle, with_pool, JobDb, JobDbError};
+use crate::job::{Job, JobId, Recovered, State, Transition};
+
+/// Most rows in one multi-row INSERT (MySQL allows 65,535 placeholders per statement, SQLite
+/// 32,766). Chunks are powers of two up to this, so a connection prepares at most ten
+/// statement shapes per table and reuses them, instead of a new statement per row count.
+pub(crate) const MAX_ROWS_PER_INSERT: usize = 512;
+/// Most bytes in one multi-row INSERT (every column counted), and at most half the server's
+/// `max_allowed_packet`: a statement and its bound values travel as one packet.
+const MAX_BYTES_PER_INSERT: usize = 4 * 1024 * 1024;
+/// Room a statement needs besides its rows' bytes (text, per-value framing), per row and in all.
+const ROW_OVERHEAD_BYTES: usize = 128;
+
+/// The write path of one engine: INSERT builders for each row type, `write_rows` (every row
+/// a batch adds, and its `open_jobs` changes), the fenced commit, and which errors refuse the
+/// data. `$db` is the engine's sqlx database type; the engine module provides `INSERT_ORIGINS`,
+/// `UPSERT_OPEN_JOBS`, `FENCE_CHECK`, `refused_code` and (from
+/// `engine::engine_common!`) `ids_query`.
+macro_rules! write_path {
+    ($db:ty) => {
+        /// One multi-row INSERT of jobs.
+        fn insert_jobs(
+            jobs: &[std::sync::Arc<$crate::job::Job>],
+        ) -> sqlx::QueryBuilder<'_, $db> {
+            use $crate::jobdb::write::{headers_json, millis_u32};
+            let mut qb = sqlx::QueryBuilder::<$db>::new(
+                "INSERT INTO jobs (id, bucket, endpoint, method, headers, payload, \
+                 execution_timeout_ms, backoff_min_delay_ms, backoff_coefficient, created_at, \
+                 expire_at, idempotency_key) ",
+            );
+            qb.push_values(jobs, |mut row, job| {
+                row.push_bind(job.id.to_bytes().to_vec())
+                    .push_bind(&*job.bucket)
+                    .push_bind(&*job.endpoint)
+                    .push_bind(&*job.method)
+                    .push_bind(headers_json(&job.headers))
+                    .push_bind(&job.payload[..])
+                    .push_bind(millis_u32(job.execution_timeout))
+                    .push_bind(millis_u32(job.retry.min_delay))
+                    .push_bind(job.retry.coefficient)
+                    .push_bind(job.created_at.naive_utc())
+                    .push_bind(job.expire_at.naive_utc())
+                    .push_bind(job.idempotency_key.as_deref());
+            });
+            qb
+        }
+
+        /// One multi-row INSERT of transitions.
+        fn insert_transitions(
+            rows: &[(u64, $crate::job::Transition)],
+        ) -> sqlx::QueryBuilder<'_, $db> {
+            let mut qb = sqlx::QueryBuilder::<$db>::new(
+                "INSERT INTO job_state_transitions (id, job_id, time, retry_at, attempts, state, \
+                 error_type, error_response, error_response_encoding, response_status, \
+                 duration_ms) ",
+            );
+            qb.push_values(rows, |mut row, (id, t)| {
+                row.push_bind($crate::jobdb::int(*id))
+                    .push_bind(t.job_id.to_bytes().to_vec())
+                    .push_bind(t.time.naive_utc())
+                    .push_bind(t.retry_at.map(|r| r.naive_utc()))
+                    .push_bind(t.attempts)
+                    .push_bind(t.state.as_str())
+                    .push_bind(t.error_type.as_deref())
+                    .push_bind(t.error_response.as_deref())
+                    .push_bind(t.error_response_encoding)
+                    .push_bind(t.response_status)
+                    .push_bind(t.duration_ms);
+            });
+            qb
+        }
+
+        /// One multi-row INSERT of import origins (a repeated import keeps the first).
+        fn insert_origins(
+            origins: &[$crate::jobdb::lifecycle::Origin],
+        ) -> sqlx::QueryBuilder<'_, $db> {
+            let mut qb = sqlx::QueryBuilder::<$db>::new(INSERT_ORIGINS);
+            qb.push_values(origins, |mut row, o| {
+                row.push_bind(o.job_id.to_bytes().to_vec())
+                    .push_bind(o.from_jobdb.as_str())
+                    .push_bind(o.imported_at.naive_utc());
+            });
+            qb
+        }
+
+        /// One multi-row upsert of jobs' latest states into `open_jobs` (a job's `expire_at` is
+        /// kept when the row does not name it).
+        pub(crate) fn upsert_open_jobs(
+            rows: &[$crate::jobdb::write::OpenRow],
+        ) -> sqlx::QueryBuilder<'_, $db> {
+            let mut qb = sqlx::QueryBuilder::<$db>::new(
+                "INSERT INTO open_jobs (job_id, transition_id, state, attempts, retry_at, \
+                 expire_at) ",
+            );
+            qb.push_values(rows, |mut row, o| {
+                row.push_bind(o.job_id.to_bytes().to_vec())
+                    .push_bind($crate::jobdb::int(o.transition_id))
+                    .push_bind(o.state.as_str())
+                    .push_bind(o.attempts)
+                    .push_bind(o.retry_at.map(|r| r.naive_utc()))
+                    .push_bind(o.expire_at.map(|r| r.naive_utc()));
+            });
+            qb.push(UPSERT_OPEN_JOBS);
+            qb
+        }
+
+        /// Writes jobs, their transitions and import origins in `tx`, and keeps `open_jobs` in
+        /// step: the one way rows enter `jobs` and `job_state_transitions`, whoever writes
+        /// (the Director's writer, a drainer, the archiver). Statements of at most `limit`
+        /// bytes of rows.
+        pub(crate) async fn write_rows(
+            tx: &mut sqlx::Transaction<'_, $db>,
+            jobs: &[std::sync::Arc<$crate::job::Job>],
+            transitions: &[(u64, $crate::job::Transition)],
+            origins: &[$crate::jobdb::lifecycle::Origin],
+            limit: usize,
+        ) -> Result<(), sqlx::Error> {
+            use $crate::jobdb::write::{
+                chunks_by_size, job_row_bytes, open_changes, transition_row_bytes,
+                MAX_ROWS_PER_INSERT,
+            };
+            use $crate::jobdb::MAX_IDS_PER_SELECT;
+            for chunk in chunks_by_size(jobs, limit, |job| job_row_bytes(job)) {
+                insert_jobs(chunk).build().execute(&mut **tx).await?;
+            }
+            for chunk in chunks_by_size(transitions, limit, |(_, t)| transition_row_bytes(t)) {
+                insert_transitions(chunk).build().execute(&mut **tx).await?;
+            }
+            for chunk in origins.chunks(MAX_ROWS_PER_INSERT) {
+                insert_origins(chunk).build().execute(&mut **tx).await?;
+            }
+            let (open, closed) = open_changes(jobs, transitions);
+            for chunk in open.chunks(MAX_ROWS_PER_INSERT) {
+                upsert_open_jobs(chunk).build().execute(&mut **tx).await?;
+            }
+            for chunk in closed.chunks(MAX_IDS_PER_SELECT) {
+                ids_query("DELETE FROM open_jobs WHERE job_id IN (", chunk, ")")
+                    .build()
+                    .execute(&mut **tx)
+                    .await?;
+            }
+            Ok(())
+        }
+
+        /// Checks the fencing token as the last statement of `tx` and commits only if it is
+        /// ours.
+        pub async fn commit_fenced(
+            mut tx: sqlx::Transaction<'_, $db>,
+            token: u64,
+        ) -> Result<(), $crate::jobdb::JobDbError> {
+            use $crate::jobdb::JobDbError;
+            let current: u64 = sqlx::query_scalar(FENCE_CHECK).fetch_one(&mut *tx).await?;
+            if current != token {
+                tx.rollback().await?;
+                return Err(JobDbError::Fenced {
+                    ours: token,
+                    current,
+                });
+            }
+            // Past this point a failure may come after the server committed.
+            tx.commit().await.map_err(JobDbError::CommitUnknown)
+        }
+
+        /// Why the server refused a write for good (its data, not the connection), or `None`
+        /// when the error may pass (connection lost, deadlock, lock wait, pool).
+        pub fn refusal(e: &sqlx::Error) -> Option<String> {
+            match e {
+                sqlx::Error::Encode(why) => Some(format!("a value cannot be encoded: {why}")),
+                sqlx::Error::Database(db) => {
+                    use sqlx::error::ErrorKind;
+                    let by_kind = !matches!(db.kind(), ErrorKind::Other);
+                    (by_kind || refused_code(&**db)).then(|| db.message().to_owned())
+                }
+                _ => None,
+            }
+        }
+    };
+}
+pub(crate) use write_path;
+
+impl JobDb {
+    /// The largest row (in [`job_row_bytes`] / [`transition_row_bytes`]) this JobDB can store:
+    /// a bigger one is refused whatever else is in its batch.
+    pub fn max_row_bytes(&self) -> usize {
+        self.max_packet.saturating_sub(64 * 1024)
+    }
+
+    /// Most bytes of rows in one INSERT statement on this JobDB.
+    pub(crate) fn max_statement_bytes(&self) -> usize {
+        MAX_BYTES_PER_INSERT.min(self.max_packet / 2)
+    }
+
+    /// Appends jobs and transitions in one transaction, checking the fencing token as the
+    /// last statement before COMMIT, under a shared lock: a new owner's takeover waits for that
+    /// one round trip at most, and once it has happened our check fails and nothing of the
+    /// transaction is stored. (Checking first would make a paused owner block its successor
+    /// for as long as it stays paused.)
+    pub async fn append(
+        &self,
+        token: u64,
+        jobs: &[Arc<Job>],
+        transitions: &[(u64, Transition)],
+    ) -> Result<(), JobDbError> {
+        self.append_with_origins(token, jobs, transitions, &[])
+            .await
+    }
+
+    /// [`JobDb::append`], also recording where imported jobs came from (`job_origins`), and
+    /// keeping `open_jobs` (each unfinished job's latest state) in step in the same
+    /// transaction.
+    ///
+    /// What a failure means for the caller: [`JobDbError::Fenced`], another owner holds the
+    /// JobDB; [`JobDbError::Refused`], the server (or the size check before sending) refused
+    /// the data, nothing was stored and the same rows will be refused again;
+    /// [`JobDbError::CommitUnknown`], the COMMIT's answer was lost; any other error happened
+    /// before the COMMIT was sent, so nothing was stored and trying again may succeed.
+    pub async fn append_with_origins(
+        &self,
+        token: u64,
+        jobs: &[Arc<Job>],
+        transitions: &[(u64, Transition)],
+        origins: &[lifecycle::Origin],
+    ) -> Result<(), JobDbError> {
+        let max_row = self.max_row_bytes();
+        if let Some(job) = jobs.iter().find(|job| job_row_bytes(job) > max_row) {
+            return Err(JobDbError::Refused(format!(
+                "job {} takes {} bytes; this jobdb's server accepts rows of at most {max_row} \
+                 (max_allowed_packet)",
+                job.id,
+                job_row_bytes(job)
+            )));
+        }
+        if let Some((_, t)) = transitions
+            .iter()
+            .find(|(_, t)| transition_row_bytes(t) > max_row)
+        {
+            return Err(JobDbError::Refused(format!(
+                "a transition of job {} takes {} bytes; this jobdb's server accepts rows of at \
+                 most {max_row} (max_allowed_packet)",
+                t.job_id,
+                transition_row_bytes(t)
+            )));
+        }
+        let limit = self.max_statement_bytes();
+        with_pool!(self, |p, q| {
+            let written: Result<(), JobDbError> = async {
+                let mut tx = p.begin().await?;
+                q::write_rows(&mut tx, jobs, transitions, origins, limit).await?;
+                q::commit_fenced(tx, token).await
+            }
+            .await;
+            written.map_err(|e| match e {
+                JobDbError::Sql(sql) => match q::refusal(&sql) {
+                    Some(why) => JobDbError::Refused(why),
+                    None => JobDbError::Sql(sql),
+                },
+                other => other,
+            })
+        })
+    }
+
+    /// Whether a transition row exists: tells, after a failed COMMIT, whether it happened.
+    pub async fn transition_exists(&self, job_id: JobId, id: u64) -> Result<bool, JobDbError> {
+        let found: Option<u64> = with_pool!(self, |p, q| {
+            sqlx::query_scalar("SELECT id FROM job_state_transitions WHERE job_id = ? AND id = ?")
+                .bind(&job_id.to_bytes()[..])
+                .bind(int(id))
+                .fetch_optional(p)
+                .await?
+        });
+        Ok(found.is_some())
+    }
+
+    /// The highest transition id so far (0 for an empty JobDB): new ids continue from it.
+    pub async fn max_transition_id(&self) -> Result<u64, JobDbError> {
+        let max: Option<u64> = with_pool!(self, |p, q| {
+            sqlx::query_scalar("SELECT MAX(id) FROM job_state_transitions")
+                .fetch_one(p)
+                .await?
+        });
+        Ok(max.unwrap_or(0))
+    }
+}
+
+/// Splits rows into INSERT-sized chunks: at most `max_bytes` bytes each (a single larger row
+/// is a chunk of its own), and a power-of-two number of rows up to [`MAX_ROWS_PER_INSERT`] (so
+/// statement shapes repeat).
+pub(crate) fn chunks_by_size<T>(
+    rows: &[T],
+    max_bytes: usize,
+    bytes_of: impl Fn(&T) -> usize,
+) -> Vec<&[T]> {
+    let mut chunks = Vec::new();
+    let (mut start, mut bytes) = (0usize, 0usize);
+    for (i, row) in rows.iter().enumerate() {
+        let size = bytes_of(row).saturating_add(ROW_OVERHEAD_BYTES);
+        if i > start && (i - start == MAX_ROWS_PER_INSERT || bytes.saturating_add(size) > max_bytes)
+        {
+            push_pow2(&mut chunks, &rows[start..i]);
+            start = i;
+            bytes = 0;
+        }
+        bytes = bytes.saturating_add(size);
+    }
+    push_pow2(&mut chunks, &rows[start..]);
+    chunks
+}
+
+/// Pushes `rows` as chunks whose lengths are powers of two, largest first.
+fn push_pow2<'a, T>(chunks: &mut Vec<&'a [T]>, mut rows: &'a [T]) {
+    while !rows.is_empty() {
+        let take = 1 << rows.len().ilog2();
+        chunks.push(&rows[..take]);
+        rows = &rows[take..];
+    }
+}
+
+/// The bytes a job's row takes on the wire: every column, headers as their stored JSON.
+pub fn job_row_bytes(job: &Job) -> usize {
+    let headers: usize = job
+        .headers
+        .iter()
+        .map(|(name, value)| name.len() + value.len() + 6)
+        .sum();
+    16 + job.bucket.len()
+        + job.endpoint.len()
+        + job.method.len()
+        + headers
+        + 2
+        + job.payload.len()
+        + job.idempotency_key.as_ref().map_or(0, String::len)
+        + 64
+}
+
+/// The bytes a transition's row takes on the wire.
+pub fn transition_row_bytes(t: &Transition) -> usize {
+    16 + t.error_type.as_ref().map_or(0, String::len)
+        + t.error_response.as_ref().map_or(0, Bytes::len)
+        + 64
+}
+
+/// A job's new latest state for `open_jobs`.
+pub(crate) struct OpenRow {
+    pub(crate) job_id: JobId,
+    pub(crate) transition_id: u64,
+    pub(crate) state: State,
+    pub(crate) attempts: u16,
+    pub(crate) retry_at: Option<DateTime<Utc>>,
+    /// Known for jobs written in the same batch; else the stored value is kept.
+    pub(crate) expire_at: Option<DateTime<Utc>>,
+}
+
+/// What a batch changes in `open_jobs`: each job's last row of the batch that is not
+/// `executing` replaces its entry, or, when it is terminal, removes it.
+///
+/// `executing` rows are left out on purpose: an attempt's start is written on the hot path of
+/// every delivery, and its outcome follows within the job's timeout. So a job's entry holds its
+/// latest *resting* state, and at most one later row exists for it: the `executing` row of an
+/// attempt under way (every other state is written here). Readers that need the true latest
+/// state (recovery, drainers) look for that row after the entry's `transition_id`.
+pub(crate) fn open_changes(
+    jobs: &[Arc<Job>],
+    transitions: &[(u64, Transition)],
+) -> (Vec<OpenRow>, Vec<JobId>) {
+    let mut last: HashMap<JobId, usize> = HashMap::with_capacity(transitions.len());
+    for (i, (_, t)) in transitions.iter().enumerate() {
+        if t.state != State::Executing {
+            last.insert(t.job_id, i);
+        }
+    }
+    if last.is_empty() {
+        return (Vec::new(), Vec::new());
+    }
+    let expiry: HashMap<JobId, DateTime<Utc>> =
+        jobs.iter().map(|job| (job.id, job.expire_at)).collect();
+    let (mut open, mut closed) = (Vec::new(), Vec::new());
+    for (i, (id, t)) in transitions.iter().enumerate() {
+        if last.get(&t.job_id) != Some(&i) {
+            continue;
+        }
+        if t.state.is_terminal() {
+            closed.push(t.job_id);
+        } else {
+            open.push(OpenRow {
+                job_id: t.job_id,
+                transition_id: *id,
+                state: t.state,
+                attempts: t.attempts,
+                retry_at: t.retry_at,
+                expire_at: expiry.get(&t.job_id).copied(),
+            });
+        }
+    }
+    (open, closed)
+}
+
+/// A duration in whole milliseconds, saturating.
+pub(crate) fn millis_u32(d: Duration) -> u32 {
+    u32::try_from(d.as_millis()).unwrap_or(u32::MAX)
+}
+
+/// Headers as the JSON object stored in `jobs.headers`.
+pub(crate) fn headers_json(headers: &[(String, String)]) -> String {
+    let map: serde_json::Map<String, serde_json::Value> = headers
+        .iter()
+        .map(|(k, v)| (k.clone(), serde_json::Value::String(v.clone())))
+        .collect();
+    serde_json::Value::Object(map).to_string()
+}
+
+/// Why a write was not made.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum WriteRejected {
+    /// The JobDB could not be reached; nothing of the request was stored.
+    #[error("the jobdb is unavailable; nothing was stored")]
+    Unavailable,
+    /// This Director lost its JobDB; nothing of the request was stored.
+    #[error("this director no longer owns its jobdb; nothing was stored")]
+    LockLost,
+    /// The JobDB refused the request's data (`too_large`: a row is larger than its server
+    /// accepts); nothing of the request was stored, and sending it again cannot help.
+    #[error("the jobdb refused this request's data; nothing was stored")]
+    Refused {
+        /// A row is larger than the server's packet limit.
+        too_large: bool,
+    },
+    /// The request's `not_after` passed before its batch was written; nothing was stored.
+    #[error("not_after passed before the write; nothing was stored")]
+    Expired,
+}
+
+/// A request to the writer.
+#[derive(Debug)]
+pub enum WriteOp {
+    /// New jobs (each gets its `awaiting-scheduling` row); answered with the transaction id.
+    Submit {
+        /// The validated jobs.
+        jobs: Vec<Arc<Job>>,
+        /// Refused unless the batch is assembled by then (a router's claim deadline).
+        not_after: Option<DateTime<Utc>>,
+        /// Where the outcome goes once known.
+        reply: oneshot::Sender<Result<Ulid, WriteRejected>>,
+    },
+    /// Jobs imported from a retired JobDB (each gets its `imported` row and its origin).
+    Import {
+        /// The jobs with their progress.
+        jobs: Vec<Recovered>,
+        /// The retired JobDB they come from.
+        from_jobdb: String,
+        /// Told once they are durable (or will never be).
+        reply: oneshot::Sender<Result<(), WriteRejected>>,
+    },
+    /// State transitions of known jobs, optionally acknowledged after COMMIT.
+    Transitions {
+        /// Rows to append, in order.
+        rows: Vec<Transition>,
+        /// Told once the rows are durable (or will never be).
+        done: Option<oneshot::Sender<Result<(), WriteRejected>>>,
+    },
+    /// Answered, once everything queued before it is durable, with the first transition id
+    /// after it: a read whose snapshot starts later sees every earlier row, and rows with
+    /// lower ids are all the writes that came before it.
+    Barrier(oneshot::Sender<u64>),
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn chunks_respect_rows_and_bytes() {
+        let rows: Vec<usize> = vec![1; 1100];
+        let chunks = chunks_by_size(&rows, MAX_BYTES_PER_INSERT, |r| *r);
+        assert_eq!(
+            chunks.iter().map(|c| c.len()).collect::<Vec<_>>(),
+            vec![512, 512, 64, 8, 4]
+        );
+        assert_eq!(chunks.iter().map(|c| c.len()).sum::<usize>(), 1100);
+        let big: Vec<usize> = vec![3 * 1024 * 1024; 3];
+        assert_eq!(chunks_by_size(&big, MAX_BYTES_PER_INSERT, |r| *r).len(), 3);
+        let empty: Vec<usize> = vec![];
+        assert!(chunks_by_size(&empty, MAX_BYTES_PER_INSERT, |r| *r).is_empty());
+        // Every byte of a row counts, and a chunk never passes the limit unless one row does.
+        let rows: Vec<usize> = vec![600; 100];
+        let chunks = chunks_by_size(&rows, 8 * 1024, |r| *r);
+        assert!(chunks
+            .iter()
+            .all(|c| c.len() * (600 + ROW_OVERHEAD_BYTES) <= 8 * 1024));
+        assert_eq!(chunks.iter().map(|c| c.len()).sum::<usize>(), 100);
+    }
+}
