@@ -17,11 +17,10 @@ use tokio::sync::{mpsc, oneshot};
 use tokio_util::sync::CancellationToken;
 use ulid::Ulid;
 
-use super::BatchKind;
 use super::{Archive, ArchiveError, ArchivedJob};
 use crate::director::writer::WriteOp;
 use crate::job::{JobId, State, Transition};
-use crate::jobdb::lifecycle::PlannedBatch;
+use crate::jobdb::lifecycle::{BatchKind, PlannedBatch};
 use crate::jobdb::{JobDb, JobDbError};
 use crate::metrics::Metrics;
 

@@ -51,6 +51,8 @@ use chrono::{DateTime, Utc};
 use futures::{StreamExt, TryStreamExt};
 use ulid::Ulid;
 
+/// Why a batch left its JobDB: defined with the JobDB's lifecycle statements, which store it.
+pub use crate::jobdb::lifecycle::BatchKind;
 pub(crate) use format::sha256_hex;
 use format::{check_jobdb_name, normalized_prefix};
 pub use format::{
@@ -114,33 +116,6 @@ impl From<S3Config> for ArchiveConfig {
 impl From<DirConfig> for ArchiveConfig {
     fn from(config: DirConfig) -> Self {
         ArchiveConfig::Dir(config)
-    }
-}
-
-/// Why a batch of jobs left its JobDB.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize)]
-#[serde(rename_all = "lowercase")]
-pub enum BatchKind {
-    /// Jobs that expired before delivery (their terminal state is `archived`).
-    Expired,
-    /// The whole trace of every other job of a drained JobDB (succeeded, discarded, or moved
-    /// to another JobDB: see [`ArchivedJob::moved_to`]), kept before the JobDB is dropped.
-    History,
-}
-
-impl BatchKind {
-    /// The spelling used in object keys and manifests.
-    pub const fn as_str(self) -> &'static str {
-        match self {
-            BatchKind::Expired => "expired",
-            BatchKind::History => "history",
-        }
-    }
-}
-
-impl std::fmt::Display for BatchKind {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(self.as_str())
     }
 }
 
