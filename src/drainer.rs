@@ -31,7 +31,7 @@ use ulid::Ulid;
 use crate::archive::archiver::{Archiver, ArchiverError, Recorder};
 use crate::archive::{Archive, ArchiveError};
 use crate::director::OWNER_ID_GAP;
-use crate::job::{AttemptRecord, JobId, State, Transition};
+use crate::job::{AttemptRecord, ErrorType, JobId, State, Transition};
 use crate::jobdb::lifecycle::{BatchKind, PlannedMove};
 use crate::jobdb::{JobDb, JobDbError, JobDbUrl};
 use crate::metrics::Metrics;
@@ -192,9 +192,6 @@ fn import_batches(ids: &[(JobId, usize)], jobs: usize, bytes: usize) -> Vec<Vec<
     }
     batches
 }
-
-/// The `error_type` of a job a live Director refused to import for good.
-pub const IMPORT_REFUSED: &str = "import-refused";
 
 /// Why sending a planned move did not work.
 enum Sent {
@@ -360,7 +357,7 @@ impl Drain {
                         now,
                         now,
                         AttemptRecord {
-                            error_type: Some("interrupted".to_owned()),
+                            error_type: Some(ErrorType::Interrupted.into()),
                             ..AttemptRecord::default()
                         },
                     )),
@@ -670,7 +667,7 @@ impl Drain {
             last.attempts,
             Utc::now(),
             AttemptRecord {
-                error_type: Some(IMPORT_REFUSED.to_owned()),
+                error_type: Some(ErrorType::ImportRefused.into()),
                 error_response: Some(bytes::Bytes::from(reason.to_owned())),
                 ..AttemptRecord::default()
             },
