@@ -113,6 +113,140 @@ pub fn endpoint_key(endpoint: &str) -> &str {
     &endpoint[..endpoint.find(['?', '#']).unwrap_or(endpoint.len())]
 }
 
+/// The kind of failure, or the reason, recorded in a transition's `error_type`: every value
+/// spindle itself writes or compares. The column stays free text (`VARCHAR`: operators' SQL and
+/// rows written by older versions may hold anything), so rows read back keep a `String`
+/// ([`Transition::error_type`]); what spindle writes comes from here, spelled by
+/// [`ErrorType::as_str`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum ErrorType {
+    /// `redirect`: the endpoint answered 3xx (redirects are never followed); discarded for
+    /// 301/308, retried for the others.
+    Redirect,
+    /// `request-timeout`: the endpoint answered 408; retried.
+    RequestTimeout,
+    /// `rate-limited`: the endpoint answered 425 or 429; retried (`Retry-After` honoured).
+    RateLimited,
+    /// `client-error`: the endpoint answered another 4xx; discarded.
+    ClientError,
+    /// `server-error`: the endpoint answered 5xx (or a status outside 2xx–4xx); retried.
+    ServerError,
+    /// `timeout`: no whole answer within the job's execution timeout; retried.
+    Timeout,
+    /// `connect`: no connection to the endpoint; retried.
+    Connect,
+    /// `request`: the request failed otherwise (reset, protocol error, ...); retried.
+    Request,
+    /// `blocked-address`: the endpoint resolves to an address deliveries may not reach (SSRF
+    /// guard); discarded without a request.
+    BlockedAddress,
+    /// `imported`: the first row of a job imported from a retired JobDB (`awaiting-retry`,
+    /// keeping its attempts).
+    Imported,
+    /// `expired`: the job reached its expiry before being delivered (`archiving`).
+    Expired,
+    /// `interrupted`: an attempt left `executing` by a Director that stopped or crashed,
+    /// recorded by the next owner of the JobDB (a Director or a drainer) as `awaiting-retry`.
+    Interrupted,
+    /// `import-refused`: a live Director refused for good to import a job a drainer moved; it
+    /// ends `discarded` in the retired JobDB with the Director's answer.
+    ImportRefused,
+    /// `max-attempts`: the job's last allowed attempt failed with a retryable error, or it
+    /// arrived with its attempts used up; `discarded`.
+    MaxAttempts,
+    /// `endpoint-recovered`: a circuit breaker closed and made the retries of its outage due
+    /// at once (`awaiting-retry` → `awaiting-retry`).
+    EndpointRecovered,
+    /// `operator-expedite`: an operator command made a waiting job due now.
+    OperatorExpedite,
+    /// `operator-postpone`: an operator command made a waiting job due later.
+    OperatorPostpone,
+    /// `operator-flush`: an operator command sent a waiting job to the archive (`archiving`).
+    OperatorFlush,
+    /// `operator-discard`: an operator command ended a waiting job `discarded`.
+    OperatorDiscard,
+}
+
+impl ErrorType {
+    /// Every variant, in declaration order.
+    pub const ALL: [ErrorType; 19] = [
+        ErrorType::Redirect,
+        ErrorType::RequestTimeout,
+        ErrorType::RateLimited,
+        ErrorType::ClientError,
+        ErrorType::ServerError,
+        ErrorType::Timeout,
+        ErrorType::Connect,
+        ErrorType::Request,
+        ErrorType::BlockedAddress,
+        ErrorType::Imported,
+        ErrorType::Expired,
+        ErrorType::Interrupted,
+        ErrorType::ImportRefused,
+        ErrorType::MaxAttempts,
+        ErrorType::EndpointRecovered,
+        ErrorType::OperatorExpedite,
+        ErrorType::OperatorPostpone,
+        ErrorType::OperatorFlush,
+        ErrorType::OperatorDiscard,
+    ];
+
+    /// The value stored in the `error_type` column.
+    pub const fn as_str(self) -> &'static str {
+        match self {
+            ErrorType::Redirect => "redirect",
+            ErrorType::RequestTimeout => "request-timeout",
+            ErrorType::RateLimited => "rate-limited",
+            ErrorType::ClientError => "client-error",
+            ErrorType::ServerError => "server-error",
+            ErrorType::Timeout => "timeout",
+            ErrorType::Connect => "connect",
+            ErrorType::Request => "request",
+            ErrorType::BlockedAddress => "blocked-address",
+            ErrorType::Imported => "imported",
+            ErrorType::Expired => "expired",
+            ErrorType::Interrupted => "interrupted",
+            ErrorType::ImportRefused => "import-refused",
+            ErrorType::MaxAttempts => "max-attempts",
+            ErrorType::EndpointRecovered => "endpoint-recovered",
+            ErrorType::OperatorExpedite => "operator-expedite",
+            ErrorType::OperatorPostpone => "operator-postpone",
+            ErrorType::OperatorFlush => "operator-flush",
+            ErrorType::OperatorDiscard => "operator-discard",
+        }
+    }
+}
+
+impl fmt::Display for ErrorType {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+impl From<ErrorType> for String {
+    /// The column value, for the row types' `Option<String>` fields.
+    fn from(error_type: ErrorType) -> String {
+        error_type.as_str().to_owned()
+    }
+}
+
+/// An `error_type` value spindle does not write (an operator's, or an older version's).
+#[derive(Debug, thiserror::Error)]
+#[error("unknown error type {0:?}")]
+pub struct UnknownErrorType(pub String);
+
+impl FromStr for ErrorType {
+    type Err = UnknownErrorType;
+
+    /// The variant whose [`ErrorType::as_str`] is `s`, exactly.
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        ErrorType::ALL
+            .into_iter()
+            .find(|t| t.as_str() == s)
+            .ok_or_else(|| UnknownErrorType(s.to_owned()))
+    }
+}
+
 /// One appended row of `job_state_transitions`. Build it with the constructors.
 #[derive(Clone, Debug, PartialEq)]
 pub struct Transition {
@@ -126,7 +260,8 @@ pub struct Transition {
     pub time: DateTime<Utc>,
     /// When the next attempt is due (awaiting-retry only).
     pub retry_at: Option<DateTime<Utc>>,
-    /// The kind of failure that led here, if any.
+    /// The kind of failure that led here, if any: an [`ErrorType`]'s string when spindle wrote
+    /// the row; free text in the column, so rows read back may hold other values.
     pub error_type: Option<String>,
     /// The start of the endpoint's answer (or the client error text), truncated.
     pub error_response: Option<Bytes>,
@@ -141,7 +276,7 @@ pub struct Transition {
 /// What an attempt's outcome contributes to its transition row.
 #[derive(Clone, Debug, Default, PartialEq)]
 pub struct AttemptRecord {
-    /// The kind of failure, if it failed.
+    /// The kind of failure, if it failed: an [`ErrorType`]'s string (`Some(kind.into())`).
     pub error_type: Option<String>,
     /// The start of the answer or the client error.
     pub error_response: Option<Bytes>,
@@ -227,7 +362,7 @@ impl Transition {
     ) -> Self {
         let mut t = Self::bare(job_id, State::AwaitingRetry, attempts, now);
         t.retry_at = Some(retry_at);
-        t.error_type = Some("imported".to_owned());
+        t.error_type = Some(ErrorType::Imported.into());
         t
     }
 
@@ -244,7 +379,7 @@ impl Transition {
     /// The job expired before being delivered; it waits for the archive.
     pub fn archiving(job_id: JobId, attempts: u16, now: DateTime<Utc>) -> Self {
         let mut t = Self::bare(job_id, State::Archiving, attempts, now);
-        t.error_type = Some("expired".to_owned());
+        t.error_type = Some(ErrorType::Expired.into());
         t
     }
 }
@@ -284,6 +419,22 @@ mod tests {
         assert_eq!(JobId::from_bytes(id.to_bytes()), id);
         assert!("nope".parse::<JobId>().is_err());
         assert!("Z".repeat(32).parse::<JobId>().is_err());
+    }
+
+    #[test]
+    fn error_types_round_trip_and_are_distinct() {
+        let mut seen = std::collections::HashSet::new();
+        for kind in ErrorType::ALL {
+            assert_eq!(kind.as_str().parse::<ErrorType>().unwrap(), kind);
+            assert_eq!(kind.to_string(), kind.as_str());
+            assert_eq!(String::from(kind), kind.as_str());
+            assert!(seen.insert(kind.as_str()), "{kind:?} spelled twice");
+        }
+        assert_eq!(ErrorType::MaxAttempts.as_str(), "max-attempts");
+        assert_eq!(ErrorType::EndpointRecovered.as_str(), "endpoint-recovered");
+        assert_eq!(ErrorType::Interrupted.as_str(), "interrupted");
+        assert!("status".parse::<ErrorType>().is_err());
+        assert!("Server-Error".parse::<ErrorType>().is_err());
     }
 
     #[test]

@@ -17,10 +17,9 @@ use tokio::sync::{mpsc, oneshot};
 use tokio_util::sync::CancellationToken;
 use ulid::Ulid;
 
-use super::BatchKind;
 use super::{Archive, ArchiveError, ArchivedJob};
 use crate::job::{JobId, State, Transition};
-use crate::jobdb::lifecycle::PlannedBatch;
+use crate::jobdb::lifecycle::{BatchKind, PlannedBatch};
 use crate::jobdb::write::WriteOp;
 use crate::jobdb::{JobDb, JobDbError};
 use crate::metrics::Metrics;

@@ -241,7 +241,8 @@ pub struct Activity {
 /// A lane's most recent failure.
 #[derive(Clone, Debug, Serialize, Deserialize)]
 pub struct LastError {
-    /// Its kind (`server-error`, `client-error`, `request-timeout`, `connect`, ...).
+    /// Its kind as stored (`server-error`, `client-error`, `request-timeout`, `connect`, ...: an
+    /// [`crate::job::ErrorType`] for rows spindle wrote).
     pub error_type: String,
     /// The HTTP status, when the endpoint answered.
     pub response_status: Option<u16>,

@@ -4,6 +4,8 @@ use std::time::Duration;
 
 use chrono::{DateTime, Utc};
 
+use crate::job::ErrorType;
+
 /// What to do with a job after an attempt.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Verdict {
@@ -11,13 +13,13 @@ pub enum Verdict {
     Succeeded,
     /// A permanent failure: retrying cannot help.
     Discard {
-        /// Short failure kind recorded on the transition.
-        error_type: &'static str,
+        /// The failure kind recorded on the transition.
+        error_type: ErrorType,
     },
     /// A transient failure: retry after the job's backoff, or later if the endpoint asked.
     Retry {
-        /// Short failure kind recorded on the transition.
-        error_type: &'static str,
+        /// The failure kind recorded on the transition.
+        error_type: ErrorType,
         /// The endpoint's `Retry-After`, if it sent one.
         retry_after: Option<Duration>,
     },
@@ -32,25 +34,25 @@ pub fn classify_status(status: u16, retry_after: Option<Duration>) -> Verdict {
     match status {
         200..=299 => Verdict::Succeeded,
         301 | 308 => Verdict::Discard {
-            error_type: "redirect",
+            error_type: ErrorType::Redirect,
         },
         300..=399 => Verdict::Retry {
-            error_type: "redirect",
+            error_type: ErrorType::Redirect,
             retry_after,
         },
         408 => Verdict::Retry {
-            error_type: "request-timeout",
+            error_type: ErrorType::RequestTimeout,
             retry_after,
         },
         425 | 429 => Verdict::Retry {
-            error_type: "rate-limited",
+            error_type: ErrorType::RateLimited,
             retry_after,
         },
         400..=499 => Verdict::Discard {
-            error_type: "client-error",
+            error_type: ErrorType::ClientError,
         },
         _ => Verdict::Retry {
-            error_type: "server-error",
+            error_type: ErrorType::ServerError,
             retry_after,
         },
     }
@@ -104,7 +106,7 @@ mod tests {
         assert_eq!(
             classify_status(429, ra),
             Verdict::Retry {
-                error_type: "rate-limited",
+                error_type: ErrorType::RateLimited,
                 retry_after: ra
             }
         );

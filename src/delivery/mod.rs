@@ -17,7 +17,7 @@ use bytes::{Bytes, BytesMut};
 use chrono::Utc;
 use reqwest::header::RETRY_AFTER;
 
-use crate::job::{AttemptRecord, Job};
+use crate::job::{AttemptRecord, ErrorType, Job};
 use classify::{classify_status, parse_retry_after, Verdict};
 use guard::{AddressPolicy, Blocked, GuardedResolver};
 
@@ -97,10 +97,10 @@ impl Deliverer {
     fn blocked(&self, blocked: &Blocked, started: Instant) -> AttemptResult {
         AttemptResult {
             verdict: Verdict::Discard {
-                error_type: "blocked-address",
+                error_type: ErrorType::BlockedAddress,
             },
             record: AttemptRecord {
-                error_type: Some("blocked-address".to_owned()),
+                error_type: Some(ErrorType::BlockedAddress.into()),
                 error_response: Some(Bytes::from(blocked.to_string())),
                 response_status: None,
                 duration: Some(started.elapsed()),
@@ -172,7 +172,7 @@ impl Deliverer {
                 };
                 AttemptResult {
                     record: AttemptRecord {
-                        error_type: error_type_of(&verdict).map(str::to_owned),
+                        error_type: error_type_of(&verdict).map(String::from),
                         error_response,
                         response_status: Some(status),
                         duration,
@@ -185,11 +185,11 @@ impl Deliverer {
                     return self.blocked(&blocked, started);
                 }
                 let error_type = if err.is_timeout() {
-                    "timeout"
+                    ErrorType::Timeout
                 } else if err.is_connect() {
-                    "connect"
+                    ErrorType::Connect
                 } else {
-                    "request"
+                    ErrorType::Request
                 };
                 let text = error_chain(&err);
                 AttemptResult {
@@ -198,7 +198,7 @@ impl Deliverer {
                         retry_after: None,
                     },
                     record: AttemptRecord {
-                        error_type: Some(error_type.to_owned()),
+                        error_type: Some(error_type.into()),
                         error_response: Some(truncate(
                             Bytes::from(text),
                             self.config.max_error_response_bytes,
@@ -226,10 +226,10 @@ impl Deliverer {
     }
 }
 
-fn error_type_of(verdict: &Verdict) -> Option<&'static str> {
+fn error_type_of(verdict: &Verdict) -> Option<ErrorType> {
     match verdict {
         Verdict::Succeeded => None,
-        Verdict::Discard { error_type } | Verdict::Retry { error_type, .. } => Some(error_type),
+        Verdict::Discard { error_type } | Verdict::Retry { error_type, .. } => Some(*error_type),
     }
 }
 

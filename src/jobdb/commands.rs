@@ -8,7 +8,7 @@ use std::str::FromStr;
 use chrono::{DateTime, Utc};
 
 use super::{with_pool, JobDb, JobDbError};
-use crate::job::{Job, JobId, Progress};
+use crate::job::{ErrorType, Job, JobId, Progress};
 
 /// What a command does to the jobs it names.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -25,13 +25,18 @@ pub enum Action {
 
 impl Action {
     /// The `error_type` of the transitions the action appends.
-    pub fn error_type(self) -> &'static str {
+    pub const fn error_kind(self) -> ErrorType {
         match self {
-            Action::Expedite => "operator-expedite",
-            Action::Postpone => "operator-postpone",
-            Action::Flush => "operator-flush",
-            Action::Discard => "operator-discard",
+            Action::Expedite => ErrorType::OperatorExpedite,
+            Action::Postpone => ErrorType::OperatorPostpone,
+            Action::Flush => ErrorType::OperatorFlush,
+            Action::Discard => ErrorType::OperatorDiscard,
         }
+    }
+
+    /// [`Action::error_kind`] as stored in the column (`operator-<action>`).
+    pub const fn error_type(self) -> &'static str {
+        self.error_kind().as_str()
     }
 }
 

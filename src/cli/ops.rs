@@ -1,0 +1,525 @@
+//! Operator tooling on the command line: `spindle jobs show` (a job's trace), `spindle
+//! endpoints` (controls in Consul, endpoint health), `spindle replay`, `spindle jobdbs` (the
+//! inventory), `spindle tokens` and `spindle sink` (the recording test endpoint). `submit`,
+//! `bench`, `demo` and `dev` have modules of their own (`crate::submit`, ...); `execute` in
+//! the parent module dispatches to them.
+
+use std::net::SocketAddr;
+use std::time::Duration;
+
+use anyhow::Context;
+use clap::{Args, Subcommand};
+
+use super::{ConsulArgs, S3Args};
+use crate::secret::{Secret, SecretUrl};
+
+/// Options of `spindle replay`.
+#[derive(Debug, Clone, Args)]
+pub struct ReplayArgs {
+    /// Read ended jobs from this JobDB (mysql://user[:password]@host:port/name).
+    #[arg(long, conflicts_with = "from_archive")]
+    pub from_jobdb: Option<SecretUrl>,
+    /// Read ended jobs from the archive (the `--s3-*` options, or `--archive-dir`), every
+    /// JobDB's batches or those of `--archive-jobdb`.
+    #[arg(long)]
+    pub from_archive: bool,
+    /// With `--from-archive`: only this JobDB's batches.
+    #[arg(long, requires = "from_archive")]
+    pub archive_jobdb: Option<String>,
+    /// The archive.
+    #[command(flatten)]
+    pub s3: S3Args,
+    /// Only jobs of this bucket.
+    #[arg(long)]
+    pub bucket: Option<String>,
+    /// Only jobs whose endpoint starts with this.
+    #[arg(long)]
+    pub endpoint_prefix: Option<String>,
+    /// Only jobs created at or after this time (RFC 3339, e.g. 2026-11-21T10:00:00Z).
+    #[arg(long)]
+    pub since: Option<chrono::DateTime<chrono::Utc>>,
+    /// Only jobs created before this time (RFC 3339).
+    #[arg(long)]
+    pub until: Option<chrono::DateTime<chrono::Utc>>,
+    /// Which endings to replay: discarded, archived (repeatable or comma-separated).
+    #[arg(long = "state", value_delimiter = ',', default_value = "discarded")]
+    pub states: Vec<String>,
+    /// The RPC API that takes the new jobs: a Director, or a router (which also drops a replay
+    /// of a job already replayed within its dedup window).
+    #[arg(long, env = "SPINDLE_API", default_value = "http://127.0.0.1:8080")]
+    pub to: String,
+    /// An API token for `--to`.
+    #[arg(long, env = "SPINDLE_TOKEN", hide_env_values = true)]
+    pub token: Option<Secret>,
+    /// Lifetime of the new jobs, in ms (default: the Director's).
+    #[arg(long)]
+    pub ttl_ms: Option<u64>,
+    /// Replay at most this many jobs.
+    #[arg(long, default_value_t = 100_000)]
+    pub limit: usize,
+    /// Count what would be replayed; submit nothing.
+    #[arg(long)]
+    pub dry_run: bool,
+}
+
+/// `spindle jobs` subcommands.
+#[derive(Debug, Subcommand)]
+pub enum JobsCommand {
+    /// Print a job and its full trace: every state it entered, when, after how many attempts,
+    /// and why (status, error type, the start of the failed answer, operator commands).
+    Show {
+        /// The job id: a ULID, or 32 hex digits as SQL's `HEX(id)` prints it.
+        id: String,
+        /// The RPC API of a Director or a router.
+        #[arg(long, env = "SPINDLE_API", default_value = "http://127.0.0.1:8080")]
+        api: String,
+        /// An API token (read scope for the job's bucket, or admin).
+        #[arg(long, env = "SPINDLE_TOKEN", hide_env_values = true)]
+        token: Option<Secret>,
+        /// Print the API's JSON answer as it is.
+        #[arg(long)]
+        json: bool,
+    },
+}
+
+/// What an endpoint control names: one endpoint, or one bucket.
+#[derive(Debug, Clone, Args)]
+#[group(required = true, multiple = false)]
+pub struct ControlTarget {
+    /// The endpoint URL (query and fragment are ignored: Directors queue by the rest).
+    #[arg(long)]
+    pub endpoint: Option<String>,
+    /// The bucket.
+    #[arg(long)]
+    pub bucket: Option<String>,
+}
+
+/// What `spindle endpoints pause|resume` act on.
+#[derive(Debug, Clone, Args)]
+pub struct PauseArgs {
+    /// The agent.
+    #[command(flatten)]
+    pub consul: ConsulArgs,
+    /// The endpoint or the bucket.
+    #[command(flatten)]
+    pub target: ControlTarget,
+    /// Who does it (recorded with the control).
+    #[arg(long, env = "USER", default_value = "operator")]
+    pub by: String,
+}
+
+/// `spindle endpoints` subcommands.
+#[derive(Debug, Subcommand)]
+pub enum EndpointsCommand {
+    /// Print the controls in force: paused endpoints and buckets, concurrency and rate caps.
+    List {
+        /// The agent.
+        #[command(flatten)]
+        consul: ConsulArgs,
+    },
+    /// Print each endpoint's health as Directors see it: jobs queued, requests in flight,
+    /// circuit breaker (and its recent failures), pause and caps.
+    Health {
+        /// A Director's RPC API (repeatable: one table per Director).
+        #[arg(
+            long = "api",
+            env = "SPINDLE_API",
+            value_delimiter = ',',
+            default_value = "http://127.0.0.1:8080"
+        )]
+        apis: Vec<String>,
+        /// An admin API token.
+        #[arg(long, env = "SPINDLE_TOKEN", hide_env_values = true)]
+        token: Option<Secret>,
+    },
+    /// Stop new attempts to an endpoint, or for a bucket's jobs, on every Director; jobs wait
+    /// (and still expire) until resumed. Attempts in flight finish.
+    Pause(PauseArgs),
+    /// Let a paused endpoint or bucket go on (an endpoint keeps any caps set with `limit`).
+    Resume(PauseArgs),
+    /// Cap an endpoint's requests in flight and started per second, per Director (give
+    /// neither to remove the caps).
+    Limit {
+        /// The agent.
+        #[command(flatten)]
+        consul: ConsulArgs,
+        /// The endpoint URL.
+        #[arg(long)]
+        endpoint: String,
+        /// Most requests in flight at once (below `--endpoint-concurrency`).
+        #[arg(long)]
+        concurrency: Option<u32>,
+        /// Most requests started per second.
+        #[arg(long)]
+        per_second: Option<f64>,
+        /// Who set the caps.
+        #[arg(long, env = "USER", default_value = "operator")]
+        by: String,
+    },
+}
+
+/// `spindle tokens` subcommands.
+#[derive(Debug, Subcommand)]
+pub enum TokensCommand {
+    /// Print a new random token, and the entry to add to the `--tokens` file (which stores only
+    /// its SHA-256). Give it buckets (a producer) or `--admin`.
+    New {
+        /// A name for the token, shown in errors and logs instead of the token.
+        #[arg(long)]
+        name: String,
+        /// A bucket the token may submit to and read (repeatable; `*` for all).
+        #[arg(long = "bucket")]
+        buckets: Vec<String>,
+        /// Operator actions and every bucket.
+        #[arg(long)]
+        admin: bool,
+    },
+}
+
+/// `spindle jobdbs` subcommands.
+#[derive(Debug, Subcommand)]
+pub enum JobdbsCommand {
+    /// Create and migrate a JobDB, and add it to the inventory as a spare.
+    Add {
+        /// The JobDB: `mysql://user[:password]@host[:port]/name` (name in `[a-z0-9_]`).
+        #[arg(long)]
+        jobdb: SecretUrl,
+        /// The agent.
+        #[command(flatten)]
+        consul: ConsulArgs,
+    },
+    /// List the inventory: name, state, lock holder, URL.
+    List {
+        /// The agent.
+        #[command(flatten)]
+        consul: ConsulArgs,
+    },
+}
+
+/// Options of `spindle sink`.
+#[derive(Debug, Args)]
+pub struct SinkArgs {
+    /// Listen address.
+    #[arg(long, env = "SPINDLE_SINK_LISTEN", default_value = "127.0.0.1:9090")]
+    pub listen: SocketAddr,
+}
+
+/// `spindle jobdbs ...`: adds a spare JobDB to the inventory, or lists the inventory.
+pub(super) async fn jobdbs(command: JobdbsCommand) -> anyhow::Result<()> {
+    match command {
+        JobdbsCommand::Add { jobdb, consul } => {
+            let url: crate::jobdb::JobDbUrl = jobdb.expose().parse().context("--jobdb")?;
+            let db = crate::jobdb::JobDb::open(&url, true, 2).await?;
+            db.close().await;
+            let record = crate::registry::inventory::JobDbRecord {
+                name: url.database.clone(),
+                url: jobdb.expose().to_owned(),
+                state: crate::registry::inventory::JobDbState::Spare,
+                changed_at: chrono::Utc::now(),
+                changed_by: "spindle jobdbs add".to_owned(),
+            };
+            let inventory = crate::registry::inventory::Inventory::new(consul.client()?);
+            anyhow::ensure!(
+                inventory.add(&record).await?,
+                "jobdb {} is already in the inventory",
+                record.name
+            );
+            println!("added spare jobdb {}", record.name);
+        }
+        JobdbsCommand::List { consul } => {
+            let inventory = crate::registry::inventory::Inventory::new(consul.client()?);
+            println!(
+                "{:<24} {:<9} {:<38} url",
+                "name", "state", "lock holder (session)"
+            );
+            for listed in inventory.list().await? {
+                println!(
+                    "{:<24} {:<9} {:<38} {}",
+                    listed.record.name,
+                    format!("{:?}", listed.record.state).to_lowercase(),
+                    listed.holder.as_deref().unwrap_or("-"),
+                    crate::secret::redact_url(&listed.record.url)
+                );
+            }
+        }
+    }
+    Ok(())
+}
+
+/// `spindle tokens ...`: prints a new token and its `--tokens` file entry.
+pub(super) fn tokens(command: TokensCommand) -> anyhow::Result<()> {
+    match command {
+        TokensCommand::New {
+            name,
+            buckets,
+            admin,
+        } => {
+            anyhow::ensure!(
+                admin || !buckets.is_empty(),
+                "give --bucket (repeatable) or --admin"
+            );
+            let (token, entry) = crate::rpc::auth::new_token(&name, &buckets, admin);
+            println!("token (give it to the caller; it is not stored): {token}");
+            println!("entry for the --tokens file: {entry}");
+        }
+    }
+    Ok(())
+}
+
+/// `spindle jobs ...`: reads jobs over the RPC API.
+pub(super) async fn jobs(command: JobsCommand) -> anyhow::Result<()> {
+    match command {
+        JobsCommand::Show {
+            id,
+            api,
+            token,
+            json,
+        } => show_job(&id, &api, token.as_ref().map(Secret::expose), json).await,
+    }
+}
+
+/// `spindle sink`: runs the recording test endpoint until SIGINT or SIGTERM.
+pub(super) async fn sink(args: SinkArgs) -> anyhow::Result<()> {
+    let sink = crate::sink::Sink::start(args.listen).await?;
+    println!("sink listening on http://{}", sink.addr());
+    crate::shutdown_signal().await;
+    sink.stop().await;
+    Ok(())
+}
+
+/// `spindle endpoints ...`: reads and writes the controls in Consul.
+pub(super) async fn endpoints(command: EndpointsCommand) -> anyhow::Result<()> {
+    use crate::registry::controls;
+    match command {
+        EndpointsCommand::List { consul } => {
+            let (controls, _) =
+                controls::read(&consul.client()?, 0, Duration::from_secs(1)).await?;
+            println!(
+                "{:<8} {:<48} {:<7} {:>11} {:>10}  set by, at",
+                "kind", "name", "state", "concurrency", "per second"
+            );
+            let mut endpoints: Vec<_> = controls.endpoints.values().collect();
+            endpoints.sort_by(|a, b| a.endpoint.cmp(&b.endpoint));
+            for c in endpoints {
+                println!(
+                    "{:<8} {:<48} {:<7} {:>11} {:>10}  {}, {}",
+                    "endpoint",
+                    c.endpoint,
+                    if c.paused { "paused" } else { "running" },
+                    c.max_concurrency.map_or("-".to_owned(), |n| n.to_string()),
+                    c.max_per_second.map_or("-".to_owned(), |r| r.to_string()),
+                    c.updated_by,
+                    c.updated_at.format("%Y-%m-%d %H:%M:%S UTC"),
+                );
+            }
+            let mut buckets: Vec<_> = controls.buckets.values().collect();
+            buckets.sort_by(|a, b| a.bucket.cmp(&b.bucket));
+            for c in buckets {
+                println!(
+                    "{:<8} {:<48} {:<7} {:>11} {:>10}  {}, {}",
+                    "bucket",
+                    c.bucket,
+                    if c.paused { "paused" } else { "running" },
+                    "-",
+                    "-",
+                    c.updated_by,
+                    c.updated_at.format("%Y-%m-%d %H:%M:%S UTC"),
+                );
+            }
+        }
+        EndpointsCommand::Health { apis, token } => {
+            let client = reqwest::Client::new();
+            for api in apis {
+                let mut request = client.get(format!("{}/v1/endpoints", api.trim_end_matches('/')));
+                if let Some(token) = &token {
+                    request = request.bearer_auth(token.expose());
+                }
+                let response = request
+                    .send()
+                    .await
+                    .with_context(|| format!("--api {api}"))?;
+                let status = response.status();
+                let body = response.text().await?;
+                anyhow::ensure!(status.is_success(), "{api}: {status}: {body}");
+                let view: crate::rpc::api::EndpointsView =
+                    serde_json::from_str(&body).context("the api's answer")?;
+                println!("{api}");
+                println!(
+                    "  {:<56} {:>6} {:>9} {:<7} {:>15} {:>11}",
+                    "endpoint", "ready", "in flight", "breaker", "recent failures", "concurrency"
+                );
+                for e in view.endpoints {
+                    println!(
+                        "  {:<56} {:>6} {:>9} {:<7} {:>15} {:>11}{}",
+                        e.endpoint,
+                        e.ready,
+                        e.in_flight,
+                        e.breaker,
+                        format!("{}/{}", e.recent_failures, e.recent_attempts),
+                        e.concurrency,
+                        if e.paused { "  paused" } else { "" }
+                    );
+                }
+            }
+        }
+        EndpointsCommand::Pause(args) => set_paused(args, true).await?,
+        EndpointsCommand::Resume(args) => set_paused(args, false).await?,
+        EndpointsCommand::Limit {
+            consul,
+            endpoint,
+            concurrency,
+            per_second,
+            by,
+        } => {
+            anyhow::ensure!(
+                per_second.is_none_or(|r| r.is_finite() && r > 0.0),
+                "--per-second must be a positive number"
+            );
+            anyhow::ensure!(
+                concurrency != Some(0),
+                "--concurrency must be at least 1 (use pause to stop)"
+            );
+            let endpoint = crate::job::endpoint_key(&endpoint);
+            controls::update_endpoint(&consul.client()?, endpoint, &by, |c| {
+                c.max_concurrency = concurrency;
+                c.max_per_second = per_second;
+            })
+            .await?;
+            println!("{endpoint}: concurrency {concurrency:?}, per second {per_second:?}");
+        }
+    }
+    Ok(())
+}
+
+/// `spindle replay`: selects the ended jobs and submits them as new ones.
+pub(super) async fn replay(args: ReplayArgs) -> anyhow::Result<()> {
+    use crate::replay::{ReplayOptions, ReplaySource};
+    let (discarded, archived) = crate::replay::states(&args.states).map_err(anyhow::Error::msg)?;
+    let source = match (&args.from_jobdb, args.from_archive) {
+        (Some(url), false) => {
+            let url: crate::jobdb::JobDbUrl = url.expose().parse().context("--from-jobdb")?;
+            ReplaySource::JobDb(Box::new(crate::jobdb::JobDb::open_reader(&url, 2).await?))
+        }
+        (None, true) => {
+            let mut config = args.s3.to_config().context(
+                "--from-archive needs --s3-bucket (and the other --s3-* options) or --archive-dir",
+            )?;
+            // A reader: a mistyped directory is an error, not a new empty archive.
+            if let crate::archive::ArchiveConfig::Dir(dir) = &mut config {
+                dir.create_bucket = false;
+            }
+            ReplaySource::Archive {
+                archive: crate::archive::Archive::open(&config).await?,
+                jobdb: args.archive_jobdb.clone(),
+            }
+        }
+        _ => anyhow::bail!("give --from-jobdb URL or --from-archive"),
+    };
+    let options = ReplayOptions {
+        filter: crate::jobdb::replay::EndedFilter {
+            bucket: args.bucket,
+            endpoint_prefix: args.endpoint_prefix,
+            since: args.since,
+            until: args.until,
+            discarded,
+            archived,
+        },
+        to: args.to,
+        token: args.token.map(|t| t.expose().to_owned()),
+        ttl_ms: args.ttl_ms,
+        dry_run: args.dry_run,
+        limit: args.limit,
+    };
+    let report = crate::replay::replay(&source, &options).await?;
+    for (original, new) in &report.links {
+        println!("{original} -> {new}");
+    }
+    println!(
+        "selected {}, submitted {}{}",
+        report.selected,
+        report.submitted,
+        if options.dry_run { " (dry run)" } else { "" }
+    );
+    Ok(())
+}
+
+/// `spindle jobs show`: reads the job over the RPC API and prints it.
+async fn show_job(id: &str, api: &str, token: Option<&str>, json: bool) -> anyhow::Result<()> {
+    anyhow::ensure!(
+        !id.is_empty() && id.chars().all(|c| c.is_ascii_alphanumeric()),
+        "the job id must be a ULID or 32 hex digits"
+    );
+    let mut request =
+        reqwest::Client::new().get(format!("{}/v1/jobs/{id}", api.trim_end_matches('/')));
+    if let Some(token) = token {
+        request = request.bearer_auth(token);
+    }
+    let response = request
+        .send()
+        .await
+        .with_context(|| format!("--api {api}"))?;
+    let status = response.status();
+    let body = response.text().await?;
+    anyhow::ensure!(status.is_success(), "{status}: {body}");
+    if json {
+        println!("{body}");
+        return Ok(());
+    }
+    let job: crate::rpc::api::JobView = serde_json::from_str(&body).context("the api's answer")?;
+    println!("job       {} (hex {})", job.id, job.id_hex);
+    println!("state     {} after {} attempt(s)", job.state, job.attempts);
+    println!("bucket    {}", job.bucket);
+    println!("endpoint  {} {}", job.method, job.endpoint);
+    println!("created   {}   expires {}", job.created_at, job.expire_at);
+    if let Some(key) = &job.idempotency_key {
+        println!("key       {key}");
+    }
+    println!();
+    println!(
+        "{:<28} {:<20} {:>3} {:>6} {:>7}  {:<18} detail",
+        "time", "state", "n", "status", "ms", "error type"
+    );
+    for t in &job.transitions {
+        let detail = match (&t.retry_at, &t.error_response) {
+            (Some(at), Some(text)) => format!(
+                "retry at {at}; {}",
+                text.chars().take(80).collect::<String>()
+            ),
+            (Some(at), None) => format!("retry at {at}"),
+            (None, Some(text)) => text.chars().take(100).collect(),
+            (None, None) => String::new(),
+        };
+        println!(
+            "{:<28} {:<20} {:>3} {:>6} {:>7}  {:<18} {}",
+            t.time.format("%Y-%m-%d %H:%M:%S%.3f").to_string(),
+            t.state.to_string(),
+            t.attempts,
+            t.response_status.map_or("-".to_owned(), |s| s.to_string()),
+            t.duration_ms.map_or("-".to_owned(), |d| d.to_string()),
+            t.error_type.as_deref().unwrap_or("-"),
+            detail.replace('\n', " "),
+        );
+    }
+    Ok(())
+}
+
+/// Pauses or resumes an endpoint (keeping its caps) or a bucket.
+async fn set_paused(args: PauseArgs, paused: bool) -> anyhow::Result<()> {
+    use crate::registry::controls;
+    let PauseArgs { consul, target, by } = args;
+    let client = consul.client()?;
+    let verb = if paused { "paused" } else { "resumed" };
+    match (target.endpoint, target.bucket) {
+        (Some(endpoint), _) => {
+            let endpoint = crate::job::endpoint_key(&endpoint);
+            controls::update_endpoint(&client, endpoint, &by, |c| c.paused = paused).await?;
+            println!("endpoint {endpoint} {verb}");
+        }
+        (None, Some(bucket)) => {
+            controls::set_bucket_paused(&client, &bucket, &by, paused).await?;
+            println!("bucket {bucket} {verb}");
+        }
+        (None, None) => anyhow::bail!("give --endpoint or --bucket"),
+    }
+    Ok(())
+}
