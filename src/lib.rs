@@ -4,33 +4,43 @@
 //! them to the MySQL JobDB it owns, delivers them over HTTP with per-job exponential backoff,
 //! and records every state change in an append-only transition log that operators read with SQL.
 //!
-//! # Layout
-//! - [`job`]: the domain: ids, states, retry policy, jobs and legal transitions. No I/O.
-//! - [`jobdb`]: every SQL statement against a JobDB, one function each, and its lock.
-//! - [`delivery`]: the HTTP client, response classification and the backoff formula. No SQL.
-//! - [`director`]: the Director process: start-up, group-commit [`director::writer`],
-//!   [`director::scheduler`] (cache, virtual queues, timers), recovery and shutdown.
-//! - [`rpc`]: the axum routes, request validation, error mapping and OpenAPI document.
-//! - [`metrics`]: Prometheus metrics on an explicit registry.
+//! # Layout (the arrows point down: a module uses those listed after it, never one before)
+//! - [`cli`]: the `spindle` command line, one file per component (`director`, `router`,
+//!   `lifecycle` for manager and drainer, `dashboard`, `ops` for operator tooling).
+//! - [`dev`], [`bench`](mod@bench), [`demo`], [`submit`]: `spindle dev` (everything in one process on
+//!   embedded parts), `spindle bench`, `spindle demo`, `spindle submit` (through the
+//!   `spindle-client` crate, whose wire types [`rpc::api`] re-exports).
+//! - [`director`]: the Director process: start-up and recovery, the group-commit
+//!   [`director::writer`], the [`director::scheduler`] (cache, virtual queues, gates, backlog),
+//!   its HTTP API ([`director::http`]), supervision of its core tasks, campaigning in Consul.
+//! - [`router`]: the router: Redis dedup (Tapjoy's layout, Lua claims; or in-process),
+//!   placements of logical shards, shuffle sharding of buckets onto Directors, its HTTP service.
+//! - [`manager`] and [`drainer`]: the JobDB manager (spares, retirement, drops) and the drainer
+//!   (moves still-retrying jobs to live JobDBs, archives the rest). The `manager/` and
+//!   `drainer/` crates are only their per-role binaries.
+//! - [`dashboard`]: `spindle dashboard`, a web page and JSON API over every live JobDB.
 //! - [`registry`]: coordination: the Consul client, JobDB leases with fencing tokens, the JobDB
-//!   inventory and the service catalog.
-//! - [`router`]: the router's core: the Redis dedup store (Tapjoy's layout, Lua claims, owner
-//!   ids; or an in-process store with the same semantics), time-bounded placements of logical
-//!   shards on stores, and shuffle sharding of buckets onto Directors. No HTTP.
-//! - [`archive`]: the archive of jobs that leave a JobDB (expired, or history of moved jobs):
-//!   gzip NDJSON batches with a manifest each, in S3 or a local directory. No SQL.
-//! - [`dashboard`]: `spindle dashboard`, a web page and JSON API over every live JobDB
-//!   (throughput, endpoints, attempts, inventory, job traces).
-//! - [`secret`]: tokens, keys and passwords that print as `***`.
-//! - [`sink`]: a recording HTTP endpoint for demos, benchmarks and tests.
-//! - [`cli`]: the `spindle` command line (`director`, `dashboard`, `demo`, `bench`, `sink`, ...).
-//! - [`bench`] and [`demo`]: the `spindle bench` and `spindle demo` subcommands.
-//! - [`dev`]: `spindle dev`, everything in one process on embedded parts.
+//!   inventory, the service catalog, endpoint and bucket controls.
+//! - [`rpc`]: the intake toolkit every HTTP front shares: RPC types and validation, tokens,
+//!   error bodies, request parsing.
+//! - [`archive`]: the archive of jobs that leave a JobDB: its format (`archive::format`:
+//!   gzip NDJSON batches with a manifest each) and backends (S3, a local directory). No SQL.
+//! - [`delivery`]: the HTTP client, SSRF guard, response classification, signing and the
+//!   backoff formula. No SQL.
+//! - [`jobdb`]: the store: every SQL statement against a JobDB, written once and spelled per
+//!   engine (`jobdb::engine::{mysql, sqlite}`), the write path and the writer's requests
+//!   ([`jobdb::write`]), locks, lifecycle, stats, commands.
+//! - [`metrics`]: Prometheus metrics on an explicit registry. [`replay`]: re-sending archived
+//!   jobs. [`secret`]: tokens, keys and passwords that print as `***`. [`sink`]: a recording
+//!   HTTP endpoint for demos, benchmarks and tests.
+//! - [`job`]: the domain: ids, states, error types, retry policy, jobs and legal transitions.
+//!   No I/O.
 //! - `faults` (feature `fault-injection`, tests only): make a Director's core task panic.
-//! - [`submit`]: `spindle submit`, jobs from options, a file or stdin, through the
-//!   `spindle-client` crate (the typed client whose wire types [`rpc::api`] re-exports).
 //!
-//! The `manager/` and `drainer/` crates hold the JobDB manager and drainer binaries.
+//! `tests/layers.rs` fails when `rpc`, `archive`, `jobdb` or `delivery` name a module above
+//! them.
+
+#![warn(missing_docs)]
 
 pub mod archive;
 pub mod bench;

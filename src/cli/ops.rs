@@ -16,7 +16,7 @@ use crate::secret::{Secret, SecretUrl};
 /// Options of `spindle replay`.
 #[derive(Debug, Clone, Args)]
 pub struct ReplayArgs {
-    /// Read ended jobs from this JobDB (mysql://user[:password]@host:port/name).
+    /// Read ended jobs from this JobDB (`mysql://user[:password]@host:port/name`).
     #[arg(long, conflicts_with = "from_archive")]
     pub from_jobdb: Option<SecretUrl>,
     /// Read ended jobs from the archive (the `--s3-*` options, or `--archive-dir`), every

@@ -480,7 +480,7 @@ async fn recover(
                 now,
                 now,
                 AttemptRecord {
-                    error_type: Some("interrupted".to_owned()),
+                    error_type: Some(crate::job::ErrorType::Interrupted.into()),
                     ..AttemptRecord::default()
                 },
             )),

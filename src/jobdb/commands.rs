@@ -33,11 +33,6 @@ impl Action {
             Action::Discard => ErrorType::OperatorDiscard,
         }
     }
-
-    /// [`Action::error_kind`] as stored in the column (`operator-<action>`).
-    pub const fn error_type(self) -> &'static str {
-        self.error_kind().as_str()
-    }
 }
 
 impl FromStr for Action {

@@ -13,11 +13,11 @@ use tokio::time::Instant;
 
 use crate::delivery::classify::Verdict;
 use crate::delivery::{backoff, AttemptResult};
-use crate::job::{AttemptRecord, Job, JobId, Transition};
+use crate::job::{AttemptRecord, ErrorType, Job, JobId, Transition};
 
 use super::cache::Phase;
 use super::gates::Recorded;
-use super::{wait_until, Event, Scheduler, SchedulerLimits, WriteOp, WriteRejected, MAX_ATTEMPTS};
+use super::{wait_until, Event, Scheduler, SchedulerLimits, WriteOp, WriteRejected};
 
 /// How long a job waits before it is tried again when its `executing` row was refused by the
 /// JobDB (a bug, not a condition that passes by itself): long enough not to loop.
@@ -69,7 +69,7 @@ impl Scheduler {
                         attempts,
                         now,
                         AttemptRecord {
-                            error_type: Some(MAX_ATTEMPTS.to_owned()),
+                            error_type: Some(ErrorType::MaxAttempts.into()),
                             ..Default::default()
                         },
                     ));
@@ -265,7 +265,7 @@ impl Scheduler {
                 self.forget(id);
                 self.metrics.jobs_out_of_attempts.inc();
                 let mut record = result.record;
-                record.error_type = Some(MAX_ATTEMPTS.to_owned());
+                record.error_type = Some(ErrorType::MaxAttempts.into());
                 Transition::discarded(id, attempt, now, record)
             }
             Verdict::Retry { retry_after, .. } => {
@@ -340,7 +340,7 @@ impl Scheduler {
                 now,
                 now,
                 AttemptRecord {
-                    error_type: Some("endpoint-recovered".to_owned()),
+                    error_type: Some(ErrorType::EndpointRecovered.into()),
                     ..Default::default()
                 },
             ));

@@ -156,11 +156,7 @@ impl Gates {
 
     /// The lane's rate limit, built on first use from its control (`None`: not limited).
     fn rate_of(&mut self, key: &Arc<str>) -> Option<&mut Rate> {
-        let per_second = self
-            .controls
-            .endpoints
-            .get(&**key)
-            .and_then(rate_limit)?;
+        let per_second = self.controls.endpoints.get(&**key).and_then(rate_limit)?;
         let rate = self.rates.entry(key.clone()).or_insert_with(|| Rate {
             per_second: per_second.0,
             limiter: RateLimiter::direct(per_second.1),

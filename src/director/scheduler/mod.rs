@@ -8,16 +8,16 @@
 //! deliveries and after a crash the attempts that were in flight are known.
 //!
 //! The parts, each owning its state:
-//! - [`cache`]: the jobs, their memory (spill/reload, eviction) and retry timers;
-//! - [`queues`]: lanes (one per endpoint), a FIFO per bucket, the ring that shares the
+//! - `cache`: the jobs, their memory (spill/reload, eviction) and retry timers;
+//! - `queues`: lanes (one per endpoint), a FIFO per bucket, the ring that shares the
 //!   Director fairly between endpoints and an endpoint between buckets;
-//! - [`gates`]: breakers, rate limits, controls, parked jobs, lane timers — one
+//! - `gates`: breakers, rate limits, controls, parked jobs, lane timers — one
 //!   `limit(lane, now)`;
-//! - [`backlog`]: the pass that reads jobs waiting in the JobDB only;
-//! - [`operator`]: operator commands as a pure plan;
-//! - [`health`]: queue depths and endpoint health, read over queues and gates;
-//! - [`attempts`]: starting, delivering and ending attempts (the verbs of one attempt);
-//! - [`reads`]: what comes in from the JobDB (spilled jobs, backlog pages, command targets).
+//! - `backlog`: the pass that reads jobs waiting in the JobDB only;
+//! - `operator`: operator commands as a pure plan;
+//! - `health`: queue depths and endpoint health, read over queues and gates;
+//! - `attempts`: starting, delivering and ending attempts (the verbs of one attempt);
+//! - `reads`: what comes in from the JobDB (spilled jobs, backlog pages, command targets).
 //!
 //! This module holds the event loop and the verbs that span parts (queue, wait, forget,
 //! expire). Everything runs on one task and owns its state: no locks.
@@ -128,9 +128,6 @@ pub struct SchedulerLimits {
     /// `Retry-After` say.
     pub min_retry_delay: Duration,
 }
-
-/// The `error_type` of a job discarded because its attempts are used up.
-pub const MAX_ATTEMPTS: &str = "max-attempts";
 
 /// The scheduler task's state.
 pub struct Scheduler {

@@ -144,7 +144,7 @@ pub(super) fn plan(
 /// What an operator command writes into the transitions it causes.
 fn record(command: &Command) -> AttemptRecord {
     AttemptRecord {
-        error_type: Some(command.action.error_type().to_owned()),
+        error_type: Some(command.action.error_kind().into()),
         error_response: Some(bytes::Bytes::from(command.note())),
         ..Default::default()
     }

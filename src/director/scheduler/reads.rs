@@ -218,7 +218,7 @@ impl Scheduler {
         self.cache.gauge();
         tracing::info!(
             command = command.id,
-            action = command.action.error_type(),
+            action = %command.action.error_kind(),
             by = %command.issued_by,
             jobs = plan.changed,
             "operator command applied"
