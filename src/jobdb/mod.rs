@@ -12,7 +12,7 @@
 //! - [`engine`]: one module per engine ([`engine::mysql`], [`engine::sqlite`]) holding
 //!   everything that engine does its own way, and the macros that write each statement once
 //!   over both (its module doc explains how);
-//! - [`write`]: the write path, [`JobDb::append`] and the one function through which rows
+//! - [`write`](mod@write): the write path, [`JobDb::append`] and the one function through which rows
 //!   enter a JobDB;
 //! - [`owner`]: the fencing token, and evicting a stalled previous owner;
 //! - [`lock`]: exclusive ownership without Consul ([`lock::ServerLock`]: MySQL `GET_LOCK`, or
