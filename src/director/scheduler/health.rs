@@ -1,15 +1,19 @@
 //! What the scheduler shows of its lanes: queue depth by class (running, breaker open,
 //! paused) and each endpoint's health for `GET /v1/endpoints`. Read-only over the queues and
-//! the gates.
+//! the gates, published at most once a second.
 
 use std::collections::HashSet;
 use std::sync::Arc;
+use std::time::Duration;
+
+use tokio::time::Instant;
 
 use crate::director::breaker::Breaker;
 use crate::rpc::api::EndpointHealth;
 
 use super::gates::Gates;
 use super::queues::Queues;
+use super::Scheduler;
 
 /// Ready jobs by what holds their lane: (running, breaker open, paused).
 pub(super) fn depths(queues: &Queues, gates: &Gates) -> (usize, usize, usize) {
@@ -61,4 +65,38 @@ pub(super) fn endpoints(queues: &Queues, gates: &Gates) -> Vec<EndpointHealth> {
         .collect();
     health.sort_by(|a, b| a.endpoint.cmp(&b.endpoint));
     health
+}
+
+impl Scheduler {
+    /// Queue depth by endpoint class, at most once a second (it walks the lanes, not the jobs).
+    pub(super) fn update_gauges(&mut self) {
+        let now = Instant::now();
+        if now.duration_since(self.gauges_at) < Duration::from_secs(1) {
+            self.gauges_stale = true;
+            return;
+        }
+        self.gauges_at = now;
+        self.gauges_stale = false;
+        let (running, open, paused) = depths(&self.queues, &self.gates);
+        let parked = self.gates.parked_count();
+        let waiting = self
+            .cache
+            .len()
+            .saturating_sub(running + open + paused + parked + self.in_flight);
+        if let Ok(mut published) = self.health.lock() {
+            *published = endpoints(&self.queues, &self.gates);
+        }
+        for (class, n) in [
+            ("running", running),
+            ("breaker_open", open),
+            ("paused", paused),
+            ("bucket_paused", parked),
+            ("waiting", waiting),
+        ] {
+            self.metrics
+                .queued
+                .get_or_create(&crate::metrics::QueueLabels { class })
+                .set(n as i64);
+        }
+    }
 }

@@ -613,38 +613,6 @@ impl Scheduler {
             self.dispatch(&key);
         }
     }
-
-    /// Queue depth by endpoint class, at most once a second (it walks the lanes, not the jobs).
-    fn update_gauges(&mut self) {
-        let now = Instant::now();
-        if now.duration_since(self.gauges_at) < Duration::from_secs(1) {
-            self.gauges_stale = true;
-            return;
-        }
-        self.gauges_at = now;
-        self.gauges_stale = false;
-        let (running, open, paused) = health::depths(&self.queues, &self.gates);
-        let parked = self.gates.parked_count();
-        let waiting = self
-            .cache
-            .len()
-            .saturating_sub(running + open + paused + parked + self.in_flight);
-        if let Ok(mut published) = self.health.lock() {
-            *published = health::endpoints(&self.queues, &self.gates);
-        }
-        for (class, n) in [
-            ("running", running),
-            ("breaker_open", open),
-            ("paused", paused),
-            ("bucket_paused", parked),
-            ("waiting", waiting),
-        ] {
-            self.metrics
-                .queued
-                .get_or_create(&crate::metrics::QueueLabels { class })
-                .set(n as i64);
-        }
-    }
 }
 
 /// How long from `now` until `at` (zero if it has passed), capped so that adding it to an
