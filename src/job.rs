@@ -271,6 +271,20 @@ pub struct Transition {
     pub response_status: Option<u16>,
     /// Duration of the attempt in milliseconds.
     pub duration_ms: Option<u32>,
+    /// For a row that ends an attempt: the commit that began it, and when it began.
+    pub started: Option<AttemptStart>,
+}
+
+/// Where an attempt began: the Director's commit that allowed it (its `commit_log` row, which
+/// lists the attempt) and the time the attempt began. The row that ends the attempt carries it
+/// (`started_in`, `started_at`), so the history shows the attempt's start without a row of its
+/// own.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct AttemptStart {
+    /// The `commit_log` row (an id of the transition sequence).
+    pub commit: u64,
+    /// When the attempt began.
+    pub at: DateTime<Utc>,
 }
 
 /// What an attempt's outcome contributes to its transition row.
@@ -284,6 +298,8 @@ pub struct AttemptRecord {
     pub response_status: Option<u16>,
     /// How long the attempt took.
     pub duration: Option<Duration>,
+    /// Where the attempt began.
+    pub started: Option<AttemptStart>,
 }
 
 impl Transition {
@@ -299,6 +315,7 @@ impl Transition {
             error_response_encoding: None,
             response_status: None,
             duration_ms: None,
+            started: None,
         }
     }
 
@@ -316,15 +333,23 @@ impl Transition {
         self.duration_ms = record
             .duration
             .map(|d| u32::try_from(d.as_millis()).unwrap_or(u32::MAX));
+        self.started = record.started;
         self
     }
 
-    /// The first row of every job: accepted, not yet attempted.
+    /// A job's acceptance, as its history shows it: accepted, not yet attempted. Not stored (a
+    /// job's `jobs` row is its acceptance); histories read back begin with it.
     pub fn awaiting_scheduling(job: &Job) -> Self {
-        Self::bare(job.id, State::AwaitingScheduling, 0, job.created_at)
+        Self::accepted_at(job.id, job.created_at)
     }
 
-    /// Attempt number `attempt` (1-based) starts.
+    /// [`Transition::awaiting_scheduling`] of the job `job_id` created at `created_at`.
+    pub fn accepted_at(job_id: JobId, created_at: DateTime<Utc>) -> Self {
+        Self::bare(job_id, State::AwaitingScheduling, 0, created_at)
+    }
+
+    /// Attempt number `attempt` (1-based) began, as its history shows it: not stored (the
+    /// commit that began it lists it, and the row that ends it names that commit).
     pub fn executing(job_id: JobId, attempt: u16, now: DateTime<Utc>) -> Self {
         Self::bare(job_id, State::Executing, attempt, now)
     }
@@ -384,6 +409,46 @@ impl Transition {
     }
 }
 
+/// A job's whole history from what its JobDB stores: the rows of `job_state_transitions`
+/// (`rows`, in id order) with the steps schema 5 no longer writes as rows of their own, each
+/// at its place in id order:
+/// - its acceptance (`awaiting-scheduling` at `created_at`, id 0), unless its first row is one
+///   (an older JobDB stored it) or an import's (`imported`);
+/// - each attempt's start (`executing`, with the id and time of the commit that began it)
+///   before the row that ends it;
+/// - an attempt begun and not ended yet (`under_way`), last.
+///
+/// The `job_history` view of the JobDB tells the same story in SQL (the conformance suite
+/// requires them to agree).
+pub fn history(
+    job_id: JobId,
+    created_at: Option<DateTime<Utc>>,
+    rows: Vec<(u64, Transition)>,
+    under_way: Option<(AttemptStart, u16)>,
+) -> Vec<(u64, Transition)> {
+    let mut out = Vec::with_capacity(rows.len() * 2 + 2);
+    let begins = rows.first().is_some_and(|(_, t)| {
+        t.state == State::AwaitingScheduling
+            || t.error_type.as_deref() == Some(ErrorType::Imported.as_str())
+    });
+    if let (false, Some(at)) = (begins, created_at) {
+        out.push((0, Transition::accepted_at(job_id, at)));
+    }
+    for (id, t) in rows {
+        if let Some(start) = t.started {
+            out.push((
+                start.commit,
+                Transition::executing(job_id, t.attempts, start.at),
+            ));
+        }
+        out.push((id, t));
+    }
+    if let Some((start, attempt)) = under_way {
+        out.push((start.commit, Transition::executing(job_id, attempt, start.at)));
+    }
+    out
+}
+
 /// A job's latest known position, as read back from the JobDB on recovery.
 #[derive(Clone, Debug, PartialEq)]
 pub struct Progress {
@@ -393,6 +458,9 @@ pub struct Progress {
     pub attempts: u16,
     /// When the next attempt is due, for awaiting-retry.
     pub retry_at: Option<DateTime<Utc>>,
+    /// For `executing`: where the attempt under way began (`None` for one recorded as an
+    /// `executing` row, as JobDBs before schema 5 did).
+    pub started: Option<AttemptStart>,
 }
 
 /// A job recovered from the JobDB after a restart.

@@ -96,6 +96,13 @@ pub struct Metrics {
     pub write_rejections: Family<WriteLabels, Counter>,
     /// Jobs discarded because they used up `--max-attempts`.
     pub jobs_out_of_attempts: Counter,
+    /// Jobs that rested without a row of their own (their `open_jobs` entry written because
+    /// they waited long, or the cache had no room).
+    pub jobs_rested: Counter,
+    /// Jobs accepted that have neither a row of their own nor an `open_jobs` entry yet.
+    pub jobs_fresh: Gauge,
+    /// Attempts begun (listed by a commit) and not ended.
+    pub attempts_under_way: Gauge,
     /// 1 while every core task of the Director runs; 0 once one ended unexpectedly.
     pub core_tasks_up: Gauge,
     /// Jobs in the Director's cache.
@@ -224,6 +231,24 @@ impl Default for Metrics {
             "jobs_out_of_attempts",
             "Jobs discarded after using up their attempts (error_type max-attempts)",
             jobs_out_of_attempts.clone(),
+        );
+        let jobs_rested = Counter::default();
+        registry.register(
+            "jobs_rested",
+            "Jobs given an open_jobs entry without a row of their own (waited long, or no room in the cache)",
+            jobs_rested.clone(),
+        );
+        let jobs_fresh = Gauge::default();
+        registry.register(
+            "jobs_fresh",
+            "Jobs accepted with neither a row of their own nor an open_jobs entry yet",
+            jobs_fresh.clone(),
+        );
+        let attempts_under_way = Gauge::default();
+        registry.register(
+            "attempts_under_way",
+            "Attempts begun by a commit and not ended",
+            attempts_under_way.clone(),
         );
         let core_tasks_up = Gauge::default();
         registry.register(
@@ -391,6 +416,9 @@ impl Default for Metrics {
             write_queue,
             write_rejections,
             jobs_out_of_attempts,
+            jobs_rested,
+            jobs_fresh,
+            attempts_under_way,
             core_tasks_up,
             jobs_cached,
             in_flight,

@@ -103,6 +103,7 @@ fn expired_jobs(n: usize) -> (Vec<Job>, Vec<ArchivedJob>) {
                     error_response: Some(Bytes::from(error_body)),
                     response_status: Some(503),
                     duration: Some(Duration::from_millis(rng.random_range(1..500))),
+                    started: None,
                 },
             ),
             Transition::archiving(job.id, 1, now),

@@ -20,6 +20,10 @@ const BATCHES: usize = 120;
 const BATCH: usize = 100;
 
 fn spawn_director(port: u16, jobdb: &str) -> Child {
+    spawn_director_with(port, jobdb, &[])
+}
+
+fn spawn_director_with(port: u16, jobdb: &str, extra: &[&str]) -> Child {
     Command::new(env!("CARGO_BIN_EXE_spindle"))
         .args([
             "director",
@@ -32,6 +36,7 @@ fn spawn_director(port: u16, jobdb: &str) -> Child {
             "--allow-subnet",
             "127.0.0.0/8",
         ])
+        .args(extra)
         .kill_on_drop(true)
         .spawn()
         .expect("spawn director")
@@ -88,7 +93,10 @@ fn produce(
         .collect()
 }
 
-on_both_engines!(kill_9_mid_load_loses_nothing);
+on_both_engines!(
+    kill_9_mid_load_loses_nothing,
+    a_kill_9_after_an_idle_moment_loses_nothing
+);
 
 async fn kill_9_mid_load_loses_nothing(engine: Engine) {
     let db = TestDb::on(engine, "crash");
@@ -220,6 +228,52 @@ async fn kill_9_mid_load_loses_nothing(engine: Engine) {
     );
     let status = director.wait().await.unwrap();
     assert!(status.success(), "SIGTERM exits 0: {status}");
+    reader.close().await;
+    sink.stop().await;
+}
+
+/// Jobs accepted into an idle JobDB (nothing else open, the checkpoint due) and still waiting
+/// for their first attempt when the Director is killed: the commit that accepted them is their
+/// only record, and the new owner must find it. The first version of schema 5's writer moved
+/// the checkpoint past that very commit, and these jobs were never delivered.
+async fn a_kill_9_after_an_idle_moment_loses_nothing(engine: Engine) {
+    let db = TestDb::on(engine, "idlecrash");
+    let sink = Sink::start("127.0.0.1:0".parse().unwrap()).await.unwrap();
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let base = format!("http://127.0.0.1:{port}");
+    let client = reqwest::Client::new();
+    // One request at a time to the slow endpoint: the others wait, accepted and never tried.
+    let mut director = spawn_director_with(port, &db.url_string(), &["--endpoint-concurrency", "1"]);
+    wait_ready(&client, &base).await;
+    // Idle for longer than the checkpoint's period.
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    let jobs: Vec<_> = (0..40)
+        .map(|i| json!({"bucket": format!("t{}", i % 3), "endpoint": sink.url("/slow/2000")}))
+        .collect();
+    let accepted = submit(&client, &base, jobs).await.jobs.len();
+    assert_eq!(accepted, 40);
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    director.start_kill().expect("kill -9");
+    director.wait().await.unwrap();
+    let mut director = spawn_director(port, &db.url_string());
+    wait_ready(&client, &base).await;
+    let reader = db.open().await;
+    wait_all_final(&reader, 40, Duration::from_secs(60)).await;
+    let histories = histories(&reader).await;
+    assert_eq!(histories.len(), 40);
+    for history in histories.values() {
+        assert_legal(history);
+        assert_eq!(history.last().unwrap().state, State::Succeeded, "{history:#?}");
+    }
+    let _ = nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(director.id().unwrap() as i32),
+        nix::sys::signal::Signal::SIGTERM,
+    );
+    director.wait().await.unwrap();
     reader.close().await;
     sink.stop().await;
 }

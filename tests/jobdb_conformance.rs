@@ -21,6 +21,7 @@ use sqlx::{ConnectOptions, Connection, Executor};
 
 on_both_engines!(
     every_store_operation_behaves_as_specified,
+    the_commit_log_holds_what_has_no_row_yet,
     fencing_refuses_a_stale_owner,
     a_jobdb_is_created_listed_locked_and_dropped,
 );
@@ -59,6 +60,7 @@ fn row(job: &Job, state: State, attempts: u16, time: DateTime<Utc>) -> Transitio
         error_response_encoding: None,
         response_status: None,
         duration_ms: None,
+        started: None,
     }
 }
 
@@ -205,16 +207,18 @@ async fn scenario(db: &JobDb, t0: DateTime<Utc>) -> Vec<String> {
     assert_eq!(db.unfinished_count().await.unwrap(), 3);
     let stranded = db.load_stranded().await.unwrap();
     assert_eq!(
-        stranded,
+        stranded.settle,
         vec![(
             d.id,
             Progress {
                 state: State::Executing,
                 attempts: 1,
-                retry_at: None
+                retry_at: None,
+                started: None,
             }
         )]
     );
+    assert!(stranded.unlisted.is_empty(), "rows written before schema 5 are all listed");
     // Due now: only e (never tried); b's retry is a minute ahead.
     let page = db.backlog_page(None, ms(1000), 100, 10).await.unwrap();
     assert_eq!(
@@ -282,11 +286,14 @@ async fn scenario(db: &JobDb, t0: DateTime<Utc>) -> Vec<String> {
         from_jobdb: "old_jobdb".into(),
         imported_at: ms(500),
     };
-    db.append_with_origins(
+    db.append_all(
         token,
-        std::slice::from_ref(&f),
-        &[(17, row(&f, State::AwaitingScheduling, 0, ms(500)))],
-        &[origin.clone(), origin.clone()],
+        &jobdb::Append {
+            jobs: std::slice::from_ref(&f),
+            transitions: &[(17, row(&f, State::AwaitingScheduling, 0, ms(500)))],
+            origins: &[origin.clone(), origin.clone()],
+            ..Default::default()
+        },
     )
     .await
     .unwrap();
@@ -470,6 +477,270 @@ async fn every_store_operation_behaves_as_specified(engine: Engine) {
     db.close().await;
 }
 
+/// Rows of an operator's query, each column read as text (the same on both engines).
+async fn operator_rows(db: &JobDb, sql: &str, columns: usize) -> Vec<Vec<String>> {
+    use sqlx::Row;
+    let url = db.url();
+    let text = |row: Vec<Option<String>>| {
+        row.into_iter()
+            .map(|v| v.unwrap_or_else(|| "NULL".into()))
+            .collect::<Vec<_>>()
+    };
+    match url.sqlite_file() {
+        Some(file) => {
+            let mut conn = sqlx::SqliteConnection::connect(&format!("sqlite://{}", file.display()))
+                .await
+                .unwrap();
+            let rows = sqlx::query(sql).fetch_all(&mut conn).await.unwrap();
+            let out = rows
+                .iter()
+                .map(|r| text((0..columns).map(|i| r.get::<Option<String>, _>(i)).collect()))
+                .collect();
+            conn.close().await.unwrap();
+            out
+        }
+        None => {
+            let mut conn = url.mysql_options().unwrap().connect().await.unwrap();
+            let rows = sqlx::query(sql).fetch_all(&mut conn).await.unwrap();
+            let out = rows
+                .iter()
+                .map(|r| text((0..columns).map(|i| r.get::<Option<String>, _>(i)).collect()))
+                .collect();
+            conn.close().await.unwrap();
+            out
+        }
+    }
+}
+
+/// Schema 5's write path: jobs accepted and attempts begun are recorded by the commit that
+/// accepts or begins them (`commit_log`), rows that end attempts name that commit, jobs rest
+/// into `open_jobs` only when told, and the checkpoint bounds what is read. The open work, the
+/// stranded jobs, the histories the library expands and the `job_history` view all agree.
+async fn commit_log_scenario(db: &JobDb, t0: DateTime<Utc>) -> Vec<String> {
+    use spindle::job::{AttemptRecord, AttemptStart};
+    use spindle::jobdb::{Append, CommitLog, OpenRow};
+    let mut log = Vec::new();
+    let ms = |n: i64| t0 + TimeDelta::milliseconds(n);
+    let token = db.take_ownership("conformance").await.unwrap();
+    let (g, h, i, k) = (
+        job(11, "b1", "https://a.example/g", ms(0)),
+        job(12, "b1", "https://a.example/h", ms(0)),
+        job(13, "b2", "https://b.example/i", ms(0)),
+        job(14, "b2", "https://b.example/k", ms(0)),
+    );
+    let jobs = [g.clone(), h.clone(), i.clone(), k.clone()];
+    let ids: Vec<JobId> = jobs.iter().map(|j| j.id).collect();
+    // Commit 100 accepts four jobs: no row of their own.
+    db.append_all(
+        token,
+        &Append {
+            jobs: &jobs,
+            log: Some(CommitLog {
+                id: 100,
+                time: ms(10),
+                accepted: &ids,
+                started: &[],
+            }),
+            ..Append::default()
+        },
+    )
+    .await
+    .unwrap();
+    assert!(db.commit_exists(100).await.unwrap());
+    assert!(!db.commit_exists(99).await.unwrap());
+    assert_eq!(db.count_transitions_into(State::AwaitingScheduling).await.unwrap(), 0);
+    let work = db.open_work().await.unwrap();
+    assert_eq!(work.len(), 4);
+    assert!(work
+        .iter()
+        .all(|w| !w.listed && w.progress.state == State::AwaitingScheduling));
+    assert_eq!(db.unfinished_count().await.unwrap(), 4);
+    assert_eq!(db.load_stranded().await.unwrap().unlisted, ids);
+    // Commit 101 begins attempts of g and h.
+    db.append_all(
+        token,
+        &Append {
+            log: Some(CommitLog {
+                id: 101,
+                time: ms(20),
+                accepted: &[],
+                started: &[(g.id, 1), (h.id, 1)],
+            }),
+            ..Append::default()
+        },
+    )
+    .await
+    .unwrap();
+    let stranded = db.load_stranded().await.unwrap();
+    let start = AttemptStart {
+        commit: 101,
+        at: ms(20),
+    };
+    assert_eq!(
+        stranded.settle,
+        vec![
+            (
+                g.id,
+                Progress {
+                    state: State::Executing,
+                    attempts: 1,
+                    retry_at: None,
+                    started: Some(start),
+                }
+            ),
+            (
+                h.id,
+                Progress {
+                    state: State::Executing,
+                    attempts: 1,
+                    retry_at: None,
+                    started: Some(start),
+                }
+            ),
+        ]
+    );
+    let history = db.get_transitions(g.id).await.unwrap();
+    assert_eq!(
+        history.iter().map(|(id, t)| (*id, t.state)).collect::<Vec<_>>(),
+        vec![(0, State::AwaitingScheduling), (101, State::Executing)]
+    );
+    // g succeeds, h waits for a retry (its entry gets its expiry from the writer's account),
+    // i rests, and the checkpoint stays at the oldest commit holding something open (100: k).
+    let begun = AttemptRecord {
+        started: Some(AttemptStart {
+            commit: 101,
+            at: ms(25),
+        }),
+        duration: Some(Duration::from_millis(5)),
+        response_status: Some(200),
+        ..AttemptRecord::default()
+    };
+    let retry_at = ms(60_000);
+    let rows = [
+        (102, Transition::succeeded(g.id, 1, ms(30), begun.clone())),
+        (
+            103,
+            Transition::awaiting_retry(h.id, 1, ms(30), retry_at, begun.clone()),
+        ),
+    ];
+    let fresh: HashMap<JobId, DateTime<Utc>> =
+        [(g.id, g.expire_at), (h.id, h.expire_at)].into();
+    db.append_all(
+        token,
+        &Append {
+            transitions: &rows,
+            rests: &[OpenRow::resting(i.id, 104, i.expire_at)],
+            fresh: Some(&fresh),
+            checkpoint: Some(100),
+            ..Append::default()
+        },
+    )
+    .await
+    .unwrap();
+    let mut work = db.open_work().await.unwrap();
+    work.sort_by_key(|w| w.job_id);
+    assert_eq!(
+        work.iter()
+            .map(|w| (w.job_id, w.progress.state, w.listed))
+            .collect::<Vec<_>>(),
+        vec![
+            (h.id, State::AwaitingRetry, true),
+            (i.id, State::AwaitingScheduling, true),
+            (k.id, State::AwaitingScheduling, false),
+        ]
+    );
+    assert_eq!(work[0].progress.retry_at, Some(retry_at));
+    // k rests too; the checkpoint moves past both commits: nothing below it is open.
+    db.append_all(
+        token,
+        &Append {
+            rests: &[OpenRow::resting(k.id, 105, k.expire_at)],
+            checkpoint: Some(106),
+            ..Append::default()
+        },
+    )
+    .await
+    .unwrap();
+    assert_eq!(db.unfinished_count().await.unwrap(), 3);
+    assert!(db.load_stranded().await.unwrap().unlisted.is_empty());
+    assert_eq!(db.max_transition_id().await.unwrap(), 105);
+    // Rested entries carry the jobs' expiry (a page due by then finds them).
+    let page = db.backlog_page(None, ms(1000), 200, 10).await.unwrap();
+    assert_eq!(
+        page.iter().map(|(j, _)| j.id).collect::<Vec<_>>(),
+        vec![i.id, k.id]
+    );
+    let expiring = db.next_due_after(ms(70_000)).await.unwrap();
+    assert_eq!(expiring, Some(g.expire_at.min(h.expire_at)));
+    // Histories: the library's expansion and the operators' view tell the same story.
+    let histories = db.histories_of(&ids).await.unwrap();
+    let steps = |id: JobId| {
+        histories[&id]
+            .iter()
+            .map(|(n, t)| (*n, t.state, t.attempts))
+            .collect::<Vec<_>>()
+    };
+    assert_eq!(
+        steps(g.id),
+        vec![
+            (0, State::AwaitingScheduling, 0),
+            (101, State::Executing, 1),
+            (102, State::Succeeded, 1)
+        ]
+    );
+    assert_eq!(histories[&g.id][1].1.time, ms(25), "when its request began");
+    assert_eq!(
+        steps(h.id),
+        vec![
+            (0, State::AwaitingScheduling, 0),
+            (101, State::Executing, 1),
+            (103, State::AwaitingRetry, 1)
+        ]
+    );
+    assert_eq!(steps(i.id), vec![(0, State::AwaitingScheduling, 0)]);
+    let view = operator_rows(
+        db,
+        "SELECT hex(job_id), CAST(id AS CHAR), state, CAST(attempts AS CHAR) \
+         FROM job_history ORDER BY job_id, id",
+        4,
+    )
+    .await;
+    let ours: Vec<Vec<String>> = ids
+        .iter()
+        .flat_map(|id| {
+            histories[id].iter().map(move |(n, t)| {
+                vec![
+                    id.to_hex(),
+                    n.to_string(),
+                    t.state.as_str().to_owned(),
+                    t.attempts.to_string(),
+                ]
+            })
+        })
+        .collect();
+    assert_eq!(view, ours);
+    let latest = operator_rows(
+        db,
+        "SELECT hex(job_id), state FROM job_latest ORDER BY job_id",
+        2,
+    )
+    .await;
+    assert_eq!(
+        latest.iter().map(|r| r[1].as_str()).collect::<Vec<_>>(),
+        vec!["succeeded", "awaiting-retry", "awaiting-scheduling", "awaiting-scheduling"]
+    );
+    log.push(format!("{view:?}"));
+    log.push(format!("{:?}", sorted(db.count_by_state().await.unwrap())));
+    log
+}
+
+async fn the_commit_log_holds_what_has_no_row_yet(engine: Engine) {
+    let test = TestDb::on(engine, "commitlog");
+    let db = JobDb::open(&test.url, true, 2).await.unwrap();
+    commit_log_scenario(&db, base_time()).await;
+    db.close().await;
+}
+
 async fn fencing_refuses_a_stale_owner(engine: Engine) {
     let test = TestDb::on(engine, "fence");
     let db = JobDb::open(&test.url, true, 2).await.unwrap();
@@ -561,6 +832,11 @@ async fn both_engines_answer_alike() {
         let test = TestDb::on(engine, "alike");
         let db = JobDb::open(&test.url, true, 2).await.unwrap();
         transcripts.push(scenario(&db, t0).await);
+        db.close().await;
+        let test = TestDb::on(engine, "alike5");
+        let db = JobDb::open(&test.url, true, 2).await.unwrap();
+        let last = transcripts.len() - 1;
+        transcripts[last].extend(commit_log_scenario(&db, t0).await);
         db.close().await;
     }
     assert_eq!(transcripts[0].len(), transcripts[1].len());

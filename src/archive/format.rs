@@ -117,6 +117,8 @@ impl ArchivedTransition {
             error_response_encoding,
             response_status: self.response_status,
             duration_ms: self.duration_ms,
+            // The archive keeps whole histories, attempts' starts as steps of their own.
+            started: None,
         })
     }
 }
@@ -429,6 +431,7 @@ mod tests {
                         error_response: Some(Bytes::from_static(&[0xff, 0x00, 0xfe])),
                         response_status: Some(503),
                         duration: Some(Duration::from_millis(12)),
+                        started: None,
                     },
                 ),
             ),
@@ -445,6 +448,7 @@ mod tests {
                         error_response: Some(Bytes::from_static("busy ✓".as_bytes())),
                         response_status: Some(429),
                         duration: Some(Duration::from_millis(7)),
+                        started: None,
                     },
                 ),
             ),

@@ -104,6 +104,7 @@ impl Deliverer {
                 error_response: Some(Bytes::from(blocked.to_string())),
                 response_status: None,
                 duration: Some(started.elapsed()),
+                started: None,
             },
         }
     }
@@ -176,6 +177,7 @@ impl Deliverer {
                         error_response,
                         response_status: Some(status),
                         duration,
+                        started: None,
                     },
                     verdict,
                 }
@@ -205,6 +207,7 @@ impl Deliverer {
                         )),
                         response_status: None,
                         duration,
+                        started: None,
                     },
                 }
             }

@@ -103,6 +103,7 @@ impl DirectorConfig {
             writer: WriterLimits {
                 max_rows: 4000,
                 max_bytes: 8 * 1024 * 1024,
+                rest_after: Duration::from_secs(30),
             },
             delivery: DeliveryConfig::default(),
             intake: IntakeLimits::default(),
@@ -227,8 +228,9 @@ pub async fn start_owned(
     }
 }
 
-/// Jobs whose latest state a new owner must settle first (`executing`, `archiving`).
-type Unfinished = Vec<(crate::job::JobId, crate::job::Progress)>;
+/// What a new owner must settle first: attempts under way, jobs left `archiving`, jobs
+/// without an `open_jobs` entry.
+type Unfinished = crate::jobdb::Stranded;
 
 /// Opens the JobDB (creating and migrating it if configured), takes ownership with the
 /// lease's token, and reads what recovery needs.
@@ -274,7 +276,8 @@ async fn open_owned(
     tracing::info!(
         jobdb = db.name(),
         fencing_token = token,
-        stranded = unfinished.len(),
+        stranded = unfinished.settle.len(),
+        unlisted = unfinished.unlisted.len(),
         "jobdb owned"
     );
     Ok((db, token, unfinished))
@@ -316,16 +319,16 @@ async fn serve(
 
     let writer_task = supervisor.spawn(
         "writer",
-        Writer {
-            db: db.clone(),
+        Writer::new(
+            db.clone(),
             token,
             next_id,
-            limits: config.writer,
-            rx: writer_rx,
-            scheduler: events_tx.clone(),
-            metrics: metrics.clone(),
-            lock_lost: lock_lost.clone(),
-        }
+            config.writer,
+            writer_rx,
+            events_tx.clone(),
+            metrics.clone(),
+            lock_lost.clone(),
+        )
         .run(),
     );
 
@@ -460,11 +463,13 @@ async fn serve(
     })
 }
 
-/// Settles what the previous owner left mid-way, before serving. An attempt that was in
-/// flight when it stopped has an unknown outcome: it is recorded as interrupted and retried at
-/// once (the endpoint may see it twice; receivers deduplicate on `spindle-job-id`). Returns
-/// the expired jobs for the archive. Every waiting job, these included, then reaches the cache
-/// through the scheduler's backlog pass, a page at a time.
+/// Settles what the previous owner left mid-way, before serving, in one commit. An attempt
+/// that was under way when it stopped has an unknown outcome: it is recorded as interrupted
+/// (ending the attempt its commit began) and retried at once (the endpoint may see it twice;
+/// receivers deduplicate on `spindle-job-id`). Jobs it accepted and never rested get their
+/// `open_jobs` entries, so backlog passes find them. Returns the expired jobs for the archive.
+/// Every waiting job, these included, then reaches the cache through the scheduler's backlog
+/// pass, a page at a time.
 async fn recover(
     stranded: Unfinished,
     writer: &mpsc::Sender<WriteOp>,
@@ -472,7 +477,7 @@ async fn recover(
     let now = Utc::now();
     let mut interrupted = Vec::new();
     let mut archiving = Vec::new();
-    for (id, progress) in stranded {
+    for (id, progress) in stranded.settle {
         match progress.state {
             State::Executing => interrupted.push(Transition::awaiting_retry(
                 id,
@@ -481,6 +486,7 @@ async fn recover(
                 now,
                 AttemptRecord {
                     error_type: Some(crate::job::ErrorType::Interrupted.into()),
+                    started: progress.started,
                     ..AttemptRecord::default()
                 },
             )),
@@ -490,18 +496,43 @@ async fn recover(
     tracing::info!(
         interrupted = interrupted.len(),
         archiving = archiving.len(),
+        unlisted = stranded.unlisted.len(),
         "recovery settled stranded jobs"
     );
-    if !interrupted.is_empty() {
-        let (done, committed) = oneshot::channel();
-        let sent = writer
-            .send(WriteOp::Transitions {
-                rows: interrupted,
-                done: Some(done),
-            })
-            .await;
-        let ok = sent.is_ok() && matches!(committed.await, Ok(Ok(())));
-        if !ok {
+    // The entries first: an interrupted job without one gets it, with its expiry, in the same
+    // commit as its row.
+    let ops = [
+        (!stranded.unlisted.is_empty()).then(|| {
+            let (done, committed) = oneshot::channel();
+            (
+                WriteOp::Rest {
+                    jobs: stranded.unlisted,
+                    recovered: true,
+                    done: Some(done),
+                },
+                committed,
+            )
+        }),
+        (!interrupted.is_empty()).then(|| {
+            let (done, committed) = oneshot::channel();
+            (
+                WriteOp::Transitions {
+                    rows: interrupted,
+                    done: Some(done),
+                },
+                committed,
+            )
+        }),
+    ];
+    let mut waits = Vec::new();
+    for (op, committed) in ops.into_iter().flatten() {
+        if writer.send(op).await.is_err() {
+            return Err(DirectorError::Recovery);
+        }
+        waits.push(committed);
+    }
+    for committed in waits {
+        if !matches!(committed.await, Ok(Ok(()))) {
             return Err(DirectorError::Recovery);
         }
     }

@@ -330,6 +330,7 @@ impl Drain {
                         now,
                         AttemptRecord {
                             error_type: Some(ErrorType::Interrupted.into()),
+                            started: p.started,
                             ..AttemptRecord::default()
                         },
                     )),

@@ -95,29 +95,68 @@ impl JobDb {
         Ok(out)
     }
 
-    /// The full histories of these jobs, oldest row first (jobs without rows are absent).
+    /// The whole histories of these jobs, oldest step first ([`crate::job::history`]: their
+    /// rows, their acceptance, their attempts' starts and any attempt under way); jobs this
+    /// JobDB does not hold are absent.
     pub async fn histories_of(
         &self,
         ids: &[JobId],
     ) -> Result<HashMap<JobId, Vec<(u64, Transition)>>, JobDbError> {
         let mut out: HashMap<JobId, Vec<(u64, Transition)>> = HashMap::new();
         for chunk in ids.chunks(MAX_IDS_PER_SELECT) {
+            let mut rows: HashMap<JobId, Vec<(u64, Transition)>> = HashMap::new();
+            let mut created: HashMap<JobId, DateTime<Utc>> = HashMap::new();
+            let mut under_way: HashMap<JobId, (crate::job::AttemptStart, u16)> = HashMap::new();
             with_pool!(self, |p, q| {
-                let rows = q::ids_query(
+                for row in &q::ids_query(
                     "SELECT id, job_id, time, retry_at, attempts, state, error_type, \
-                     error_response, error_response_encoding, response_status, duration_ms \
-                     FROM job_state_transitions WHERE job_id IN (",
+                     error_response, error_response_encoding, response_status, duration_ms, \
+                     started_in, started_at FROM job_state_transitions WHERE job_id IN (",
                     chunk,
                     ") ORDER BY job_id, id",
                 )
                 .build()
                 .fetch_all(p)
-                .await?;
-                for row in &rows {
+                .await?
+                {
                     let (id, t) = q::transition_from_row(row)?;
-                    out.entry(t.job_id).or_default().push((id, t));
+                    rows.entry(t.job_id).or_default().push((id, t));
+                }
+                for row in &q::ids_query("SELECT id, created_at FROM jobs WHERE id IN (", chunk, ")")
+                    .build()
+                    .fetch_all(p)
+                    .await?
+                {
+                    created.insert(q::job_id_of(row, "id")?, q::time_of(row, "created_at")?);
+                }
+                for row in &q::ids_query(
+                    "SELECT job_id, started_in, started_at, attempts FROM attempts_under_way \
+                     WHERE job_id IN (",
+                    chunk,
+                    ")",
+                )
+                .build()
+                .fetch_all(p)
+                .await?
+                {
+                    let attempts: u64 = sqlx::Row::try_get(row, "attempts")?;
+                    if let Some(start) = q::started_of(row)? {
+                        under_way.insert(
+                            q::job_id_of(row, "job_id")?,
+                            (start, u16::try_from(attempts).unwrap_or(u16::MAX)),
+                        );
+                    }
                 }
             });
+            for id in chunk {
+                let job_rows = rows.remove(id).unwrap_or_default();
+                let at = created.get(id).copied();
+                if job_rows.is_empty() && at.is_none() {
+                    continue;
+                }
+                let steps = crate::job::history(*id, at, job_rows, under_way.remove(id));
+                out.insert(*id, steps);
+            }
         }
         Ok(out)
     }
@@ -132,10 +171,11 @@ impl JobDb {
             .collect())
     }
 
-    /// How many jobs are not in a terminal state here (a JobDB is dropped only at zero).
+    /// How many jobs are not in a terminal state here (a JobDB is dropped only at zero): the
+    /// `open_work` view, which counts jobs accepted that never rested as well as `open_jobs`.
     pub async fn unfinished_count(&self) -> Result<u64, JobDbError> {
         let n: i64 = with_pool!(self, |p, q| {
-            sqlx::query_scalar("SELECT COUNT(*) FROM open_jobs")
+            sqlx::query_scalar("SELECT COUNT(*) FROM open_work")
                 .fetch_one(p)
                 .await?
         });
@@ -337,7 +377,11 @@ impl JobDb {
                 .bind(Utc::now().naive_utc())
                 .execute(&mut *tx)
                 .await?;
-            q::write_rows(&mut tx, &[], transitions, &[], self.max_statement_bytes()).await?;
+            let append = super::write::Append {
+                transitions,
+                ..Default::default()
+            };
+            q::write_rows(&mut tx, &append, self.max_statement_bytes()).await?;
             q::commit_fenced(tx, token).await
         })
     }

@@ -41,7 +41,7 @@ pub(crate) use engine::with_pool;
 use engine::{mysql, sqlite, Pool};
 pub use url::{JobDbUrl, Server};
 pub(crate) use write::MAX_ROWS_PER_INSERT;
-pub use write::{job_row_bytes, transition_row_bytes, WriteOp, WriteRejected};
+pub use write::{job_row_bytes, transition_row_bytes, Append, CommitLog, OpenRow, WriteOp, WriteRejected};
 
 use crate::job::{Job, JobId, Progress, State, Transition};
 
@@ -252,36 +252,59 @@ impl JobDb {
         with_pool!(self, |p, q| p.close().await)
     }
 
-    /// Every job whose latest transition is not terminal, with that transition (from
-    /// `open_jobs` and the attempt under way it may not show: as many rows as unfinished jobs,
-    /// whatever the history's length).
+    /// Every unfinished job with where it stands (the `open_work` view: `open_jobs`, jobs
+    /// accepted and never rested, attempts under way; as many rows as unfinished jobs,
+    /// whatever the history's length), with the job.
     pub async fn load_unfinished(&self) -> Result<Vec<(Job, Progress)>, JobDbError> {
-        let progress: HashMap<JobId, Progress> = with_pool!(self, |p, q| {
-            sqlx::query(OPEN_JOBS_AS_THEY_ARE)
-                .fetch_all(p)
-                .await?
-                .iter()
-                .map(|row| Ok((q::job_id_of(row, "job_id")?, q::progress_of(row)?)))
-                .collect::<Result<_, JobDbError>>()?
-        });
+        let progress: HashMap<JobId, Progress> = self
+            .open_work()
+            .await?
+            .into_iter()
+            .map(|w| (w.job_id, w.progress))
+            .collect();
         self.with_jobs(progress, true).await
     }
 
-    /// Jobs whose latest transition is `executing` or `archiving`, with it: what a new owner
-    /// must settle before serving (attempts cut short, expired jobs for the archive). Only
-    /// their ids and progress: the jobs themselves come back through [`JobDb::backlog_page`].
-    /// Bounded by the open work: `open_jobs`, and one key probe each for an attempt under way.
-    pub async fn load_stranded(&self) -> Result<Vec<(JobId, Progress)>, JobDbError> {
-        let mut stranded: Vec<(JobId, Progress)> = with_pool!(self, |p, q| {
-            sqlx::query(OPEN_JOBS_AS_THEY_ARE)
-                .fetch_all(p)
-                .await?
-                .iter()
-                .map(|row| Ok((q::job_id_of(row, "job_id")?, q::progress_of(row)?)))
-                .collect::<Result<Vec<_>, JobDbError>>()?
-        });
-        stranded.retain(|(_, p)| matches!(p.state, State::Executing | State::Archiving));
-        stranded.sort_by_key(|(id, _)| *id);
+    /// Every unfinished job with where it stands, and whether it has its `open_jobs` entry:
+    /// the `open_work` view.
+    pub async fn open_work(&self) -> Result<Vec<OpenWork>, JobDbError> {
+        with_pool!(self, |p, q| {
+            sqlx::query(
+                "SELECT job_id, state, attempts, retry_at, started_in, started_at, listed \
+                 FROM open_work",
+            )
+            .fetch_all(p)
+            .await?
+            .iter()
+            .map(|row| {
+                let listed: i64 = sqlx::Row::try_get(row, "listed")?;
+                Ok(OpenWork {
+                    job_id: q::job_id_of(row, "job_id")?,
+                    progress: q::open_work_of(row)?,
+                    listed: listed != 0,
+                })
+            })
+            .collect()
+        })
+    }
+
+    /// What a new owner must settle before serving: attempts under way when the previous
+    /// owner stopped, expired jobs left `archiving` (both with their progress), and jobs it
+    /// accepted that have no `open_jobs` entry (which must get one, so backlog passes find
+    /// them). Only ids and progress: the jobs themselves come back through
+    /// [`JobDb::backlog_page`]. Bounded by the open work.
+    pub async fn load_stranded(&self) -> Result<Stranded, JobDbError> {
+        let mut stranded = Stranded::default();
+        for w in self.open_work().await? {
+            if !w.listed {
+                stranded.unlisted.push(w.job_id);
+            }
+            if matches!(w.progress.state, State::Executing | State::Archiving) {
+                stranded.settle.push((w.job_id, w.progress));
+            }
+        }
+        stranded.settle.sort_by_key(|(id, _)| *id);
+        stranded.unlisted.sort();
         Ok(stranded)
     }
 
@@ -409,38 +432,22 @@ impl JobDb {
         })
     }
 
-    /// A job's transitions with their ids, oldest first.
+    /// A job's whole history with the ids of its steps, oldest first ([`crate::job::history`]:
+    /// its rows, its acceptance and its attempts' starts).
     pub async fn get_transitions(&self, id: JobId) -> Result<Vec<(u64, Transition)>, JobDbError> {
-        with_pool!(self, |p, q| {
-            sqlx::query(
-                "SELECT id, job_id, time, retry_at, attempts, state, error_type, error_response, \
-                 error_response_encoding, response_status, duration_ms \
-                 FROM job_state_transitions WHERE job_id = ? ORDER BY id",
-            )
-            .bind(&id.to_bytes()[..])
-            .fetch_all(p)
-            .await?
-            .iter()
-            .map(q::transition_from_row)
-            .collect()
-        })
+        Ok(self.histories_of(&[id]).await?.remove(&id).unwrap_or_default())
     }
 
-    /// How many jobs are in each state now (by their latest transition).
+    /// How many jobs are in each state now (by the last step of their histories, the
+    /// `job_latest` view: reads every job; for tests and small JobDBs).
     pub async fn count_by_state(&self) -> Result<HashMap<State, u64>, JobDbError> {
         with_pool!(self, |p, q| {
-            sqlx::query(
-                "SELECT t.state, COUNT(*) AS n \
-                 FROM job_state_transitions t \
-                 JOIN (SELECT job_id, MAX(id) AS id FROM job_state_transitions GROUP BY job_id) \
-                   last ON last.job_id = t.job_id AND last.id = t.id \
-                 GROUP BY t.state",
-            )
-            .fetch_all(p)
-            .await?
-            .iter()
-            .map(|row| Ok((q::state_of(row)?, q::count_of(row, "n")?)))
-            .collect()
+            sqlx::query("SELECT state, COUNT(*) AS n FROM job_latest GROUP BY state")
+                .fetch_all(p)
+                .await?
+                .iter()
+                .map(|row| Ok((q::state_of(row)?, q::count_of(row, "n")?)))
+                .collect()
         })
     }
 
@@ -455,21 +462,23 @@ impl JobDb {
         Ok(u64::try_from(n).unwrap_or(0))
     }
 
-    /// Every transition of every job, ordered by job then id: for audits of small JobDBs
-    /// (tests, benches, post-mortems), not for a hot path.
+    /// Every job's whole history ([`crate::job::history`]), ordered by job then step: for
+    /// audits of small JobDBs (tests, benches, post-mortems), not for a hot path.
     pub async fn all_transitions(&self) -> Result<Vec<(u64, Transition)>, JobDbError> {
-        with_pool!(self, |p, q| {
-            sqlx::query(
-                "SELECT id, job_id, time, retry_at, attempts, state, error_type, error_response, \
-                 error_response_encoding, response_status, duration_ms \
-                 FROM job_state_transitions ORDER BY job_id, id",
-            )
-            .fetch_all(p)
-            .await?
+        let ids: Vec<JobId> = with_pool!(self, |p, q| {
+            sqlx::query("SELECT id FROM jobs ORDER BY id")
+                .fetch_all(p)
+                .await?
+                .iter()
+                .map(|row| q::job_id_of(row, "id"))
+                .collect::<Result<_, JobDbError>>()?
+        });
+        let mut histories = self.histories_of(&ids).await?;
+        Ok(ids
             .iter()
-            .map(q::transition_from_row)
-            .collect()
-        })
+            .filter_map(|id| histories.remove(id))
+            .flatten()
+            .collect())
     }
 
     /// How many job rows the JobDB holds.
@@ -489,13 +498,25 @@ pub fn latest_time() -> DateTime<Utc> {
     DateTime::<Utc>::from_timestamp(253_402_300_799, 0).unwrap_or(DateTime::<Utc>::MAX_UTC)
 }
 
-/// Every unfinished job's latest state: its `open_jobs` entry, or the one row that may follow
-/// it (the `executing` row of an attempt under way, which `open_jobs` does not record).
-const OPEN_JOBS_AS_THEY_ARE: &str = "SELECT o.job_id, \
-     COALESCE(t.state, o.state) AS state, COALESCE(t.attempts, o.attempts) AS attempts, \
-     CASE WHEN t.id IS NULL THEN o.retry_at ELSE t.retry_at END AS retry_at \
-     FROM open_jobs o \
-     LEFT JOIN job_state_transitions t ON t.job_id = o.job_id AND t.id > o.transition_id";
+/// An unfinished job, as the `open_work` view shows it.
+#[derive(Clone, Debug, PartialEq)]
+pub struct OpenWork {
+    /// The job.
+    pub job_id: JobId,
+    /// Where it stands (`executing` for an attempt under way, with where it began).
+    pub progress: Progress,
+    /// Whether it has its `open_jobs` entry (else it is found through `commit_log`).
+    pub listed: bool,
+}
+
+/// What a new owner settles before serving ([`JobDb::load_stranded`]).
+#[derive(Debug, Default)]
+pub struct Stranded {
+    /// Attempts under way and expired jobs left `archiving`, with their progress.
+    pub settle: Vec<(JobId, Progress)>,
+    /// Unfinished jobs without an `open_jobs` entry.
+    pub unlisted: Vec<JobId>,
+}
 
 /// A `u64` as the `i64` SQLite binds (MySQL takes either): ids, tokens and counts stay far
 /// below 2^63.

@@ -138,8 +138,9 @@ pub struct JobSummary {
 }
 
 impl JobDb {
-    /// Transitions per state and time slot of `slot_s` seconds since `start` (slot 0 starts
-    /// at `start`; rows before it are not counted).
+    /// Steps per state and time slot of `slot_s` seconds since `start` (slot 0 starts at
+    /// `start`; steps before it are not counted): rows, and the acceptances and attempt
+    /// starts recorded by `commit_log`.
     pub async fn transitions_per_slot(
         &self,
         start: DateTime<Utc>,
@@ -150,6 +151,9 @@ impl JobDb {
             sqlx::query(q::TRANSITIONS_PER_SLOT)
                 .bind(start)
                 .bind(slot_s.max(1))
+                .bind(start)
+                .bind(start)
+                .bind(start)
                 .bind(start)
                 .fetch_all(p)
                 .await?
@@ -279,8 +283,8 @@ impl JobDb {
     pub async fn succeeded_by_attempts(&self) -> Result<Vec<(u16, u64)>, JobDbError> {
         with_pool!(self, |p, q| {
             sqlx::query(
-                "SELECT attempts, COUNT(*) AS n FROM job_latest WHERE state = 'succeeded' \
-                 GROUP BY attempts ORDER BY attempts",
+                "SELECT attempts, COUNT(*) AS n FROM job_state_transitions \
+                 WHERE state = 'succeeded' GROUP BY attempts ORDER BY attempts",
             )
             .fetch_all(p)
             .await?

@@ -12,6 +12,7 @@
 //! power-of-two number of rows (so a connection prepares few statement shapes and reuses them).
 
 use std::collections::HashMap;
+use std::fmt::Write as _;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -21,7 +22,7 @@ use tokio::sync::oneshot;
 use ulid::Ulid;
 
 use super::{int, lifecycle, with_pool, JobDb, JobDbError};
-use crate::job::{Job, JobId, Recovered, State, Transition};
+use crate::job::{AttemptStart, Job, JobId, Recovered, State, Transition};
 
 /// Most rows in one multi-row INSERT (MySQL allows 65,535 placeholders per statement, SQLite
 /// 32,766). Chunks are powers of two up to this, so a connection prepares at most ten
@@ -74,7 +75,7 @@ macro_rules! write_path {
             let mut qb = sqlx::QueryBuilder::<$db>::new(
                 "INSERT INTO job_state_transitions (id, job_id, time, retry_at, attempts, state, \
                  error_type, error_response, error_response_encoding, response_status, \
-                 duration_ms) ",
+                 duration_ms, started_in, started_at) ",
             );
             qb.push_values(rows, |mut row, (id, t)| {
                 row.push_bind($crate::jobdb::int(*id))
@@ -87,7 +88,9 @@ macro_rules! write_path {
                     .push_bind(t.error_response.as_deref())
                     .push_bind(t.error_response_encoding)
                     .push_bind(t.response_status)
-                    .push_bind(t.duration_ms);
+                    .push_bind(t.duration_ms)
+                    .push_bind(t.started.map(|s| $crate::jobdb::int(s.commit)))
+                    .push_bind(t.started.map(|s| s.at.naive_utc()));
             });
             qb
         }
@@ -126,15 +129,13 @@ macro_rules! write_path {
             qb
         }
 
-        /// Writes jobs, their transitions and import origins in `tx`, and keeps `open_jobs` in
-        /// step: the one way rows enter `jobs` and `job_state_transitions`, whoever writes
-        /// (the Director's writer, a drainer, the archiver). Statements of at most `limit`
-        /// bytes of rows.
+        /// Writes everything `append` holds in `tx`: jobs, their transitions, import origins,
+        /// the commit's log row, rests and the checkpoint, keeping `open_jobs` in step: the one
+        /// way rows enter `jobs` and `job_state_transitions`, whoever writes (the Director's
+        /// writer, a drainer, the archiver). Statements of at most `limit` bytes of rows.
         pub(crate) async fn write_rows(
             tx: &mut sqlx::Transaction<'_, $db>,
-            jobs: &[std::sync::Arc<$crate::job::Job>],
-            transitions: &[(u64, $crate::job::Transition)],
-            origins: &[$crate::jobdb::lifecycle::Origin],
+            append: &$crate::jobdb::write::Append<'_>,
             limit: usize,
         ) -> Result<(), sqlx::Error> {
             use $crate::jobdb::write::{
@@ -142,22 +143,53 @@ macro_rules! write_path {
                 MAX_ROWS_PER_INSERT,
             };
             use $crate::jobdb::MAX_IDS_PER_SELECT;
-            for chunk in chunks_by_size(jobs, limit, |job| job_row_bytes(job)) {
+            for chunk in chunks_by_size(append.jobs, limit, |job| job_row_bytes(job)) {
                 insert_jobs(chunk).build().execute(&mut **tx).await?;
             }
-            for chunk in chunks_by_size(transitions, limit, |(_, t)| transition_row_bytes(t)) {
+            for chunk in chunks_by_size(append.transitions, limit, |(_, t)| {
+                transition_row_bytes(t)
+            }) {
                 insert_transitions(chunk).build().execute(&mut **tx).await?;
             }
-            for chunk in origins.chunks(MAX_ROWS_PER_INSERT) {
+            for chunk in append.origins.chunks(MAX_ROWS_PER_INSERT) {
                 insert_origins(chunk).build().execute(&mut **tx).await?;
             }
-            let (open, closed) = open_changes(jobs, transitions);
-            for chunk in open.chunks(MAX_ROWS_PER_INSERT) {
+            if let Some(log) = &append.log {
+                sqlx::query(
+                    "INSERT INTO commit_log (id, time, accepted, started) VALUES (?, ?, ?, ?)",
+                )
+                .bind($crate::jobdb::int(log.id))
+                .bind(log.time.naive_utc())
+                .bind(log.accepted_json())
+                .bind(log.started_json())
+                .execute(&mut **tx)
+                .await?;
+            }
+            let changes = open_changes(append);
+            for chunk in changes.open.chunks(MAX_ROWS_PER_INSERT) {
                 upsert_open_jobs(chunk).build().execute(&mut **tx).await?;
             }
-            for chunk in closed.chunks(MAX_IDS_PER_SELECT) {
+            for chunk in changes.without_expiry.chunks(MAX_IDS_PER_SELECT) {
+                ids_query(
+                    "UPDATE open_jobs SET expire_at = \
+                     (SELECT j.expire_at FROM jobs j WHERE j.id = open_jobs.job_id) \
+                     WHERE expire_at IS NULL AND job_id IN (",
+                    chunk,
+                    ")",
+                )
+                .build()
+                .execute(&mut **tx)
+                .await?;
+            }
+            for chunk in changes.closed.chunks(MAX_IDS_PER_SELECT) {
                 ids_query("DELETE FROM open_jobs WHERE job_id IN (", chunk, ")")
                     .build()
+                    .execute(&mut **tx)
+                    .await?;
+            }
+            if let Some(open_from) = append.checkpoint {
+                sqlx::query("UPDATE jobdb_checkpoint SET open_from = ? WHERE id = 1")
+                    .bind($crate::jobdb::int(open_from))
                     .execute(&mut **tx)
                     .await?;
             }
@@ -223,28 +255,28 @@ impl JobDb {
         jobs: &[Arc<Job>],
         transitions: &[(u64, Transition)],
     ) -> Result<(), JobDbError> {
-        self.append_with_origins(token, jobs, transitions, &[])
-            .await
+        self.append_all(
+            token,
+            &Append {
+                jobs,
+                transitions,
+                ..Append::default()
+            },
+        )
+        .await
     }
 
-    /// [`JobDb::append`], also recording where imported jobs came from (`job_origins`), and
-    /// keeping `open_jobs` (each unfinished job's latest state) in step in the same
-    /// transaction.
+    /// Writes everything `append` holds in one fenced transaction (see [`JobDb::append`]),
+    /// keeping `open_jobs` (each resting job's latest state) in step.
     ///
     /// What a failure means for the caller: [`JobDbError::Fenced`], another owner holds the
     /// JobDB; [`JobDbError::Refused`], the server (or the size check before sending) refused
     /// the data, nothing was stored and the same rows will be refused again;
     /// [`JobDbError::CommitUnknown`], the COMMIT's answer was lost; any other error happened
     /// before the COMMIT was sent, so nothing was stored and trying again may succeed.
-    pub async fn append_with_origins(
-        &self,
-        token: u64,
-        jobs: &[Arc<Job>],
-        transitions: &[(u64, Transition)],
-        origins: &[lifecycle::Origin],
-    ) -> Result<(), JobDbError> {
+    pub async fn append_all(&self, token: u64, append: &Append<'_>) -> Result<(), JobDbError> {
         let max_row = self.max_row_bytes();
-        if let Some(job) = jobs.iter().find(|job| job_row_bytes(job) > max_row) {
+        if let Some(job) = append.jobs.iter().find(|job| job_row_bytes(job) > max_row) {
             return Err(JobDbError::Refused(format!(
                 "job {} takes {} bytes; this jobdb's server accepts rows of at most {max_row} \
                  (max_allowed_packet)",
@@ -252,7 +284,8 @@ impl JobDb {
                 job_row_bytes(job)
             )));
         }
-        if let Some((_, t)) = transitions
+        if let Some((_, t)) = append
+            .transitions
             .iter()
             .find(|(_, t)| transition_row_bytes(t) > max_row)
         {
@@ -267,7 +300,7 @@ impl JobDb {
         with_pool!(self, |p, q| {
             let written: Result<(), JobDbError> = async {
                 let mut tx = p.begin().await?;
-                q::write_rows(&mut tx, jobs, transitions, origins, limit).await?;
+                q::write_rows(&mut tx, append, limit).await?;
                 q::commit_fenced(tx, token).await
             }
             .await;
@@ -279,6 +312,18 @@ impl JobDb {
                 other => other,
             })
         })
+    }
+
+    /// Whether the Director's commit `id` (its `commit_log` row) happened: tells, after a
+    /// failed COMMIT, whether it did.
+    pub async fn commit_exists(&self, id: u64) -> Result<bool, JobDbError> {
+        let found: Option<u64> = with_pool!(self, |p, q| {
+            sqlx::query_scalar("SELECT id FROM commit_log WHERE id = ?")
+                .bind(int(id))
+                .fetch_optional(p)
+                .await?
+        });
+        Ok(found.is_some())
     }
 
     /// Whether a transition row exists: tells, after a failed COMMIT, whether it happened.
@@ -293,12 +338,19 @@ impl JobDb {
         Ok(found.is_some())
     }
 
-    /// The highest transition id so far (0 for an empty JobDB): new ids continue from it.
+    /// The highest id of the sequence taken so far (0 for an empty JobDB): of transitions,
+    /// commits and entries of jobs that rested without a row. New ids continue from it (a row
+    /// ends an attempt only with an id above the commit that began it).
     pub async fn max_transition_id(&self) -> Result<u64, JobDbError> {
         let max: Option<u64> = with_pool!(self, |p, q| {
-            sqlx::query_scalar("SELECT MAX(id) FROM job_state_transitions")
-                .fetch_one(p)
-                .await?
+            sqlx::query_scalar(
+                "SELECT MAX(m) FROM (\
+                 SELECT MAX(id) AS m FROM job_state_transitions \
+                 UNION ALL SELECT MAX(id) FROM commit_log \
+                 UNION ALL SELECT MAX(transition_id) FROM open_jobs) ids",
+            )
+            .fetch_one(p)
+            .await?
         });
         Ok(max.unwrap_or(0))
     }
@@ -361,59 +413,205 @@ pub fn transition_row_bytes(t: &Transition) -> usize {
         + 64
 }
 
-/// A job's new latest state for `open_jobs`.
-pub(crate) struct OpenRow {
-    pub(crate) job_id: JobId,
-    pub(crate) transition_id: u64,
-    pub(crate) state: State,
-    pub(crate) attempts: u16,
-    pub(crate) retry_at: Option<DateTime<Utc>>,
-    /// Known for jobs written in the same batch; else the stored value is kept.
-    pub(crate) expire_at: Option<DateTime<Utc>>,
+/// Everything one transaction writes. [`JobDb::append`] fills in jobs and transitions; the
+/// Director's writer adds its commit's log row, rests and the checkpoint.
+#[derive(Default)]
+pub struct Append<'a> {
+    /// New jobs.
+    pub jobs: &'a [Arc<Job>],
+    /// Rows of `job_state_transitions`, with their ids.
+    pub transitions: &'a [(u64, Transition)],
+    /// Where imported jobs came from.
+    pub origins: &'a [lifecycle::Origin],
+    /// The commit's own `commit_log` row (the Director's writer writes one per transaction).
+    pub log: Option<CommitLog<'a>>,
+    /// Jobs that rest now without a row of their own (accepted, not tried, and waiting): their
+    /// `open_jobs` entries, `awaiting-scheduling`.
+    pub rests: &'a [OpenRow],
+    /// Jobs accepted here that have no `open_jobs` entry yet (the writer knows them: accepted
+    /// and never rested), with their expiry: a terminal row of theirs deletes nothing, and a
+    /// resting one gets their expiry. Anyone else's terminal row deletes its entry.
+    pub fresh: Option<&'a HashMap<JobId, DateTime<Utc>>>,
+    /// A new `jobdb_checkpoint.open_from`.
+    pub checkpoint: Option<u64>,
 }
 
-/// What a batch changes in `open_jobs`: each job's last row of the batch that is not
-/// `executing` replaces its entry, or, when it is terminal, removes it.
+/// A `commit_log` row: the commit that accepts jobs (which have no row of their own yet) and
+/// begins attempts (which have no row until they end).
+pub struct CommitLog<'a> {
+    /// Its id, from the transition sequence.
+    pub id: u64,
+    /// When it was written.
+    pub time: DateTime<Utc>,
+    /// The jobs it accepts.
+    pub accepted: &'a [JobId],
+    /// The attempts it begins: job and attempt number.
+    pub started: &'a [(JobId, u16)],
+}
+
+impl CommitLog<'_> {
+    /// `accepted` as stored: a JSON array of hex ids, or NULL.
+    pub(crate) fn accepted_json(&self) -> Option<String> {
+        if self.accepted.is_empty() {
+            return None;
+        }
+        let mut out = String::with_capacity(2 + self.accepted.len() * 35);
+        out.push('[');
+        for (i, id) in self.accepted.iter().enumerate() {
+            if i > 0 {
+                out.push(',');
+            }
+            push_hex(&mut out, *id);
+        }
+        out.push(']');
+        Some(out)
+    }
+
+    /// `started` as stored: a JSON array of `[hex id, attempt]`, or NULL.
+    pub(crate) fn started_json(&self) -> Option<String> {
+        if self.started.is_empty() {
+            return None;
+        }
+        let mut out = String::with_capacity(2 + self.started.len() * 42);
+        out.push('[');
+        for (i, (id, attempt)) in self.started.iter().enumerate() {
+            if i > 0 {
+                out.push(',');
+            }
+            out.push('[');
+            push_hex(&mut out, *id);
+            out.push(',');
+            // Writing to a String cannot fail.
+            let _ = write!(out, "{attempt}");
+            out.push(']');
+        }
+        out.push(']');
+        Some(out)
+    }
+}
+
+/// Appends `"HEXID"` (32 upper-case hex digits, as `HEX(id)` prints it).
+fn push_hex(out: &mut String, id: JobId) {
+    const DIGITS: &[u8; 16] = b"0123456789ABCDEF";
+    out.push('"');
+    for byte in id.to_bytes() {
+        out.push(char::from(DIGITS[usize::from(byte >> 4)]));
+        out.push(char::from(DIGITS[usize::from(byte & 0xf)]));
+    }
+    out.push('"');
+}
+
+/// A job's new latest state for `open_jobs`.
+#[derive(Clone, Copy, Debug)]
+pub struct OpenRow {
+    /// The job.
+    pub job_id: JobId,
+    /// Its latest row, or for a job resting without one, an id of the sequence taken for it.
+    pub transition_id: u64,
+    /// Its state.
+    pub state: State,
+    /// Attempts started.
+    pub attempts: u16,
+    /// Its next attempt, when waiting for one.
+    pub retry_at: Option<DateTime<Utc>>,
+    /// Known for jobs written in the same batch or by the writer; else the stored value is
+    /// kept (and a new entry reads it from `jobs`).
+    pub expire_at: Option<DateTime<Utc>>,
+}
+
+impl OpenRow {
+    /// The entry of a job that rests now without a row of its own: accepted, never tried.
+    pub fn resting(job_id: JobId, id: u64, expire_at: DateTime<Utc>) -> Self {
+        OpenRow {
+            job_id,
+            transition_id: id,
+            state: State::AwaitingScheduling,
+            attempts: 0,
+            retry_at: None,
+            expire_at: Some(expire_at),
+        }
+    }
+}
+
+/// What a batch changes in `open_jobs`.
+pub(crate) struct OpenChanges {
+    /// Entries to insert or replace.
+    pub(crate) open: Vec<OpenRow>,
+    /// New entries whose expiry is not known here (read from `jobs`).
+    pub(crate) without_expiry: Vec<JobId>,
+    /// Entries to delete: jobs that ended.
+    pub(crate) closed: Vec<JobId>,
+}
+
+/// What a batch changes in `open_jobs`: its rests, then each job's last row of the batch,
+/// which replaces its entry or, when it is terminal, removes it (a job the writer knows has
+/// none, `fresh`, removes nothing).
 ///
-/// `executing` rows are left out on purpose: an attempt's start is written on the hot path of
-/// every delivery, and its outcome follows within the job's timeout. So a job's entry holds its
-/// latest *resting* state, and at most one later row exists for it: the `executing` row of an
-/// attempt under way (every other state is written here). Readers that need the true latest
-/// state (recovery, drainers) look for that row after the entry's `transition_id`.
-pub(crate) fn open_changes(
-    jobs: &[Arc<Job>],
-    transitions: &[(u64, Transition)],
-) -> (Vec<OpenRow>, Vec<JobId>) {
-    let mut last: HashMap<JobId, usize> = HashMap::with_capacity(transitions.len());
-    for (i, (_, t)) in transitions.iter().enumerate() {
+/// `executing` rows (JobDBs before schema 5 wrote them) are left out: an attempt's start
+/// changes nothing there, so an entry holds a job's latest *resting* state.
+pub(crate) fn open_changes(append: &Append<'_>) -> OpenChanges {
+    let mut changes = OpenChanges {
+        open: Vec::new(),
+        without_expiry: Vec::new(),
+        closed: Vec::new(),
+    };
+    let mut last: HashMap<JobId, usize> = HashMap::with_capacity(append.transitions.len());
+    for (i, (_, t)) in append.transitions.iter().enumerate() {
         if t.state != State::Executing {
             last.insert(t.job_id, i);
         }
     }
-    if last.is_empty() {
-        return (Vec::new(), Vec::new());
+    let rested: HashMap<JobId, Option<DateTime<Utc>>> = append
+        .rests
+        .iter()
+        .map(|r| (r.job_id, r.expire_at))
+        .collect();
+    for r in append.rests {
+        if !last.contains_key(&r.job_id) {
+            if r.expire_at.is_none() {
+                changes.without_expiry.push(r.job_id);
+            }
+            changes.open.push(*r);
+        }
     }
-    let expiry: HashMap<JobId, DateTime<Utc>> =
-        jobs.iter().map(|job| (job.id, job.expire_at)).collect();
-    let (mut open, mut closed) = (Vec::new(), Vec::new());
-    for (i, (id, t)) in transitions.iter().enumerate() {
+    if last.is_empty() {
+        return changes;
+    }
+    let batch: HashMap<JobId, DateTime<Utc>> = append
+        .jobs
+        .iter()
+        .map(|job| (job.id, job.expire_at))
+        .collect();
+    for (i, (id, t)) in append.transitions.iter().enumerate() {
         if last.get(&t.job_id) != Some(&i) {
             continue;
         }
+        let fresh = append.fresh.and_then(|f| f.get(&t.job_id)).copied();
+        let rest = rested.get(&t.job_id).copied();
         if t.state.is_terminal() {
-            closed.push(t.job_id);
-        } else {
-            open.push(OpenRow {
-                job_id: t.job_id,
-                transition_id: *id,
-                state: t.state,
-                attempts: t.attempts,
-                retry_at: t.retry_at,
-                expire_at: expiry.get(&t.job_id).copied(),
-            });
+            // A job the writer knows has no entry (accepted, never rested) deletes nothing.
+            if fresh.is_none() || rest.is_some() {
+                changes.closed.push(t.job_id);
+            }
+            continue;
         }
+        let expire_at = batch.get(&t.job_id).copied().or(rest.flatten()).or(fresh);
+        // The Director's writer knows every job it accepted and never rested (`fresh`);
+        // any other job of its JobDB has an entry already, whose expiry stays. Elsewhere, or
+        // for a rest that did not name it, a new entry reads its expiry from `jobs`.
+        if expire_at.is_none() && (append.fresh.is_none() || rest.is_some()) {
+            changes.without_expiry.push(t.job_id);
+        }
+        changes.open.push(OpenRow {
+            job_id: t.job_id,
+            transition_id: *id,
+            state: t.state,
+            attempts: t.attempts,
+            retry_at: t.retry_at,
+            expire_at,
+        });
     }
-    (open, closed)
+    changes
 }
 
 /// A duration in whole milliseconds, saturating.
@@ -454,7 +652,8 @@ pub enum WriteRejected {
 /// A request to the writer.
 #[derive(Debug)]
 pub enum WriteOp {
-    /// New jobs (each gets its `awaiting-scheduling` row); answered with the transaction id.
+    /// New jobs (their `jobs` rows are their acceptance; the commit's log row lists them);
+    /// answered with the transaction id.
     Submit {
         /// The validated jobs.
         jobs: Vec<Arc<Job>>,
@@ -477,6 +676,28 @@ pub enum WriteOp {
         /// Rows to append, in order.
         rows: Vec<Transition>,
         /// Told once the rows are durable (or will never be).
+        done: Option<oneshot::Sender<Result<(), WriteRejected>>>,
+    },
+    /// Attempts to begin: the commit's log row lists them, and once it is durable their
+    /// requests may be sent. `rows` (earlier outcomes) go first, in order.
+    Start {
+        /// Rows queued before these starts.
+        rows: Vec<Transition>,
+        /// Each job and the number of the attempt it begins.
+        starts: Vec<(JobId, u16)>,
+        /// Told where the attempts began once durable (or that they will not be).
+        done: oneshot::Sender<Result<AttemptStart, WriteRejected>>,
+    },
+    /// Jobs accepted and never tried that wait in the JobDB only from now on (the cache has
+    /// no room for them): each gets its `open_jobs` entry unless it has one, so backlog passes
+    /// find it. `recovered`: jobs a previous owner accepted, which this writer does not know;
+    /// they rest whatever it knows.
+    Rest {
+        /// The jobs.
+        jobs: Vec<JobId>,
+        /// A previous owner's jobs.
+        recovered: bool,
+        /// Told once their entries are durable (or will never be).
         done: Option<oneshot::Sender<Result<(), WriteRejected>>>,
     },
     /// Answered, once everything queued before it is durable, with the first transition id

@@ -1,5 +1,6 @@
-//! The verbs of one attempt: picking jobs and committing their `executing` rows (`pump`),
-//! handing durable starts to HTTP slots (`dispatch`), and taking the outcome (`finish`):
+//! The verbs of one attempt: picking jobs and committing the start of their attempts (the
+//! commit's log row lists them: `pump`), handing durable starts to HTTP slots (`dispatch`),
+//! and taking the outcome (`finish`, whose row names the commit that began the attempt):
 //! success, discard, or a retry whose wait the backoff policy, the endpoint's `Retry-After`
 //! and the job's expiry decide. Outcomes feed the endpoint's breaker.
 
@@ -13,7 +14,7 @@ use tokio::time::Instant;
 
 use crate::delivery::classify::Verdict;
 use crate::delivery::{backoff, AttemptResult};
-use crate::job::{AttemptRecord, ErrorType, Job, JobId, Transition};
+use crate::job::{AttemptRecord, AttemptStart, ErrorType, Job, JobId, Transition};
 
 use super::cache::Phase;
 use super::gates::Recorded;
@@ -93,7 +94,7 @@ impl Scheduler {
                     } else {
                         entry.attempts += 1;
                         entry.phase = Phase::Starting;
-                        starts.push(Transition::executing(id, entry.attempts, now));
+                        starts.push((id, entry.attempts));
                         self.in_flight += 1;
                         if let Some(lane) = self.queues.lane_mut(&key) {
                             lane.starting += 1;
@@ -112,18 +113,15 @@ impl Scheduler {
             return;
         }
         self.metrics.in_flight.set(self.in_flight as i64);
-        let ids: Vec<JobId> = starts.iter().map(|t| t.job_id).collect();
+        let ids: Vec<JobId> = starts.iter().map(|(id, _)| *id).collect();
         let (done, committed) = oneshot::channel();
         // Rows queued before these starts (earlier outcomes) must keep their place.
-        let mut rows = std::mem::take(&mut self.outbox);
-        rows.extend(starts);
+        let rows = std::mem::take(&mut self.outbox);
+        self.flush_rests().await;
         let events = self.events_tx.clone();
         let sent = self
             .writer
-            .send(WriteOp::Transitions {
-                rows,
-                done: Some(done),
-            })
+            .send(WriteOp::Start { rows, starts, done })
             .await;
         if sent.is_err() {
             let _ = events.send(Event::StartFailed(ids, WriteRejected::LockLost));
@@ -131,7 +129,7 @@ impl Scheduler {
         }
         tokio::spawn(async move {
             let event = match committed.await {
-                Ok(Ok(())) => Event::Started(ids),
+                Ok(Ok(start)) => Event::Started(ids, start),
                 Ok(Err(why)) => Event::StartFailed(ids, why),
                 Err(_) => Event::StartFailed(ids, WriteRejected::LockLost),
             };
@@ -139,13 +137,17 @@ impl Scheduler {
         });
     }
 
-    /// The `executing` rows of these jobs are durable: they wait for their lanes' HTTP slots.
-    pub(super) fn started(&mut self, ids: Vec<JobId>) {
+    /// The commit that begins these jobs' attempts is durable: they wait for their lanes'
+    /// HTTP slots.
+    pub(super) fn started(&mut self, ids: Vec<JobId>, start: AttemptStart) {
         let mut lanes = Vec::new();
         for id in ids {
             let Some(key) = self.lane_of(id) else {
                 continue;
             };
+            if let Some(entry) = self.cache.get_mut(&id) {
+                entry.started = Some(start);
+            }
             if let Some(lane) = self.queues.lane_mut(&key) {
                 lane.starting -= 1;
                 lane.started.push_back(id);
@@ -219,6 +221,10 @@ impl Scheduler {
             return;
         };
         entry.phase = Phase::InFlight;
+        // The row that ends the attempt says when its request began.
+        if let Some(start) = entry.started.as_mut() {
+            start.at = Utc::now();
+        }
         self.metrics.observe_start();
         let job = entry.job.clone();
         let attempt = entry.attempts;
@@ -243,14 +249,19 @@ impl Scheduler {
         }
         self.record_outcome(&key, &result.verdict);
         self.dispatch(&key);
-        let Some(entry) = self.cache.get(&id) else {
+        let Some(entry) = self.cache.get_mut(&id) else {
             return;
         };
         let attempt = entry.attempts;
+        let mut result = result;
+        result.record.started = entry.started.take();
         let now = Utc::now();
         if let Some(d) = result.record.duration {
             self.metrics.observe_attempt(&result.verdict, d);
         }
+        let Some(entry) = self.cache.get(&id) else {
+            return;
+        };
         let row = match result.verdict {
             Verdict::Succeeded => {
                 self.forget(id);

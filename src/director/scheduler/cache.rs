@@ -62,6 +62,8 @@ pub(super) struct Entry {
     pub(super) lane: Arc<str>,
     /// Attempts started so far.
     pub(super) attempts: u16,
+    /// Where its attempt under way began (the commit that listed it), for the row that ends it.
+    pub(super) started: Option<crate::job::AttemptStart>,
     pub(super) phase: Phase,
 }
 
@@ -77,6 +79,7 @@ impl Entry {
             spilled: false,
             job,
             attempts,
+            started: None,
             phase: Phase::Unplaced,
         }
     }
@@ -262,14 +265,14 @@ impl Cache {
     }
 
     /// Makes room: up to `want` (at least a quarter of the cache) jobs waiting beyond
-    /// `horizon` leave it, the furthest first (they would sit in memory longest). Returns how
-    /// many left.
+    /// `horizon` leave it, the furthest first (they would sit in memory longest). Returns
+    /// those that left.
     pub(super) fn evict_far_waiting(
         &mut self,
         want: usize,
         now: Instant,
         horizon: Duration,
-    ) -> usize {
+    ) -> Vec<JobId> {
         let mut far: Vec<(Instant, JobId)> = self
             .jobs
             .iter()
@@ -279,7 +282,7 @@ impl Cache {
             })
             .collect();
         if far.is_empty() {
-            return 0;
+            return Vec::new();
         }
         far.sort_unstable_by(|a, b| b.cmp(a));
         far.truncate(want.max(self.max_jobs / 4));
@@ -297,7 +300,7 @@ impl Cache {
         self.metrics.jobs_evicted.inc_by(far.len() as u64);
         self.publish_memory();
         self.gauge();
-        far.len()
+        far.into_iter().map(|(_, id)| id).collect()
     }
 }
 

@@ -42,7 +42,7 @@ use tokio_util::sync::CancellationToken;
 
 use crate::delivery::{AttemptResult, Deliverer};
 pub use crate::job::Recovered;
-use crate::job::{Job, JobId, Progress, Transition};
+use crate::job::{AttemptStart, Job, JobId, Progress, Transition};
 use crate::jobdb::commands::Command;
 use crate::jobdb::JobDb;
 use crate::metrics::Metrics;
@@ -62,9 +62,9 @@ pub enum Event {
     Accepted(Vec<Arc<Job>>),
     /// Jobs imported from a retired JobDB, durable in this one.
     Imported(Vec<Recovered>),
-    /// The `executing` rows of these jobs are durable: deliver them now.
-    Started(Vec<JobId>),
-    /// The `executing` rows of these jobs could not be written.
+    /// The commit that begins these jobs' attempts is durable: deliver them now.
+    Started(Vec<JobId>, AttemptStart),
+    /// The commit that would begin these jobs' attempts could not be written.
     StartFailed(Vec<JobId>, WriteRejected),
     /// Spilled jobs read back from the JobDB (with the ids that were asked for).
     Reloaded(Vec<Job>, Vec<JobId>),
@@ -151,6 +151,9 @@ pub struct Scheduler {
     /// Rows waiting to go to the writer, in the order they happened. Only this task sends
     /// them, so a job's rows reach the writer (and get their ids) in order.
     outbox: Vec<Transition>,
+    /// Jobs left out of the cache that may never have rested: they get their `open_jobs`
+    /// entries (the writer skips those that have one) before the next backlog read.
+    rests: Vec<JobId>,
     /// Told the ids of jobs that expired (the archiver takes them from `archiving`).
     expired_tx: Option<mpsc::UnboundedSender<Vec<JobId>>>,
     /// Operator commands waiting to be applied, oldest first.
@@ -198,6 +201,7 @@ impl Scheduler {
             metrics,
             db,
             outbox: Vec::new(),
+            rests: Vec::new(),
             expired_tx: None,
             commands: VecDeque::new(),
             applied: Vec::new(),
@@ -299,8 +303,9 @@ impl Scheduler {
         self.flush().await;
     }
 
-    /// Hands queued rows to the writer, in order, in one request.
+    /// Hands queued rows to the writer, in order, in one request (and the rests before them).
     async fn flush(&mut self) {
+        self.flush_rests().await;
         if self.outbox.is_empty() {
             return;
         }
@@ -317,6 +322,22 @@ impl Scheduler {
         }
     }
 
+    /// Hands the jobs left out of the cache to the writer to rest.
+    async fn flush_rests(&mut self) {
+        if self.rests.is_empty() {
+            return;
+        }
+        let jobs = std::mem::take(&mut self.rests);
+        let rest = WriteOp::Rest {
+            jobs,
+            recovered: false,
+            done: None,
+        };
+        if self.writer.send(rest).await.is_err() {
+            tracing::warn!("writer gone; jobs left out of the cache are found by the next owner");
+        }
+    }
+
     fn handle(&mut self, event: Event) {
         match event {
             Event::Accepted(jobs) => {
@@ -324,14 +345,20 @@ impl Scheduler {
                     #[cfg(feature = "fault-injection")]
                     crate::faults::on_accepted(&job.bucket);
                     let id = job.id;
-                    if self.admit(Entry::new(job, 0)) {
-                        self.enqueue(id);
+                    match self.cache.admit(Entry::new(job, 0)) {
+                        Admitted::Cached => self.enqueue(id),
+                        Admitted::Present => {}
+                        Admitted::Full => {
+                            // It waits in the JobDB only: it rests there, for a pass to find.
+                            self.rests.push(id);
+                            self.backlog.due_now();
+                        }
                     }
                 }
                 self.cache.gauge();
             }
             Event::Imported(jobs) => self.recover(jobs),
-            Event::Started(ids) => self.started(ids),
+            Event::Started(ids, start) => self.started(ids, start),
             Event::StartFailed(ids, why) => self.start_failed(ids, why),
             Event::Reloaded(jobs, asked) => self.reloaded(jobs, asked),
             Event::ReloadFailed(ids) => {

@@ -212,6 +212,7 @@ mod tests {
             state: State::AwaitingRetry,
             attempts,
             retry_at: None,
+            started: None,
         }
     }
 
@@ -232,6 +233,7 @@ mod tests {
                     state: State::AwaitingScheduling,
                     attempts: 0,
                     retry_at: None,
+                    started: None,
                 },
             ),
         ];

@@ -87,8 +87,12 @@ impl Scheduler {
             let evicted = self
                 .cache
                 .evict_far_waiting(page, now, self.limits.spill_after);
-            if evicted > 0 {
+            if !evicted.is_empty() {
                 self.backlog.evicted();
+                // A job evicted before it ever rested (its start was refused) needs its entry
+                // to be found again; the writer knows which do.
+                self.rests.extend(evicted);
+                self.flush_rests().await;
             }
         }
         let room = self.cache.room();

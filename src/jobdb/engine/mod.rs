@@ -155,7 +155,33 @@ macro_rules! engine_common {
                 state: state_of(row)?,
                 attempts: row.try_get("attempts")?,
                 retry_at: time_opt(row, "retry_at")?,
+                started: None,
             })
+        }
+
+        /// An `open_work` row's progress: [`progress_of`] with where an attempt under way
+        /// began.
+        pub fn open_work_of(
+            row: &$row,
+        ) -> Result<$crate::job::Progress, $crate::jobdb::JobDbError> {
+            use sqlx::Row as _;
+            let attempts: u64 = row.try_get("attempts")?;
+            Ok($crate::job::Progress {
+                state: state_of(row)?,
+                attempts: u16::try_from(attempts).unwrap_or(u16::MAX),
+                retry_at: time_opt(row, "retry_at")?,
+                started: started_of(row)?,
+            })
+        }
+
+        /// `started_in`, `started_at`: where the attempt a row ends (or is under way) began.
+        pub fn started_of(
+            row: &$row,
+        ) -> Result<Option<$crate::job::AttemptStart>, $crate::jobdb::JobDbError> {
+            use sqlx::Row as _;
+            let commit: Option<u64> = row.try_get("started_in")?;
+            let at = time_opt(row, "started_at")?;
+            Ok(commit.zip(at).map(|(commit, at)| $crate::job::AttemptStart { commit, at }))
         }
 
         /// A `jobs` row.
@@ -222,6 +248,7 @@ macro_rules! engine_common {
                     },
                     response_status: row.try_get("response_status")?,
                     duration_ms: row.try_get("duration_ms")?,
+                    started: started_of(row)?,
                 },
             ))
         }
@@ -282,33 +309,44 @@ pub(crate) use attempt_rows;
 /// slots of the second parameter's seconds since the first); `int`, its name for a signed
 /// integer cast; `latency`, the latency bucket of `t.duration_ms`
 /// ([`super::stats::latency_key`]) or, where the engine lacks `LOG2`, the duration itself (then
-/// `latency_in_sql` is false and the caller buckets).
+/// `latency_in_sql` is false and the caller buckets); `json_len`, its function for a JSON
+/// array's length.
 macro_rules! stats_sql {
     (
         lane: $lane:expr,
         slot: $slot:expr,
         int: $int:literal,
         latency: $latency:expr,
-        latency_in_sql: $in_sql:literal $(,)?
+        latency_in_sql: $in_sql:literal,
+        json_len: $json_len:literal $(,)?
     ) => {
         /// Whether `LANE_ATTEMPTS` returns latency buckets (else durations).
         pub const LATENCY_IN_SQL: bool = $in_sql;
-        /// Transitions per state and slot.
+        /// Steps per state and slot: rows, and the acceptances and attempt starts that
+        /// `commit_log` records (binds: start, slot seconds, then start four times).
         pub const TRANSITIONS_PER_SLOT: &str = concat!(
             "SELECT ",
             $slot,
-            " AS slot, t.state, COUNT(*) AS n \
-             FROM job_state_transitions t WHERE t.time >= ? \
-             GROUP BY slot, t.state"
+            " AS slot, t.state, CAST(SUM(t.n) AS ",
+            $int,
+            ") AS n FROM (\
+             SELECT time, state, 1 AS n FROM job_state_transitions WHERE time >= ? \
+             UNION ALL SELECT time, 'awaiting-scheduling', ",
+            $json_len,
+            "(accepted) FROM commit_log WHERE time >= ? AND accepted IS NOT NULL \
+             UNION ALL SELECT time, 'executing', ",
+            $json_len,
+            "(started) FROM commit_log WHERE time >= ? AND started IS NOT NULL) t \
+             WHERE t.time >= ? GROUP BY slot, t.state"
         );
-        /// Waiting jobs by lane and state.
+        /// Waiting jobs by lane and state (from the open work, not the history).
         pub const LANE_BACKLOG: &str = concat!(
             "SELECT ",
             $lane,
-            " AS lane, l.state, COUNT(*) AS n \
-             FROM jobs j JOIN job_latest l ON l.job_id = j.id \
-             WHERE l.state IN ('awaiting-scheduling', 'awaiting-retry', 'executing') \
-             GROUP BY lane, l.state"
+            " AS lane, w.state, COUNT(*) AS n \
+             FROM open_work w JOIN jobs j ON j.id = w.job_id \
+             WHERE w.state IN ('awaiting-scheduling', 'awaiting-retry', 'executing') \
+             GROUP BY lane, w.state"
         );
         /// Attempts since a time by lane, state and latency bucket (or duration).
         pub const LANE_ATTEMPTS: &str = concat!(

@@ -295,4 +295,5 @@ super::stats_sql! {
     latency: "CAST(CASE WHEN t.duration_ms < 64 THEN t.duration_ms \
               ELSE 64 + FLOOR(LOG2(t.duration_ms / 64) * 16) END AS SIGNED)",
     latency_in_sql: true,
+    json_len: "JSON_LENGTH",
 }

@@ -308,6 +308,7 @@ super::stats_sql! {
     int: "INTEGER",
     latency: "t.duration_ms",
     latency_in_sql: false,
+    json_len: "json_array_length",
 }
 
 #[cfg(test)]

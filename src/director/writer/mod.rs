@@ -6,26 +6,37 @@
 //! writer keeps transition ids and commit order identical, so a crash can never leave a gap in
 //! a history.
 //!
-//! A failed append is classified before anything is retried (see [`JobDb::append_with_origins`]):
+//! A commit that accepts jobs or begins attempts writes its `commit_log` row, listing them:
+//! that is their record until they have rows of their own (schema 5). The writer keeps the
+//! account of what its commits left open ([`open`]): it rests jobs that wait long without a row
+//! (their `open_jobs` entries), knows which ending jobs never had an entry, and moves the
+//! JobDB's checkpoint past commits that hold nothing open.
+//!
+//! A failed append is classified before anything is retried (see [`JobDb::append_all`]):
 //! - not committed, may pass (connection, pool): producers get a 503 at once, transitions of
 //!   known jobs wait and go again;
-//! - outcome unknown (the COMMIT's answer was lost): the JobDB is asked whether the batch's last
-//!   row exists;
+//! - outcome unknown (the COMMIT's answer was lost): the JobDB is asked whether the batch's
+//!   log row (or last row) exists;
 //! - refused (the server will never take these rows): the batch is split in halves until the
 //!   one request that carries the refused rows is found; it alone is refused (counted, logged),
 //!   everything batched with it is written. One oversized job never costs its neighbours.
 
+mod open;
+
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use chrono::Utc;
+use chrono::{DateTime, Utc};
 use tokio::sync::{mpsc, oneshot};
 use tokio_util::sync::CancellationToken;
 use ulid::Ulid;
 
-use crate::job::{Job, Transition};
-use crate::jobdb::{job_row_bytes, transition_row_bytes, JobDb, JobDbError};
+use crate::job::{AttemptStart, Job, JobId, Transition};
+use crate::jobdb::{
+    job_row_bytes, transition_row_bytes, Append, CommitLog, JobDb, JobDbError, OpenRow,
+};
 use crate::metrics::Metrics;
+use open::OpenWork;
 
 use super::scheduler::Event;
 use crate::job::Recovered;
@@ -39,7 +50,15 @@ pub struct WriterLimits {
     pub max_rows: usize,
     /// Stop adding queued requests past this many bytes of rows (every column counted).
     pub max_bytes: usize,
+    /// A job accepted this long ago without a row of its own (never tried, or tried and not
+    /// ended) rests: it gets its `open_jobs` entry, and the checkpoint moves on. Longer means
+    /// fewer entries written under a backlog and more of `commit_log` read by a new owner.
+    pub rest_after: Duration,
 }
+
+/// How often the checkpoint is written (at most): a new owner reads at most this much more of
+/// `commit_log` than it must.
+const CHECKPOINT_EVERY: Duration = Duration::from_secs(1);
 
 type Ack = oneshot::Sender<Result<(), WriteRejected>>;
 
@@ -50,16 +69,46 @@ struct Batch {
     jobs: Vec<Arc<Job>>,
     rows: Vec<(u64, Transition)>,
     origins: Vec<Origin>,
+    /// Submitted jobs (imports rest at once), with their expiry.
+    accepted: Vec<(JobId, DateTime<Utc>)>,
+    /// Attempts begun.
+    starts: Vec<(JobId, u16)>,
+    /// Jobs that rest on request.
+    rests: Vec<OpenRow>,
     requests: Vec<Request>,
     bytes: usize,
 }
 
-/// One request of a batch: its rows are the batch's up to these ends (exclusive), from the
-/// previous request's ends.
+/// Where a request's items end in each of the batch's lists (exclusive), from the previous
+/// request's ends.
+#[derive(Clone, Copy, Default)]
+struct Ends {
+    jobs: usize,
+    rows: usize,
+    origins: usize,
+    accepted: usize,
+    starts: usize,
+    rests: usize,
+}
+
+impl std::ops::Sub for Ends {
+    type Output = Ends;
+
+    fn sub(self, o: Ends) -> Ends {
+        Ends {
+            jobs: self.jobs - o.jobs,
+            rows: self.rows - o.rows,
+            origins: self.origins - o.origins,
+            accepted: self.accepted - o.accepted,
+            starts: self.starts - o.starts,
+            rests: self.rests - o.rests,
+        }
+    }
+}
+
+/// One request of a batch: its items are the batch's up to `ends`.
 struct Request {
-    jobs_end: usize,
-    rows_end: usize,
-    origins_end: usize,
+    ends: Ends,
     reply: Reply,
 }
 
@@ -68,6 +117,8 @@ enum Reply {
     Submit(oneshot::Sender<Result<Ulid, WriteRejected>>),
     Import(Ack, Vec<Recovered>),
     Transitions(Option<Ack>),
+    Start(oneshot::Sender<Result<AttemptStart, WriteRejected>>),
+    Rest(Option<Ack>),
     Barrier(oneshot::Sender<u64>, u64),
 }
 
@@ -77,6 +128,8 @@ impl Reply {
             Reply::Submit(_) => "submit",
             Reply::Import(..) => "import",
             Reply::Transitions(_) => "transitions",
+            Reply::Start(_) => "start",
+            Reply::Rest(_) => "rest",
             Reply::Barrier(..) => "barrier",
         }
     }
@@ -92,10 +145,15 @@ impl Reply {
             Reply::Submit(reply) => {
                 let _ = reply.send(Err(why));
             }
-            Reply::Import(reply, _) | Reply::Transitions(Some(reply)) => {
+            Reply::Import(reply, _)
+            | Reply::Transitions(Some(reply))
+            | Reply::Rest(Some(reply)) => {
                 let _ = reply.send(Err(why));
             }
-            Reply::Transitions(None) => {}
+            Reply::Start(reply) => {
+                let _ = reply.send(Err(why));
+            }
+            Reply::Transitions(None) | Reply::Rest(None) => {}
             // A barrier has nothing to refuse; its waiter learns from its channel closing.
             Reply::Barrier(..) => {}
         }
@@ -103,42 +161,50 @@ impl Reply {
 }
 
 impl Batch {
-    /// Closes the request whose rows were just pushed.
-    fn seal(&mut self, reply: Reply) {
-        self.requests.push(Request {
-            jobs_end: self.jobs.len(),
-            rows_end: self.rows.len(),
-            origins_end: self.origins.len(),
-            reply,
-        });
+    fn ends(&self) -> Ends {
+        Ends {
+            jobs: self.jobs.len(),
+            rows: self.rows.len(),
+            origins: self.origins.len(),
+            accepted: self.accepted.len(),
+            starts: self.starts.len(),
+            rests: self.rests.len(),
+        }
     }
 
-    /// The requests from index `at` on, as a batch of their own (their rows move with them).
+    /// Closes the request whose items were just pushed.
+    fn seal(&mut self, reply: Reply) {
+        let ends = self.ends();
+        self.requests.push(Request { ends, reply });
+    }
+
+    /// Where request `at` begins.
+    fn start_of(&self, at: usize) -> Ends {
+        at.checked_sub(1)
+            .map_or_else(Ends::default, |prev| self.requests[prev].ends)
+    }
+
+    /// The requests from index `at` on, as a batch of their own (their items move with them).
     fn split_off(&mut self, at: usize) -> Batch {
-        let start = |b: &Batch| match at.checked_sub(1) {
-            Some(prev) => {
-                let r = &b.requests[prev];
-                (r.jobs_end, r.rows_end, r.origins_end)
-            }
-            None => (0, 0, 0),
-        };
-        let (jobs, rows, origins) = start(self);
+        let start = self.start_of(at);
         let mut requests = self.requests.split_off(at);
         for r in &mut requests {
-            r.jobs_end -= jobs;
-            r.rows_end -= rows;
-            r.origins_end -= origins;
+            r.ends = r.ends - start;
         }
         Batch {
-            jobs: self.jobs.split_off(jobs),
-            rows: self.rows.split_off(rows),
-            origins: self.origins.split_off(origins),
+            jobs: self.jobs.split_off(start.jobs),
+            rows: self.rows.split_off(start.rows),
+            origins: self.origins.split_off(start.origins),
+            accepted: self.accepted.split_off(start.accepted),
+            starts: self.starts.split_off(start.starts),
+            rests: self.rests.split_off(start.rests),
             requests,
             bytes: 0,
         }
     }
 
-    /// Keeps only the requests `keep` says yes to (with their rows); the others are returned.
+    /// Keeps only the requests `keep` says yes to (with their items); the others are
+    /// returned, with how many jobs each carried.
     fn retain(&mut self, keep: impl Fn(&Reply) -> bool) -> Vec<(Reply, usize)> {
         let old = std::mem::take(self);
         let (mut jobs, mut rows, mut origins) = (
@@ -146,63 +212,109 @@ impl Batch {
             old.rows.into_iter(),
             old.origins.into_iter(),
         );
-        let (mut j0, mut r0, mut o0) = (0, 0, 0);
+        let (mut accepted, mut starts, mut rests) = (
+            old.accepted.into_iter(),
+            old.starts.into_iter(),
+            old.rests.into_iter(),
+        );
+        let mut at = Ends::default();
         let mut dropped = Vec::new();
         for request in old.requests {
-            let (nj, nr, no) = (
-                request.jobs_end - j0,
-                request.rows_end - r0,
-                request.origins_end - o0,
-            );
-            (j0, r0, o0) = (request.jobs_end, request.rows_end, request.origins_end);
+            let n = request.ends - at;
+            at = request.ends;
             if keep(&request.reply) {
-                self.jobs.extend(jobs.by_ref().take(nj));
-                self.rows.extend(rows.by_ref().take(nr));
-                self.origins.extend(origins.by_ref().take(no));
+                self.jobs.extend(jobs.by_ref().take(n.jobs));
+                self.rows.extend(rows.by_ref().take(n.rows));
+                self.origins.extend(origins.by_ref().take(n.origins));
+                self.accepted.extend(accepted.by_ref().take(n.accepted));
+                self.starts.extend(starts.by_ref().take(n.starts));
+                self.rests.extend(rests.by_ref().take(n.rests));
                 self.seal(request.reply);
             } else {
-                jobs.by_ref().take(nj).for_each(drop);
-                rows.by_ref().take(nr).for_each(drop);
-                origins.by_ref().take(no).for_each(drop);
-                dropped.push((request.reply, nj));
+                jobs.by_ref().take(n.jobs).for_each(drop);
+                rows.by_ref().take(n.rows).for_each(drop);
+                origins.by_ref().take(n.origins).for_each(drop);
+                accepted.by_ref().take(n.accepted).for_each(drop);
+                starts.by_ref().take(n.starts).for_each(drop);
+                rests.by_ref().take(n.rests).for_each(drop);
+                dropped.push((request.reply, n.jobs));
             }
         }
         dropped
     }
 
-    /// Indexes of the requests that write rows.
+    /// Indexes of the requests that write something.
     fn writing(&self) -> Vec<usize> {
-        let mut start = 0;
+        let mut start = Ends::default();
         let mut out = Vec::new();
         for (i, r) in self.requests.iter().enumerate() {
-            if r.rows_end > start {
+            let n = r.ends - start;
+            if n.jobs + n.rows + n.starts + n.rests > 0 {
                 out.push(i);
             }
-            start = r.rows_end;
+            start = r.ends;
         }
         out
+    }
+
+    /// Whether the batch writes nothing.
+    fn is_empty(&self) -> bool {
+        self.jobs.is_empty() && self.rows.is_empty() && self.starts.is_empty() && self.rests.is_empty()
     }
 }
 
 /// The writer task's state.
 pub struct Writer {
-    pub(super) db: JobDb,
-    pub(super) token: u64,
-    pub(super) next_id: u64,
-    pub(super) limits: WriterLimits,
-    pub(super) rx: mpsc::Receiver<WriteOp>,
-    pub(super) scheduler: mpsc::UnboundedSender<Event>,
-    pub(super) metrics: Arc<Metrics>,
-    pub(super) lock_lost: CancellationToken,
+    db: JobDb,
+    token: u64,
+    next_id: u64,
+    limits: WriterLimits,
+    rx: mpsc::Receiver<WriteOp>,
+    scheduler: mpsc::UnboundedSender<Event>,
+    metrics: Arc<Metrics>,
+    lock_lost: CancellationToken,
+    /// What its commits left open.
+    open: OpenWork,
+    /// The checkpoint last written, and when (`None`: not yet by this writer).
+    checkpoint: Option<(u64, Instant)>,
 }
 
 impl Writer {
+    /// A writer for `db` under fencing `token`, numbering rows from `next_id`, taking requests
+    /// from `rx` and telling `scheduler` about durable jobs.
+    #[allow(clippy::too_many_arguments)]
+    pub fn new(
+        db: JobDb,
+        token: u64,
+        next_id: u64,
+        limits: WriterLimits,
+        rx: mpsc::Receiver<WriteOp>,
+        scheduler: mpsc::UnboundedSender<Event>,
+        metrics: Arc<Metrics>,
+        lock_lost: CancellationToken,
+    ) -> Self {
+        Writer {
+            db,
+            token,
+            next_id,
+            limits,
+            rx,
+            scheduler,
+            metrics,
+            lock_lost,
+            open: OpenWork::default(),
+            checkpoint: None,
+        }
+    }
+
     /// Runs until every sender is gone (a clean stop) or ownership is lost.
     pub async fn run(mut self) {
         while let Some(first) = self.rx.recv().await {
             let mut batch = Batch::default();
             self.add(&mut batch, first);
-            while batch.rows.len() < self.limits.max_rows && batch.bytes < self.limits.max_bytes {
+            while batch.rows.len() + batch.jobs.len() + batch.starts.len() < self.limits.max_rows
+                && batch.bytes < self.limits.max_bytes
+            {
                 match self.rx.try_recv() {
                     Ok(op) => self.add(&mut batch, op),
                     Err(_) => break,
@@ -237,9 +349,8 @@ impl Writer {
                     return;
                 }
                 for job in &jobs {
-                    let id = self.take_id();
                     batch.bytes += job_row_bytes(job);
-                    batch.rows.push((id, Transition::awaiting_scheduling(job)));
+                    batch.accepted.push((job.id, job.expire_at));
                 }
                 batch.jobs.extend(jobs);
                 batch.seal(Reply::Submit(reply));
@@ -273,14 +384,43 @@ impl Writer {
                 batch.seal(Reply::Import(reply, jobs));
             }
             WriteOp::Transitions { rows, done } => {
-                for row in rows {
-                    let id = self.take_id();
-                    batch.bytes += transition_row_bytes(&row);
-                    batch.rows.push((id, row));
-                }
+                self.push_rows(batch, rows);
                 batch.seal(Reply::Transitions(done));
             }
+            WriteOp::Start { rows, starts, done } => {
+                self.push_rows(batch, rows);
+                batch.bytes += starts.len() * 40;
+                batch.starts.extend(starts);
+                batch.seal(Reply::Start(done));
+            }
+            WriteOp::Rest {
+                jobs,
+                recovered,
+                done,
+            } => {
+                for job in jobs {
+                    let expiry = self.open.fresh_expiry(&job);
+                    if expiry.is_some() || recovered {
+                        // Numbered now, before any later barrier: a backlog page read after
+                        // that barrier sees the entry.
+                        let id = self.take_id();
+                        batch.rests.push(OpenRow {
+                            expire_at: expiry,
+                            ..OpenRow::resting(job, id, Utc::now())
+                        });
+                    }
+                }
+                batch.seal(Reply::Rest(done));
+            }
             WriteOp::Barrier(reply) => batch.seal(Reply::Barrier(reply, self.next_id)),
+        }
+    }
+
+    fn push_rows(&mut self, batch: &mut Batch, rows: Vec<Transition>) {
+        for row in rows {
+            let id = self.take_id();
+            batch.bytes += transition_row_bytes(&row);
+            batch.rows.push((id, row));
         }
     }
 
@@ -307,14 +447,40 @@ impl Writer {
             if self.lock_lost.is_cancelled() {
                 return fail(batch, WriteRejected::LockLost);
             }
-            if batch.rows.is_empty() && batch.jobs.is_empty() {
-                return self.acknowledge(batch);
+            if batch.is_empty() {
+                return self.acknowledge(batch, None);
             }
             let started = Instant::now();
-            let result = self
-                .db
-                .append_with_origins(self.token, &batch.jobs, &batch.rows, &batch.origins)
-                .await;
+            let now = Utc::now();
+            // The checkpoint, now and then, from what was open before this commit: it can
+            // only close more, and everything it opens is numbered after (its own log row
+            // included). Then its log row when it accepts jobs or begins attempts, and the
+            // rests of jobs that waited long without a row.
+            let checkpoint = self.checkpoint_due(started);
+            let log_id = (!batch.accepted.is_empty() || !batch.starts.is_empty())
+                .then(|| self.take_id());
+            let accepted: Vec<JobId> = batch.accepted.iter().map(|(id, _)| *id).collect();
+            let mut rests = batch.rests.clone();
+            for (job, expiry) in self.open.due_rests(started, self.limits.rest_after) {
+                let id = self.take_id();
+                rests.push(OpenRow::resting(job, id, expiry));
+            }
+            let fresh = self.open.fresh_among(batch.rows.iter().map(|(_, t)| &t.job_id));
+            let append = Append {
+                jobs: &batch.jobs,
+                transitions: &batch.rows,
+                origins: &batch.origins,
+                log: log_id.map(|id| CommitLog {
+                    id,
+                    time: now,
+                    accepted: &accepted,
+                    started: &batch.starts,
+                }),
+                rests: &rests,
+                fresh: Some(&fresh),
+                checkpoint,
+            };
+            let result = self.db.append_all(self.token, &append).await;
             let committed = match result {
                 Ok(()) => true,
                 Err(JobDbError::Fenced { ours, current }) => {
@@ -330,7 +496,7 @@ impl Writer {
                 Err(JobDbError::Refused(why)) => return self.isolate(batch, why).await,
                 Err(JobDbError::CommitUnknown(err)) => {
                     tracing::warn!(error = %err, "jobdb commit's answer lost; checking whether it committed");
-                    self.committed_after_error(&batch.rows).await
+                    self.committed_after_error(log_id, &batch.rows).await
                 }
                 Err(err) => {
                     tracing::warn!(error = %err, cause = ?std::error::Error::source(&err), "jobdb append failed before its commit; nothing of it was stored");
@@ -338,9 +504,25 @@ impl Writer {
                 }
             };
             if committed {
-                self.metrics
-                    .observe_write(batch.rows.len(), started.elapsed());
-                return self.acknowledge(batch);
+                let rows = batch.rows.len() + batch.jobs.len() + rests.len();
+                self.metrics.observe_write(rows, started.elapsed());
+                self.metrics.jobs_rested.inc_by((rests.len() - batch.rests.len()) as u64);
+                if let Some(open_from) = checkpoint {
+                    self.checkpoint = Some((open_from, started));
+                }
+                self.open.committed(
+                    log_id,
+                    started,
+                    &batch.accepted,
+                    &batch.starts,
+                    &batch.rows,
+                    &rests,
+                );
+                let (fresh, under_way) = self.open.counts();
+                self.metrics.jobs_fresh.set(fresh as i64);
+                self.metrics.attempts_under_way.set(under_way as i64);
+                let start = log_id.map(|commit| AttemptStart { commit, at: now });
+                return self.acknowledge(batch, start);
             }
             // Not committed: producers get a clear 503 now (they may retry), while transitions
             // of jobs already owned must reach the JobDB, so they wait and go again.
@@ -352,11 +534,23 @@ impl Writer {
                 }
                 tracing::warn!(rejected_jobs, "submission rejected: jobdb unavailable");
             }
-            if batch.rows.is_empty() {
-                return self.acknowledge(batch);
+            if batch.is_empty() {
+                return self.acknowledge(batch, None);
             }
             tokio::time::sleep(pause).await;
             pause = (pause * 2).min(Duration::from_secs(2));
+        }
+    }
+
+    /// The checkpoint to write with the next commit, if one is due: the oldest commit that
+    /// holds something open, or the next id when none does. Taken before the commit numbers
+    /// anything of its own.
+    fn checkpoint_due(&self, now: Instant) -> Option<u64> {
+        let open_from = self.open.open_from(self.next_id);
+        match self.checkpoint {
+            Some((written, _)) if written == open_from => None,
+            Some((_, at)) if now < at + CHECKPOINT_EVERY => None,
+            _ => Some(open_from),
         }
     }
 
@@ -379,7 +573,7 @@ impl Writer {
                     too_large: why.contains("max_allowed_packet"),
                 });
             }
-            return self.acknowledge(batch);
+            return self.acknowledge(batch, None);
         }
         // Split between two writing requests; a barrier stays with what precedes it.
         let second = batch.split_off(writing[writing.len() / 2]);
@@ -388,18 +582,26 @@ impl Writer {
     }
 
     /// After a failed COMMIT, finds out whether it committed anyway (the COMMIT may have
-    /// reached the server before the connection broke): its last row exists or not. Keeps
-    /// asking until the JobDB answers, because a wrong guess either loses or duplicates work.
-    async fn committed_after_error(&self, rows: &[(u64, Transition)]) -> bool {
-        let Some((id, last)) = rows.last() else {
+    /// reached the server before the connection broke): its log row, or else its last row,
+    /// exists or not. Keeps asking until the JobDB answers, because a wrong guess either loses
+    /// or duplicates work. A batch of rests alone is taken as not committed: writing its
+    /// entries again changes nothing.
+    async fn committed_after_error(&self, log: Option<u64>, rows: &[(u64, Transition)]) -> bool {
+        let last = rows.last();
+        if log.is_none() && last.is_none() {
             return false;
-        };
+        }
         let mut pause = Duration::from_millis(100);
         loop {
             if self.lock_lost.is_cancelled() {
                 return false;
             }
-            match self.db.transition_exists(last.job_id, *id).await {
+            let found = match (log, last) {
+                (Some(id), _) => self.db.commit_exists(id).await,
+                (None, Some((id, t))) => self.db.transition_exists(t.job_id, *id).await,
+                (None, None) => Ok(false),
+            };
+            match found {
                 Ok(found) => return found,
                 Err(err) => {
                     tracing::warn!(error = %err, "jobdb unreachable while checking a commit");
@@ -410,13 +612,14 @@ impl Writer {
         }
     }
 
-    fn acknowledge(&self, batch: Batch) {
+    /// Answers every request of a committed batch; `start` is where its attempts began.
+    fn acknowledge(&self, batch: Batch, start: Option<AttemptStart>) {
         let transaction = Ulid::new();
         let mut jobs = batch.jobs.into_iter();
-        let mut start = 0;
+        let mut at = 0;
         for request in batch.requests {
-            let taken = request.jobs_end - start;
-            start = request.jobs_end;
+            let taken = request.ends.jobs - at;
+            at = request.ends.jobs;
             match request.reply {
                 Reply::Import(reply, imported) => {
                     jobs.by_ref().take(taken).for_each(drop);
@@ -432,10 +635,14 @@ impl Writer {
                     let _ = self.scheduler.send(Event::Accepted(accepted));
                     let _ = reply.send(Ok(transaction));
                 }
-                Reply::Transitions(done) => {
+                Reply::Transitions(done) | Reply::Rest(done) => {
                     if let Some(done) = done {
                         let _ = done.send(Ok(()));
                     }
+                }
+                Reply::Start(done) => {
+                    // A committed batch with starts always wrote its log row.
+                    let _ = done.send(start.ok_or(WriteRejected::Unavailable));
                 }
                 Reply::Barrier(reply, next_id) => {
                     let _ = reply.send(next_id);
