@@ -157,6 +157,10 @@ pub enum ErrorType {
     /// `endpoint-recovered`: a circuit breaker closed and made the retries of its outage due
     /// at once (`awaiting-retry` → `awaiting-retry`).
     EndpointRecovered,
+    /// `held-back`: an attempt begun (its commit listed it) whose request was not sent, because
+    /// its endpoint was paused or judged down before the attempt had an HTTP slot; the job
+    /// waits in its queue for the endpoint to open again (`awaiting-retry`, due now).
+    HeldBack,
     /// `operator-expedite`: an operator command made a waiting job due now.
     OperatorExpedite,
     /// `operator-postpone`: an operator command made a waiting job due later.
@@ -169,7 +173,7 @@ pub enum ErrorType {
 
 impl ErrorType {
     /// Every variant, in declaration order.
-    pub const ALL: [ErrorType; 19] = [
+    pub const ALL: [ErrorType; 20] = [
         ErrorType::Redirect,
         ErrorType::RequestTimeout,
         ErrorType::RateLimited,
@@ -185,6 +189,7 @@ impl ErrorType {
         ErrorType::ImportRefused,
         ErrorType::MaxAttempts,
         ErrorType::EndpointRecovered,
+        ErrorType::HeldBack,
         ErrorType::OperatorExpedite,
         ErrorType::OperatorPostpone,
         ErrorType::OperatorFlush,
@@ -209,6 +214,7 @@ impl ErrorType {
             ErrorType::ImportRefused => "import-refused",
             ErrorType::MaxAttempts => "max-attempts",
             ErrorType::EndpointRecovered => "endpoint-recovered",
+            ErrorType::HeldBack => "held-back",
             ErrorType::OperatorExpedite => "operator-expedite",
             ErrorType::OperatorPostpone => "operator-postpone",
             ErrorType::OperatorFlush => "operator-flush",
@@ -444,7 +450,10 @@ pub fn history(
         out.push((id, t));
     }
     if let Some((start, attempt)) = under_way {
-        out.push((start.commit, Transition::executing(job_id, attempt, start.at)));
+        out.push((
+            start.commit,
+            Transition::executing(job_id, attempt, start.at),
+        ));
     }
     out
 }

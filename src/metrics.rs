@@ -103,6 +103,8 @@ pub struct Metrics {
     pub jobs_fresh: Gauge,
     /// Attempts begun (listed by a commit) and not ended.
     pub attempts_under_way: Gauge,
+    /// Attempts begun and not sent: their endpoint paused or was judged down first.
+    pub attempts_held_back: Counter,
     /// 1 while every core task of the Director runs; 0 once one ended unexpectedly.
     pub core_tasks_up: Gauge,
     /// Jobs in the Director's cache.
@@ -249,6 +251,12 @@ impl Default for Metrics {
             "attempts_under_way",
             "Attempts begun by a commit and not ended",
             attempts_under_way.clone(),
+        );
+        let attempts_held_back = Counter::default();
+        registry.register(
+            "attempts_held_back",
+            "Attempts begun and not sent: their endpoint paused or was judged down first (error_type held-back)",
+            attempts_held_back.clone(),
         );
         let core_tasks_up = Gauge::default();
         registry.register(
@@ -419,6 +427,7 @@ impl Default for Metrics {
             jobs_rested,
             jobs_fresh,
             attempts_under_way,
+            attempts_held_back,
             core_tasks_up,
             jobs_cached,
             in_flight,

@@ -247,7 +247,8 @@ async fn a_kill_9_after_an_idle_moment_loses_nothing(engine: Engine) {
     let base = format!("http://127.0.0.1:{port}");
     let client = reqwest::Client::new();
     // One request at a time to the slow endpoint: the others wait, accepted and never tried.
-    let mut director = spawn_director_with(port, &db.url_string(), &["--endpoint-concurrency", "1"]);
+    let mut director =
+        spawn_director_with(port, &db.url_string(), &["--endpoint-concurrency", "1"]);
     wait_ready(&client, &base).await;
     // Idle for longer than the checkpoint's period.
     tokio::time::sleep(Duration::from_millis(1500)).await;
@@ -267,7 +268,11 @@ async fn a_kill_9_after_an_idle_moment_loses_nothing(engine: Engine) {
     assert_eq!(histories.len(), 40);
     for history in histories.values() {
         assert_legal(history);
-        assert_eq!(history.last().unwrap().state, State::Succeeded, "{history:#?}");
+        assert_eq!(
+            history.last().unwrap().state,
+            State::Succeeded,
+            "{history:#?}"
+        );
     }
     let _ = nix::sys::signal::kill(
         nix::unistd::Pid::from_raw(director.id().unwrap() as i32),

@@ -218,7 +218,10 @@ async fn scenario(db: &JobDb, t0: DateTime<Utc>) -> Vec<String> {
             }
         )]
     );
-    assert!(stranded.unlisted.is_empty(), "rows written before schema 5 are all listed");
+    assert!(
+        stranded.unlisted.is_empty(),
+        "rows written before schema 5 are all listed"
+    );
     // Due now: only e (never tried); b's retry is a minute ahead.
     let page = db.backlog_page(None, ms(1000), 100, 10).await.unwrap();
     assert_eq!(
@@ -494,7 +497,13 @@ async fn operator_rows(db: &JobDb, sql: &str, columns: usize) -> Vec<Vec<String>
             let rows = sqlx::query(sql).fetch_all(&mut conn).await.unwrap();
             let out = rows
                 .iter()
-                .map(|r| text((0..columns).map(|i| r.get::<Option<String>, _>(i)).collect()))
+                .map(|r| {
+                    text(
+                        (0..columns)
+                            .map(|i| r.get::<Option<String>, _>(i))
+                            .collect(),
+                    )
+                })
                 .collect();
             conn.close().await.unwrap();
             out
@@ -502,9 +511,14 @@ async fn operator_rows(db: &JobDb, sql: &str, columns: usize) -> Vec<Vec<String>
         None => {
             let mut conn = url.mysql_options().unwrap().connect().await.unwrap();
             let rows = sqlx::query(sql).fetch_all(&mut conn).await.unwrap();
+            // MySQL types a UNION's text columns as binary: read bytes.
+            let bytes = |r: &sqlx::mysql::MySqlRow, i: usize| {
+                r.get::<Option<Vec<u8>>, _>(i)
+                    .map(|b| String::from_utf8(b).unwrap())
+            };
             let out = rows
                 .iter()
-                .map(|r| text((0..columns).map(|i| r.get::<Option<String>, _>(i)).collect()))
+                .map(|r| text((0..columns).map(|i| bytes(r, i)).collect()))
                 .collect();
             conn.close().await.unwrap();
             out
@@ -548,7 +562,12 @@ async fn commit_log_scenario(db: &JobDb, t0: DateTime<Utc>) -> Vec<String> {
     .unwrap();
     assert!(db.commit_exists(100).await.unwrap());
     assert!(!db.commit_exists(99).await.unwrap());
-    assert_eq!(db.count_transitions_into(State::AwaitingScheduling).await.unwrap(), 0);
+    assert_eq!(
+        db.count_transitions_into(State::AwaitingScheduling)
+            .await
+            .unwrap(),
+        0
+    );
     let work = db.open_work().await.unwrap();
     assert_eq!(work.len(), 4);
     assert!(work
@@ -601,7 +620,10 @@ async fn commit_log_scenario(db: &JobDb, t0: DateTime<Utc>) -> Vec<String> {
     );
     let history = db.get_transitions(g.id).await.unwrap();
     assert_eq!(
-        history.iter().map(|(id, t)| (*id, t.state)).collect::<Vec<_>>(),
+        history
+            .iter()
+            .map(|(id, t)| (*id, t.state))
+            .collect::<Vec<_>>(),
         vec![(0, State::AwaitingScheduling), (101, State::Executing)]
     );
     // g succeeds, h waits for a retry (its entry gets its expiry from the writer's account),
@@ -623,8 +645,7 @@ async fn commit_log_scenario(db: &JobDb, t0: DateTime<Utc>) -> Vec<String> {
             Transition::awaiting_retry(h.id, 1, ms(30), retry_at, begun.clone()),
         ),
     ];
-    let fresh: HashMap<JobId, DateTime<Utc>> =
-        [(g.id, g.expire_at), (h.id, h.expire_at)].into();
+    let fresh: HashMap<JobId, DateTime<Utc>> = [(g.id, g.expire_at), (h.id, h.expire_at)].into();
     db.append_all(
         token,
         &Append {
@@ -727,7 +748,12 @@ async fn commit_log_scenario(db: &JobDb, t0: DateTime<Utc>) -> Vec<String> {
     .await;
     assert_eq!(
         latest.iter().map(|r| r[1].as_str()).collect::<Vec<_>>(),
-        vec!["succeeded", "awaiting-retry", "awaiting-scheduling", "awaiting-scheduling"]
+        vec![
+            "succeeded",
+            "awaiting-retry",
+            "awaiting-scheduling",
+            "awaiting-scheduling"
+        ]
     );
     log.push(format!("{view:?}"));
     log.push(format!("{:?}", sorted(db.count_by_state().await.unwrap())));

@@ -46,6 +46,16 @@ pub struct DirectorArgs {
     /// Attempts in flight per endpoint (URL without query).
     #[arg(long, env = "SPINDLE_ENDPOINT_CONCURRENCY", default_value_t = 64)]
     pub endpoint_concurrency: usize,
+    /// Attempts of one endpoint begun ahead of its HTTP slots (being committed, or committed and
+    /// waiting for a slot), as a multiple of its concurrency: commit latency overlaps delivery.
+    /// Those waiting are held back, not sent, if the endpoint pauses or its breaker opens.
+    #[arg(long, env = "SPINDLE_START_WINDOW", default_value_t = 16)]
+    pub start_window: usize,
+    /// A job accepted this long ago (ms) without a row of its own yet (never tried, or its
+    /// first attempt not ended) gets its `open_jobs` entry: longer writes fewer entries under a
+    /// backlog; shorter leaves less of `commit_log` for a new owner to read.
+    #[arg(long, env = "SPINDLE_REST_AFTER_MS", default_value_t = 30_000)]
+    pub rest_after_ms: u64,
     /// Longest delay between two attempts of a job, in ms.
     #[arg(long, env = "SPINDLE_BACKOFF_CAP_MS", default_value_t = 3_600_000)]
     pub backoff_cap_ms: u64,
@@ -179,6 +189,14 @@ impl DirectorArgs {
             "--endpoint-concurrency must be at least 1"
         );
         anyhow::ensure!(
+            (1..=1024).contains(&self.start_window),
+            "--start-window must be 1 to 1024"
+        );
+        anyhow::ensure!(
+            (1_000..=3_600_000).contains(&self.rest_after_ms),
+            "--rest-after-ms must be 1000 to 3600000"
+        );
+        anyhow::ensure!(
             self.write_batch_rows > 0,
             "--write-batch-rows must be at least 1"
         );
@@ -200,6 +218,8 @@ impl DirectorArgs {
         config.db_max_connections = self.db_connections;
         config.scheduler.max_in_flight = self.max_in_flight;
         config.scheduler.per_endpoint = self.endpoint_concurrency;
+        config.scheduler.start_window = self.start_window;
+        config.writer.rest_after = Duration::from_millis(self.rest_after_ms);
         config.scheduler.backoff_cap = Duration::from_millis(self.backoff_cap_ms);
         config.scheduler.max_attempts = self.max_attempts;
         config.scheduler.min_retry_delay = Duration::from_millis(self.min_retry_delay_ms);

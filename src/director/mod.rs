@@ -91,6 +91,7 @@ impl DirectorConfig {
                 max_in_flight: 1024,
                 per_endpoint: 64,
                 start_batch: 1024,
+                start_window: 16,
                 backoff_cap: Duration::from_secs(3600),
                 shutdown_grace: Duration::from_secs(30),
                 spill_after: Duration::from_secs(60),

@@ -122,10 +122,11 @@ impl JobDb {
                     let (id, t) = q::transition_from_row(row)?;
                     rows.entry(t.job_id).or_default().push((id, t));
                 }
-                for row in &q::ids_query("SELECT id, created_at FROM jobs WHERE id IN (", chunk, ")")
-                    .build()
-                    .fetch_all(p)
-                    .await?
+                for row in
+                    &q::ids_query("SELECT id, created_at FROM jobs WHERE id IN (", chunk, ")")
+                        .build()
+                        .fetch_all(p)
+                        .await?
                 {
                     created.insert(q::job_id_of(row, "id")?, q::time_of(row, "created_at")?);
                 }

@@ -41,7 +41,9 @@ pub(crate) use engine::with_pool;
 use engine::{mysql, sqlite, Pool};
 pub use url::{JobDbUrl, Server};
 pub(crate) use write::MAX_ROWS_PER_INSERT;
-pub use write::{job_row_bytes, transition_row_bytes, Append, CommitLog, OpenRow, WriteOp, WriteRejected};
+pub use write::{
+    job_row_bytes, transition_row_bytes, Append, CommitLog, OpenRow, WriteOp, WriteRejected,
+};
 
 use crate::job::{Job, JobId, Progress, State, Transition};
 
@@ -435,7 +437,11 @@ impl JobDb {
     /// A job's whole history with the ids of its steps, oldest first ([`crate::job::history`]:
     /// its rows, its acceptance and its attempts' starts).
     pub async fn get_transitions(&self, id: JobId) -> Result<Vec<(u64, Transition)>, JobDbError> {
-        Ok(self.histories_of(&[id]).await?.remove(&id).unwrap_or_default())
+        Ok(self
+            .histories_of(&[id])
+            .await?
+            .remove(&id)
+            .unwrap_or_default())
     }
 
     /// How many jobs are in each state now (by the last step of their histories, the

@@ -99,7 +99,7 @@ impl Scheduler {
                         if let Some(lane) = self.queues.lane_mut(&key) {
                             lane.starting += 1;
                         }
-                        self.gates.starting(&key);
+                        entry.probe = self.gates.starting(&key);
                     }
                 }
                 None => {}
@@ -197,23 +197,73 @@ impl Scheduler {
         self.cache.get(&id).map(|e| e.lane.clone())
     }
 
-    /// Sends the lane's durable-started attempts while it has free HTTP slots.
+    /// Sends the lane's begun attempts while it has free HTTP slots. A lane that was paused,
+    /// or whose breaker opened, since they were picked sends none of them but its probe: the
+    /// others are held back (their attempt ends without a request, `held-back`, and they wait
+    /// in their queue), so a window of attempts begun ahead never reaches an endpoint judged
+    /// down.
     pub(super) fn dispatch(&mut self, key: &Arc<str>) {
         let per_endpoint = self.gates.concurrency(key);
+        let hold = self.gates.holds_back(key);
         let mut ready = Vec::new();
-        if let Some(lane) = self.queues.lane_mut(key) {
-            while lane.in_flight < per_endpoint {
-                let Some(id) = lane.started.pop_front() else {
-                    break;
-                };
-                lane.in_flight += 1;
-                ready.push(id);
+        let mut held = Vec::new();
+        let (queues, cache) = (&mut self.queues, &self.cache);
+        if let Some(lane) = queues.lane_mut(key) {
+            if hold {
+                while let Some(id) = lane.started.pop_front() {
+                    let probe = cache.get(&id).is_some_and(|e| e.probe);
+                    if probe && lane.in_flight < per_endpoint {
+                        lane.in_flight += 1;
+                        ready.push(id);
+                    } else {
+                        held.push(id);
+                    }
+                }
+            } else {
+                while lane.in_flight < per_endpoint {
+                    let Some(id) = lane.started.pop_front() else {
+                        break;
+                    };
+                    lane.in_flight += 1;
+                    ready.push(id);
+                }
             }
         }
         for id in ready {
             self.deliver(id);
         }
+        if !held.is_empty() {
+            self.hold_back(held);
+        }
         self.relist(key);
+    }
+
+    /// Ends begun attempts that will not be sent (see [`Scheduler::dispatch`]) and puts their
+    /// jobs back at the head of their queues.
+    fn hold_back(&mut self, ids: Vec<JobId>) {
+        let now = Utc::now();
+        for id in ids {
+            self.in_flight -= 1;
+            let Some(entry) = self.cache.get_mut(&id) else {
+                continue;
+            };
+            entry.probe = false;
+            let (attempts, started) = (entry.attempts, entry.started.take());
+            self.outbox.push(Transition::awaiting_retry(
+                id,
+                attempts,
+                now,
+                now,
+                AttemptRecord {
+                    error_type: Some(ErrorType::HeldBack.into()),
+                    started,
+                    ..Default::default()
+                },
+            ));
+            self.metrics.attempts_held_back.inc();
+            self.enqueue_at(id, true);
+        }
+        self.metrics.in_flight.set(self.in_flight as i64);
     }
 
     fn deliver(&mut self, id: JobId) {
@@ -255,6 +305,7 @@ impl Scheduler {
         let attempt = entry.attempts;
         let mut result = result;
         result.record.started = entry.started.take();
+        entry.probe = false;
         let now = Utc::now();
         if let Some(d) = result.record.duration {
             self.metrics.observe_attempt(&result.verdict, d);

@@ -64,6 +64,9 @@ pub(super) struct Entry {
     pub(super) attempts: u16,
     /// Where its attempt under way began (the commit that listed it), for the row that ends it.
     pub(super) started: Option<crate::job::AttemptStart>,
+    /// Its attempt under way is its endpoint's breaker probe (sent even though the breaker is
+    /// open).
+    pub(super) probe: bool,
     pub(super) phase: Phase,
 }
 
@@ -80,6 +83,7 @@ impl Entry {
             job,
             attempts,
             started: None,
+            probe: false,
             phase: Phase::Unplaced,
         }
     }

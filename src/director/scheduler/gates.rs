@@ -185,13 +185,23 @@ impl Gates {
         self.controls.endpoints.get(key)
     }
 
-    /// An attempt of the lane is starting: if its breaker is open, it is the probe.
-    pub(super) fn starting(&mut self, key: &str) {
-        if let Some((breaker, _)) = self.breakers.get_mut(key) {
-            if breaker.is_open() {
+    /// An attempt of the lane is starting: if its breaker is open, it is the probe (returns
+    /// whether it is).
+    pub(super) fn starting(&mut self, key: &str) -> bool {
+        match self.breakers.get_mut(key) {
+            Some((breaker, _)) if breaker.is_open() => {
                 breaker.probe_started();
+                true
             }
+            _ => false,
         }
+    }
+
+    /// Whether attempts of the lane begun but without an HTTP slot yet must not be sent now:
+    /// the lane is paused, or its breaker opened since they were picked (only its probe may
+    /// go to an endpoint judged down).
+    pub(super) fn holds_back(&self, key: &str) -> bool {
+        self.concurrency(key) == 0 || self.breakers.get(key).is_some_and(|(b, _)| b.is_open())
     }
 
     /// Feeds an attempt's outcome (`ok`: the endpoint is up, whatever the job's fate) to the

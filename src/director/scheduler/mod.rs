@@ -106,8 +106,14 @@ pub struct SchedulerLimits {
     pub max_in_flight: usize,
     /// Attempts in flight per endpoint.
     pub per_endpoint: usize,
-    /// Most attempts started by one `executing` batch.
+    /// Most attempts begun by one commit.
     pub start_batch: usize,
+    /// Attempts of one endpoint that may be begun ahead of its HTTP slots (being committed, or
+    /// committed and waiting for a slot), as a multiple of its concurrency: a commit takes a
+    /// few milliseconds, so a window of one concurrency's worth caps a fast endpoint at about
+    /// `concurrency / commit time`. A lane that pauses or whose breaker opens sends none of
+    /// those waiting (they are held back), so the window never reaches an endpoint judged down.
+    pub start_window: usize,
     /// Longest backoff between two attempts.
     pub backoff_cap: Duration,
     /// How long a stopping scheduler waits for attempts in flight.
@@ -416,7 +422,7 @@ impl Scheduler {
             return;
         };
         let limit = match self.gates.limit(key, Instant::now()) {
-            Limit::Open(n) => n,
+            Limit::Open(n) => n.saturating_mul(self.limits.start_window.max(1)),
             // An open breaker: one probe, when nothing else is under way.
             Limit::Probe if lane.pending() + lane.in_flight == 0 => 1,
             Limit::Probe | Limit::Wait(None) | Limit::Paused => 0,

@@ -259,7 +259,10 @@ impl Batch {
 
     /// Whether the batch writes nothing.
     fn is_empty(&self) -> bool {
-        self.jobs.is_empty() && self.rows.is_empty() && self.starts.is_empty() && self.rests.is_empty()
+        self.jobs.is_empty()
+            && self.rows.is_empty()
+            && self.starts.is_empty()
+            && self.rests.is_empty()
     }
 }
 
@@ -457,15 +460,17 @@ impl Writer {
             // included). Then its log row when it accepts jobs or begins attempts, and the
             // rests of jobs that waited long without a row.
             let checkpoint = self.checkpoint_due(started);
-            let log_id = (!batch.accepted.is_empty() || !batch.starts.is_empty())
-                .then(|| self.take_id());
+            let log_id =
+                (!batch.accepted.is_empty() || !batch.starts.is_empty()).then(|| self.take_id());
             let accepted: Vec<JobId> = batch.accepted.iter().map(|(id, _)| *id).collect();
             let mut rests = batch.rests.clone();
             for (job, expiry) in self.open.due_rests(started, self.limits.rest_after) {
                 let id = self.take_id();
                 rests.push(OpenRow::resting(job, id, expiry));
             }
-            let fresh = self.open.fresh_among(batch.rows.iter().map(|(_, t)| &t.job_id));
+            let fresh = self
+                .open
+                .fresh_among(batch.rows.iter().map(|(_, t)| &t.job_id));
             let append = Append {
                 jobs: &batch.jobs,
                 transitions: &batch.rows,
@@ -506,7 +511,9 @@ impl Writer {
             if committed {
                 let rows = batch.rows.len() + batch.jobs.len() + rests.len();
                 self.metrics.observe_write(rows, started.elapsed());
-                self.metrics.jobs_rested.inc_by((rests.len() - batch.rests.len()) as u64);
+                self.metrics
+                    .jobs_rested
+                    .inc_by((rests.len() - batch.rests.len()) as u64);
                 if let Some(open_from) = checkpoint {
                     self.checkpoint = Some((open_from, started));
                 }

@@ -52,7 +52,11 @@ impl OpenWork {
     }
 
     /// Fresh jobs accepted at least `rest_after` before `now`: they rest now.
-    pub(super) fn due_rests(&self, now: Instant, rest_after: Duration) -> Vec<(JobId, DateTime<Utc>)> {
+    pub(super) fn due_rests(
+        &self,
+        now: Instant,
+        rest_after: Duration,
+    ) -> Vec<(JobId, DateTime<Utc>)> {
         let mut due = Vec::new();
         for commit in self.commits.values() {
             if commit.at + rest_after > now {
@@ -118,9 +122,8 @@ impl OpenWork {
             }
         }
         for (id, _) in started {
-            match self.attempts.insert(*id, commit) {
-                Some(earlier) => self.close(earlier),
-                None => {}
+            if let Some(earlier) = self.attempts.insert(*id, commit) {
+                self.close(earlier);
             }
             open += 1;
         }
@@ -159,7 +162,14 @@ mod tests {
     fn commits_stay_open_until_their_jobs_rest_or_end_and_their_attempts_end() {
         let (now, expiry) = (Instant::now(), Utc::now());
         let mut w = OpenWork::default();
-        w.committed(Some(10), now, &[(id(1), expiry), (id(2), expiry)], &[], &[], &[]);
+        w.committed(
+            Some(10),
+            now,
+            &[(id(1), expiry), (id(2), expiry)],
+            &[],
+            &[],
+            &[],
+        );
         assert_eq!(w.open_from(99), 10);
         // Attempt of job 1 begins in commit 11.
         w.committed(Some(11), now, &[], &[(id(1), 1)], &[], &[]);
@@ -169,7 +179,14 @@ mod tests {
         assert_eq!(w.open_from(99), 10, "job 2 is still fresh");
         assert!(w.fresh_expiry(&id(2)).is_some());
         // Job 2 rests: nothing is open any more.
-        w.committed(None, now, &[], &[], &[], &[OpenRow::resting(id(2), 13, expiry)]);
+        w.committed(
+            None,
+            now,
+            &[],
+            &[],
+            &[],
+            &[OpenRow::resting(id(2), 13, expiry)],
+        );
         assert_eq!(w.open_from(99), 99);
         assert_eq!(w.counts(), (0, 0));
     }
@@ -205,9 +222,15 @@ mod tests {
     fn a_job_of_the_batch_is_fresh_only_while_it_has_no_row() {
         let (now, expiry) = (Instant::now(), Utc::now());
         let mut w = OpenWork::default();
-        w.committed(Some(1), now, &[(id(1), expiry), (id(2), expiry)], &[], &[], &[]);
-        let retry =
-            Transition::awaiting_retry(id(2), 1, expiry, expiry, AttemptRecord::default());
+        w.committed(
+            Some(1),
+            now,
+            &[(id(1), expiry), (id(2), expiry)],
+            &[],
+            &[],
+            &[],
+        );
+        let retry = Transition::awaiting_retry(id(2), 1, expiry, expiry, AttemptRecord::default());
         w.committed(None, now, &[], &[], &[(2, retry)], &[]);
         let fresh = w.fresh_among([id(1), id(2), id(3)].iter());
         assert_eq!(fresh.len(), 1);

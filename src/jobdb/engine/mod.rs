@@ -181,7 +181,9 @@ macro_rules! engine_common {
             use sqlx::Row as _;
             let commit: Option<u64> = row.try_get("started_in")?;
             let at = time_opt(row, "started_at")?;
-            Ok(commit.zip(at).map(|(commit, at)| $crate::job::AttemptStart { commit, at }))
+            Ok(commit
+                .zip(at)
+                .map(|(commit, at)| $crate::job::AttemptStart { commit, at }))
         }
 
         /// A `jobs` row.
