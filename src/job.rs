@@ -157,9 +157,10 @@ pub enum ErrorType {
     /// `endpoint-recovered`: a circuit breaker closed and made the retries of its outage due
     /// at once (`awaiting-retry` → `awaiting-retry`).
     EndpointRecovered,
-    /// `held-back`: an attempt begun (its commit listed it) whose request was not sent, because
-    /// its endpoint was paused or judged down before the attempt had an HTTP slot; the job
-    /// waits in its queue for the endpoint to open again (`awaiting-retry`, due now).
+    /// `held-back`: an attempt begun (its commit listed it) was withdrawn before its request
+    /// was sent, because its endpoint was paused or judged down before the attempt had an HTTP
+    /// slot; the row keeps the earlier count of attempts, and the job waits in its queue for
+    /// the endpoint to open again (`awaiting-retry`, due now).
     HeldBack,
     /// `operator-expedite`: an operator command made a waiting job due now.
     OperatorExpedite,

@@ -60,6 +60,10 @@ struct Record {
 struct Shared {
     record: Mutex<Record>,
     total: AtomicU64,
+    /// Requests to `/ok`.
+    ok: AtomicU64,
+    /// Count requests only, keep no log (benchmarks: the endpoint should cost little).
+    counting: bool,
 }
 
 impl Shared {
@@ -76,9 +80,15 @@ impl Shared {
         kept: Vec<(String, String)>,
         body: bytes::Bytes,
     ) -> u32 {
+        self.total.fetch_add(1, Ordering::Relaxed);
+        if path == "/ok" {
+            self.ok.fetch_add(1, Ordering::Relaxed);
+        }
+        if self.counting {
+            return 1;
+        }
         let job_id = header_str(headers, JOB_ID_HEADER).to_owned();
         let attempt = header_str(headers, ATTEMPT_HEADER).parse().unwrap_or(0);
-        self.total.fetch_add(1, Ordering::Relaxed);
         let mut record = self.record.lock().unwrap_or_else(|p| p.into_inner());
         let seen = record.per_job.entry(job_id.clone()).or_insert(0);
         *seen += 1;
@@ -114,9 +124,22 @@ pub struct Sink {
 impl Sink {
     /// Starts a sink on `addr` (port 0 picks a free one).
     pub async fn start(addr: SocketAddr) -> std::io::Result<Sink> {
+        Self::start_with(addr, false).await
+    }
+
+    /// A sink that only counts requests (no log: [`Sink::received`] and [`Sink::per_job`]
+    /// stay empty), for benchmarks.
+    pub async fn start_counting(addr: SocketAddr) -> std::io::Result<Sink> {
+        Self::start_with(addr, true).await
+    }
+
+    async fn start_with(addr: SocketAddr, counting: bool) -> std::io::Result<Sink> {
         let listener = TcpListener::bind(addr).await?;
         let addr = listener.local_addr()?;
-        let shared = Arc::new(Shared::default());
+        let shared = Arc::new(Shared {
+            counting,
+            ..Shared::default()
+        });
         let app = Router::new()
             .route("/ok", any(ok))
             .route("/status/{code}", any(status))
@@ -165,6 +188,11 @@ impl Sink {
     /// Requests received so far.
     pub fn total(&self) -> u64 {
         self.shared.total.load(Ordering::Relaxed)
+    }
+
+    /// Requests to `/ok` received so far.
+    pub fn ok_total(&self) -> u64 {
+        self.shared.ok.load(Ordering::Relaxed)
     }
 
     /// Every request received, in arrival order.

@@ -26,6 +26,7 @@ on_both_engines!(
     a_backlog_beyond_the_cache_budget_waits_in_the_jobdb,
     beyond_the_job_cap_jobs_wait_in_the_jobdb_and_come_in_by_pages,
     long_waits_spill_payloads_and_reload_them_intact,
+    a_forward_tried_again_stores_each_job_once,
 );
 
 async fn round_trip_records_exactly_three_transitions(engine: Engine) {
@@ -76,7 +77,9 @@ async fn round_trip_records_exactly_three_transitions(engine: Engine) {
 }
 
 async fn retries_follow_the_jobs_own_jittered_backoff(engine: Engine) {
-    let rig = Rig::start_on(engine, "retry", |_| {}).await;
+    // The endpoint fails every first and second attempt: its breaker would open (and hold
+    // begun attempts back, a row each); this test is about each job's own backoff.
+    let rig = Rig::start_on(engine, "retry", |c| c.scheduler.breaker.failure_ratio = 2.0).await;
     rig.submit(rig.jobs(
         6,
         "/fail/2",
@@ -566,7 +569,8 @@ async fn a_backlog_beyond_the_cache_budget_waits_in_the_jobdb(engine: Engine) {
         ids.extend(rig.submit(jobs).await.jobs.into_iter().map(|j| j.id));
     }
     // While the backlog drains, the payload bytes held in memory stay within the budget (plus
-    // the jobs of one lane being read back or in flight: at most 2 × 2 here).
+    // the jobs of one lane being read back, begun or in flight: its start window, at most
+    // 16 × 2 here, and its 2 in flight).
     let mut peak = 0.0f64;
     let mut spilled_seen = 0.0f64;
     let started = std::time::Instant::now();
@@ -580,7 +584,7 @@ async fn a_backlog_beyond_the_cache_budget_waits_in_the_jobdb(engine: Engine) {
         spilled_seen = spilled_seen.max(metric_value(&text, "spindle_jobs_spilled"));
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
-    let bound = (BUDGET + 4 * (4096 + 10)) as f64;
+    let bound = (BUDGET + (16 * 2 + 2) * (4096 + 10)) as f64;
     println!(
         "cache budget: peak payload bytes in memory {peak} (budget {BUDGET}), most jobs spilled at once {spilled_seen}"
     );
@@ -810,5 +814,67 @@ async fn operator_commands_reach_jobs_that_wait_only_in_the_jobdb() {
             .unwrap();
     assert_eq!(results, vec![(1, 10), (2, 10)]);
     pool.close().await;
+    rig.stop().await;
+}
+
+/// A router's forward (`POST /v1/import` without `from_jobdb`) whose answer was lost is sent
+/// again with the same ids. The Director does not read which exist before writing (a forward
+/// costs what a submit costs); the JobDB refuses the duplicates, and the writer then skips the
+/// jobs an earlier try stored and writes the rest. Each job is stored and delivered once, and
+/// the answers count what was imported and what was there already.
+async fn a_forward_tried_again_stores_each_job_once(engine: Engine) {
+    use spindle::rpc::import::{ImportJob, ImportRequest};
+    let rig = Rig::start_on(engine, "forward", |_| {}).await;
+    let now = chrono::Utc::now();
+    let job = |id: ulid::Ulid| ImportJob {
+        id: id.to_string(),
+        bucket: "b".into(),
+        endpoint: rig.sink.url("/ok"),
+        method: "POST".into(),
+        headers: vec![],
+        payload_base64: String::new(),
+        execution_timeout_ms: 10_000,
+        backoff_min_delay_ms: 1_000,
+        backoff_coefficient: 2.0,
+        created_at: now,
+        expire_at: now + chrono::Duration::hours(1),
+        idempotency_key: Some(format!("k-{id}")),
+        attempts: 0,
+        retry_at: now,
+    };
+    let forward = |ids: &[ulid::Ulid]| ImportRequest {
+        jobdb: rig.db.url.database.clone(),
+        from_jobdb: None,
+        not_after: Some(chrono::Utc::now() + chrono::Duration::seconds(30)),
+        jobs: ids.iter().map(|id| job(*id)).collect(),
+    };
+    let ids: Vec<ulid::Ulid> = (0..6).map(|_| ulid::Ulid::new()).collect();
+    let api = rig.api();
+    let first = api.import(&forward(&ids[..3])).await.expect("first try");
+    assert_eq!((first.imported, first.already_present), (3, 0));
+    let again = api.import(&forward(&ids[..3])).await.expect("second try");
+    assert_eq!((again.imported, again.already_present), (0, 3));
+    // Two stored, two new, in one request.
+    let mixed = api.import(&forward(&ids[1..5])).await.expect("mixed");
+    assert_eq!((mixed.imported, mixed.already_present), (2, 2));
+    // The same new forward twice at once: written one after the other, stored once.
+    let (twice_a, twice_b) = (forward(&ids[5..]), forward(&ids[5..]));
+    let (a, b) = tokio::join!(api.import(&twice_a), api.import(&twice_b));
+    let (a, b) = (a.expect("a"), b.expect("b"));
+    assert_eq!(a.imported + b.imported, 1);
+    assert_eq!(a.already_present + b.already_present, 1);
+    wait_all_final(&rig.reader, 6, Duration::from_secs(10)).await;
+    let per_job = rig.sink.per_job();
+    for id in &ids {
+        assert_eq!(
+            per_job.get(&id.to_string()),
+            Some(&1),
+            "{id} delivered once"
+        );
+    }
+    for history in histories(&rig.reader).await.values() {
+        assert_legal(history);
+        assert_eq!(history.last().unwrap().state, State::Succeeded);
+    }
     rig.stop().await;
 }

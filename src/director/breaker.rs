@@ -112,6 +112,14 @@ impl Breaker {
         }
     }
 
+    /// The probe started was never sent (its lane paused, or its start could not be
+    /// committed): another may go at once, as if it had not been started.
+    pub fn probe_abandoned(&mut self) {
+        if let Some(open) = &mut self.open {
+            open.probing = false;
+        }
+    }
+
     /// Records an attempt's outcome (`ok`: the endpoint is up, whatever the job's fate), with
     /// the endpoint's `Retry-After` (no probe before it, up to `probe_max`).
     pub fn record(
@@ -185,6 +193,10 @@ mod tests {
         assert_eq!(b.allowance(t1), Allowance::Probe);
         b.probe_started();
         assert_eq!(b.allowance(t1), Allowance::Wait(None));
+        // A probe never sent leaves the way open for the next one, without a longer wait.
+        b.probe_abandoned();
+        assert_eq!(b.allowance(t1), Allowance::Probe);
+        b.probe_started();
         // A failed probe doubles the wait.
         assert_eq!(b.record(false, t1, &config, None), Change::None);
         assert_eq!(

@@ -147,12 +147,13 @@ async fn submit_jobs(
         .send(WriteOp::Submit {
             jobs: jobs.clone(),
             not_after: None,
+            forwarded: false,
             reply,
         })
         .await
         .map_err(|_| ApiError::ShuttingDown)?;
     let transaction = match outcome.await {
-        Ok(Ok(transaction)) => transaction,
+        Ok(Ok(accepted)) => accepted.transaction,
         Ok(Err(why)) => return Err(why.into()),
         Err(_) => return Err(ApiError::ShuttingDown),
     };
@@ -357,14 +358,20 @@ async fn import_jobs(
         ));
     }
 
-    // Requests sharing an id are checked and written one after the other: the check for jobs
-    // already present and their insert must not interleave with another request's.
+    // Requests sharing an id are written one after the other: the check for jobs already
+    // present and their insert must not interleave with another request's. A drainer's import
+    // reads which are present first; a router's forward (new jobs) does not: the writer finds
+    // them only when the JobDB refuses a duplicate (a retry of a forward whose answer was
+    // lost), so a forward costs what a submit costs.
     let ids: Vec<JobId> = jobs.iter().map(|(job, _, _)| job.id).collect();
     let _held = state.imports.hold(&ids).await;
-    let present = state.db.existing_jobs(&ids).await.map_err(|e| {
-        tracing::warn!(error = %e, "import: reading existing jobs failed");
-        ApiError::Unavailable("the jobdb is unavailable; nothing was stored".into())
-    })?;
+    let present = match request.from_jobdb {
+        Some(_) => state.db.existing_jobs(&ids).await.map_err(|e| {
+            tracing::warn!(error = %e, "import: reading existing jobs failed");
+            ApiError::Unavailable("the jobdb is unavailable; nothing was stored".into())
+        })?,
+        None => Default::default(),
+    };
     let fresh: Vec<Recovered> = jobs
         .into_iter()
         .filter(|(job, _, _)| !present.contains(&job.id))
@@ -374,7 +381,8 @@ async fn import_jobs(
             retry_at: Some(retry_at),
         })
         .collect();
-    let imported = fresh.len();
+    let mut imported = fresh.len();
+    let mut already_present = present.len();
     // Checked again now that the request may have waited (for the ids, for the JobDB): a job
     // must never be stored after `not_after`, or a lapsed claim could be taken over with it.
     if request.not_after.is_some_and(|t| Utc::now() > t) {
@@ -401,6 +409,7 @@ async fn import_jobs(
                 let op = WriteOp::Submit {
                     jobs: fresh.into_iter().map(|r| r.job).collect(),
                     not_after: request.not_after,
+                    forwarded: true,
                     reply,
                 };
                 (op, Outcome::Submitted(outcome))
@@ -411,12 +420,15 @@ async fn import_jobs(
             .send(op)
             .await
             .map_err(|_| ApiError::ShuttingDown)?;
-        let outcome = match outcome {
-            Outcome::Imported(rx) => rx.await,
-            Outcome::Submitted(rx) => rx.await.map(|r| r.map(|_| ())),
+        let stored_already = match outcome {
+            Outcome::Imported(rx) => rx.await.map(|r| r.map(|()| 0)),
+            Outcome::Submitted(rx) => rx.await.map(|r| r.map(|a| a.already_present)),
         };
-        match outcome {
-            Ok(Ok(())) => {}
+        match stored_already {
+            Ok(Ok(n)) => {
+                imported -= n;
+                already_present += n;
+            }
             Ok(Err(why)) => return Err(why.into()),
             Err(_) => return Err(ApiError::ShuttingDown),
         }
@@ -424,7 +436,7 @@ async fn import_jobs(
     tracing::debug!(
         from = request.from_jobdb.as_deref().unwrap_or("router"),
         imported,
-        already_present = present.len(),
+        already_present,
         "jobs imported"
     );
     Ok((
@@ -432,7 +444,7 @@ async fn import_jobs(
         Json(ImportResponse {
             jobdb: state.db.name().to_owned(),
             imported,
-            already_present: present.len(),
+            already_present,
         }),
     ))
 }
@@ -440,7 +452,7 @@ async fn import_jobs(
 /// Where a write's outcome arrives: imports are acknowledged, submissions get a transaction id.
 enum Outcome {
     Imported(oneshot::Receiver<Result<(), WriteRejected>>),
-    Submitted(oneshot::Receiver<Result<ulid::Ulid, WriteRejected>>),
+    Submitted(oneshot::Receiver<Result<crate::jobdb::Accepted, WriteRejected>>),
 }
 
 /// The OpenAPI document, with what the derive cannot express: constraints on header names and

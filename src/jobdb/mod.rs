@@ -42,7 +42,8 @@ use engine::{mysql, sqlite, Pool};
 pub use url::{JobDbUrl, Server};
 pub(crate) use write::MAX_ROWS_PER_INSERT;
 pub use write::{
-    job_row_bytes, transition_row_bytes, Append, CommitLog, OpenRow, WriteOp, WriteRejected,
+    job_row_bytes, transition_row_bytes, Accepted, Append, CommitLog, OpenRow, WriteOp,
+    WriteRejected,
 };
 
 use crate::job::{Job, JobId, Progress, State, Transition};
@@ -82,6 +83,10 @@ pub enum JobDbError {
     /// will be refused again.
     #[error("the jobdb refused the write: {0}")]
     Refused(String),
+    /// The write was refused because a row's key exists already (a refusal of its own:
+    /// jobs whose ids were minted elsewhere may have been stored by an earlier try).
+    #[error("the jobdb refused a duplicate key: {0}")]
+    Duplicate(String),
     /// The COMMIT was sent but its answer was lost: the transaction may or may not have
     /// committed. Only reading the JobDB tells.
     #[error("the commit's outcome is unknown")]

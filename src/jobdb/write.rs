@@ -306,6 +306,7 @@ impl JobDb {
             .await;
             written.map_err(|e| match e {
                 JobDbError::Sql(sql) => match q::refusal(&sql) {
+                    Some(why) if is_duplicate(&sql) => JobDbError::Duplicate(why),
                     Some(why) => JobDbError::Refused(why),
                     None => JobDbError::Sql(sql),
                 },
@@ -354,6 +355,12 @@ impl JobDb {
         });
         Ok(max.unwrap_or(0))
     }
+}
+
+/// Whether the server refused a row because its key exists (either engine).
+fn is_duplicate(e: &sqlx::Error) -> bool {
+    matches!(e, sqlx::Error::Database(db)
+        if matches!(db.kind(), sqlx::error::ErrorKind::UniqueViolation))
 }
 
 /// Splits rows into INSERT-sized chunks: at most `max_bytes` bytes each (a single larger row
@@ -628,6 +635,16 @@ pub(crate) fn headers_json(headers: &[(String, String)]) -> String {
     serde_json::Value::Object(map).to_string()
 }
 
+/// A submission made durable.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Accepted {
+    /// The transaction's id (what producers are told).
+    pub transaction: Ulid,
+    /// Jobs of a forwarded submission that an earlier try had stored already (not stored
+    /// again, not handed to the scheduler again).
+    pub already_present: usize,
+}
+
 /// Why a write was not made.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, thiserror::Error)]
 pub enum WriteRejected {
@@ -659,8 +676,12 @@ pub enum WriteOp {
         jobs: Vec<Arc<Job>>,
         /// Refused unless the batch is assembled by then (a router's claim deadline).
         not_after: Option<DateTime<Utc>>,
+        /// The jobs' ids were minted elsewhere (a router's forward): an earlier try of the same
+        /// request may have stored some. Those are skipped (and counted), not refused, found
+        /// only when the JobDB refuses a duplicate, so a first try costs no read.
+        forwarded: bool,
         /// Where the outcome goes once known.
-        reply: oneshot::Sender<Result<Ulid, WriteRejected>>,
+        reply: oneshot::Sender<Result<Accepted, WriteRejected>>,
     },
     /// Jobs imported from a retired JobDB (each gets its `imported` row and its origin).
     Import {

@@ -157,6 +157,10 @@ impl Scheduler {
         lanes.dedup();
         for key in lanes {
             self.dispatch(&key);
+            let concurrency = self.gates.concurrency(&key);
+            if let Some(lane) = self.queues.lane_mut(&key) {
+                lane.adapt(concurrency, self.limits.start_window);
+            }
         }
     }
 
@@ -182,6 +186,9 @@ impl Scheduler {
             }
             if let Some(entry) = self.cache.get_mut(&id) {
                 entry.attempts = entry.attempts.saturating_sub(1);
+                if std::mem::take(&mut entry.probe) {
+                    self.gates.probe_abandoned(&key);
+                }
             }
             if refused {
                 self.wait(id, later);
@@ -199,7 +206,7 @@ impl Scheduler {
 
     /// Sends the lane's begun attempts while it has free HTTP slots. A lane that was paused,
     /// or whose breaker opened, since they were picked sends none of them but its probe: the
-    /// others are held back (their attempt ends without a request, `held-back`, and they wait
+    /// others are held back (their attempt is withdrawn with a `held-back` row, and they wait
     /// in their queue), so a window of attempts begun ahead never reaches an endpoint judged
     /// down.
     pub(super) fn dispatch(&mut self, key: &Arc<str>) {
@@ -238,8 +245,10 @@ impl Scheduler {
         self.relist(key);
     }
 
-    /// Ends begun attempts that will not be sent (see [`Scheduler::dispatch`]) and puts their
-    /// jobs back at the head of their queues.
+    /// Withdraws begun attempts that will not be sent (see [`Scheduler::dispatch`]): each gets
+    /// an `awaiting-retry` row (`held-back`, due now) that keeps its earlier count of attempts
+    /// and names no start, since no request went out; its job goes back to the head of its
+    /// queue. The row also ends the commit's listing of the attempt.
     fn hold_back(&mut self, ids: Vec<JobId>) {
         let now = Utc::now();
         for id in ids {
@@ -247,16 +256,22 @@ impl Scheduler {
             let Some(entry) = self.cache.get_mut(&id) else {
                 continue;
             };
-            entry.probe = false;
-            let (attempts, started) = (entry.attempts, entry.started.take());
+            if std::mem::take(&mut entry.probe) {
+                let lane = entry.lane.clone();
+                self.gates.probe_abandoned(&lane);
+            }
+            let Some(entry) = self.cache.get_mut(&id) else {
+                continue;
+            };
+            entry.started = None;
+            entry.attempts = entry.attempts.saturating_sub(1);
             self.outbox.push(Transition::awaiting_retry(
                 id,
-                attempts,
+                entry.attempts,
                 now,
                 now,
                 AttemptRecord {
                     error_type: Some(ErrorType::HeldBack.into()),
-                    started,
                     ..Default::default()
                 },
             ));

@@ -197,6 +197,13 @@ impl Gates {
         }
     }
 
+    /// The lane's probe will not be sent after all: the breaker may start another.
+    pub(super) fn probe_abandoned(&mut self, key: &str) {
+        if let Some((breaker, _)) = self.breakers.get_mut(key) {
+            breaker.probe_abandoned();
+        }
+    }
+
     /// Whether attempts of the lane begun but without an HTTP slot yet must not be sent now:
     /// the lane is paused, or its breaker opened since they were picked (only its probe may
     /// go to an endpoint judged down).

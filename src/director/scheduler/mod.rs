@@ -422,7 +422,7 @@ impl Scheduler {
             return;
         };
         let limit = match self.gates.limit(key, Instant::now()) {
-            Limit::Open(n) => n.saturating_mul(self.limits.start_window.max(1)),
+            Limit::Open(n) => lane.window(n, self.limits.start_window),
             // An open breaker: one probe, when nothing else is under way.
             Limit::Probe if lane.pending() + lane.in_flight == 0 => 1,
             Limit::Probe | Limit::Wait(None) | Limit::Paused => 0,

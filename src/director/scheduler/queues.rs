@@ -22,10 +22,13 @@ pub(super) type Slot = (JobId, u32);
 /// The queues and attempt counts of one endpoint.
 #[derive(Default)]
 pub(super) struct Lane {
-    /// Attempts whose `executing` rows are being written.
+    /// Attempts whose start is being committed.
     pub(super) starting: usize,
-    /// Attempts whose `executing` rows are durable, waiting for an HTTP slot.
+    /// Attempts whose start is durable, waiting for an HTTP slot.
     pub(super) started: VecDeque<JobId>,
+    /// How many attempts may be begun ahead of their HTTP slots now (0: not grown yet, the
+    /// lane's concurrency); see [`Lane::adapt`].
+    pub(super) window: usize,
     /// HTTP requests in flight.
     pub(super) in_flight: usize,
     /// Jobs taken from the head of the queue whose payload is being read back.
@@ -44,6 +47,29 @@ impl Lane {
     /// Attempts under way that do not hold an HTTP slot yet.
     pub(super) fn pending(&self) -> usize {
         self.starting + self.started.len() + self.fetching
+    }
+
+    /// The start window at concurrency `concurrency`: from one concurrency's worth up to
+    /// `factor` times that, as [`Lane::adapt`] has grown it.
+    pub(super) fn window(&self, concurrency: usize, factor: usize) -> usize {
+        self.window
+            .clamp(concurrency, concurrency.saturating_mul(factor.max(1)))
+    }
+
+    /// A commit of begun attempts was dispatched: if every one found an HTTP slot, the
+    /// commit is what limits the lane, and the window doubles (up to `factor` × its
+    /// concurrency); if some wait for a slot, the endpoint is what limits it, and the window
+    /// halves (down to one concurrency's worth). So a fast endpoint gets many attempts per
+    /// commit, while a slow one never has more begun ahead than it can take, which keeps its
+    /// buckets' turns fair and its payloads in memory few.
+    pub(super) fn adapt(&mut self, concurrency: usize, factor: usize) {
+        let window = self.window(concurrency, factor);
+        self.window = if self.started.is_empty() {
+            window.saturating_mul(2)
+        } else {
+            window / 2
+        }
+        .clamp(concurrency, concurrency.saturating_mul(factor.max(1)));
     }
 }
 

@@ -41,7 +41,7 @@ use open::OpenWork;
 use super::scheduler::Event;
 use crate::job::Recovered;
 use crate::jobdb::lifecycle::Origin;
-pub use crate::jobdb::write::{WriteOp, WriteRejected};
+pub use crate::jobdb::write::{Accepted, WriteOp, WriteRejected};
 
 /// Limits of one group commit.
 #[derive(Clone, Copy, Debug)]
@@ -114,7 +114,13 @@ struct Request {
 
 /// Who hears about a request's outcome.
 enum Reply {
-    Submit(oneshot::Sender<Result<Ulid, WriteRejected>>),
+    /// A submission: its reply, whether its ids were minted elsewhere (forwarded), and how many
+    /// of its jobs an earlier try had stored already.
+    Submit(
+        oneshot::Sender<Result<Accepted, WriteRejected>>,
+        bool,
+        usize,
+    ),
     Import(Ack, Vec<Recovered>),
     Transitions(Option<Ack>),
     Start(oneshot::Sender<Result<AttemptStart, WriteRejected>>),
@@ -125,7 +131,7 @@ enum Reply {
 impl Reply {
     fn kind(&self) -> &'static str {
         match self {
-            Reply::Submit(_) => "submit",
+            Reply::Submit(..) => "submit",
             Reply::Import(..) => "import",
             Reply::Transitions(_) => "transitions",
             Reply::Start(_) => "start",
@@ -137,12 +143,12 @@ impl Reply {
     /// A producer's request (a submission or an import): refused at once when the JobDB is
     /// unavailable, since the producer may send it again.
     fn is_producers(&self) -> bool {
-        matches!(self, Reply::Submit(_) | Reply::Import(..))
+        matches!(self, Reply::Submit(..) | Reply::Import(..))
     }
 
     fn reject(self, why: WriteRejected) {
         match self {
-            Reply::Submit(reply) => {
+            Reply::Submit(reply, ..) => {
                 let _ = reply.send(Err(why));
             }
             Reply::Import(reply, _)
@@ -257,6 +263,61 @@ impl Batch {
         out
     }
 
+    /// Ids of the jobs of forwarded submissions.
+    fn forwarded_ids(&self) -> Vec<JobId> {
+        let mut start = Ends::default();
+        let mut ids = Vec::new();
+        for r in &self.requests {
+            if let Reply::Submit(_, true, _) = r.reply {
+                ids.extend(self.jobs[start.jobs..r.ends.jobs].iter().map(|j| j.id));
+            }
+            start = r.ends;
+        }
+        ids
+    }
+
+    /// Drops the jobs in `present` from forwarded submissions, counting them on each
+    /// request; returns how many were dropped.
+    fn skip_present(&mut self, present: &std::collections::HashSet<JobId>) -> usize {
+        let old = std::mem::take(self);
+        let (mut jobs, mut accepted) = (old.jobs.into_iter(), old.accepted.into_iter());
+        let (mut rows, mut origins) = (old.rows.into_iter(), old.origins.into_iter());
+        let (mut starts, mut rests) = (old.starts.into_iter(), old.rests.into_iter());
+        let mut at = Ends::default();
+        let mut skipped = 0;
+        for request in old.requests {
+            let n = request.ends - at;
+            at = request.ends;
+            let reply = match request.reply {
+                Reply::Submit(reply, true, count) => {
+                    let mut dropped = 0;
+                    for (job, a) in jobs.by_ref().take(n.jobs).zip(accepted.by_ref()) {
+                        if present.contains(&job.id) {
+                            dropped += 1;
+                        } else {
+                            self.bytes += job_row_bytes(&job);
+                            self.jobs.push(job);
+                            self.accepted.push(a);
+                        }
+                    }
+                    skipped += dropped;
+                    Reply::Submit(reply, true, count + dropped)
+                }
+                other => {
+                    self.jobs.extend(jobs.by_ref().take(n.jobs));
+                    self.accepted.extend(accepted.by_ref().take(n.accepted));
+                    other
+                }
+            };
+            self.rows.extend(rows.by_ref().take(n.rows));
+            self.origins.extend(origins.by_ref().take(n.origins));
+            self.starts.extend(starts.by_ref().take(n.starts));
+            self.rests.extend(rests.by_ref().take(n.rests));
+            self.seal(reply);
+        }
+        skipped
+    }
+
     /// Whether the batch writes nothing.
     fn is_empty(&self) -> bool {
         self.jobs.is_empty()
@@ -335,6 +396,7 @@ impl Writer {
             WriteOp::Submit {
                 jobs,
                 not_after,
+                forwarded,
                 reply,
             } => {
                 if not_after.is_some_and(|deadline| Utc::now() > deadline) {
@@ -356,7 +418,7 @@ impl Writer {
                     batch.accepted.push((job.id, job.expire_at));
                 }
                 batch.jobs.extend(jobs);
-                batch.seal(Reply::Submit(reply));
+                batch.seal(Reply::Submit(reply, forwarded, 0));
             }
             WriteOp::Import {
                 jobs,
@@ -498,6 +560,13 @@ impl Writer {
                     self.lock_lost.cancel();
                     return fail(batch, WriteRejected::LockLost);
                 }
+                Err(JobDbError::Duplicate(why)) => {
+                    match self.skip_present(&mut batch).await {
+                        Some(0) | None => return self.isolate(batch, why).await,
+                        // Jobs an earlier try stored are out of the batch: write the rest.
+                        Some(_) => continue,
+                    }
+                }
                 Err(JobDbError::Refused(why)) => return self.isolate(batch, why).await,
                 Err(JobDbError::CommitUnknown(err)) => {
                     tracing::warn!(error = %err, "jobdb commit's answer lost; checking whether it committed");
@@ -547,6 +616,32 @@ impl Writer {
             tokio::time::sleep(pause).await;
             pause = (pause * 2).min(Duration::from_secs(2));
         }
+    }
+
+    /// After the JobDB refused a duplicate key: which jobs of the batch's forwarded
+    /// submissions are stored already (by an earlier try of the same request), dropped from
+    /// the batch and counted on their requests. Returns how many (`None`: the JobDB could not
+    /// be asked, or the batch forwards nothing).
+    async fn skip_present(&self, batch: &mut Batch) -> Option<usize> {
+        let ids = batch.forwarded_ids();
+        if ids.is_empty() {
+            return None;
+        }
+        let present = match self.db.existing_jobs(&ids).await {
+            Ok(present) => present,
+            Err(err) => {
+                tracing::warn!(error = %err, "jobdb unreachable while looking for forwarded jobs stored already");
+                return None;
+            }
+        };
+        let skipped = batch.skip_present(&present);
+        if skipped > 0 {
+            tracing::info!(
+                skipped,
+                "forwarded jobs stored already by an earlier try: not stored again"
+            );
+        }
+        Some(skipped)
     }
 
     /// The checkpoint to write with the next commit, if one is due: the oldest commit that
@@ -634,13 +729,18 @@ impl Writer {
                     let _ = self.scheduler.send(Event::Imported(imported));
                     let _ = reply.send(Ok(()));
                 }
-                Reply::Submit(reply) => {
+                Reply::Submit(reply, _, already_present) => {
                     let accepted: Vec<Arc<Job>> = jobs.by_ref().take(taken).collect();
                     self.metrics.jobs_accepted.inc_by(accepted.len() as u64);
                     // The scheduler learns of the jobs only now that they are durable; the
                     // producer hears about it at the same moment.
-                    let _ = self.scheduler.send(Event::Accepted(accepted));
-                    let _ = reply.send(Ok(transaction));
+                    if !accepted.is_empty() {
+                        let _ = self.scheduler.send(Event::Accepted(accepted));
+                    }
+                    let _ = reply.send(Ok(Accepted {
+                        transaction,
+                        already_present,
+                    }));
                 }
                 Reply::Transitions(done) | Reply::Rest(done) => {
                     if let Some(done) = done {

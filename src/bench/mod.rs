@@ -1,0 +1,418 @@
+//! `spindle bench`: end-to-end delivery throughput of the path producers use, and what each
+//! part of it costs.
+//!
+//! Starts a local endpoint that answers at once (it only counts), the topology under test as
+//! child processes ([`topology`]: one Director on a fresh JobDB, or `--via-router` routers
+//! with Redis dedup in front of Directors that take JobDBs from an in-process registry), and
+//! `concurrency` producers submitting batches of 1 KB jobs. Reports jobs accepted and delivered
+//! per second (delivered: every job's outcome committed), submit latency percentiles, peak
+//! resident memory of the Directors and routers, and CPU seconds per 1,000 jobs of every
+//! component: Directors, routers, MariaDB and Redis (found by the port they listen on, when
+//! they run on this machine) and the bench process itself (producers and endpoint).
+//! `--backlog N` first queues N jobs behind an endpoint that never answers, so the measured
+//! jobs are delivered beside a backlog held by the Director.
+
+pub mod procs;
+pub mod topology;
+
+use std::collections::BTreeMap;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use anyhow::Context;
+use clap::Args;
+use serde_json::json;
+
+use crate::job::State;
+use crate::jobdb::JobDb;
+use crate::sink::Sink;
+use procs::Measured;
+use topology::Topology;
+
+/// Options of `spindle bench`.
+#[derive(Debug, Args)]
+pub struct BenchArgs {
+    /// MySQL server for the throwaway bench JobDBs (`mysql://user@host:port`, no database).
+    #[arg(
+        long,
+        env = "SPINDLE_BENCH_MYSQL",
+        default_value = "mysql://root@127.0.0.1:3306"
+    )]
+    pub mysql: crate::secret::SecretUrl,
+    /// Jobs to submit (and measure).
+    #[arg(long, default_value_t = 100_000)]
+    pub jobs: usize,
+    /// Jobs per request.
+    #[arg(long, default_value_t = 100)]
+    pub batch: usize,
+    /// Concurrent producers.
+    #[arg(long, default_value_t = 16)]
+    pub concurrency: usize,
+    /// Payload size in bytes.
+    #[arg(long, default_value_t = 1024)]
+    pub payload_bytes: usize,
+    /// Submit through routers (dedup on every job's idempotency key in Redis) to Directors
+    /// that take their JobDBs from a registry: the production path.
+    #[arg(long)]
+    pub via_router: bool,
+    /// Directors (with `--via-router`; one otherwise).
+    #[arg(long, default_value_t = 1)]
+    pub directors: usize,
+    /// Routers (with `--via-router`).
+    #[arg(long, default_value_t = 1)]
+    pub routers: usize,
+    /// The routers' dedup store (with `--via-router`).
+    #[arg(long, default_value = "redis://127.0.0.1:6379")]
+    pub redis: String,
+    /// Jobs queued first behind an endpoint that never answers (and kept there), so the
+    /// measured jobs are delivered beside a backlog of this size.
+    #[arg(long, default_value_t = 0)]
+    pub backlog: usize,
+    /// Keep the bench JobDBs afterwards.
+    #[arg(long)]
+    pub keep: bool,
+    /// Extra options passed to every Director child process.
+    #[arg(last = true)]
+    pub director_args: Vec<String>,
+}
+
+/// What one bench run measured.
+#[derive(Debug, serde::Serialize)]
+pub struct BenchReport {
+    /// Jobs submitted, accepted and measured.
+    pub jobs: usize,
+    /// Jobs per request.
+    pub batch: usize,
+    /// Concurrent producers.
+    pub concurrency: usize,
+    /// Payload bytes per job.
+    pub payload_bytes: usize,
+    /// Through routers.
+    pub via_router: bool,
+    /// Directors.
+    pub directors: usize,
+    /// Routers (0: straight to the Director).
+    pub routers: usize,
+    /// Jobs held in a backlog while the measured ones were delivered.
+    pub backlog: usize,
+    /// Jobs accepted per second (intake only).
+    pub accepted_per_sec: f64,
+    /// Jobs delivered per second, until every job's outcome was committed.
+    pub delivered_per_sec: f64,
+    /// Median submit latency (one request of `batch` jobs), ms.
+    pub submit_p50_ms: f64,
+    /// 99th percentile submit latency, ms.
+    pub submit_p99_ms: f64,
+    /// Peak resident memory of the largest Director, MiB.
+    pub director_peak_rss_mib: f64,
+    /// Peak resident memory of the largest router, MiB (0 without routers).
+    pub router_peak_rss_mib: f64,
+    /// Requests the endpoint received for the measured jobs (more than `jobs`: duplicates).
+    pub endpoint_requests: u64,
+    /// CPU milliseconds per 1,000 measured jobs, by component (Directors and routers summed;
+    /// `mariadb` and `redis` when they run on this machine; `bench`: producers and endpoint).
+    pub cpu_ms_per_1000_jobs: BTreeMap<String, f64>,
+    /// CPU µs per delivered job of spindle's parts: routers, Redis, Directors and MariaDB.
+    pub spindle_cpu_us_per_job: f64,
+}
+
+/// Runs the benchmark and prints its report.
+pub async fn run(args: BenchArgs) -> anyhow::Result<()> {
+    anyhow::ensure!(
+        args.batch > 0 && args.jobs > 0 && args.concurrency > 0,
+        "jobs, batch and concurrency must be positive"
+    );
+    anyhow::ensure!(
+        (1..=16).contains(&args.directors) && (1..=8).contains(&args.routers),
+        "--directors must be 1 to 16 and --routers 1 to 8"
+    );
+    anyhow::ensure!(
+        args.via_router || args.directors == 1,
+        "--directors needs --via-router"
+    );
+    let tag = ulid::Ulid::new().to_string().to_lowercase();
+    let sink = Sink::start_counting("127.0.0.1:0".parse()?).await?;
+    let topology = if args.via_router {
+        Topology::via_router(&args, &tag).await?
+    } else {
+        Topology::direct(&args, &tag).await?
+    };
+    let measured = measure(&args, &topology, &sink).await;
+    let stopped = topology.stop(args.keep).await;
+    sink.stop().await;
+    let report = measured?;
+    stopped?;
+    print(&report)
+}
+
+fn print(report: &BenchReport) -> anyhow::Result<()> {
+    let path = if report.via_router {
+        format!(
+            "{} router(s) with dedup, {} Director(s)",
+            report.routers, report.directors
+        )
+    } else {
+        "straight to one Director".to_owned()
+    };
+    println!(
+        "jobs {} × {} B, batch {}, {} producers, {path}{}",
+        report.jobs,
+        report.payload_bytes,
+        report.batch,
+        report.concurrency,
+        if report.backlog > 0 {
+            format!(", beside a backlog of {}", report.backlog)
+        } else {
+            String::new()
+        }
+    );
+    println!("accepted        {:>10.0} jobs/s", report.accepted_per_sec);
+    println!(
+        "delivered       {:>10.0} jobs/s (every outcome committed)",
+        report.delivered_per_sec
+    );
+    println!(
+        "submit latency  p50 {:.1} ms   p99 {:.1} ms",
+        report.submit_p50_ms, report.submit_p99_ms
+    );
+    println!(
+        "director peak   {:.0} MiB RSS",
+        report.director_peak_rss_mib
+    );
+    if report.routers > 0 {
+        println!("router peak     {:.0} MiB RSS", report.router_peak_rss_mib);
+    }
+    let cpu: Vec<String> = report
+        .cpu_ms_per_1000_jobs
+        .iter()
+        .map(|(c, ms)| format!("{c} {ms:.0}"))
+        .collect();
+    println!("cpu ms/1000 jobs {}", cpu.join(", "));
+    println!(
+        "spindle cpu     {:.1} µs per job (routers, Redis, Directors, MariaDB)",
+        report.spindle_cpu_us_per_job
+    );
+    println!("{}", serde_json::to_string(report)?);
+    Ok(())
+}
+
+/// Request bodies of `count` jobs from `first` on, encoded ahead (the producers' JSON work is
+/// not measured).
+fn bodies(
+    args: &BenchArgs,
+    tag: &str,
+    endpoint: &str,
+    first: usize,
+    count: usize,
+    extra: serde_json::Value,
+) -> Vec<bytes::Bytes> {
+    let payload = "x".repeat(args.payload_bytes.saturating_sub(12));
+    let batches = count.div_ceil(args.batch);
+    (0..batches)
+        .map(|b| {
+            let n = args.batch.min(count - b * args.batch);
+            let jobs: Vec<_> = (0..n)
+                .map(|i| {
+                    let k = first + b * args.batch + i;
+                    let mut job = json!({"bucket": format!("bench-{}", k % 8), "endpoint": endpoint, "payload": {"data": payload}});
+                    if args.via_router {
+                        job["idempotency_key"] = json!(format!("{tag}-{k}"));
+                    }
+                    if let (Some(job), Some(extra)) = (job.as_object_mut(), extra.as_object()) {
+                        job.extend(extra.clone());
+                    }
+                    job
+                })
+                .collect();
+            bytes::Bytes::from(json!({ "jobs": jobs }).to_string())
+        })
+        .collect()
+}
+
+/// Submits every body with `concurrency` producers spread over the targets; returns each
+/// request's latency.
+async fn produce(
+    args: &BenchArgs,
+    targets: &[String],
+    bodies: Vec<bytes::Bytes>,
+) -> anyhow::Result<Vec<Duration>> {
+    let bodies = Arc::new(bodies);
+    let next = Arc::new(AtomicUsize::new(0));
+    let mut producers = Vec::new();
+    for p in 0..args.concurrency {
+        // No deadline on a request: the bench measures how long they take.
+        let client = spindle_client::Client::builder(&targets[p % targets.len()])
+            .pool_max_idle_per_host(args.concurrency)
+            .no_timeout()
+            .build()?;
+        let (bodies, next) = (bodies.clone(), next.clone());
+        producers.push(tokio::spawn(async move {
+            let mut latencies = Vec::new();
+            loop {
+                let i = next.fetch_add(1, Ordering::Relaxed);
+                if i >= bodies.len() {
+                    return Ok::<_, anyhow::Error>(latencies);
+                }
+                let t = Instant::now();
+                client
+                    .submit_encoded(bodies[i].clone())
+                    .await
+                    .context("submit")?;
+                latencies.push(t.elapsed());
+            }
+        }));
+    }
+    let mut latencies = Vec::new();
+    for p in producers {
+        latencies.extend(p.await??);
+    }
+    Ok(latencies)
+}
+
+/// The port of a `scheme://user@host:port...` URL.
+fn port_of(url: &str, default: u16) -> u16 {
+    let rest = url.split("://").nth(1).unwrap_or(url);
+    let host = rest.split(['/', '?']).next().unwrap_or(rest);
+    let host = host.rsplit('@').next().unwrap_or(host);
+    host.rsplit_once(':')
+        .and_then(|(_, p)| p.parse().ok())
+        .unwrap_or(default)
+}
+
+async fn measure(
+    args: &BenchArgs,
+    topology: &Topology,
+    sink: &Sink,
+) -> anyhow::Result<BenchReport> {
+    if args.backlog > 0 {
+        let held = json!({"execution_timeout_ms": 300_000, "bucket": "backlog"});
+        let backlog = bodies(
+            args,
+            &topology.tag,
+            &sink.url("/hang"),
+            0,
+            args.backlog,
+            held,
+        );
+        produce(args, &topology.targets, backlog).await?;
+    }
+    let mut measured: Vec<Measured> = Vec::new();
+    for c in &topology.children {
+        if let Some(m) = c.pid().and_then(|pid| Measured::start(c.component, pid)) {
+            measured.push(m);
+        }
+    }
+    let servers = [
+        ("mariadb", Some(port_of(args.mysql.expose(), 3306))),
+        ("redis", args.via_router.then(|| port_of(&args.redis, 6379))),
+    ];
+    for (component, port) in servers {
+        if let Some(m) = port
+            .and_then(procs::listener_pid)
+            .and_then(|pid| Measured::start(component, pid))
+        {
+            measured.push(m);
+        }
+    }
+    measured.extend(Measured::start("bench", std::process::id()));
+
+    let first = args.backlog;
+    let work = bodies(
+        args,
+        &topology.tag,
+        &sink.url("/ok"),
+        first,
+        args.jobs,
+        json!({}),
+    );
+    let started = Instant::now();
+    let mut latencies = produce(args, &topology.targets, work).await?;
+    let accepted_in = started.elapsed();
+
+    // The endpoint's count is free to read; the JobDBs are asked once it is reached (a
+    // count of outcome rows scans a table, which would load the database being measured).
+    let deadline = Instant::now() + Duration::from_secs(600);
+    let mut dbs = Vec::new();
+    for url in &topology.jobdbs {
+        dbs.push(JobDb::open(url, false, 1).await?);
+    }
+    loop {
+        if sink.ok_total() as usize >= args.jobs {
+            let mut succeeded = 0;
+            for db in &dbs {
+                succeeded += db.count_transitions_into(State::Succeeded).await?;
+            }
+            if succeeded as usize >= args.jobs {
+                break;
+            }
+        }
+        anyhow::ensure!(
+            Instant::now() < deadline,
+            "jobs not delivered within 10 minutes"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let delivered_in = started.elapsed();
+    for m in &mut measured {
+        m.sample();
+    }
+    for db in dbs {
+        db.close().await;
+    }
+    let peak = |component: &str| {
+        topology
+            .children
+            .iter()
+            .filter(|c| c.component == component)
+            .filter_map(|c| c.pid().and_then(|pid| procs::status_kib(pid, "VmHWM:")))
+            .max()
+            .unwrap_or(0) as f64
+            / 1024.0
+    };
+    let mut cpu: BTreeMap<String, f64> = BTreeMap::new();
+    for m in &measured {
+        *cpu.entry(m.component.to_owned()).or_default() += m.used();
+    }
+    let per_1000 = |seconds: f64| seconds * 1000.0 * 1000.0 / args.jobs as f64;
+    let spindle_seconds: f64 = ["router", "redis", "director", "mariadb"]
+        .iter()
+        .filter_map(|c| cpu.get(*c))
+        .sum();
+    latencies.sort();
+    let pct = |p: f64| {
+        latencies[((latencies.len() as f64 - 1.0) * p).round() as usize].as_secs_f64() * 1000.0
+    };
+    Ok(BenchReport {
+        jobs: args.jobs,
+        batch: args.batch,
+        concurrency: args.concurrency,
+        payload_bytes: args.payload_bytes,
+        via_router: args.via_router,
+        directors: args.directors,
+        routers: if args.via_router { args.routers } else { 0 },
+        backlog: args.backlog,
+        accepted_per_sec: args.jobs as f64 / accepted_in.as_secs_f64(),
+        delivered_per_sec: args.jobs as f64 / delivered_in.as_secs_f64(),
+        submit_p50_ms: pct(0.50),
+        submit_p99_ms: pct(0.99),
+        director_peak_rss_mib: peak("director"),
+        router_peak_rss_mib: peak("router"),
+        endpoint_requests: sink.ok_total(),
+        cpu_ms_per_1000_jobs: cpu.iter().map(|(c, s)| (c.clone(), per_1000(*s))).collect(),
+        spindle_cpu_us_per_job: spindle_seconds * 1e6 / args.jobs as f64,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::port_of;
+
+    #[test]
+    fn ports_come_from_urls_or_defaults() {
+        assert_eq!(port_of("mysql://root@127.0.0.1:3306", 1), 3306);
+        assert_eq!(port_of("redis://127.0.0.1:6380/0", 1), 6380);
+        assert_eq!(port_of("mysql://u:p@db.example", 3306), 3306);
+        assert_eq!(port_of("redis://h:7000", 6379), 7000);
+    }
+}

@@ -1,0 +1,238 @@
+//! The processes a benchmark runs: a Director on a fresh JobDB (direct), or the production
+//! path (`--via-router`): an in-process registry (the repository's Consul-API server), fresh
+//! JobDBs in its inventory, Directors and routers as child processes, dedup on the given Redis.
+
+use std::time::{Duration, Instant};
+
+use anyhow::Context;
+use tokio::process::{Child, Command};
+
+use super::BenchArgs;
+use crate::jobdb::{self, JobDbUrl};
+use crate::registry::consul::ConsulClient;
+use crate::registry::inventory::{Inventory, JobDbRecord, JobDbState};
+
+/// A child process of the bench.
+pub struct ChildProc {
+    /// `director` or `router`.
+    pub component: &'static str,
+    /// Its RPC address.
+    pub base: String,
+    child: Child,
+}
+
+impl ChildProc {
+    /// Its process id.
+    pub fn pid(&self) -> Option<u32> {
+        self.child.id()
+    }
+}
+
+/// The running topology.
+pub struct Topology {
+    /// Directors and routers.
+    pub children: Vec<ChildProc>,
+    /// Where producers submit: the routers, or the Director.
+    pub targets: Vec<String>,
+    /// The JobDBs in use.
+    pub jobdbs: Vec<JobDbUrl>,
+    /// Names jobs' idempotency keys (and the dedup keys in Redis) apart from other runs.
+    pub tag: String,
+    registry: Option<consul_double::ConsulDouble>,
+}
+
+fn free_port() -> std::io::Result<u16> {
+    Ok(std::net::TcpListener::bind("127.0.0.1:0")?
+        .local_addr()?
+        .port())
+}
+
+fn spawn(component: &'static str, args: &[String]) -> anyhow::Result<ChildProc> {
+    let port = free_port()?;
+    let listen = format!("127.0.0.1:{port}");
+    let exe = std::env::current_exe()?;
+    let child = Command::new(exe)
+        .arg(component)
+        .arg("--listen")
+        .arg(&listen)
+        .args(args)
+        .kill_on_drop(true)
+        .spawn()
+        .with_context(|| format!("starting a {component}"))?;
+    Ok(ChildProc {
+        component,
+        base: format!("http://{listen}"),
+        child,
+    })
+}
+
+impl Topology {
+    /// One Director on one fresh JobDB.
+    pub async fn direct(args: &BenchArgs, tag: &str) -> anyhow::Result<Topology> {
+        let (text, url) = jobdb_url(args, tag, None)?;
+        let mut director_args = vec![
+            "--jobdb".to_owned(),
+            text,
+            "--log".to_owned(),
+            "warn".to_owned(),
+            "--allow-subnet".to_owned(),
+            "127.0.0.0/8".to_owned(),
+            // A backlog's requests never end: no point waiting for them at the end.
+            "--shutdown-grace-ms".to_owned(),
+            "2000".to_owned(),
+        ];
+        director_args.extend(args.director_args.iter().cloned());
+        let director = spawn("director", &director_args)?;
+        let target = director.base.clone();
+        let topology = Topology {
+            children: vec![director],
+            targets: vec![target.clone()],
+            jobdbs: vec![url],
+            tag: tag.to_owned(),
+            registry: None,
+        };
+        wait_ready(&target, "director", |_| true).await?;
+        Ok(topology)
+    }
+
+    /// Routers in front of Directors, each Director on a JobDB of its own taken from the
+    /// registry's inventory, dedup on `--redis`.
+    pub async fn via_router(args: &BenchArgs, tag: &str) -> anyhow::Result<Topology> {
+        let registry = consul_double::ConsulDouble::start(consul_double::Config {
+            listen: "127.0.0.1:0".parse()?,
+            node_name: "spindle-bench".into(),
+            session_ttl_min: Duration::from_secs(1),
+            ..consul_double::Config::default()
+        })
+        .await
+        .context("starting the in-process registry")?;
+        let consul = registry.url();
+        let inventory = Inventory::new(ConsulClient::new(&consul, None)?);
+        let mut jobdbs = Vec::new();
+        for i in 0..args.directors {
+            let (text, url) = jobdb_url(args, tag, Some(i))?;
+            // Created and migrated here, so Directors find it ready.
+            let db = jobdb::JobDb::open(&url, true, 1).await?;
+            db.close().await;
+            let record = JobDbRecord {
+                name: url.database.clone(),
+                url: text,
+                state: JobDbState::Spare,
+                changed_at: chrono::Utc::now(),
+                changed_by: "bench".into(),
+            };
+            inventory.add(&record).await?;
+            jobdbs.push(url);
+        }
+        let mut children = Vec::new();
+        for i in 0..args.directors {
+            let mut director_args = vec![
+                "--registry".to_owned(),
+                "consul".to_owned(),
+                "--consul-addr".to_owned(),
+                consul.clone(),
+                "--director-id".to_owned(),
+                format!("{tag}-d{i}"),
+                "--log".to_owned(),
+                "warn".to_owned(),
+                "--allow-subnet".to_owned(),
+                "127.0.0.0/8".to_owned(),
+                "--shutdown-grace-ms".to_owned(),
+                "2000".to_owned(),
+            ];
+            director_args.extend(args.director_args.iter().cloned());
+            children.push(spawn("director", &director_args)?);
+        }
+        let shard = args.directors.min(2).to_string();
+        let mut targets = Vec::new();
+        for _ in 0..args.routers {
+            let router_args = vec![
+                "--consul-addr".to_owned(),
+                consul.clone(),
+                "--redis".to_owned(),
+                format!("a={}", args.redis),
+                "--dedup-key-prefix".to_owned(),
+                format!("{tag}:"),
+                "--dedup-window-s".to_owned(),
+                "600".to_owned(),
+                "--placement-prefix".to_owned(),
+                format!("spindle-bench/{tag}/placements"),
+                "--shard-size".to_owned(),
+                shard.clone(),
+                "--log".to_owned(),
+                "warn".to_owned(),
+            ];
+            let router = spawn("router", &router_args)?;
+            targets.push(router.base.clone());
+            children.push(router);
+        }
+        let topology = Topology {
+            children,
+            targets: targets.clone(),
+            jobdbs,
+            tag: tag.to_owned(),
+            registry: Some(registry),
+        };
+        let directors = format!("{} directors", args.directors);
+        for target in &targets {
+            wait_ready(target, "router", |body| body.contains(&directors)).await?;
+        }
+        Ok(topology)
+    }
+
+    /// Stops every child (SIGTERM, then kill), the registry, and drops the JobDBs unless kept.
+    pub async fn stop(mut self, keep: bool) -> anyhow::Result<()> {
+        for c in &self.children {
+            if let Some(pid) = c.pid() {
+                let _ = nix::sys::signal::kill(
+                    nix::unistd::Pid::from_raw(pid as i32),
+                    nix::sys::signal::Signal::SIGTERM,
+                );
+            }
+        }
+        for c in &mut self.children {
+            if tokio::time::timeout(Duration::from_secs(30), c.child.wait())
+                .await
+                .is_err()
+            {
+                let _ = c.child.start_kill();
+            }
+        }
+        if let Some(registry) = self.registry.take() {
+            registry.stop().await;
+        }
+        if !keep {
+            for url in &self.jobdbs {
+                jobdb::drop_database(url).await?;
+            }
+        }
+        Ok(())
+    }
+}
+
+/// A fresh JobDB's URL on `--mysql` (as text, and parsed): `spindle_bench_<tag>` (with `_<i>`
+/// for the i-th).
+fn jobdb_url(args: &BenchArgs, tag: &str, i: Option<usize>) -> anyhow::Result<(String, JobDbUrl)> {
+    let name = match i {
+        Some(i) => format!("spindle_bench_{tag}_{i}"),
+        None => format!("spindle_bench_{tag}"),
+    };
+    let text = format!("{}/{}", args.mysql.expose().trim_end_matches('/'), name);
+    let url = text.parse().context("--mysql")?;
+    Ok((text, url))
+}
+
+/// Waits until `base`'s `/readyz` answers 200 with a body `ok` accepts.
+async fn wait_ready(base: &str, what: &str, ok: impl Fn(&str) -> bool) -> anyhow::Result<()> {
+    let client = reqwest::Client::new();
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        if let Ok(r) = client.get(format!("{base}/readyz")).send().await {
+            if r.status().is_success() && r.text().await.is_ok_and(|t| ok(&t)) {
+                return Ok(());
+            }
+        }
+        anyhow::ensure!(Instant::now() < deadline, "{what} not ready within 60 s");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}

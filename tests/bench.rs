@@ -1,0 +1,84 @@
+//! `spindle bench`, small: the benchmark runs both paths (straight to a Director, and through
+//! routers with Redis dedup to two Directors), delivers every job once and reports what each
+//! component cost. The full runs are on demand (docs/benchmarks.md).
+
+mod common;
+
+use common::procs;
+
+fn report(args: &[&str]) -> serde_json::Value {
+    let out = procs::run(args);
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "spindle {}\n{stdout}\n{}",
+        args.join(" "),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    println!("{stdout}");
+    let json = stdout.lines().last().expect("the report line");
+    serde_json::from_str(json).expect("a JSON report")
+}
+
+fn check(r: &serde_json::Value, jobs: u64, components: &[&str]) {
+    assert_eq!(r["jobs"], jobs);
+    assert!(r["delivered_per_sec"].as_f64().unwrap() > 0.0);
+    let requests = r["endpoint_requests"].as_u64().unwrap();
+    assert!(requests >= jobs, "{requests} requests for {jobs} jobs");
+    assert!(r["director_peak_rss_mib"].as_f64().unwrap() > 1.0);
+    let cpu = r["cpu_ms_per_1000_jobs"].as_object().unwrap();
+    for c in components {
+        assert!(
+            cpu.get(*c)
+                .and_then(|v| v.as_f64())
+                .is_some_and(|v| v > 0.0),
+            "no CPU measured for {c}: {cpu:?}"
+        );
+    }
+    assert!(r["spindle_cpu_us_per_job"].as_f64().unwrap() > 0.0);
+}
+
+#[test]
+fn the_benchmark_measures_both_paths() {
+    let direct = report(&[
+        "bench",
+        "--jobs",
+        "2000",
+        "--batch",
+        "50",
+        "--concurrency",
+        "4",
+    ]);
+    check(&direct, 2000, &["director", "mariadb", "bench"]);
+    assert_eq!(direct["routers"], 0);
+    let routed = report(&[
+        "bench",
+        "--via-router",
+        "--directors",
+        "2",
+        "--jobs",
+        "2000",
+        "--batch",
+        "50",
+        "--concurrency",
+        "4",
+    ]);
+    check(
+        &routed,
+        2000,
+        &["director", "router", "mariadb", "redis", "bench"],
+    );
+    assert_eq!(routed["routers"], 1);
+    assert!(routed["router_peak_rss_mib"].as_f64().unwrap() > 1.0);
+    let backlog = report(&[
+        "bench",
+        "--jobs",
+        "1000",
+        "--backlog",
+        "2000",
+        "--concurrency",
+        "4",
+    ]);
+    check(&backlog, 1000, &["director", "mariadb"]);
+    assert_eq!(backlog["backlog"], 2000);
+}
