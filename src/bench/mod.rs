@@ -72,6 +72,10 @@ pub struct BenchArgs {
     /// Keep the bench JobDBs afterwards.
     #[arg(long)]
     pub keep: bool,
+    /// The `spindle` binary the Directors and routers run (default: this one): to compare
+    /// two builds under the same benchmark.
+    #[arg(long)]
+    pub bin: Option<std::path::PathBuf>,
     /// Extra options passed to every Director child process.
     #[arg(last = true)]
     pub director_args: Vec<String>,

@@ -47,10 +47,17 @@ fn free_port() -> std::io::Result<u16> {
         .port())
 }
 
-fn spawn(component: &'static str, args: &[String]) -> anyhow::Result<ChildProc> {
+fn spawn(
+    bin: Option<&std::path::Path>,
+    component: &'static str,
+    args: &[String],
+) -> anyhow::Result<ChildProc> {
     let port = free_port()?;
     let listen = format!("127.0.0.1:{port}");
-    let exe = std::env::current_exe()?;
+    let exe = match bin {
+        Some(bin) => bin.to_owned(),
+        None => std::env::current_exe()?,
+    };
     let child = Command::new(exe)
         .arg(component)
         .arg("--listen")
@@ -82,7 +89,7 @@ impl Topology {
             "2000".to_owned(),
         ];
         director_args.extend(args.director_args.iter().cloned());
-        let director = spawn("director", &director_args)?;
+        let director = spawn(args.bin.as_deref(), "director", &director_args)?;
         let target = director.base.clone();
         let topology = Topology {
             children: vec![director],
@@ -111,9 +118,9 @@ impl Topology {
         let mut jobdbs = Vec::new();
         for i in 0..args.directors {
             let (text, url) = jobdb_url(args, tag, Some(i))?;
-            // Created and migrated here, so Directors find it ready.
-            let db = jobdb::JobDb::open(&url, true, 1).await?;
-            db.close().await;
+            // Created empty: the Director that takes it migrates it to its own schema (so a
+            // `--bin` of another build runs on a JobDB of its own version).
+            jobdb::create_database(&url).await?;
             let record = JobDbRecord {
                 name: url.database.clone(),
                 url: text,
@@ -141,7 +148,7 @@ impl Topology {
                 "2000".to_owned(),
             ];
             director_args.extend(args.director_args.iter().cloned());
-            children.push(spawn("director", &director_args)?);
+            children.push(spawn(args.bin.as_deref(), "director", &director_args)?);
         }
         let shard = args.directors.min(2).to_string();
         let mut targets = Vec::new();
@@ -162,7 +169,7 @@ impl Topology {
                 "--log".to_owned(),
                 "warn".to_owned(),
             ];
-            let router = spawn("router", &router_args)?;
+            let router = spawn(args.bin.as_deref(), "router", &router_args)?;
             targets.push(router.base.clone());
             children.push(router);
         }

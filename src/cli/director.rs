@@ -69,7 +69,7 @@ pub struct DirectorArgs {
     /// Most payload and header bytes of cached jobs held in memory, in MiB; beyond it, new jobs
     /// keep only their metadata and their payload is read back from the JobDB when their turn
     /// comes (bounds memory under a backlog).
-    #[arg(long, env = "SPINDLE_MAX_CACHED_PAYLOAD_MIB", default_value_t = 512)]
+    #[arg(long, env = "SPINDLE_MAX_CACHED_PAYLOAD_MIB", default_value_t = 128)]
     pub max_cached_payload_mib: usize,
     /// Most jobs held in the Director's cache; beyond it, jobs wait in the JobDB and are read
     /// in a page at a time as room appears, and jobs waiting far in the future are evicted

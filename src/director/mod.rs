@@ -95,7 +95,7 @@ impl DirectorConfig {
                 backoff_cap: Duration::from_secs(3600),
                 shutdown_grace: Duration::from_secs(30),
                 spill_after: Duration::from_secs(60),
-                max_cached_bytes: 512 * 1024 * 1024,
+                max_cached_bytes: 128 * 1024 * 1024,
                 max_cached_jobs: 1_000_000,
                 breaker: breaker::BreakerConfig::default(),
                 max_attempts: 1000,

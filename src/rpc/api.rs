@@ -156,14 +156,45 @@ pub fn validate_request(
             ),
         ));
     }
+    // Jobs of one request mostly share their bucket, endpoint and method: one allocation each
+    // for the request, not one per job (a backlog of jobs in memory holds them all).
+    let mut shared = Shared::default();
     request
         .jobs
         .into_iter()
         .enumerate()
         .map(|(i, spec)| {
-            validate_job(spec, &format!("jobs[{i}]"), limits, now, next_id()).map(Arc::new)
+            validate_job(spec, &format!("jobs[{i}]"), limits, now, next_id())
+                .map(|job| Arc::new(shared.intern(job)))
         })
         .collect()
+}
+
+/// The strings the jobs of one request share, allocated once.
+#[derive(Default)]
+struct Shared {
+    strings: Vec<Arc<str>>,
+}
+
+impl Shared {
+    /// `text` as an `Arc` this request already holds, or a new one it keeps.
+    fn get(&mut self, text: Arc<str>) -> Arc<str> {
+        if let Some(found) = self.strings.iter().find(|s| ***s == *text) {
+            return found.clone();
+        }
+        // A handful of distinct values per request is the common case; past that, no gain.
+        if self.strings.len() < 16 {
+            self.strings.push(text.clone());
+        }
+        text
+    }
+
+    fn intern(&mut self, mut job: Job) -> Job {
+        job.bucket = self.get(job.bucket);
+        job.endpoint = self.get(job.endpoint);
+        job.method = self.get(job.method);
+        job
+    }
 }
 
 /// Checks one job as intake does, before it is sent (`spindle submit` checks a whole file

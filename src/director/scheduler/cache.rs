@@ -78,7 +78,12 @@ impl Entry {
             ticket: 0,
             doomed: None,
             failed_at: None,
-            lane: job.endpoint_key().into(),
+            // Most endpoints have no query: the lane is the endpoint, held once.
+            lane: if job.endpoint_key().len() == job.endpoint.len() {
+                job.endpoint.clone()
+            } else {
+                job.endpoint_key().into()
+            },
             spilled: false,
             job,
             attempts,

@@ -399,6 +399,29 @@ mod tests {
     }
 
     #[test]
+    fn begun_attempts_are_held_back_when_the_lane_pauses_or_its_breaker_opens() {
+        let mut paused = control("http://p/");
+        paused.paused = true;
+        let mut gates = gates_with(vec![paused]);
+        let key: Arc<str> = "http://a/".into();
+        let now = Instant::now();
+        assert!(!gates.holds_back(&key));
+        assert!(gates.holds_back("http://p/"));
+        for _ in 0..20 {
+            gates.record(&key, false, None, now);
+        }
+        assert!(gates.holds_back(&key), "judged down: only its probe goes");
+        // A probe picked and never sent leaves the way open for the next.
+        let later = now + Duration::from_secs(2);
+        assert!(gates.starting(&key), "the attempt started now is the probe");
+        assert_eq!(gates.limit(&key, later), Limit::Wait(None));
+        gates.probe_abandoned(&key);
+        assert_eq!(gates.limit(&key, later), Limit::Probe);
+        gates.record(&key, true, None, later);
+        assert!(!gates.holds_back(&key));
+    }
+
+    #[test]
     fn a_retry_after_delays_the_probe() {
         let mut gates = gates_with(vec![]);
         let key: Arc<str> = "http://a/".into();

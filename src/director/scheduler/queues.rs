@@ -216,6 +216,30 @@ impl Queues {
 mod tests {
     use super::*;
 
+    #[test]
+    fn the_start_window_grows_while_slots_are_free_and_shrinks_when_they_are_not() {
+        let mut lane = Lane::default();
+        assert_eq!(
+            lane.window(8, 16),
+            8,
+            "one concurrency's worth to begin with"
+        );
+        // Every begun attempt found a slot: the commit limits the lane, the window doubles.
+        for expected in [16, 32, 64, 128, 128] {
+            lane.adapt(8, 16);
+            assert_eq!(lane.window(8, 16), expected);
+        }
+        // Attempts wait for slots: the endpoint limits it, the window halves, to 8 at least.
+        lane.started.push_back(JobId(ulid::Ulid::from(1u128)));
+        for expected in [64, 32, 16, 8, 8] {
+            lane.adapt(8, 16);
+            assert_eq!(lane.window(8, 16), expected);
+        }
+        // A lower concurrency (a control's cap) bounds it at once.
+        assert_eq!(lane.window(2, 16), 8);
+        assert_eq!(lane.window(2, 1), 2);
+    }
+
     fn key(s: &str) -> Arc<str> {
         s.into()
     }
