@@ -392,7 +392,7 @@ impl JobDb {
     pub async fn without_archived_history(&self) -> Result<Vec<JobId>, JobDbError> {
         with_pool!(self, |p, q| {
             sqlx::query(
-                "SELECT t.job_id FROM job_latest t \
+                "SELECT t.job_id FROM job_state_transitions t \
                  LEFT JOIN archive_batch_jobs b ON b.job_id = t.job_id AND b.kind = 'history' \
                  LEFT JOIN archive_confirmations c ON c.batch_id = b.batch_id \
                  WHERE t.state IN ('succeeded', 'discarded', 'moved') AND c.batch_id IS NULL \

@@ -449,17 +449,25 @@ impl JobDb {
             .unwrap_or_default())
     }
 
-    /// How many jobs are in each state now (by the last step of their histories, the
-    /// `job_latest` view: reads every job; for tests and small JobDBs).
+    /// How many jobs are in each state now: the unfinished ones by `open_work`, the others by
+    /// their terminal row (a job has at most one). Reads the open work and the terminal rows,
+    /// not every history (for tests, benches and small JobDBs all the same).
     pub async fn count_by_state(&self) -> Result<HashMap<State, u64>, JobDbError> {
-        with_pool!(self, |p, q| {
-            sqlx::query("SELECT state, COUNT(*) AS n FROM job_latest GROUP BY state")
-                .fetch_all(p)
-                .await?
-                .iter()
-                .map(|row| Ok((q::state_of(row)?, q::count_of(row, "n")?)))
-                .collect()
-        })
+        let mut counts: HashMap<State, u64> = with_pool!(self, |p, q| {
+            sqlx::query(
+                "SELECT state, COUNT(*) AS n FROM job_state_transitions \
+                 WHERE state IN ('succeeded', 'discarded', 'archived', 'moved') GROUP BY state",
+            )
+            .fetch_all(p)
+            .await?
+            .iter()
+            .map(|row| Ok((q::state_of(row)?, q::count_of(row, "n")?)))
+            .collect::<Result<_, JobDbError>>()?
+        });
+        for w in self.open_work().await? {
+            *counts.entry(w.progress.state).or_default() += 1;
+        }
+        Ok(counts)
     }
 
     /// How many transitions into `state` were recorded (a cheap progress probe for benches).

@@ -47,6 +47,7 @@ impl PrivateMariaDb {
     }
 
     pub fn restart(&mut self) {
+        std::fs::create_dir_all(self.path("tmp")).expect("private tmpdir");
         let child = std::process::Command::new("mariadbd")
             .args([
                 "--no-defaults",
@@ -56,6 +57,9 @@ impl PrivateMariaDb {
                 "--innodb-buffer-pool-size=64M",
             ])
             .arg(format!("--datadir={}", self.path("data").display()))
+            // Its own tmpdir: a mariadbd clears the `#sql*` files of its tmpdir when it starts,
+            // and in the shared /tmp those are the machine's server's temporary tables, in use.
+            .arg(format!("--tmpdir={}", self.path("tmp").display()))
             .arg(format!("--port={}", self.port))
             .arg(format!("--socket={}", self.path("sock").display()))
             .arg(format!("--pid-file={}", self.path("pid").display()))
