@@ -222,10 +222,7 @@ async fn kill_9_mid_load_loses_nothing(engine: Engine) {
     );
     assert!(duplicates <= interrupted.len());
 
-    let _ = nix::sys::signal::kill(
-        nix::unistd::Pid::from_raw(director.id().unwrap() as i32),
-        nix::sys::signal::Signal::SIGTERM,
-    );
+    sigterm(&director);
     let status = director.wait().await.unwrap();
     assert!(status.success(), "SIGTERM exits 0: {status}");
     reader.close().await;
@@ -239,11 +236,7 @@ async fn kill_9_mid_load_loses_nothing(engine: Engine) {
 async fn a_kill_9_after_an_idle_moment_loses_nothing(engine: Engine) {
     let db = TestDb::on(engine, "idlecrash");
     let sink = Sink::start("127.0.0.1:0".parse().unwrap()).await.unwrap();
-    let port = std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port();
+    let port = procs::free_port();
     let base = format!("http://127.0.0.1:{port}");
     let client = reqwest::Client::new();
     // One request at a time to the slow endpoint: the others wait, accepted and never tried.
@@ -274,11 +267,15 @@ async fn a_kill_9_after_an_idle_moment_loses_nothing(engine: Engine) {
             "{history:#?}"
         );
     }
+    sigterm(&director);
+    director.wait().await.unwrap();
+    reader.close().await;
+    sink.stop().await;
+}
+
+fn sigterm(director: &Child) {
     let _ = nix::sys::signal::kill(
         nix::unistd::Pid::from_raw(director.id().unwrap() as i32),
         nix::sys::signal::Signal::SIGTERM,
     );
-    director.wait().await.unwrap();
-    reader.close().await;
-    sink.stop().await;
 }

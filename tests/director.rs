@@ -825,22 +825,9 @@ async fn operator_commands_reach_jobs_that_wait_only_in_the_jobdb() {
 async fn a_forward_tried_again_stores_each_job_once(engine: Engine) {
     use spindle::rpc::import::{ImportJob, ImportRequest};
     let rig = Rig::start_on(engine, "forward", |_| {}).await;
-    let now = chrono::Utc::now();
     let job = |id: ulid::Ulid| ImportJob {
-        id: id.to_string(),
-        bucket: "b".into(),
-        endpoint: rig.sink.url("/ok"),
-        method: "POST".into(),
-        headers: vec![],
-        payload_base64: String::new(),
-        execution_timeout_ms: 10_000,
-        backoff_min_delay_ms: 1_000,
-        backoff_coefficient: 2.0,
-        created_at: now,
-        expire_at: now + chrono::Duration::hours(1),
         idempotency_key: Some(format!("k-{id}")),
-        attempts: 0,
-        retry_at: now,
+        ..import_form(id, rig.sink.url("/ok"), 0)
     };
     let forward = |ids: &[ulid::Ulid]| ImportRequest {
         jobdb: rig.db.url.database.clone(),

@@ -79,27 +79,6 @@ async fn write_queue(rig: &Rig) -> f64 {
     )
 }
 
-/// A job in the import form: to `endpoint`, with `attempts` made, due now, expiring in an hour.
-fn import_form(id: ulid::Ulid, endpoint: String, attempts: u16) -> spindle::rpc::import::ImportJob {
-    let now = Utc::now();
-    spindle::rpc::import::ImportJob {
-        id: id.to_string(),
-        bucket: "b".into(),
-        endpoint,
-        method: "POST".into(),
-        headers: vec![],
-        payload_base64: String::new(),
-        execution_timeout_ms: 10_000,
-        backoff_min_delay_ms: 1_000,
-        backoff_coefficient: 2.0,
-        created_at: now,
-        expire_at: now + chrono::Duration::hours(1),
-        idempotency_key: None,
-        attempts,
-        retry_at: now,
-    }
-}
-
 /// The Director's `/readyz` status.
 async fn ready(rig: &Rig) -> u16 {
     rig.client

@@ -73,23 +73,30 @@ fn spawn(
     })
 }
 
+/// A Director child: `first` (where its JobDB comes from), the bench's own flags, then the
+/// user's `-- ...` flags.
+fn spawn_director(args: &BenchArgs, mut first: Vec<String>) -> anyhow::Result<ChildProc> {
+    first.extend(
+        [
+            "--log",
+            "warn",
+            "--allow-subnet",
+            "127.0.0.0/8",
+            // A backlog's requests never end: no point waiting for them at the end.
+            "--shutdown-grace-ms",
+            "2000",
+        ]
+        .map(str::to_owned),
+    );
+    first.extend(args.director_args.iter().cloned());
+    spawn(args.bin.as_deref(), "director", &first)
+}
+
 impl Topology {
     /// One Director on one fresh JobDB.
     pub async fn direct(args: &BenchArgs, tag: &str) -> anyhow::Result<Topology> {
         let (text, url) = jobdb_url(args, tag, None)?;
-        let mut director_args = vec![
-            "--jobdb".to_owned(),
-            text,
-            "--log".to_owned(),
-            "warn".to_owned(),
-            "--allow-subnet".to_owned(),
-            "127.0.0.0/8".to_owned(),
-            // A backlog's requests never end: no point waiting for them at the end.
-            "--shutdown-grace-ms".to_owned(),
-            "2000".to_owned(),
-        ];
-        director_args.extend(args.director_args.iter().cloned());
-        let director = spawn(args.bin.as_deref(), "director", &director_args)?;
+        let director = spawn_director(args, vec!["--jobdb".to_owned(), text])?;
         let target = director.base.clone();
         let topology = Topology {
             children: vec![director],
@@ -133,22 +140,15 @@ impl Topology {
         }
         let mut children = Vec::new();
         for i in 0..args.directors {
-            let mut director_args = vec![
+            let registry = vec![
                 "--registry".to_owned(),
                 "consul".to_owned(),
                 "--consul-addr".to_owned(),
                 consul.clone(),
                 "--director-id".to_owned(),
                 format!("{tag}-d{i}"),
-                "--log".to_owned(),
-                "warn".to_owned(),
-                "--allow-subnet".to_owned(),
-                "127.0.0.0/8".to_owned(),
-                "--shutdown-grace-ms".to_owned(),
-                "2000".to_owned(),
             ];
-            director_args.extend(args.director_args.iter().cloned());
-            children.push(spawn(args.bin.as_deref(), "director", &director_args)?);
+            children.push(spawn_director(args, registry)?);
         }
         let shard = args.directors.min(2).to_string();
         let mut targets = Vec::new();

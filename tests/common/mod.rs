@@ -621,3 +621,29 @@ pub async fn endless_headers(every: Duration) -> String {
     });
     format!("http://{addr}/endless")
 }
+
+/// A job as a router or a drainer sends it to `POST /v1/import`: bucket `b`, no payload,
+/// `attempts` made so far, due now, expiring in an hour.
+pub fn import_form(
+    id: ulid::Ulid,
+    endpoint: String,
+    attempts: u16,
+) -> spindle::rpc::import::ImportJob {
+    let now = chrono::Utc::now();
+    spindle::rpc::import::ImportJob {
+        id: id.to_string(),
+        bucket: "b".into(),
+        endpoint,
+        method: "POST".into(),
+        headers: vec![],
+        payload_base64: String::new(),
+        execution_timeout_ms: 10_000,
+        backoff_min_delay_ms: 1_000,
+        backoff_coefficient: 2.0,
+        created_at: now,
+        expire_at: now + chrono::Duration::hours(1),
+        idempotency_key: None,
+        attempts,
+        retry_at: now,
+    }
+}
