@@ -72,6 +72,10 @@ pub struct RetryPolicy {
     pub coefficient: f64,
 }
 
+/// The jobs of a submission that wait for a later first attempt (`deliver_at`, `delay_ms`),
+/// with their time; empty when none does (the common case costs nothing).
+pub type Scheduled = Vec<(JobId, DateTime<Utc>)>;
+
 /// A job: what to send where, how long to wait per attempt, how to back off, when to give up.
 #[derive(Clone, Debug, PartialEq)]
 pub struct Job {
@@ -143,6 +147,9 @@ pub enum ErrorType {
     /// `imported`: the first row of a job imported from a retired JobDB (`awaiting-retry`,
     /// keeping its attempts).
     Imported,
+    /// `scheduled`: a job submitted with `deliver_at` or `delay_ms` waits for that time
+    /// (`awaiting-retry` with no attempt made, `retry_at` its time); written with the job.
+    Scheduled,
     /// `expired`: the job reached its expiry before being delivered (`archiving`).
     Expired,
     /// `interrupted`: an attempt left `executing` by a Director that stopped or crashed,
@@ -174,7 +181,7 @@ pub enum ErrorType {
 
 impl ErrorType {
     /// Every variant, in declaration order.
-    pub const ALL: [ErrorType; 20] = [
+    pub const ALL: [ErrorType; 21] = [
         ErrorType::Redirect,
         ErrorType::RequestTimeout,
         ErrorType::RateLimited,
@@ -185,6 +192,7 @@ impl ErrorType {
         ErrorType::Request,
         ErrorType::BlockedAddress,
         ErrorType::Imported,
+        ErrorType::Scheduled,
         ErrorType::Expired,
         ErrorType::Interrupted,
         ErrorType::ImportRefused,
@@ -210,6 +218,7 @@ impl ErrorType {
             ErrorType::Request => "request",
             ErrorType::BlockedAddress => "blocked-address",
             ErrorType::Imported => "imported",
+            ErrorType::Scheduled => "scheduled",
             ErrorType::Expired => "expired",
             ErrorType::Interrupted => "interrupted",
             ErrorType::ImportRefused => "import-refused",
@@ -395,6 +404,14 @@ impl Transition {
         let mut t = Self::bare(job_id, State::AwaitingRetry, attempts, now);
         t.retry_at = Some(retry_at);
         t.error_type = Some(ErrorType::Imported.into());
+        t
+    }
+
+    /// A submitted job waits until `deliver_at` for its first attempt.
+    pub fn scheduled(job_id: JobId, now: DateTime<Utc>, deliver_at: DateTime<Utc>) -> Self {
+        let mut t = Self::bare(job_id, State::AwaitingRetry, 0, now);
+        t.retry_at = Some(deliver_at);
+        t.error_type = Some(ErrorType::Scheduled.into());
         t
     }
 

@@ -80,6 +80,8 @@ pub struct Metrics {
     pub jobs_expired: Counter,
     /// Jobs imported from retired JobDBs.
     pub jobs_imported: Counter,
+    /// Jobs accepted to wait for a later first attempt (`deliver_at`, `delay_ms`).
+    pub jobs_scheduled: Counter,
     /// Jobs recorded `archived` after their archive object was confirmed.
     pub jobs_archived: Counter,
     /// Archive uploads that failed (retried).
@@ -185,6 +187,12 @@ impl Default for Metrics {
             "jobs_imported",
             "Jobs imported from retired JobDBs",
             jobs_imported.clone(),
+        );
+        let jobs_scheduled = Counter::default();
+        registry.register(
+            "jobs_scheduled",
+            "Jobs accepted to wait for a later first attempt",
+            jobs_scheduled.clone(),
         );
         let jobs_archived = Counter::default();
         registry.register(
@@ -416,6 +424,7 @@ impl Default for Metrics {
             attempt_seconds,
             jobs_expired,
             jobs_imported,
+            jobs_scheduled,
             jobs_archived,
             archive_failures,
             write_batch_rows,

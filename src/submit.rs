@@ -109,6 +109,17 @@ pub struct SubmitArgs {
         help_heading = "One job"
     )]
     pub expire_at: Option<DateTime<Utc>>,
+    /// Deliver first at this time, not before (RFC 3339); the job waits in the JobDB until
+    /// then and its time to live counts from then.
+    #[arg(
+        long,
+        conflicts_with_all = ["file", "delay_ms"],
+        help_heading = "One job"
+    )]
+    pub deliver_at: Option<DateTime<Utc>>,
+    /// Deliver first this many ms after acceptance, instead of `--deliver-at`.
+    #[arg(long, conflicts_with = "file", help_heading = "One job")]
+    pub delay_ms: Option<u64>,
     /// Jobs per request (1 to 1000; fewer when their lines pass 16 MiB); each request is stored
     /// atomically.
     #[arg(long, default_value_t = 500, value_parser = clap::value_parser!(u16).range(1..=MAX_JOBS_PER_REQUEST as i64))]
@@ -367,6 +378,8 @@ fn job_from_options(args: &SubmitArgs) -> anyhow::Result<NewJob> {
         backoff_coefficient: args.backoff_coefficient,
         expire_at: args.expire_at,
         ttl_ms: args.ttl_ms,
+        deliver_at: args.deliver_at,
+        delay_ms: args.delay_ms,
         idempotency_key: args.idempotency_key.clone(),
         ..NewJob::new(bucket, endpoint)
     };

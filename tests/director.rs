@@ -825,9 +825,19 @@ async fn operator_commands_reach_jobs_that_wait_only_in_the_jobdb() {
 async fn a_forward_tried_again_stores_each_job_once(engine: Engine) {
     use spindle::rpc::import::{ImportJob, ImportRequest};
     let rig = Rig::start_on(engine, "forward", |_| {}).await;
-    let job = |id: ulid::Ulid| ImportJob {
-        idempotency_key: Some(format!("k-{id}")),
-        ..import_form(id, rig.sink.url("/ok"), 0)
+    let ids: Vec<ulid::Ulid> = (0..6).map(|_| ulid::Ulid::new()).collect();
+    // Two of them scheduled 1.5 s ahead: their `scheduled` rows must not be written twice.
+    let scheduled = [ids[1], ids[3]];
+    let job = |id: ulid::Ulid| {
+        let form = import_form(id, rig.sink.url("/ok"), 0);
+        ImportJob {
+            idempotency_key: Some(format!("k-{id}")),
+            retry_at: match scheduled.contains(&id) {
+                true => form.created_at + chrono::Duration::milliseconds(1_500),
+                false => form.retry_at,
+            },
+            ..form
+        }
     };
     let forward = |ids: &[ulid::Ulid]| ImportRequest {
         jobdb: rig.db.url.database.clone(),
@@ -835,7 +845,6 @@ async fn a_forward_tried_again_stores_each_job_once(engine: Engine) {
         not_after: Some(chrono::Utc::now() + chrono::Duration::seconds(30)),
         jobs: ids.iter().map(|id| job(*id)).collect(),
     };
-    let ids: Vec<ulid::Ulid> = (0..6).map(|_| ulid::Ulid::new()).collect();
     let api = rig.api();
     let first = api.import(&forward(&ids[..3])).await.expect("first try");
     assert_eq!((first.imported, first.already_present), (3, 0));
@@ -859,9 +868,15 @@ async fn a_forward_tried_again_stores_each_job_once(engine: Engine) {
             "{id} delivered once"
         );
     }
-    for history in histories(&rig.reader).await.values() {
-        assert_legal(history);
+    for (id, history) in histories(&rig.reader).await {
+        assert_legal(&history);
         assert_eq!(history.last().unwrap().state, State::Succeeded);
+        let rows = history
+            .iter()
+            .filter(|t| t.error_type.as_deref() == Some("scheduled"))
+            .count();
+        let expected = usize::from(scheduled.contains(&id.0));
+        assert_eq!(rows, expected, "{id}: {history:#?}");
     }
     rig.stop().await;
 }

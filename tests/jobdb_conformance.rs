@@ -24,6 +24,7 @@ on_both_engines!(
     the_commit_log_holds_what_has_no_row_yet,
     fencing_refuses_a_stale_owner,
     a_jobdb_is_created_listed_locked_and_dropped,
+    scheduled_jobs_wait_by_their_time,
 );
 
 fn job(n: u8, bucket: &str, endpoint: &str, at: DateTime<Utc>) -> Arc<Job> {
@@ -223,21 +224,27 @@ async fn scenario(db: &JobDb, t0: DateTime<Utc>) -> Vec<String> {
         "rows written before schema 5 are all listed"
     );
     // Due now: only e (never tried); b's retry is a minute ahead.
-    let page = db.backlog_page(None, ms(1000), 100, 10).await.unwrap();
+    let page = db
+        .backlog_page(None, ms(1000), ms(1000), 100, 10)
+        .await
+        .unwrap();
     assert_eq!(
         page.iter().map(|(j, _)| j.id).collect::<Vec<_>>(),
         vec![e.id]
     );
     assert!(page[0].0.payload.is_empty(), "pages carry no payload");
     // Due later: b too, in id order, and the cursor and the limit page through them.
-    let page = db.backlog_page(None, retry_at, 100, 1).await.unwrap();
+    let page = db
+        .backlog_page(None, retry_at, retry_at, 100, 1)
+        .await
+        .unwrap();
     assert_eq!(
         page.iter().map(|(j, _)| j.id).collect::<Vec<_>>(),
         vec![b.id]
     );
     assert_eq!(page[0].1.retry_at, Some(retry_at));
     let page = db
-        .backlog_page(Some(b.id), retry_at, 100, 10)
+        .backlog_page(Some(b.id), retry_at, retry_at, 100, 10)
         .await
         .unwrap();
     assert_eq!(
@@ -245,7 +252,10 @@ async fn scenario(db: &JobDb, t0: DateTime<Utc>) -> Vec<String> {
         vec![e.id]
     );
     // Rows written at or after `before_row` are not the backlog's.
-    let page = db.backlog_page(None, retry_at, 13, 10).await.unwrap();
+    let page = db
+        .backlog_page(None, retry_at, retry_at, 13, 10)
+        .await
+        .unwrap();
     assert_eq!(
         page.iter().map(|(j, _)| j.id).collect::<Vec<_>>(),
         vec![e.id]
@@ -686,12 +696,15 @@ async fn commit_log_scenario(db: &JobDb, t0: DateTime<Utc>) -> Vec<String> {
     assert!(db.load_stranded().await.unwrap().unlisted.is_empty());
     assert_eq!(db.max_transition_id().await.unwrap(), 105);
     // Rested entries carry the jobs' expiry (a page due by then finds them).
-    let page = db.backlog_page(None, ms(1000), 200, 10).await.unwrap();
+    let page = db
+        .backlog_page(None, ms(1000), ms(1000), 200, 10)
+        .await
+        .unwrap();
     assert_eq!(
         page.iter().map(|(j, _)| j.id).collect::<Vec<_>>(),
         vec![i.id, k.id]
     );
-    let expiring = db.next_due_after(ms(70_000)).await.unwrap();
+    let expiring = db.next_due_after(ms(70_000), false).await.unwrap();
     assert_eq!(expiring, Some(g.expire_at.min(h.expire_at)));
     // Histories: the library's expansion and the operators' view tell the same story.
     let histories = db.histories_of(&ids).await.unwrap();
@@ -764,6 +777,75 @@ async fn the_commit_log_holds_what_has_no_row_yet(engine: Engine) {
     let test = TestDb::on(engine, "commitlog");
     let db = JobDb::open(&test.url, true, 2).await.unwrap();
     commit_log_scenario(&db, base_time()).await;
+    db.close().await;
+}
+
+/// A job scheduled for later rests in `open_jobs` by its time: a pass of every waiting retry
+/// leaves it in the JobDB until it is due within the horizon (`scheduled_by`), a retry does
+/// not wait for that, and `next_due_after` finds the first such job.
+async fn scheduled_jobs_wait_by_their_time(engine: Engine) {
+    let test = TestDb::on(engine, "schedconf");
+    let db = JobDb::open(&test.url, true, 2).await.unwrap();
+    let token = db.take_ownership("test").await.unwrap();
+    let t0 = base_time();
+    let tomorrow = t0 + TimeDelta::days(1);
+    // Its time to live counts from its time, as intake sets it.
+    let later = Arc::new(Job {
+        expire_at: tomorrow + TimeDelta::hours(4),
+        ..(*job(1, "b", "http://x/a", t0)).clone()
+    });
+    let retried = job(2, "b", "http://x/a", t0);
+    let in_an_hour = t0 + TimeDelta::hours(1);
+    let rows = vec![
+        (1, Transition::scheduled(later.id, t0, tomorrow)),
+        (2, Transition::executing(retried.id, 1, t0)),
+        (
+            3,
+            Transition {
+                retry_at: Some(in_an_hour),
+                ..row(&retried, State::AwaitingRetry, 1, t0)
+            },
+        ),
+    ];
+    db.append(token, &[later.clone(), retried.clone()], &rows)
+        .await
+        .unwrap();
+    let ids = |page: Vec<(Job, Progress)>| page.into_iter().map(|(j, _)| j.id).collect::<Vec<_>>();
+    let whenever = jobdb::latest_time();
+    let soon = t0 + TimeDelta::minutes(1);
+    // A whole pass (every retry, whenever due) with a one-minute horizon for jobs never tried.
+    assert_eq!(
+        ids(db
+            .backlog_page(None, whenever, soon, 100, 10)
+            .await
+            .unwrap()),
+        vec![retried.id]
+    );
+    // Once tomorrow is within the horizon, the scheduled job is read too, untried.
+    let page = db
+        .backlog_page(None, whenever, tomorrow, 100, 10)
+        .await
+        .unwrap();
+    assert_eq!(page[0].0.id, later.id);
+    assert_eq!(
+        (page[0].1.state, page[0].1.attempts, page[0].1.retry_at),
+        (State::AwaitingRetry, 0, Some(tomorrow))
+    );
+    // The first job beyond the horizon: any (the retry), or only those never tried.
+    assert_eq!(
+        db.next_due_after(soon, false).await.unwrap(),
+        Some(in_an_hour)
+    );
+    assert_eq!(db.next_due_after(soon, true).await.unwrap(), Some(tomorrow));
+    // It is waiting work, and the takeover has nothing of it to settle.
+    let stranded = db.load_stranded().await.unwrap();
+    assert!(
+        stranded.settle.is_empty() && stranded.unlisted.is_empty(),
+        "{stranded:?}"
+    );
+    let history = &histories(&db).await[&later.id];
+    assert_legal(history);
+    assert_eq!(history[1].error_type.as_deref(), Some("scheduled"));
     db.close().await;
 }
 

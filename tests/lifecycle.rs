@@ -743,6 +743,84 @@ async fn a_drainer_killed_at_random_converges_without_loss_or_duplicates() {
     life.stop().await;
 }
 
+/// A retiring JobDB hands its scheduled jobs on with their times: the live Director delivers
+/// the one due in seconds at its time, not before, and keeps tomorrow's waiting, untried.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_retiring_jobdb_hands_scheduled_jobs_on_with_their_times() {
+    use spindle::job::{Job, RetryPolicy, Transition};
+    let life = Life::start().await;
+    let (retired, db) = life.add_jobdb("sched", JobDbState::Retiring).await;
+    let token = db.take_ownership("test").await.unwrap();
+    let started = (Instant::now(), chrono::Utc::now());
+    let now = started.1;
+    let times = [
+        now + chrono::Duration::seconds(6),
+        now + chrono::Duration::days(1),
+    ];
+    let jobs: Vec<Arc<Job>> = times
+        .iter()
+        .map(|at| {
+            Arc::new(Job {
+                id: JobId(ulid::Ulid::new()),
+                bucket: "b".into(),
+                endpoint: life.sink.url("/ok").into(),
+                method: "POST".into(),
+                headers: vec![],
+                payload: bytes::Bytes::new(),
+                execution_timeout: Duration::from_secs(5),
+                retry: RetryPolicy {
+                    min_delay: Duration::from_millis(100),
+                    coefficient: 2.0,
+                },
+                created_at: now,
+                expire_at: *at + chrono::Duration::hours(1),
+                idempotency_key: None,
+            })
+        })
+        .collect();
+    let rows: Vec<(u64, Transition)> = jobs
+        .iter()
+        .zip(times)
+        .enumerate()
+        .map(|(i, (job, at))| (i as u64 + 1, Transition::scheduled(job.id, now, at)))
+        .collect();
+    db.append(token, &jobs, &rows).await.unwrap();
+    db.close().await;
+    let (spare, spare_db) = life.add_jobdb("schedto", JobDbState::Spare).await;
+    let mut director = life.director("d1");
+    life.wait_owned(&spare, "the director on the spare").await;
+    let mut drainer = life.drainer("dr");
+    life.wait_drained(&retired, Duration::from_secs(60)).await;
+    let drained = started.0.elapsed();
+    wait_for(
+        Duration::from_secs(20),
+        "the job due in seconds",
+        || async { life.sink.ok_total() >= 1 },
+    )
+    .await;
+    let got = life.sink.received();
+    assert_eq!(got.len(), 1, "tomorrow's job waits");
+    assert_eq!(got[0].job_id, jobs[0].id.to_string());
+    let arrived = got[0].at - started.0;
+    println!("drained in {drained:?}; the job due at 6 s arrived at {arrived:?}");
+    assert!(drained < Duration::from_secs(6), "drained too late to tell");
+    assert!(arrived >= Duration::from_millis(5_950) && arrived < Duration::from_secs(8));
+    let open = spare_db.open_work().await.unwrap();
+    let tomorrow = open
+        .iter()
+        .find(|r| r.job_id == jobs[1].id)
+        .expect("tomorrow's job is open in the live jobdb");
+    assert_eq!(tomorrow.progress.attempts, 0);
+    let kept = tomorrow.progress.retry_at.expect("its time") - times[1];
+    assert!(
+        kept.num_milliseconds().abs() <= 1,
+        "moved {kept} off its time"
+    );
+    drainer.term().await;
+    director.term().await;
+    life.stop().await;
+}
+
 /// A job a live Director refuses for good must not block a drain. Before, submit and import
 /// disagreed (a bucket of 128 two-byte characters was a valid submission and an invalid
 /// import): the drainer retried that batch forever and the JobDB was never drained. Now both

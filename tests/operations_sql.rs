@@ -60,7 +60,13 @@ async fn every_documented_statement_runs_and_finds_its_rows() {
         json!({"bucket": "b", "endpoint": "http://0.0.0.0:9/blocked"}),
     ])
     .await;
-    rig.wait_in_state(State::AwaitingRetry, 8, Duration::from_secs(10))
+    // A job scheduled for tomorrow (waits `awaiting-retry`, never tried).
+    let later = ids(rig
+        .submit(vec![
+            json!({"bucket": "later", "endpoint": rig.sink.url("/ok"), "delay_ms": 86_400_000}),
+        ])
+        .await);
+    rig.wait_in_state(State::AwaitingRetry, 9, Duration::from_secs(10))
         .await;
     rig.wait_in_state(State::Succeeded, 3, Duration::from_secs(10))
         .await;
@@ -134,6 +140,11 @@ async fn every_documented_statement_runs_and_finds_its_rows() {
         }
         if sql.contains("WHERE job_id = UNHEX") {
             assert_eq!(rows.len(), 3, "a delivered job's trace has three steps");
+        }
+        if sql.contains("w.attempts = 0") {
+            assert_eq!(rows.len(), 1, "one job scheduled for later");
+            let job: String = rows[0].try_get("job").unwrap();
+            assert_eq!(job, later[0].parse::<JobId>().unwrap().to_hex());
         }
         if sql.contains("FROM attempts_under_way") {
             assert_eq!(rows.len(), 1, "one request in flight");

@@ -805,6 +805,50 @@ async fn the_router_conforms_to_its_openapi_document() {
     cluster.stop().await;
 }
 
+/// A job scheduled through the router (with and without an idempotency key) keeps its time:
+/// the forward carries it, the Director stores it `scheduled`, and it arrives then, not
+/// before; a job without a time is not delayed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn scheduled_jobs_keep_their_time_through_the_router() {
+    let _one = ONE_AT_A_TIME.lock().await;
+    let cluster = Cluster::start(1, 1, None).await;
+    let url = cluster.sink.url("/ok");
+    let started = (Instant::now(), chrono::Utc::now());
+    let at = started.1 + chrono::Duration::milliseconds(2_500);
+    let jobs = vec![
+        json!({"bucket": "s", "endpoint": url, "deliver_at": at, "idempotency_key": "k1"}),
+        json!({"bucket": "s", "endpoint": url, "delay_ms": 1_500}),
+        json!({"bucket": "s", "endpoint": url}),
+    ];
+    let reply = submit(&cluster.client, &cluster.base(), jobs).await;
+    assert!(reply.jobs.iter().all(|j| j.status == JobStatus::Accepted));
+    wait_for(Duration::from_secs(15), "three deliveries", || async {
+        cluster.sink.ok_total() >= 3
+    })
+    .await;
+    let received = cluster.sink.received();
+    let after = |i: usize| {
+        let r = received
+            .iter()
+            .find(|r| r.job_id == reply.jobs[i].id)
+            .expect("delivered");
+        r.at - started.0
+    };
+    let (first, second, third) = (after(0), after(1), after(2));
+    println!("through the router: due at 2.5 s arrived {first:?}, due at 1.5 s {second:?}, immediate {third:?}");
+    assert!(first >= Duration::from_millis(2_450) && first < Duration::from_millis(4_000));
+    assert!(second >= Duration::from_millis(1_450) && second < Duration::from_millis(3_000));
+    assert!(third < Duration::from_millis(1_000));
+    let (_, db) = &cluster.jobdbs[0];
+    let all = histories(db).await;
+    for (i, kind) in [(0, Some("scheduled")), (1, Some("scheduled")), (2, None)] {
+        let history = &all[&reply.jobs[i].id.parse().unwrap()];
+        assert_legal(history);
+        assert_eq!(history[1].error_type.as_deref(), kind, "{history:#?}");
+    }
+    cluster.stop().await;
+}
+
 /// Submits 20 jobs of each calm bucket every 50 ms for `run`, and returns each job's
 /// submit-to-delivery latency once all arrived.
 async fn calm_latencies(cluster: &Cluster, buckets: &[String], run: Duration) -> Vec<Duration> {

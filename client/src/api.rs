@@ -105,6 +105,20 @@ pub struct NewJob {
     )]
     #[cfg_attr(feature = "openapi", schema(minimum = 1, maximum = 2592000000u64))]
     pub ttl_ms: Option<u64>,
+    /// When to make the first attempt (RFC 3339, at most the longest time to live ahead; a time
+    /// passed means now). The job waits in the JobDB until then, and `ttl_ms` counts from
+    /// then. Excludes `delay_ms`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub deliver_at: Option<DateTime<Utc>>,
+    /// Wait this many ms before the first attempt (at most the longest time to live); as
+    /// `deliver_at` = now + `delay_ms`. Excludes `deliver_at`.
+    #[serde(
+        default,
+        deserialize_with = "integral",
+        skip_serializing_if = "Option::is_none"
+    )]
+    #[cfg_attr(feature = "openapi", schema(minimum = 0, maximum = 2592000000u64))]
+    pub delay_ms: Option<u64>,
     /// The producer's idempotency key (1 to 255 characters); stored with the job.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[cfg_attr(feature = "openapi", schema(min_length = 1, max_length = 255))]
@@ -127,8 +141,24 @@ impl NewJob {
             backoff_coefficient: None,
             expire_at: None,
             ttl_ms: None,
+            deliver_at: None,
+            delay_ms: None,
             idempotency_key: None,
         }
+    }
+
+    /// Delivered first at `at`, not before (it waits in the JobDB until then).
+    pub fn with_deliver_at(mut self, at: DateTime<Utc>) -> Self {
+        self.deliver_at = Some(at);
+        self.delay_ms = None;
+        self
+    }
+
+    /// Delivered first `delay` after it is accepted.
+    pub fn with_delay(mut self, delay: std::time::Duration) -> Self {
+        self.delay_ms = Some(u64::try_from(delay.as_millis()).unwrap_or(u64::MAX));
+        self.deliver_at = None;
+        self
     }
 
     /// With `payload` serialized as the JSON body (replacing any base64 body).

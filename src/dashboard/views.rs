@@ -207,6 +207,8 @@ pub struct EndpointView {
     pub awaiting_scheduling: u64,
     /// Of the backlog: jobs waiting for a retry.
     pub awaiting_retry: u64,
+    /// Of the backlog: jobs waiting for a first attempt at a later time (scheduled).
+    pub scheduled: u64,
     /// Of the backlog: attempts in flight.
     pub executing: u64,
     /// Attempts that succeeded in the window.
@@ -278,6 +280,7 @@ impl Endpoints {
                 let view = lane_view(&mut lanes, &row.lane, window.slots);
                 match row.state {
                     State::AwaitingScheduling => view.awaiting_scheduling += row.jobs,
+                    State::AwaitingRetry if row.scheduled => view.scheduled += row.jobs,
                     State::AwaitingRetry => view.awaiting_retry += row.jobs,
                     _ => view.executing += row.jobs,
                 }

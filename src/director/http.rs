@@ -138,7 +138,7 @@ async fn submit_jobs(
     }
     let caller = state.caller(&headers)?;
     let body = request_body(body, &state.limits)?;
-    let jobs = check_submission(&body, &state.limits, || state.next_id())?;
+    let (jobs, scheduled) = check_submission(&body, &state.limits, || state.next_id())?;
     check_buckets(caller.as_ref(), &jobs)?;
 
     let (reply, outcome) = oneshot::channel();
@@ -146,6 +146,7 @@ async fn submit_jobs(
         .writer
         .send(WriteOp::Submit {
             jobs: jobs.clone(),
+            scheduled,
             not_after: None,
             forwarded: false,
             reply,
@@ -404,10 +405,21 @@ async fn import_jobs(
             }
             None => {
                 let (reply, outcome) = oneshot::channel();
+                // A new job whose first attempt is later than its acceptance was submitted
+                // with `deliver_at` or `delay_ms` (a router sends the two equal otherwise).
+                let now = Utc::now();
+                let scheduled = fresh
+                    .iter()
+                    .filter_map(|r| {
+                        let at = r.retry_at?;
+                        (at > r.job.created_at && at > now).then_some((r.job.id, at))
+                    })
+                    .collect();
                 // The deadline travels with the write: checked again when its batch is
                 // assembled, the last moment before the jobs can be stored.
                 let op = WriteOp::Submit {
                     jobs: fresh.into_iter().map(|r| r.job).collect(),
+                    scheduled,
                     not_after: request.not_after,
                     forwarded: true,
                     reply,

@@ -30,7 +30,7 @@ pub mod stats;
 pub mod url;
 pub mod write;
 
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
 use std::path::PathBuf;
 
 use chrono::{DateTime, Utc};
@@ -299,20 +299,54 @@ impl JobDb {
     /// owner stopped, expired jobs left `archiving` (both with their progress), and jobs it
     /// accepted that have no `open_jobs` entry (which must get one, so backlog passes find
     /// them). Only ids and progress: the jobs themselves come back through
-    /// [`JobDb::backlog_page`]. Bounded by the open work.
+    /// [`JobDb::backlog_page`]. The same as filtering [`JobDb::open_work`], in three narrow
+    /// reads: a JobDB holding a million jobs scheduled for tomorrow is taken over with one
+    /// index probe per entry, and none of them leaves the server.
     pub async fn load_stranded(&self) -> Result<Stranded, JobDbError> {
-        let mut stranded = Stranded::default();
-        for w in self.open_work().await? {
-            if !w.listed {
-                stranded.unlisted.push(w.job_id);
+        let mut settle: BTreeMap<JobId, Progress> = BTreeMap::new();
+        let mut unlisted = Vec::new();
+        with_pool!(self, |p, q| {
+            // Entries left `archiving` (or `executing`, by a version before schema 5), or
+            // followed by a row (an attempt such a version began with an `executing` row).
+            let rows = sqlx::query(
+                "SELECT o.job_id, COALESCE(t.state, o.state) AS state, \
+                        CAST(COALESCE(t.attempts, o.attempts) AS UNSIGNED) AS attempts, \
+                        CASE WHEN t.id IS NULL THEN o.retry_at ELSE t.retry_at END AS retry_at, \
+                        t.started_in, t.started_at \
+                 FROM open_jobs o \
+                 LEFT JOIN job_state_transitions t ON t.job_id = o.job_id AND t.id > o.transition_id \
+                 WHERE (t.id IS NULL AND o.state IN ('executing', 'archiving')) \
+                    OR t.state IN ('executing', 'archiving')",
+            )
+            .fetch_all(p)
+            .await?;
+            for row in &rows {
+                settle.insert(q::job_id_of(row, "job_id")?, q::open_work_of(row)?);
             }
-            if matches!(w.progress.state, State::Executing | State::Archiving) {
-                stranded.settle.push((w.job_id, w.progress));
+            // Attempts under way (their commit listed them; nothing ended them).
+            let rows = sqlx::query(
+                "SELECT job_id, 'executing' AS state, CAST(attempts AS UNSIGNED) AS attempts, \
+                        NULL AS retry_at, started_in, started_at \
+                 FROM attempts_under_way",
+            )
+            .fetch_all(p)
+            .await?;
+            for row in &rows {
+                settle.insert(q::job_id_of(row, "job_id")?, q::open_work_of(row)?);
             }
-        }
-        stranded.settle.sort_by_key(|(id, _)| *id);
-        stranded.unlisted.sort();
-        Ok(stranded)
+            let rows = sqlx::query("SELECT job_id FROM jobs_fresh")
+                .fetch_all(p)
+                .await?;
+            for row in &rows {
+                unlisted.push(q::job_id_of(row, "job_id")?);
+            }
+            Ok::<(), JobDbError>(())
+        })?;
+        unlisted.sort();
+        Ok(Stranded {
+            settle: settle.into_iter().collect(),
+            unlisted,
+        })
     }
 
     /// The next `limit` jobs after `after` (in id order) that wait for an attempt, due by
@@ -321,11 +355,14 @@ impl JobDb {
     /// transition is `awaiting-scheduling`, or `awaiting-retry` with `retry_at <= due_by` or
     /// an expiry by then (so it is archived on time), and that transition's id is below
     /// `before_row` (rows written since are the cache's own news). Reads `open_jobs`, with one
-    /// key probe per job for an attempt under way (which is not waiting).
+    /// key probe per job for an attempt under way (which is not waiting). A job never tried
+    /// that waits (scheduled with `deliver_at`, or postponed) is due by `scheduled_by`
+    /// instead, so a pass that reads every retry still leaves tomorrow's jobs in the JobDB.
     pub async fn backlog_page(
         &self,
         after: Option<JobId>,
         due_by: DateTime<Utc>,
+        scheduled_by: DateTime<Utc>,
         before_row: u64,
         limit: usize,
     ) -> Result<Vec<(Job, Progress)>, JobDbError> {
@@ -336,7 +373,9 @@ impl JobDb {
                  WHERE o.job_id > ? AND o.transition_id < ? \
                    AND (o.state = 'awaiting-scheduling' \
                         OR (o.state = 'awaiting-retry' \
-                            AND (o.retry_at <= ? OR o.expire_at <= ?))) \
+                            AND (CASE WHEN o.attempts = 0 \
+                                      THEN o.retry_at <= ? OR o.expire_at <= ? \
+                                      ELSE o.retry_at <= ? OR o.expire_at <= ? END))) \
                    AND NOT EXISTS (SELECT 1 FROM job_state_transitions t \
                                    WHERE t.job_id = o.job_id AND t.id > o.transition_id) \
                  ORDER BY o.job_id \
@@ -344,6 +383,8 @@ impl JobDb {
             )
             .bind(after)
             .bind(int(before_row))
+            .bind(scheduled_by.naive_utc())
+            .bind(scheduled_by.naive_utc())
             .bind(due_by.naive_utc())
             .bind(due_by.naive_utc())
             .bind(i64::try_from(limit).unwrap_or(i64::MAX))
@@ -359,21 +400,27 @@ impl JobDb {
     /// When the first job waiting in the JobDB beyond `after` comes due: the earliest
     /// `retry_at` of an `awaiting-retry` job, or expiry of a waiting job, later than `after`
     /// (`None`: nothing waits beyond it). A backlog pass that read everything due by `after`
-    /// must look again before this instant. Two index look-ups on `open_jobs`.
+    /// must look again before this instant. Two index look-ups on `open_jobs`. With
+    /// `never_tried`, only jobs without an attempt count (those a pass of every retry left
+    /// behind: see [`JobDb::backlog_page`]).
     pub async fn next_due_after(
         &self,
         after: DateTime<Utc>,
+        never_tried: bool,
     ) -> Result<Option<DateTime<Utc>>, JobDbError> {
         with_pool!(self, |p, q| {
             let row = sqlx::query(
                 "SELECT (SELECT MIN(retry_at) FROM open_jobs \
-                         WHERE state = 'awaiting-retry' AND retry_at > ?) AS next_retry, \
+                         WHERE state = 'awaiting-retry' AND retry_at > ? \
+                           AND (attempts = 0 OR ? = 0)) AS next_retry, \
                         (SELECT MIN(expire_at) FROM open_jobs \
-                         WHERE expire_at > ? \
+                         WHERE expire_at > ? AND (attempts = 0 OR ? = 0) \
                            AND state IN ('awaiting-scheduling', 'awaiting-retry')) AS next_expiry",
             )
             .bind(after.naive_utc())
+            .bind(i64::from(never_tried))
             .bind(after.naive_utc())
+            .bind(i64::from(never_tried))
             .fetch_one(p)
             .await?;
             let retry = q::time_opt(&row, "next_retry")?;

@@ -65,6 +65,9 @@ pub struct LaneBacklog {
     pub lane: String,
     /// `awaiting-scheduling`, `awaiting-retry` or `executing`.
     pub state: State,
+    /// `awaiting-retry` before any attempt: scheduled for later (`deliver_at`, `delay_ms`, or
+    /// postponed by an operator before its first attempt).
+    pub scheduled: bool,
     /// How many jobs.
     pub jobs: u64,
 }
@@ -181,6 +184,7 @@ impl JobDb {
                     Ok(LaneBacklog {
                         lane: q::text(row, "lane")?,
                         state: q::state_of(row)?,
+                        scheduled: q::count_of(row, "scheduled")? == 1,
                         jobs: q::count_of(row, "n")?,
                     })
                 })

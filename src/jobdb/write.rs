@@ -674,6 +674,9 @@ pub enum WriteOp {
     Submit {
         /// The validated jobs.
         jobs: Vec<Arc<Job>>,
+        /// Those of `jobs` that wait for a later first attempt: each gets its `scheduled` row
+        /// (and so its `open_jobs` entry) in the same commit.
+        scheduled: crate::job::Scheduled,
         /// Refused unless the batch is assembled by then (a router's claim deadline).
         not_after: Option<DateTime<Utc>>,
         /// The jobs' ids were minted elsewhere (a router's forward): an earlier try of the same

@@ -331,6 +331,8 @@ impl Shared {
 /// A job of the request on its way.
 struct Routed {
     job: Arc<Job>,
+    /// When its first attempt may start: its acceptance, or its `deliver_at`.
+    first_at: DateTime<Utc>,
     claim: Option<Claim>,
     result: Option<AcceptedJob>,
 }
@@ -368,12 +370,15 @@ async fn submit_jobs(
     }
     let caller = crate::rpc::caller_of(shared.settings.auth.as_deref(), &headers)?;
     let body = crate::rpc::request_body(body, &shared.settings.intake)?;
-    let jobs = crate::rpc::check_submission(&body, &shared.settings.intake, || shared.next_id())?;
+    let (jobs, scheduled) =
+        crate::rpc::check_submission(&body, &shared.settings.intake, || shared.next_id())?;
     crate::rpc::check_buckets(caller.as_ref(), &jobs)?;
+    let scheduled: HashMap<JobId, DateTime<Utc>> = scheduled.into_iter().collect();
 
     let mut routed: Vec<Routed> = jobs
         .into_iter()
         .map(|job| Routed {
+            first_at: scheduled.get(&job.id).copied().unwrap_or(job.created_at),
             claim: job.idempotency_key.as_deref().map(|key| Claim {
                 key: DedupKey::new(&job.bucket, key),
                 at: job.created_at,
@@ -396,9 +401,10 @@ async fn submit_jobs(
     let outcomes = futures::future::join_all(by_bucket.into_values().map(|members| {
         let shared = shared.clone();
         let jobs: Vec<Arc<Job>> = members.iter().map(|&i| routed[i].job.clone()).collect();
+        let firsts: Vec<DateTime<Utc>> = members.iter().map(|&i| routed[i].first_at).collect();
         let claims: Vec<Claim> = members.iter().filter_map(|&i| routed[i].claim).collect();
         async move {
-            let sent = forward(&shared, &jobs, &claims, claimed_at).await;
+            let sent = forward(&shared, (&jobs, &firsts), &claims, claimed_at).await;
             (members, sent)
         }
     }))
@@ -669,11 +675,11 @@ async fn settle_claims(shared: &Shared, confirm: &[Claim], release: &[Claim]) {
 /// an outcome is unknown, to the same JobDB until it answers.
 async fn forward(
     shared: &Shared,
-    jobs: &[Arc<Job>],
+    jobs: Outbound<'_>,
     claims: &[Claim],
     claimed_at: DateTime<Utc>,
 ) -> Sent {
-    let bucket = &jobs[0].bucket;
+    let bucket = &jobs.0[0].bucket;
     let mut claimed_at = claimed_at;
     let mut tried: Vec<String> = Vec::new();
     let mut last_refusal = String::from("no healthy director");
@@ -716,7 +722,7 @@ async fn forward(
 async fn resolve(
     shared: &Shared,
     jobdb: &str,
-    jobs: &[Arc<Job>],
+    jobs: Outbound<'_>,
     claims: &[Claim],
     mut claimed_at: DateTime<Utc>,
     mut why: String,
@@ -778,11 +784,14 @@ async fn refresh_claims(shared: &Shared, claims: &[Claim], claimed_at: &mut Date
     }
 }
 
+/// The jobs of one forward, with when each may first be attempted (side by side).
+type Outbound<'a> = (&'a [Arc<Job>], &'a [DateTime<Utc>]);
+
 /// One forward request to a Director.
 async fn send(
     shared: &Shared,
     director: &DirectorEntry,
-    jobs: &[Arc<Job>],
+    jobs: Outbound<'_>,
     claims: &[Claim],
     claimed_at: DateTime<Utc>,
 ) -> Sent {
@@ -791,19 +800,21 @@ async fn send(
         from_jobdb: None,
         not_after: (!claims.is_empty()).then(|| shared.not_after(claimed_at)),
         jobs: jobs
+            .0
             .iter()
-            .map(|job| import_job(job, 0, job.created_at))
+            .zip(jobs.1)
+            .map(|(job, first_at)| import_job(job, 0, *first_at))
             .collect(),
     };
     let sent = match shared.director_client(director) {
         Err(e) => Sent::Refused(format!("director {}: {e}", director.id)),
         Ok(client) => match client.import(&request).await {
-            Ok(r) if r.imported + r.already_present == jobs.len() => Sent::Stored,
+            Ok(r) if r.imported + r.already_present == jobs.0.len() => Sent::Stored,
             Ok(r) => Sent::Unknown(format!(
                 "director {} stored {} of {} jobs",
                 director.id,
                 r.imported + r.already_present,
-                jobs.len()
+                jobs.0.len()
             )),
             Err(e) if e.is_connect() => {
                 Sent::Refused(format!("director {} unreachable", director.id))

@@ -151,7 +151,7 @@ pub fn check_submission(
     body: &[u8],
     limits: &IntakeLimits,
     next_id: impl FnMut() -> JobId,
-) -> Result<Vec<Arc<crate::job::Job>>, ApiError> {
+) -> Result<(Vec<Arc<crate::job::Job>>, crate::job::Scheduled), ApiError> {
     let request: SubmitRequest = parse_json(body)?;
     Ok(api::validate_request(request, limits, Utc::now(), next_id)?)
 }

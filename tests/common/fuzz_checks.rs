@@ -12,8 +12,17 @@ pub fn check(data: &[u8]) {
         n += 1;
         spindle::job::JobId(ulid::Ulid::from(n))
     });
-    let Ok(jobs) = accepted else { return };
+    let Ok((jobs, scheduled)) = accepted else {
+        return;
+    };
     assert!(!jobs.is_empty() && jobs.len() <= limits.max_jobs_per_request);
+    for (id, at) in &scheduled {
+        let job = jobs
+            .iter()
+            .find(|j| j.id == *id)
+            .expect("a scheduled job is one of the jobs");
+        assert!(*at > job.created_at && *at < job.expire_at);
+    }
     for job in jobs {
         assert!(!job.bucket.is_empty() && job.bucket.chars().count() <= 128);
         let url = url::Url::parse(&job.endpoint).expect("accepted endpoints parse");

@@ -48,6 +48,9 @@ pub(super) struct Backlog {
     recheck: Option<Instant>,
     /// When waiting entries were last looked over for eviction.
     evicted_at: Option<Instant>,
+    /// A pass is due then: jobs accepted to wait beyond the horizon (scheduled) come due
+    /// within it from that instant.
+    reminder: Option<Instant>,
 }
 
 impl Backlog {
@@ -74,6 +77,12 @@ impl Backlog {
     /// A pass is wanted now.
     pub(super) fn wanted(&self, now: Instant) -> bool {
         self.pending && self.wake.is_none_or(|at| at <= now)
+    }
+
+    /// A job left in the JobDB to wait comes within the horizon at `at`: a pass must run by
+    /// then, whatever was planned.
+    pub(super) fn remind(&mut self, at: Instant) {
+        self.reminder = Some(self.reminder.map_or(at, |r| r.min(at)));
     }
 
     /// Whether a full cache may be looked over for eviction now (at most once a second; if
@@ -153,16 +162,17 @@ impl Backlog {
         self.cursor = None;
         if self.again {
             self.wake = None;
-        } else if self.whole {
+        } else if self.whole && next_due.is_none() {
             // Every waiting job of the JobDB is cached now.
             self.pending = false;
-        } else if roomy {
+        } else if roomy && !self.whole {
             // A pass of the due jobs ended with room to spare: the next reads the rest,
             // whenever due.
             self.wake = None;
         } else if let Some(due) = next_due {
-            // Jobs wait in the JobDB beyond the horizon: look again shortly before the first
-            // comes due (no sooner than `every`, the cache may hold it already).
+            // Jobs wait in the JobDB beyond the horizon (after a whole pass: jobs scheduled
+            // for later): look again shortly before the first comes due (no sooner than
+            // `every`, the cache may hold it already).
             let wall = Utc::now();
             let horizon = chrono::Duration::from_std(horizon).unwrap_or(chrono::Duration::MAX);
             let read_at = due.checked_sub_signed(horizon).unwrap_or(wall);
@@ -174,7 +184,7 @@ impl Backlog {
 
     /// The earliest instant the pass waits for (a planned pass, a recheck, a pause).
     pub(super) fn next_wake(&self) -> Option<Instant> {
-        [self.wake, self.recheck, self.pause]
+        [self.wake, self.recheck, self.pause, self.reminder]
             .into_iter()
             .flatten()
             .min()
@@ -185,34 +195,44 @@ impl Backlog {
         self.wake = self.wake.filter(|at| *at > now);
         self.recheck = self.recheck.filter(|at| *at > now);
         self.pause = self.pause.filter(|at| *at > now);
+        if self.reminder.is_some_and(|at| at <= now) {
+            self.reminder = None;
+            self.due_now();
+        }
     }
 }
 
 /// Reads a page of the backlog off the scheduler task, once the writer has passed `barrier`,
 /// and sends it as [`Event::BacklogPage`]: up to `limit` waiting jobs after `after`, due by
-/// `horizon` from now (`None`: whenever), and for the pass's last page up to a horizon, when
-/// the first job beyond it comes due.
+/// `horizon` from now (a `whole` pass: every retry whenever due, and jobs never tried by the
+/// horizon), and for the pass's last page, when the first job beyond the horizon comes due
+/// (for a whole pass, the first never tried: every retry is in the cache by then).
 pub(super) fn read_page(
     db: JobDb,
     events: mpsc::UnboundedSender<Event>,
     barrier: oneshot::Receiver<u64>,
     after: Option<JobId>,
-    horizon: Option<chrono::Duration>,
+    horizon: chrono::Duration,
+    whole: bool,
     limit: usize,
 ) {
     tokio::spawn(async move {
         let (mut jobs, mut next_due) = (None, None);
         if let Ok(before_row) = barrier.await {
             let now = Utc::now();
-            let due_by = match horizon {
-                Some(horizon) => now.checked_add_signed(horizon).unwrap_or(now),
-                None => crate::jobdb::latest_time(),
+            let soon = now.checked_add_signed(horizon).unwrap_or(now);
+            let due_by = if whole {
+                crate::jobdb::latest_time()
+            } else {
+                soon
             };
-            let page = db.backlog_page(after, due_by, before_row, limit).await;
+            let page = db
+                .backlog_page(after, due_by, soon, before_row, limit)
+                .await;
             let last = page.as_ref().is_ok_and(|jobs| jobs.len() < limit);
-            let beyond = match (last, horizon) {
-                (true, Some(_)) => db.next_due_after(due_by).await,
-                _ => Ok(None),
+            let beyond = match last {
+                true => db.next_due_after(soon, whole).await,
+                false => Ok(None),
             };
             match (page, beyond) {
                 (Ok(page), Ok(due)) => (jobs, next_due) = (Some(page), due),

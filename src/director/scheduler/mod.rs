@@ -241,8 +241,20 @@ impl Scheduler {
 
     /// Seeds the cache with jobs recovered from the JobDB.
     pub fn recover(&mut self, recovered: Vec<Recovered>) {
+        let (now, instant) = (Utc::now(), Instant::now());
+        let horizon =
+            chrono::Duration::from_std(self.limits.spill_after).unwrap_or(chrono::Duration::MAX);
+        let far = now.checked_add_signed(horizon).unwrap_or(now);
         for r in recovered {
-            self.admit_at(Entry::new(r.job, r.attempts), r.retry_at);
+            match r.retry_at.filter(|at| *at > far && *at < r.job.expire_at) {
+                // Due beyond the horizon (scheduled for later, or a far retry handed on): it
+                // waits in the JobDB, not in memory, and a pass reads it in before it is due.
+                Some(at) => {
+                    let read_at = at.checked_sub_signed(horizon / 2).unwrap_or(now);
+                    self.backlog.remind(instant + wait_until(now, read_at));
+                }
+                None => self.admit_at(Entry::new(r.job, r.attempts), r.retry_at),
+            }
         }
         self.cache.gauge();
     }

@@ -104,9 +104,8 @@ impl Scheduler {
             return;
         }
         let (after, to_horizon) = self.backlog.begin_page(self.cache.roomy());
-        let horizon = to_horizon.then(|| {
-            chrono::Duration::from_std(self.limits.spill_after).unwrap_or(chrono::Duration::MAX)
-        });
+        let horizon =
+            chrono::Duration::from_std(self.limits.spill_after).unwrap_or(chrono::Duration::MAX);
         let limit = room.min(1000);
         backlog::read_page(
             self.db.clone(),
@@ -114,6 +113,7 @@ impl Scheduler {
             barrier,
             after,
             horizon,
+            !to_horizon,
             limit,
         );
     }

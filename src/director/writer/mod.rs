@@ -114,12 +114,14 @@ struct Request {
 
 /// Who hears about a request's outcome.
 enum Reply {
-    /// A submission: its reply, whether its ids were minted elsewhere (forwarded), and how many
-    /// of its jobs an earlier try had stored already.
+    /// A submission: its reply, whether its ids were minted elsewhere (forwarded), how many
+    /// of its jobs an earlier try had stored already, and which of its jobs wait for a later
+    /// first attempt.
     Submit(
         oneshot::Sender<Result<Accepted, WriteRejected>>,
         bool,
         usize,
+        crate::job::Scheduled,
     ),
     Import(Ack, Vec<Recovered>),
     Transitions(Option<Ack>),
@@ -268,7 +270,7 @@ impl Batch {
         let mut start = Ends::default();
         let mut ids = Vec::new();
         for r in &self.requests {
-            if let Reply::Submit(_, true, _) = r.reply {
+            if let Reply::Submit(_, true, ..) = r.reply {
                 ids.extend(self.jobs[start.jobs..r.ends.jobs].iter().map(|j| j.id));
             }
             start = r.ends;
@@ -289,27 +291,32 @@ impl Batch {
             let n = request.ends - at;
             at = request.ends;
             let reply = match request.reply {
-                Reply::Submit(reply, true, count) => {
+                Reply::Submit(reply, true, count, scheduled) => {
                     let mut dropped = 0;
-                    for (job, a) in jobs.by_ref().take(n.jobs).zip(accepted.by_ref()) {
+                    for job in jobs.by_ref().take(n.jobs) {
                         if present.contains(&job.id) {
                             dropped += 1;
                         } else {
                             self.bytes += job_row_bytes(&job);
                             self.jobs.push(job);
-                            self.accepted.push(a);
                         }
                     }
+                    let absent = |id: &JobId| !present.contains(id);
+                    let taken = accepted.by_ref().take(n.accepted);
+                    self.accepted.extend(taken.filter(|(id, _)| absent(id)));
+                    // A forward's rows are its scheduled jobs' rows.
+                    let taken = rows.by_ref().take(n.rows);
+                    self.rows.extend(taken.filter(|(_, t)| absent(&t.job_id)));
                     skipped += dropped;
-                    Reply::Submit(reply, true, count + dropped)
+                    Reply::Submit(reply, true, count + dropped, scheduled)
                 }
                 other => {
                     self.jobs.extend(jobs.by_ref().take(n.jobs));
                     self.accepted.extend(accepted.by_ref().take(n.accepted));
+                    self.rows.extend(rows.by_ref().take(n.rows));
                     other
                 }
             };
-            self.rows.extend(rows.by_ref().take(n.rows));
             self.origins.extend(origins.by_ref().take(n.origins));
             self.starts.extend(starts.by_ref().take(n.starts));
             self.rests.extend(rests.by_ref().take(n.rests));
@@ -395,6 +402,7 @@ impl Writer {
         match op {
             WriteOp::Submit {
                 jobs,
+                scheduled,
                 not_after,
                 forwarded,
                 reply,
@@ -413,12 +421,22 @@ impl Writer {
                     let _ = reply.send(Err(WriteRejected::Refused { too_large: true }));
                     return;
                 }
+                let now = Utc::now();
+                // `scheduled` lists jobs in the order of `jobs`.
+                let mut later = scheduled.iter().peekable();
                 for job in &jobs {
                     batch.bytes += job_row_bytes(job);
-                    batch.accepted.push((job.id, job.expire_at));
+                    // A scheduled job rests from the start: its row puts it in `open_jobs`.
+                    match later.next_if(|(id, _)| *id == job.id) {
+                        Some((id, at)) => {
+                            let row = self.take_id();
+                            batch.rows.push((row, Transition::scheduled(*id, now, *at)));
+                        }
+                        None => batch.accepted.push((job.id, job.expire_at)),
+                    }
                 }
                 batch.jobs.extend(jobs);
-                batch.seal(Reply::Submit(reply, forwarded, 0));
+                batch.seal(Reply::Submit(reply, forwarded, 0, scheduled));
             }
             WriteOp::Import {
                 jobs,
@@ -729,11 +747,30 @@ impl Writer {
                     let _ = self.scheduler.send(Event::Imported(imported));
                     let _ = reply.send(Ok(()));
                 }
-                Reply::Submit(reply, _, already_present) => {
-                    let accepted: Vec<Arc<Job>> = jobs.by_ref().take(taken).collect();
+                Reply::Submit(reply, _, already_present, scheduled) => {
+                    let mut accepted: Vec<Arc<Job>> = jobs.by_ref().take(taken).collect();
                     self.metrics.jobs_accepted.inc_by(accepted.len() as u64);
                     // The scheduler learns of the jobs only now that they are durable; the
-                    // producer hears about it at the same moment.
+                    // producer hears about it at the same moment. Scheduled jobs reach it as
+                    // resting jobs, due at their time.
+                    if !scheduled.is_empty() {
+                        let times: std::collections::HashMap<JobId, DateTime<Utc>> =
+                            scheduled.into_iter().collect();
+                        let mut later = Vec::with_capacity(times.len());
+                        accepted.retain(|job| match times.get(&job.id) {
+                            Some(at) => {
+                                later.push(Recovered {
+                                    job: job.clone(),
+                                    attempts: 0,
+                                    retry_at: Some(*at),
+                                });
+                                false
+                            }
+                            None => true,
+                        });
+                        self.metrics.jobs_scheduled.inc_by(later.len() as u64);
+                        let _ = self.scheduler.send(Event::Imported(later));
+                    }
                     if !accepted.is_empty() {
                         let _ = self.scheduler.send(Event::Accepted(accepted));
                     }

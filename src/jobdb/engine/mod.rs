@@ -345,10 +345,13 @@ macro_rules! stats_sql {
         pub const LANE_BACKLOG: &str = concat!(
             "SELECT ",
             $lane,
-            " AS lane, w.state, COUNT(*) AS n \
+            " AS lane, w.state, \
+             CAST(CASE WHEN w.state = 'awaiting-retry' AND w.attempts = 0 THEN 1 ELSE 0 END \
+                  AS SIGNED) AS scheduled, \
+             COUNT(*) AS n \
              FROM open_work w JOIN jobs j ON j.id = w.job_id \
              WHERE w.state IN ('awaiting-scheduling', 'awaiting-retry', 'executing') \
-             GROUP BY lane, w.state"
+             GROUP BY lane, w.state, scheduled"
         );
         /// Attempts since a time by lane, state and latency bucket (or duration).
         pub const LANE_ATTEMPTS: &str = concat!(
