@@ -822,6 +822,13 @@ async fn scheduled_jobs_keep_their_time_through_the_router() {
     ];
     let reply = submit(&cluster.client, &cluster.base(), jobs).await;
     assert!(reply.jobs.iter().all(|j| j.status == JobStatus::Accepted));
+    assert_eq!(
+        reply.jobs[0].deliver_at,
+        Some(at),
+        "the answer names the time"
+    );
+    assert!(reply.jobs[1].deliver_at.is_some());
+    assert_eq!(reply.jobs[2].deliver_at, None);
     wait_for(Duration::from_secs(15), "three deliveries", || async {
         cluster.sink.ok_total() >= 3
     })

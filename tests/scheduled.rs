@@ -47,6 +47,12 @@ async fn scheduled_jobs_arrive_on_time_across_a_restart(engine: Engine) {
     jobs.push(json!({"bucket": "b", "endpoint": rig.sink.url("/ok"), "delay_ms": 3_600_000}));
     let reply = rig.submit(jobs).await;
     let ids: Vec<JobId> = reply.jobs.iter().map(|j| j.id.parse().unwrap()).collect();
+    // The answer says when each will be attempted first, and its expiry counts from then.
+    for (job, at) in reply.jobs.iter().zip(times) {
+        let said = job.deliver_at.expect("deliver_at in the answer");
+        assert!((said - at).num_milliseconds().abs() <= 1);
+        assert!(job.expire_at.unwrap() - said >= chrono::Duration::hours(4));
+    }
 
     // In SQL: each waits in `open_jobs` with its time, its history says why.
     let open = rig.reader.open_work().await.expect("open work");

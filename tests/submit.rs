@@ -296,6 +296,22 @@ async fn the_client_submits_looks_up_and_maps_errors() {
     assert_eq!(view.payload_base64, "AHJhdw==");
     assert!(view.transitions.len() >= 3);
 
+    // Scheduled for later: the answer names the time; the job waits, untried, until then.
+    let later = chrono::Utc::now() + chrono::Duration::hours(1);
+    let scheduled = [
+        NewJob::new("c3", rig.sink.url("/ok")).with_deliver_at(later),
+        NewJob::new("c3", rig.sink.url("/ok")).with_delay(Duration::from_secs(3600)),
+    ];
+    let reply = api.submit(&scheduled).await.unwrap();
+    assert_eq!(reply.jobs[0].deliver_at, Some(later));
+    let delayed = reply.jobs[1]
+        .deliver_at
+        .expect("a time for the delayed job");
+    assert!((delayed - later).num_seconds().abs() < 5);
+    let view = api.job(&reply.jobs[0].id).await.unwrap();
+    assert_eq!(view.state, State::AwaitingRetry);
+    assert_eq!(view.attempts, 0);
+
     // 422: an invalid value, named by the server; nothing stored.
     let bad = [
         NewJob::new("c1", rig.sink.url("/ok")),
@@ -357,7 +373,11 @@ async fn the_client_submits_looks_up_and_maps_errors() {
         (answer.status, answer.field.as_deref()),
         (409, Some("jobdb"))
     );
-    assert_eq!(stored(&rig).await, 2);
+    assert_eq!(
+        stored(&rig).await,
+        4,
+        "the two delivered, the two scheduled, nothing else"
+    );
 
     // No server: a connect error, nothing sent.
     let port = std::net::TcpListener::bind("127.0.0.1:0")

@@ -283,6 +283,10 @@ pub struct AcceptedJob {
     /// When it stops being retried (for `accepted`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub expire_at: Option<DateTime<Utc>>,
+    /// For an `accepted` job scheduled with `deliver_at` or `delay_ms`: its first attempt's
+    /// time.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub deliver_at: Option<DateTime<Utc>>,
     /// The idempotency key given, if any.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub idempotency_key: Option<String>,

@@ -22,9 +22,7 @@ use crate::job::{JobId, Recovered};
 use crate::jobdb::write::{WriteOp, WriteRejected};
 use crate::jobdb::JobDb;
 use crate::metrics::Metrics;
-use crate::rpc::api::{
-    self, AcceptedJob, FieldError, IntakeLimits, JobView, SubmitReply, SubmitRequest,
-};
+use crate::rpc::api::{self, FieldError, IntakeLimits, JobView, SubmitReply, SubmitRequest};
 use crate::rpc::auth::{self, Scope};
 use crate::rpc::error::ApiError;
 use crate::rpc::import::{self, job_of, ImportRequest, ImportResponse, MAX_IMPORT_JOBS};
@@ -146,7 +144,7 @@ async fn submit_jobs(
         .writer
         .send(WriteOp::Submit {
             jobs: jobs.clone(),
-            scheduled,
+            scheduled: scheduled.clone(),
             not_after: None,
             forwarded: false,
             reply,
@@ -160,7 +158,7 @@ async fn submit_jobs(
     };
     let response = SubmitReply {
         transaction_id: transaction.to_string(),
-        jobs: jobs.iter().map(|job| AcceptedJob::from(&**job)).collect(),
+        jobs: api::accepted_jobs(&jobs, &scheduled),
     };
     Ok((StatusCode::ACCEPTED, Json(response)))
 }

@@ -337,13 +337,23 @@ struct Routed {
     result: Option<AcceptedJob>,
 }
 
-fn result(job: &Job, status: JobStatus, id: JobId, error: Option<String>) -> AcceptedJob {
+/// A job's answer; `first_at`: when its first attempt may start (later than `created_at` for a
+/// scheduled job).
+fn result(
+    job: &Job,
+    first_at: DateTime<Utc>,
+    status: JobStatus,
+    id: JobId,
+    error: Option<String>,
+) -> AcceptedJob {
     let mut out = AcceptedJob::from(job);
     out.id = id.to_string();
     out.status = status;
     if status != JobStatus::Accepted {
         out.created_at = None;
         out.expire_at = None;
+    } else if first_at > job.created_at {
+        out.deliver_at = Some(first_at);
     }
     out.error = error;
     out
@@ -431,7 +441,7 @@ async fn submit_jobs(
                     )),
                 ),
             };
-            r.result = Some(result(&r.job, status, r.job.id, error));
+            r.result = Some(result(&r.job, r.first_at, status, r.job.id, error));
         }
     }
     settle_claims(&shared, &confirm, &release).await;
@@ -512,14 +522,29 @@ async fn claim_keys(shared: &Shared, routed: &mut [Routed]) -> Result<(), ApiErr
                 ClaimOutcome::Duplicate {
                     owner,
                     confirmed: true,
-                } => r.result = Some(result(&r.job, JobStatus::Duplicate, owner, None)),
+                } => {
+                    r.result = Some(result(
+                        &r.job,
+                        r.first_at,
+                        JobStatus::Duplicate,
+                        owner,
+                        None,
+                    ))
+                }
                 // Held by another job of this very request: settled once that one is.
                 ClaimOutcome::Duplicate { owner, .. } if batch_ids.contains(&owner) => {
-                    r.result = Some(result(&r.job, JobStatus::Duplicate, owner, None))
+                    r.result = Some(result(
+                        &r.job,
+                        r.first_at,
+                        JobStatus::Duplicate,
+                        owner,
+                        None,
+                    ))
                 }
                 ClaimOutcome::Duplicate { owner, .. } if waited_enough => {
                     r.result = Some(result(
                         &r.job,
+                        r.first_at,
                         JobStatus::Pending,
                         owner,
                         Some(
@@ -545,7 +570,13 @@ async fn claim_keys(shared: &Shared, routed: &mut [Routed]) -> Result<(), ApiErr
                     };
                     match shared.dedup.confirm(&[holder_claim]).await {
                         Ok(_) => {
-                            r.result = Some(result(&r.job, JobStatus::Duplicate, holder, None))
+                            r.result = Some(result(
+                                &r.job,
+                                r.first_at,
+                                JobStatus::Duplicate,
+                                holder,
+                                None,
+                            ))
                         }
                         Err(_) => still.push(i),
                     }
@@ -557,6 +588,7 @@ async fn claim_keys(shared: &Shared, routed: &mut [Routed]) -> Result<(), ApiErr
                 Holder::Unknown(why) if waited_enough => {
                     r.result = Some(result(
                         &r.job,
+                        r.first_at,
                         JobStatus::Pending,
                         holder,
                         Some(format!(

@@ -136,6 +136,17 @@ impl FieldError {
     }
 }
 
+/// The answer for accepted jobs, in request order, with the time of those scheduled.
+pub fn accepted_jobs(jobs: &[Arc<Job>], scheduled: &Scheduled) -> Vec<AcceptedJob> {
+    let mut later = scheduled.iter().peekable();
+    jobs.iter()
+        .map(|job| AcceptedJob {
+            deliver_at: later.next_if(|(id, _)| *id == job.id).map(|(_, at)| *at),
+            ..AcceptedJob::from(&**job)
+        })
+        .collect()
+}
+
 /// Validates a whole request; every job gets an id from `next_id`.
 pub fn validate_request(
     request: SubmitRequest,
@@ -573,6 +584,7 @@ impl From<&Job> for AcceptedJob {
             bucket: job.bucket.to_string(),
             created_at: Some(job.created_at),
             expire_at: Some(job.expire_at),
+            deliver_at: None,
             idempotency_key: job.idempotency_key.clone(),
             error: None,
         }
