@@ -337,26 +337,22 @@ struct Routed {
     result: Option<AcceptedJob>,
 }
 
-/// A job's answer; `first_at`: when its first attempt may start (later than `created_at` for a
-/// scheduled job).
-fn result(
-    job: &Job,
-    first_at: DateTime<Utc>,
-    status: JobStatus,
-    id: JobId,
-    error: Option<String>,
-) -> AcceptedJob {
-    let mut out = AcceptedJob::from(job);
-    out.id = id.to_string();
-    out.status = status;
-    if status != JobStatus::Accepted {
-        out.created_at = None;
-        out.expire_at = None;
-    } else if first_at > job.created_at {
-        out.deliver_at = Some(first_at);
+impl Routed {
+    /// The job's answer, `id` its own or the job that holds its key.
+    fn answer(&self, status: JobStatus, id: JobId, error: Option<String>) -> AcceptedJob {
+        let (job, first_at) = (&*self.job, self.first_at);
+        let mut out = AcceptedJob::from(job);
+        out.id = id.to_string();
+        out.status = status;
+        if status != JobStatus::Accepted {
+            out.created_at = None;
+            out.expire_at = None;
+        } else if first_at > job.created_at {
+            out.deliver_at = Some(first_at);
+        }
+        out.error = error;
+        out
     }
-    out.error = error;
-    out
 }
 
 /// How one forward request ended.
@@ -441,7 +437,7 @@ async fn submit_jobs(
                     )),
                 ),
             };
-            r.result = Some(result(&r.job, r.first_at, status, r.job.id, error));
+            r.result = Some(r.answer(status, r.job.id, error));
         }
     }
     settle_claims(&shared, &confirm, &release).await;
@@ -522,37 +518,23 @@ async fn claim_keys(shared: &Shared, routed: &mut [Routed]) -> Result<(), ApiErr
                 ClaimOutcome::Duplicate {
                     owner,
                     confirmed: true,
-                } => {
-                    r.result = Some(result(
-                        &r.job,
-                        r.first_at,
-                        JobStatus::Duplicate,
-                        owner,
-                        None,
-                    ))
-                }
+                } => r.result = Some(r.answer(JobStatus::Duplicate, owner, None)),
                 // Held by another job of this very request: settled once that one is.
                 ClaimOutcome::Duplicate { owner, .. } if batch_ids.contains(&owner) => {
-                    r.result = Some(result(
-                        &r.job,
-                        r.first_at,
-                        JobStatus::Duplicate,
-                        owner,
-                        None,
-                    ))
+                    r.result = Some(r.answer(JobStatus::Duplicate, owner, None))
                 }
                 ClaimOutcome::Duplicate { owner, .. } if waited_enough => {
-                    r.result = Some(result(
-                        &r.job,
-                        r.first_at,
-                        JobStatus::Pending,
-                        owner,
-                        Some(
-                            "another submission of this key is being stored; submit again \
+                    r.result = Some(
+                        r.answer(
+                            JobStatus::Pending,
+                            owner,
+                            Some(
+                                "another submission of this key is being stored; submit again \
                              later with the same key"
-                                .into(),
+                                    .into(),
+                            ),
                         ),
-                    ))
+                    )
                 }
                 ClaimOutcome::Duplicate { .. } => still.push(i),
             }
@@ -569,15 +551,7 @@ async fn claim_keys(shared: &Shared, routed: &mut [Routed]) -> Result<(), ApiErr
                         ..claim
                     };
                     match shared.dedup.confirm(&[holder_claim]).await {
-                        Ok(_) => {
-                            r.result = Some(result(
-                                &r.job,
-                                r.first_at,
-                                JobStatus::Duplicate,
-                                holder,
-                                None,
-                            ))
-                        }
+                        Ok(_) => r.result = Some(r.answer(JobStatus::Duplicate, holder, None)),
                         Err(_) => still.push(i),
                     }
                 }
@@ -586,9 +560,7 @@ async fn claim_keys(shared: &Shared, routed: &mut [Routed]) -> Result<(), ApiErr
                     Ok(_) | Err(_) => still.push(i),
                 },
                 Holder::Unknown(why) if waited_enough => {
-                    r.result = Some(result(
-                        &r.job,
-                        r.first_at,
+                    r.result = Some(r.answer(
                         JobStatus::Pending,
                         holder,
                         Some(format!(
