@@ -952,6 +952,52 @@ fn pct(samples: &[Duration], p: f64) -> f64 {
     percentile_ms(&mut sorted, p)
 }
 
+/// A full cache must not keep a healthy endpoint's new jobs out behind one that hangs.
+/// Before, with the cache full of a hanging endpoint's ready jobs, new jobs for any other
+/// endpoint rested in the JobDB until a quarter of the cache was free: here, until the hanging
+/// jobs expired. Now the largest lane's newest ready job goes back to rest to let each in.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cache_full_of_a_hanging_endpoint_still_takes_other_endpoints_jobs() {
+    let _machine = shared().await;
+    let rig = Rig::start("fullcache", |c| {
+        c.scheduler.max_cached_jobs = 40;
+        c.scheduler.per_endpoint = 2;
+    })
+    .await;
+    let hanging = rig.jobs(
+        60,
+        "/hang",
+        json!({"execution_timeout_ms": 60_000, "ttl_ms": 600_000}),
+    );
+    rig.submit(hanging).await;
+    wait_for(Duration::from_secs(10), "the cache full", || async {
+        let text = metrics_text(&rig.client, &rig.base()).await;
+        metric_value(&text, "spindle_jobs_cached") >= 40.0
+    })
+    .await;
+    let started = Instant::now();
+    let healthy = rig.submit(rig.jobs(10, "/ok", json!({}))).await;
+    wait_for(
+        Duration::from_secs(10),
+        "the healthy jobs delivered",
+        || async { rig.sink.ok_total() >= 10 },
+    )
+    .await;
+    let took = started.elapsed();
+    println!("10 jobs beside a cache full of a hanging endpoint's: delivered in {took:?}");
+    let per_job = rig.sink.per_job();
+    for job in &healthy.jobs {
+        assert_eq!(per_job.get(&job.id), Some(&1));
+    }
+    let text = metrics_text(&rig.client, &rig.base()).await;
+    assert!(metric_value(&text, "spindle_jobs_cached") <= 40.0);
+    assert!(metric_value(&text, "spindle_jobs_evicted_total") >= 10.0);
+    // Nothing was lost: every hanging job is still open (in flight, cached or resting).
+    let open = rig.reader.open_work().await.unwrap();
+    assert_eq!(open.len(), 60, "the hanging jobs are all open");
+    rig.stop().await;
+}
+
 on_both_engines!(
     a_huge_retry_after_cannot_stop_deliveries,
     far_retries_fire_on_time_after_a_restart

@@ -363,7 +363,9 @@ impl Scheduler {
                     #[cfg(feature = "fault-injection")]
                     crate::faults::on_accepted(&job.bucket);
                     let id = job.id;
-                    match self.cache.admit(Entry::new(job, 0)) {
+                    let entry = Entry::new(job, 0);
+                    self.make_room(&entry);
+                    match self.cache.admit(entry) {
                         Admitted::Cached => self.enqueue(id),
                         Admitted::Present => {}
                         Admitted::Full => {
@@ -574,6 +576,7 @@ impl Scheduler {
     /// Caches a job. Returns whether it is cached: a full cache leaves it in the JobDB for a
     /// backlog pass.
     fn admit(&mut self, entry: Entry) -> bool {
+        self.make_room(&entry);
         match self.cache.admit(entry) {
             Admitted::Cached => true,
             Admitted::Present => false,
@@ -582,6 +585,31 @@ impl Scheduler {
                 false
             }
         }
+    }
+
+    /// A full cache takes a job of a lane holding fewer ready jobs than the largest lane by
+    /// letting the largest lane's newest ready job go back to rest in the JobDB (a pass reads
+    /// it in again when there is room): a lane whose endpoint hangs with more jobs than the
+    /// cache holds cannot keep every other lane's new jobs out.
+    fn make_room(&mut self, entry: &Entry) {
+        if self.cache.room() > 0 || self.cache.contains(&entry.job.id) {
+            return;
+        }
+        let mine = self.queues.lane(&entry.lane).map_or(0, |lane| lane.ready);
+        let cache = &self.cache;
+        let victim = self.queues.newest_of_largest(mine, |(id, ticket)| {
+            cache
+                .get(&id)
+                .is_some_and(|e| e.phase == Phase::Ready && e.ticket == ticket)
+        });
+        let Some(victim) = victim else {
+            return;
+        };
+        self.forget(victim);
+        // A job that never rested needs its entry to be found again; the writer knows which.
+        self.rests.push(victim);
+        self.backlog.evicted();
+        self.metrics.jobs_evicted.inc();
     }
 
     /// Caches a job at its place: ready now, or waiting until it is due.

@@ -193,6 +193,30 @@ impl Queues {
         }
     }
 
+    /// The newest ready job of the lane holding the most ready jobs, if that lane holds more
+    /// than `fewer` + 1 (so taking one from it leaves the two lanes fairer): its slot is taken
+    /// out of its bucket's queue (the longest of the lane's), and the caller makes the job
+    /// leave the queue as any other (`left`). `live` says whether a slot still stands for a
+    /// queued job; dead slots met on the way are dropped.
+    pub(super) fn newest_of_largest(
+        &mut self,
+        fewer: usize,
+        mut live: impl FnMut(Slot) -> bool,
+    ) -> Option<JobId> {
+        let lane = self
+            .lanes
+            .values_mut()
+            .max_by_key(|lane| lane.ready)
+            .filter(|lane| lane.ready > fewer.saturating_add(1))?;
+        let queue = lane.queues.values_mut().max_by_key(|q| q.len())?;
+        while let Some(slot) = queue.pop_back() {
+            if live(slot) {
+                return Some(slot.0);
+            }
+        }
+        None
+    }
+
     /// Buckets that have a queue in some lane.
     pub(super) fn buckets(&self) -> impl Iterator<Item = &Arc<str>> {
         self.lanes.values().flat_map(|lane| lane.queues.keys())
@@ -358,6 +382,22 @@ mod tests {
         q.relist(&lane, usize::MAX);
         let order: Vec<JobId> = drain(&mut q).into_iter().map(|(j, _, _)| j).collect();
         assert_eq!(order, [id(0), id(10), id(1), id(11)]);
+    }
+
+    #[test]
+    fn the_largest_lane_gives_up_its_newest_job() {
+        let mut q = Queues::default();
+        fill(&mut q, "big", "b1", 0, 6);
+        fill(&mut q, "big", "b2", 100, 2);
+        fill(&mut q, "small", "b1", 200, 2);
+        // Not fairer: a lane holding 7 or more gets nothing from a lane of 8.
+        assert_eq!(q.newest_of_largest(7, |_| true), None);
+        // The newest of the big lane's longest queue; a dead slot on the way is dropped.
+        let dead = id(5);
+        assert_eq!(q.newest_of_largest(2, |(job, _)| job != dead), Some(id(4)));
+        q.left("big");
+        assert_eq!(q.lane("big").unwrap().ready, 7);
+        assert_eq!(q.newest_of_largest(2, |_| true), Some(id(3)));
     }
 
     #[test]
