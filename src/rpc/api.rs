@@ -292,6 +292,9 @@ fn validate_job(
     check_coefficient(coefficient, limits, &field("backoff_coefficient"))?;
 
     let max_ttl = chrono::Duration::from_std(limits.max_ttl).unwrap_or(chrono::Duration::MAX);
+    // The first attempt may be at most the longest time to live ahead.
+    let latest_start = now.checked_add_signed(max_ttl);
+    let too_far = |at: DateTime<Utc>| latest_start.is_some_and(|latest| at > latest);
     let deliver_at = match (spec.deliver_at, spec.delay_ms) {
         (Some(_), Some(_)) => {
             return Err(FieldError::new(
@@ -299,11 +302,17 @@ fn validate_job(
                 "give deliver_at or delay_ms, not both",
             ))
         }
+        (Some(at), None) if too_far(at) => {
+            return Err(FieldError::new(
+                field("deliver_at"),
+                format!("must be within {} s from now", limits.max_ttl.as_secs()),
+            ))
+        }
         (Some(at), None) => Some(at),
         (None, Some(ms)) => Some(
             chrono::Duration::try_milliseconds(i64::try_from(ms).unwrap_or(i64::MAX))
                 .and_then(|delay| now.checked_add_signed(delay))
-                .filter(|at| *at <= now.checked_add_signed(max_ttl).unwrap_or(*at))
+                .filter(|at| !too_far(*at))
                 .ok_or_else(|| {
                     FieldError::new(
                         field("delay_ms"),
@@ -315,14 +324,6 @@ fn validate_job(
     }
     // A time already passed means now: the job is delivered like any other.
     .filter(|at| *at > now);
-    if let Some(at) = deliver_at {
-        if at > now.checked_add_signed(max_ttl).unwrap_or(at) {
-            return Err(FieldError::new(
-                field("deliver_at"),
-                format!("must be within {} s from now", limits.max_ttl.as_secs()),
-            ));
-        }
-    }
     // The time to live counts from the first attempt's time.
     let start = deliver_at.unwrap_or(now);
     let max_expiry = start.checked_add_signed(max_ttl).unwrap_or(start);

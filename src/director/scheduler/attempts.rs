@@ -257,12 +257,8 @@ impl Scheduler {
                 continue;
             };
             if std::mem::take(&mut entry.probe) {
-                let lane = entry.lane.clone();
-                self.gates.probe_abandoned(&lane);
+                self.gates.probe_abandoned(&entry.lane);
             }
-            let Some(entry) = self.cache.get_mut(&id) else {
-                continue;
-            };
             entry.started = None;
             entry.attempts = entry.attempts.saturating_sub(1);
             self.outbox.push(Transition::awaiting_retry(

@@ -363,16 +363,12 @@ impl Scheduler {
                     #[cfg(feature = "fault-injection")]
                     crate::faults::on_accepted(&job.bucket);
                     let id = job.id;
-                    let entry = Entry::new(job, 0);
-                    self.make_room(&entry);
-                    match self.cache.admit(entry) {
-                        Admitted::Cached => self.enqueue(id),
-                        Admitted::Present => {}
-                        Admitted::Full => {
-                            // It waits in the JobDB only: it rests there, for a pass to find.
-                            self.rests.push(id);
-                            self.backlog.due_now();
-                        }
+                    if self.admit(Entry::new(job, 0)) {
+                        self.enqueue(id);
+                    } else if !self.cache.contains(&id) {
+                        // The cache is full: it waits in the JobDB only, resting there for a
+                        // pass to find.
+                        self.rests.push(id);
                     }
                 }
                 self.cache.gauge();
