@@ -122,14 +122,17 @@ pub async fn replay(
     let mut pending: Vec<Job> = Vec::new();
     match source {
         ReplaySource::JobDb(db) => {
+            // Only jobs created before the replay began: the jobs it submits may end (and be
+            // read by a later page) before it is done, and must not be replayed again.
+            let started = chrono::Utc::now();
+            let filter = EndedFilter {
+                until: Some(options.filter.until.map_or(started, |t| t.min(started))),
+                ..options.filter.clone()
+            };
             let mut after = None;
             while report.selected < options.limit {
                 let page = db
-                    .ended_jobs(
-                        &options.filter,
-                        after,
-                        BATCH.min(options.limit - report.selected),
-                    )
+                    .ended_jobs(&filter, after, BATCH.min(options.limit - report.selected))
                     .await?;
                 let Some((last, _)) = page.last() else { break };
                 after = Some(last.id);
