@@ -284,6 +284,29 @@ fn port_of(url: &str, default: u16) -> u16 {
         .unwrap_or(default)
 }
 
+/// The cache and backlog counters of the Directors the producers reach directly (a bench
+/// that did not finish says where its jobs are).
+async fn stuck_state(topology: &Topology) -> String {
+    let client = reqwest::Client::new();
+    let mut state = Vec::new();
+    for target in &topology.targets {
+        let text = match client.get(format!("{target}/metrics")).send().await {
+            Ok(answer) => answer.text().await.unwrap_or_default(),
+            Err(e) => format!("{target}: {e}"),
+        };
+        state.extend(
+            text.lines()
+                .filter(|l| {
+                    ["spindle_jobs", "spindle_in_flight", "spindle_backlog"]
+                        .iter()
+                        .any(|p| l.starts_with(p))
+                })
+                .map(str::to_owned),
+        );
+    }
+    state.join("; ")
+}
+
 async fn measure(
     args: &BenchArgs,
     topology: &Topology,
@@ -351,15 +374,23 @@ async fn measure(
                 break;
             }
         }
-        anyhow::ensure!(
-            Instant::now() < deadline,
-            "jobs not delivered within 10 minutes"
-        );
+        if Instant::now() >= deadline {
+            let state = stuck_state(topology).await;
+            anyhow::bail!(
+                "jobs not delivered within 10 minutes: {} of {} reached the endpoint; {state}",
+                sink.ok_total(),
+                args.jobs
+            );
+        }
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
     let delivered_in = started.elapsed();
     for m in &mut measured {
         m.sample();
+    }
+    if args.backlog > 0 {
+        // What the backlog cost the cache: jobs that gave way, rested and were read back.
+        eprintln!("director counters: {}", stuck_state(topology).await);
     }
     for db in dbs {
         db.close().await;
