@@ -286,7 +286,7 @@ fn port_of(url: &str, default: u16) -> u16 {
 
 /// The cache and backlog counters of the Directors the producers reach directly (a bench
 /// that did not finish says where its jobs are).
-async fn stuck_state(topology: &Topology) -> String {
+async fn director_counters(topology: &Topology) -> String {
     let client = reqwest::Client::new();
     let mut state = Vec::new();
     for target in &topology.targets {
@@ -374,7 +374,7 @@ async fn measure(
             }
         }
         if Instant::now() >= deadline {
-            let state = stuck_state(topology).await;
+            let state = director_counters(topology).await;
             anyhow::bail!(
                 "jobs not delivered within 10 minutes: {} of {} reached the endpoint; {state}",
                 sink.ok_total(),
@@ -389,7 +389,7 @@ async fn measure(
     }
     if args.backlog > 0 {
         // What the backlog cost the cache: jobs evicted, rested and read back.
-        eprintln!("director counters: {}", stuck_state(topology).await);
+        eprintln!("director counters: {}", director_counters(topology).await);
     }
     for db in dbs {
         db.close().await;
