@@ -163,6 +163,18 @@ where
 
 /// Waits until no job of the JobDB is in a non-terminal state except those allowed.
 pub async fn wait_all_final(db: &JobDb, expected_jobs: u64, timeout: Duration) {
+    if let Err(why) = try_wait_all_final(db, expected_jobs, timeout).await {
+        panic!("{why}");
+    }
+}
+
+/// [`wait_all_final`], saying why it gave up instead of panicking (so a test can add what it
+/// knows of the Director before failing).
+pub async fn try_wait_all_final(
+    db: &JobDb,
+    expected_jobs: u64,
+    timeout: Duration,
+) -> Result<(), String> {
     let deadline = tokio::time::Instant::now() + timeout;
     loop {
         let counts = db.count_by_state().await.expect("count");
@@ -173,13 +185,14 @@ pub async fn wait_all_final(db: &JobDb, expected_jobs: u64, timeout: Duration) {
             .map(|(_, n)| n)
             .sum();
         if total >= expected_jobs && open == 0 {
-            return;
+            return Ok(());
         }
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "jobdb {}: jobs not final in time: {counts:?}, expected {expected_jobs}",
-            db.name()
-        );
+        if tokio::time::Instant::now() >= deadline {
+            return Err(format!(
+                "jobdb {}: jobs not final in time: {counts:?}, expected {expected_jobs}",
+                db.name()
+            ));
+        }
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
 }

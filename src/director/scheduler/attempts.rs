@@ -375,6 +375,15 @@ impl Scheduler {
         match self.gates.record(key, ok, retry_after, Instant::now()) {
             Recorded::Opened => {
                 tracing::warn!(endpoint = %key, "endpoint failing: circuit breaker open, probing");
+                // Probes come from the head of the queue. Jobs tried before go first, like
+                // those queued while the breaker is open: a first attempt may fail for the
+                // job's own sake, and each failed probe doubles the wait for the next.
+                let cache = &self.cache;
+                self.queues.bring_forward(key, |(id, ticket)| {
+                    cache.get(&id).is_some_and(|e| {
+                        e.phase == Phase::Ready && e.ticket == ticket && e.attempts > 0
+                    })
+                });
                 self.metrics.breaker_opened.inc();
                 self.metrics.breakers_open.inc();
             }

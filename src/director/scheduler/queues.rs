@@ -132,6 +132,29 @@ impl Queues {
         lane.ready += 1;
     }
 
+    /// Moves the slots `first` picks to the front of their buckets' queues (each queue's
+    /// order otherwise kept), and the buckets whose queue now starts with one to the front of
+    /// the lane's turn: the lane's next pick is such a slot if it has one.
+    pub(super) fn bring_forward(&mut self, key: &str, mut first: impl FnMut(Slot) -> bool) {
+        let Some(lane) = self.lanes.get_mut(key) else {
+            return;
+        };
+        let mut leading = HashSet::new();
+        for (bucket, queue) in &mut lane.queues {
+            let (front, back): (VecDeque<Slot>, VecDeque<Slot>) =
+                queue.drain(..).partition(|slot| first(*slot));
+            if !front.is_empty() {
+                leading.insert(bucket.clone());
+            }
+            queue.extend(front);
+            queue.extend(back);
+        }
+        let (mut front, back): (VecDeque<Arc<str>>, VecDeque<Arc<str>>) =
+            lane.buckets.drain(..).partition(|b| leading.contains(b));
+        front.extend(back);
+        lane.buckets = front;
+    }
+
     /// A live slot of the lane was abandoned (its job left the queue without being picked).
     pub(super) fn left(&mut self, key: &str) {
         if let Some(lane) = self.lanes.get_mut(key) {
@@ -407,5 +430,17 @@ mod tests {
         q.push(&key("a"), &key("x"), (id(99), 0), true);
         let order: Vec<JobId> = drain(&mut q).into_iter().map(|(j, _, _)| j).collect();
         assert_eq!(order, [id(99), id(0), id(1)]);
+    }
+
+    #[test]
+    fn slots_brought_forward_are_picked_first_and_the_rest_keep_their_order() {
+        let mut q = Queues::default();
+        fill(&mut q, "a", "x", 0, 3);
+        fill(&mut q, "a", "y", 10, 3);
+        // Jobs 11 and 12 (say, tried before) go first, in their order: bucket y leads the
+        // lane's turn (it would have started with x).
+        q.bring_forward("a", |(job, _)| job == id(11) || job == id(12));
+        let order: Vec<JobId> = drain(&mut q).into_iter().map(|(j, _, _)| j).collect();
+        assert_eq!(order, [id(11), id(0), id(12), id(1), id(10), id(2)]);
     }
 }
