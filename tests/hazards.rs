@@ -889,11 +889,15 @@ async fn a_command_committed_after_a_later_one_is_applied_too() {
     early.commit().await.unwrap();
     rig.wait_in_state(State::Discarded, 2, Duration::from_secs(10))
         .await;
-    let results: i64 = sqlx::query_scalar("SELECT COUNT(*) FROM operator_command_results")
-        .fetch_one(&pool)
-        .await
-        .unwrap();
-    assert_eq!(results, 2);
+    // Each result is recorded once its command's rows are durable, a moment after them.
+    wait_for(Duration::from_secs(10), "both results recorded", || async {
+        let results: i64 = sqlx::query_scalar("SELECT COUNT(*) FROM operator_command_results")
+            .fetch_one(&pool)
+            .await
+            .unwrap();
+        results == 2
+    })
+    .await;
     pool.close().await;
     rig.stop().await;
 }
@@ -995,6 +999,65 @@ async fn a_cache_full_of_a_hanging_endpoint_still_takes_other_endpoints_jobs() {
     // Nothing was lost: every hanging job is still open (in flight, cached or resting).
     let open = rig.reader.open_work().await.unwrap();
     assert_eq!(open.len(), 60, "the hanging jobs are all open");
+    rig.stop().await;
+}
+
+/// A cache full of one endpoint's jobs waiting for their retries (due within the horizon, so
+/// not evicted), with more of them resting in the JobDB, must still take other endpoints' jobs
+/// that rest there. Before, those waited until the failing endpoint's retries moved beyond the
+/// horizon (here at least 20 s): a backlog page needs a quarter of the cache free, and pages
+/// in id order read the failing endpoint's older jobs first. Now the other lanes' jobs are
+/// read with that lane left out, and it gives way to them.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cache_full_of_one_endpoints_retries_still_takes_other_endpoints_resting_jobs() {
+    let _machine = shared().await;
+    let rig = Rig::start("fullretries", |c| {
+        c.scheduler.max_cached_jobs = 40;
+        // No breaker: the failing endpoint's jobs wait for their own retries.
+        c.scheduler.breaker.failure_ratio = 2.0;
+    })
+    .await;
+    let failing = rig.jobs(
+        100,
+        "/fail/1000",
+        json!({"backoff_min_delay_ms": 20_000, "ttl_ms": 600_000}),
+    );
+    rig.submit(failing).await;
+    wait_for(
+        Duration::from_secs(10),
+        "the cached jobs tried once",
+        || async { rig.sink.total() >= 40 },
+    )
+    .await;
+    let started = Instant::now();
+    let healthy = rig.submit(rig.jobs(30, "/ok", json!({}))).await;
+    wait_for(
+        Duration::from_secs(15),
+        "the healthy jobs delivered",
+        || async { rig.sink.ok_total() >= 30 },
+    )
+    .await;
+    let took = started.elapsed();
+    println!(
+        "30 jobs resting beside a cache full of another endpoint's retries: delivered in {took:?}"
+    );
+    assert!(
+        took < Duration::from_secs(15),
+        "delivered before the failing jobs' first retries: {took:?}"
+    );
+    let per_job = rig.sink.per_job();
+    for job in &healthy.jobs {
+        assert_eq!(per_job.get(&job.id), Some(&1));
+    }
+    let text = metrics_text(&rig.client, &rig.base()).await;
+    assert!(metric_value(&text, "spindle_jobs_cached") <= 40.0);
+    assert!(metric_value(&text, "spindle_jobs_evicted_total") >= 1.0);
+    // Nothing was lost: once the healthy jobs' outcomes are written, every failing job is
+    // still open (cached or resting), and only those.
+    wait_for(Duration::from_secs(10), "100 jobs open", || async {
+        rig.reader.open_work().await.unwrap().len() == 100
+    })
+    .await;
     rig.stop().await;
 }
 

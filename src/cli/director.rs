@@ -74,7 +74,7 @@ pub struct DirectorArgs {
     /// Most jobs held in the Director's cache; beyond it, jobs wait in the JobDB and are read
     /// in a page at a time as room appears, and jobs waiting far in the future are evicted
     /// (bounds memory under any backlog).
-    #[arg(long, env = "SPINDLE_MAX_CACHED_JOBS", default_value_t = 1_000_000)]
+    #[arg(long, env = "SPINDLE_MAX_CACHED_JOBS", default_value_t = 150_000)]
     pub max_cached_jobs: usize,
     /// Circuit breaker: share of an endpoint's last 20 attempts that must have failed (server
     /// error, timeout, no connection) for it to be judged down and get one probe at a time

@@ -96,7 +96,7 @@ impl DirectorConfig {
                 shutdown_grace: Duration::from_secs(30),
                 spill_after: Duration::from_secs(60),
                 max_cached_bytes: 128 * 1024 * 1024,
-                max_cached_jobs: 1_000_000,
+                max_cached_jobs: 150_000,
                 breaker: breaker::BreakerConfig::default(),
                 max_attempts: 1000,
                 min_retry_delay: Duration::from_millis(100),

@@ -358,6 +358,8 @@ impl JobDb {
     /// key probe per job for an attempt under way (which is not waiting). A job never tried
     /// that waits (scheduled with `deliver_at`, or postponed) is due by `scheduled_by`
     /// instead, so a pass that reads every retry still leaves tomorrow's jobs in the JobDB.
+    /// With `except_lane`, jobs of that lane (endpoint without query) are left out: a full
+    /// cache held by one lane reads the others' jobs without reading that lane's again.
     pub async fn backlog_page(
         &self,
         after: Option<JobId>,
@@ -365,34 +367,31 @@ impl JobDb {
         scheduled_by: DateTime<Utc>,
         before_row: u64,
         limit: usize,
+        except_lane: Option<&str>,
     ) -> Result<Vec<(Job, Progress)>, JobDbError> {
         let after = after.map_or_else(|| vec![0u8; 16], |id| id.to_bytes().to_vec());
         let progress: HashMap<JobId, Progress> = with_pool!(self, |p, q| {
-            sqlx::query(
-                "SELECT o.job_id, o.state, o.attempts, o.retry_at FROM open_jobs o \
-                 WHERE o.job_id > ? AND o.transition_id < ? \
-                   AND (o.state = 'awaiting-scheduling' \
-                        OR (o.state = 'awaiting-retry' \
-                            AND (CASE WHEN o.attempts = 0 \
-                                      THEN o.retry_at <= ? OR o.expire_at <= ? \
-                                      ELSE o.retry_at <= ? OR o.expire_at <= ? END))) \
-                   AND NOT EXISTS (SELECT 1 FROM job_state_transitions t \
-                                   WHERE t.job_id = o.job_id AND t.id > o.transition_id) \
-                 ORDER BY o.job_id \
-                 LIMIT ?",
-            )
+            let query = sqlx::query(match except_lane {
+                None => q::BACKLOG_PAGE,
+                Some(_) => q::BACKLOG_PAGE_OTHER_LANES,
+            })
             .bind(after)
             .bind(int(before_row))
             .bind(scheduled_by.naive_utc())
             .bind(scheduled_by.naive_utc())
             .bind(due_by.naive_utc())
-            .bind(due_by.naive_utc())
-            .bind(i64::try_from(limit).unwrap_or(i64::MAX))
-            .fetch_all(p)
-            .await?
-            .iter()
-            .map(|row| Ok((q::job_id_of(row, "job_id")?, q::progress_of(row)?)))
-            .collect::<Result<_, JobDbError>>()?
+            .bind(due_by.naive_utc());
+            let query = match except_lane {
+                Some(lane) => query.bind(lane),
+                None => query,
+            };
+            query
+                .bind(i64::try_from(limit).unwrap_or(i64::MAX))
+                .fetch_all(p)
+                .await?
+                .iter()
+                .map(|row| Ok((q::job_id_of(row, "job_id")?, q::progress_of(row)?)))
+                .collect::<Result<_, JobDbError>>()?
         });
         self.with_jobs(progress, false).await
     }

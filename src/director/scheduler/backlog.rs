@@ -13,6 +13,7 @@
 //! the same way, never at the same time as a page.
 
 use std::collections::HashSet;
+use std::sync::Arc;
 use std::time::Duration;
 
 use chrono::{DateTime, Utc};
@@ -36,6 +37,11 @@ pub(super) struct Backlog {
     pub(super) whole: bool,
     /// A job was left out of the cache since the pass began: go round again.
     again: bool,
+    /// A page of the current pass left a lane's jobs out: reaching the end does not mean
+    /// every waiting job was read.
+    left_out: bool,
+    /// Jobs the current pass brought into the cache.
+    pass_loaded: usize,
     /// A page (or a command's jobs) is being read.
     loading: bool,
     /// Jobs that left the cache since the read's barrier was sent: the read may predate it.
@@ -51,6 +57,14 @@ pub(super) struct Backlog {
     /// A pass is due then: jobs accepted to wait beyond the horizon (scheduled) come due
     /// within it from that instant.
     reminder: Option<Instant>,
+    /// Where the next read of other lanes' jobs (for a full cache that one lane holds)
+    /// continues; `None`: from the start.
+    pub(super) others_cursor: Option<JobId>,
+    /// No read of other lanes' jobs before this instant.
+    pub(super) others_at: Option<Instant>,
+    /// Reads of other lanes' jobs in a row that found none: each waits twice as long as the
+    /// last (up to half a minute), since each reads past every job of the lane left out.
+    others_idle: u32,
 }
 
 impl Backlog {
@@ -109,10 +123,43 @@ impl Backlog {
     pub(super) fn begin_page(&mut self, roomy: bool) -> (Option<JobId>, bool) {
         if self.cursor.is_none() {
             self.again = false;
+            self.left_out = false;
+            self.pass_loaded = 0;
             self.whole = roomy;
         }
         self.begin_read();
         (self.cursor, !self.whole)
+    }
+
+    /// The page being read leaves a lane's jobs out (that lane holds most of the cache).
+    pub(super) fn leaving_out(&mut self) {
+        self.left_out = true;
+    }
+
+    /// The page read brought `n` jobs into the cache.
+    pub(super) fn loaded(&mut self, n: usize) {
+        self.pass_loaded += n;
+    }
+
+    /// How long to wait before the next read that leaves a lane out, which reads past all of
+    /// that lane's resting jobs: a second, doubled after each such read that found nothing
+    /// (up to 30 s, and within half the `horizon`, so a pass still reads every job before it
+    /// is due).
+    pub(super) fn leaving_out_wait(&self, horizon: Duration) -> Duration {
+        Duration::from_secs(1 << self.others_idle.min(5))
+            .min(Duration::from_secs(30))
+            .min(horizon / 2)
+            .max(Duration::from_millis(100))
+    }
+
+    /// A read leaving a lane out found `found` jobs: the next waits according to whether
+    /// reads like it find anything ([`Backlog::leaving_out_wait`]).
+    pub(super) fn left_out_found(&mut self, found: usize) {
+        self.others_idle = if found == 0 {
+            self.others_idle.saturating_add(1)
+        } else {
+            0
+        };
     }
 
     /// A read (page or command targets) begins: from now on, jobs leaving the cache are noted.
@@ -160,7 +207,12 @@ impl Backlog {
         let now = Instant::now();
         let every = (horizon / 4).clamp(Duration::from_millis(100), Duration::from_secs(15));
         self.cursor = None;
-        if self.again {
+        if self.left_out {
+            // The lane left out still has jobs in the JobDB: look again in a moment (it may
+            // hold less of the cache by then, or other lanes' jobs may rest).
+            self.left_out_found(self.pass_loaded);
+            self.wake = Some(now + self.leaving_out_wait(horizon));
+        } else if self.again {
             self.wake = None;
         } else if self.whole && next_due.is_none() {
             // Every waiting job of the JobDB is cached now.
@@ -184,10 +236,16 @@ impl Backlog {
 
     /// The earliest instant the pass waits for (a planned pass, a recheck, a pause).
     pub(super) fn next_wake(&self) -> Option<Instant> {
-        [self.wake, self.recheck, self.pause, self.reminder]
-            .into_iter()
-            .flatten()
-            .min()
+        [
+            self.wake,
+            self.recheck,
+            self.pause,
+            self.reminder,
+            self.others_at,
+        ]
+        .into_iter()
+        .flatten()
+        .min()
     }
 
     /// Forgets the waits that have passed.
@@ -195,6 +253,7 @@ impl Backlog {
         self.wake = self.wake.filter(|at| *at > now);
         self.recheck = self.recheck.filter(|at| *at > now);
         self.pause = self.pause.filter(|at| *at > now);
+        self.others_at = self.others_at.filter(|at| *at > now);
         if self.reminder.is_some_and(|at| at <= now) {
             self.reminder = None;
             self.due_now();
@@ -202,36 +261,47 @@ impl Backlog {
     }
 }
 
-/// Reads a page of the backlog off the scheduler task, once the writer has passed `barrier`,
-/// and sends it as [`Event::BacklogPage`]: up to `limit` waiting jobs after `after`, due by
+/// What a page of the backlog reads: up to `limit` waiting jobs after `after`, due by
 /// `horizon` from now (a `whole` pass: every retry whenever due, and jobs never tried by the
-/// horizon), and for the pass's last page, when the first job beyond the horizon comes due
-/// (for a whole pass, the first never tried: every retry is in the cache by then).
+/// horizon), leaving out the jobs of `except_lane`.
+pub(super) struct PageRead {
+    pub(super) after: Option<JobId>,
+    pub(super) horizon: chrono::Duration,
+    pub(super) whole: bool,
+    pub(super) limit: usize,
+    pub(super) except_lane: Option<Arc<str>>,
+}
+
+/// Reads a page of the backlog off the scheduler task, once the writer has passed `barrier`,
+/// and sends it as [`Event::BacklogPage`] with, for the pass's last page, when the first job
+/// beyond the horizon comes due (for a whole pass, the first never tried: every retry is in
+/// the cache by then). With `for_others`, it is a read of the other lanes' jobs for a full
+/// cache that `except_lane` holds, sent as [`Event::OtherLanesPage`].
 pub(super) fn read_page(
     db: JobDb,
     events: mpsc::UnboundedSender<Event>,
     barrier: oneshot::Receiver<u64>,
-    after: Option<JobId>,
-    horizon: chrono::Duration,
-    whole: bool,
-    limit: usize,
+    read: PageRead,
+    for_others: bool,
 ) {
     tokio::spawn(async move {
         let (mut jobs, mut next_due) = (None, None);
+        let limit = read.limit;
         if let Ok(before_row) = barrier.await {
             let now = Utc::now();
-            let soon = now.checked_add_signed(horizon).unwrap_or(now);
-            let due_by = if whole {
+            let soon = now.checked_add_signed(read.horizon).unwrap_or(now);
+            let due_by = if read.whole {
                 crate::jobdb::latest_time()
             } else {
                 soon
             };
+            let lane = read.except_lane.as_deref();
             let page = db
-                .backlog_page(after, due_by, soon, before_row, limit)
+                .backlog_page(read.after, due_by, soon, before_row, limit, lane)
                 .await;
             let last = page.as_ref().is_ok_and(|jobs| jobs.len() < limit);
-            let beyond = match last {
-                true => db.next_due_after(soon, whole).await,
+            let beyond = match last && !for_others {
+                true => db.next_due_after(soon, read.whole).await,
                 false => Ok(None),
             };
             match (page, beyond) {
@@ -241,11 +311,15 @@ pub(super) fn read_page(
                 }
             }
         }
-        let _ = events.send(Event::BacklogPage {
-            jobs,
-            limit,
-            next_due,
-        });
+        let event = match read.except_lane.filter(|_| for_others) {
+            Some(lane) => Event::OtherLanesPage { jobs, lane, limit },
+            None => Event::BacklogPage {
+                jobs,
+                limit,
+                next_due,
+            },
+        };
+        let _ = events.send(event);
     });
 }
 
@@ -363,6 +437,35 @@ mod tests {
         // Outside a read, leaving is not noted.
         b.left_cache(id(2));
         assert!(b.end_read(true, now).is_empty());
+    }
+
+    #[test]
+    fn a_pass_that_left_a_lane_out_looks_again_later_and_less_often_while_it_finds_nothing() {
+        let mut b = Backlog::pending();
+        let mut waits = Vec::new();
+        for _ in 0..3 {
+            b.begin_page(false);
+            b.leaving_out();
+            b.end_read(true, Instant::now());
+            b.page_taken(0, 1000, None, false, None, HORIZON);
+            // The lane left out still has jobs in the JobDB: the backlog is not done.
+            assert!(b.pending && b.cursor.is_none());
+            waits.push(b.wake.expect("a planned pass") - Instant::now());
+        }
+        assert!(waits[0] <= Duration::from_secs(2) && waits[0] > Duration::from_millis(500));
+        assert!(waits[1] > waits[0] && waits[2] > waits[1], "{waits:?}");
+        // A pass that finds something makes the next one come soon again.
+        b.begin_page(false);
+        b.leaving_out();
+        b.end_read(true, Instant::now());
+        b.loaded(3);
+        b.page_taken(3, 1000, Some(id(3)), false, None, HORIZON);
+        assert!(b.wake.expect("a planned pass") - Instant::now() <= Duration::from_secs(1));
+        // A pass that leaves nothing out ends the backlog as before.
+        b.begin_page(false);
+        b.end_read(true, Instant::now());
+        b.page_taken(0, 1000, None, false, None, HORIZON);
+        assert!(!b.pending);
     }
 
     #[test]

@@ -94,6 +94,17 @@ impl Entry {
     }
 }
 
+impl Entry {
+    /// Whether it waits for its turn (ready in its queue, waiting for its timer, or parked),
+    /// with nothing under way: it may go back to rest in the JobDB.
+    fn is_waiting(&self) -> bool {
+        matches!(
+            self.phase,
+            Phase::Ready | Phase::Waiting { .. } | Phase::Parked
+        )
+    }
+}
+
 /// What [`Cache::admit`] did with a job.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(super) enum Admitted {
@@ -271,6 +282,45 @@ impl Cache {
             }
         }
         None
+    }
+
+    /// The lane holding more than half the cache's room in jobs that wait (ready, waiting
+    /// for a retry, or parked), if one does, and how many it holds. A walk over the cache
+    /// when it is more than half full.
+    pub(super) fn hog(&self) -> Option<(Arc<str>, usize)> {
+        let half = self.max_jobs / 2;
+        if self.jobs.len() <= half {
+            return None;
+        }
+        self.largest_lane().filter(|(_, n)| *n > half)
+    }
+
+    /// The lane holding the most jobs that wait (ready, waiting for a retry, or parked), and
+    /// how many.
+    fn largest_lane(&self) -> Option<(Arc<str>, usize)> {
+        let mut held: HashMap<&Arc<str>, usize> = HashMap::new();
+        for entry in self.jobs.values().filter(|e| e.is_waiting()) {
+            *held.entry(&entry.lane).or_default() += 1;
+        }
+        held.into_iter()
+            .max_by_key(|(_, n)| *n)
+            .map(|(lane, n)| (lane.clone(), n))
+    }
+
+    /// Up to `n` of the lane's waiting jobs (ready, waiting for a retry, or parked), the
+    /// newest first: those whose turn is furthest away.
+    pub(super) fn newest_waiting_of(&self, lane: &Arc<str>, n: usize) -> Vec<JobId> {
+        let mut ids: Vec<JobId> = self
+            .jobs
+            .iter()
+            .filter(|(_, e)| e.lane == *lane && e.is_waiting())
+            .map(|(id, _)| *id)
+            .collect();
+        if ids.len() > n {
+            ids.select_nth_unstable_by(n, |a, b| b.cmp(a));
+            ids.truncate(n);
+        }
+        ids
     }
 
     /// Makes room: up to `want` (at least a quarter of the cache) jobs waiting beyond

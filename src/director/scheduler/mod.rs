@@ -79,6 +79,16 @@ pub enum Event {
         /// For a last page read up to a horizon: when the first job beyond it comes due.
         next_due: Option<DateTime<Utc>>,
     },
+    /// Waiting jobs of every lane but `lane`, read while that lane holds most of a full
+    /// cache: they come in, and `lane` gives way to them.
+    OtherLanesPage {
+        /// The jobs, without payloads; `None` if the read failed.
+        jobs: Option<Vec<(Job, Progress)>>,
+        /// The lane left out.
+        lane: Arc<str>,
+        /// The most the page could hold: fewer means the read reached the end.
+        limit: usize,
+    },
     /// An operator command appended to the JobDB, to apply.
     Command(Box<Command>),
     /// The endpoint and bucket controls in force now (from the registry).
@@ -396,6 +406,9 @@ impl Scheduler {
                 limit,
                 next_due,
             } => self.backlog_page(jobs, limit, next_due),
+            Event::OtherLanesPage { jobs, lane, limit } => {
+                self.other_lanes_page(jobs, &lane, limit)
+            }
             Event::Command(command) => self.commands.push_back(*command),
             Event::Controls(controls) => self.set_controls(controls),
             Event::CommandTargets { command, targets } => self.apply_command(*command, targets),

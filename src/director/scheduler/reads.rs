@@ -97,6 +97,7 @@ impl Scheduler {
         }
         let room = self.cache.room();
         if room < page {
+            self.load_other_lanes(now, page).await;
             return;
         }
         let (reply, barrier) = oneshot::channel();
@@ -107,14 +108,26 @@ impl Scheduler {
         let horizon =
             chrono::Duration::from_std(self.limits.spill_after).unwrap_or(chrono::Duration::MAX);
         let limit = room.min(1000);
+        // A lane holding more than half the cache is not read back while it does: its jobs
+        // would take the room that the jobs of every other lane free, and each would make one
+        // of theirs rest again to come in (a read and a write per job, for nothing).
+        let hog = self.cache.hog().map(|(lane, _)| lane);
+        if hog.is_some() {
+            self.backlog.leaving_out();
+        }
+        let read = backlog::PageRead {
+            after,
+            horizon,
+            whole: !to_horizon,
+            limit,
+            except_lane: hog,
+        };
         backlog::read_page(
             self.db.clone(),
             self.events_tx.clone(),
             barrier,
-            after,
-            horizon,
-            !to_horizon,
-            limit,
+            read,
+            false,
         );
     }
 
@@ -131,7 +144,17 @@ impl Scheduler {
         };
         let read = jobs.len();
         let last = jobs.last().map(|(job, _)| job.id);
-        let mut loaded = 0u64;
+        let loaded = self.take_in(jobs, &left);
+        self.backlog.loaded(loaded);
+        let roomy = self.cache.roomy();
+        self.backlog
+            .page_taken(read, limit, last, roomy, next_due, self.limits.spill_after);
+    }
+
+    /// Caches jobs read from the JobDB, as metadata (payloads are read when due), but those
+    /// cached already or that `left` the cache while they were read.
+    fn take_in(&mut self, jobs: Vec<(Job, Progress)>, left: &HashSet<JobId>) -> usize {
+        let mut loaded = 0;
         for (job, progress) in jobs {
             if self.cache.contains(&job.id) || left.contains(&job.id) {
                 continue;
@@ -145,11 +168,79 @@ impl Scheduler {
             self.admit_at(entry, retry_at);
             loaded += 1;
         }
-        self.metrics.jobs_backlog_loaded.inc_by(loaded);
+        self.metrics.jobs_backlog_loaded.inc_by(loaded as u64);
         self.cache.gauge();
-        let roomy = self.cache.roomy();
-        self.backlog
-            .page_taken(read, limit, last, roomy, next_due, self.limits.spill_after);
+        loaded
+    }
+
+    /// The cache is too full for a backlog page. If one lane holds more than half of it (an
+    /// endpoint that hangs or fails with more jobs than the cache holds), the other lanes'
+    /// jobs resting in the JobDB would wait until that lane drains: read a page of theirs
+    /// (leaving that lane's out, in SQL), and that lane gives way to them. At most once a
+    /// second, or at once while pages come back full; never below half the cache for that
+    /// lane, so two lanes cannot take turns evicting each other.
+    async fn load_other_lanes(&mut self, now: Instant, page: usize) {
+        if !self.backlog.pending || self.backlog.others_at.is_some_and(|at| at > now) {
+            return;
+        }
+        self.backlog.others_at = Some(now + self.backlog.leaving_out_wait(self.limits.spill_after));
+        let half = self.limits.max_cached_jobs / 2;
+        let Some((lane, held)) = self.cache.hog() else {
+            return;
+        };
+        let (reply, barrier) = oneshot::channel();
+        if self.writer.send(WriteOp::Barrier(reply)).await.is_err() {
+            return;
+        }
+        self.backlog.begin_read();
+        let horizon =
+            chrono::Duration::from_std(self.limits.spill_after).unwrap_or(chrono::Duration::MAX);
+        let read = backlog::PageRead {
+            after: self.backlog.others_cursor,
+            horizon,
+            whole: false,
+            limit: (held - half).min(page),
+            except_lane: Some(lane),
+        };
+        backlog::read_page(self.db.clone(), self.events_tx.clone(), barrier, read, true);
+    }
+
+    /// A page of other lanes' jobs: `lane` gives way to them (its newest waiting jobs go
+    /// back to rest in the JobDB) and they come in.
+    pub(super) fn other_lanes_page(
+        &mut self,
+        jobs: Option<Vec<(Job, Progress)>>,
+        lane: &Arc<str>,
+        limit: usize,
+    ) {
+        let left = self.backlog.end_read(jobs.is_some(), Instant::now());
+        let Some(mut jobs) = jobs else {
+            return;
+        };
+        if self.backlog.others_cursor.is_none() {
+            self.backlog.left_out_found(jobs.len());
+        }
+        if jobs.len() < limit {
+            self.backlog.others_cursor = None;
+        } else {
+            // More may wait: read on at once.
+            self.backlog.others_cursor = jobs.last().map(|(job, _)| job.id);
+            self.backlog.others_at = None;
+        }
+        jobs.retain(|(job, _)| !self.cache.contains(&job.id) && !left.contains(&job.id));
+        let short = jobs.len().saturating_sub(self.cache.room());
+        if short > 0 {
+            let gave_way = self.cache.newest_waiting_of(lane, short);
+            for id in &gave_way {
+                self.forget(*id);
+            }
+            self.metrics.jobs_evicted.inc_by(gave_way.len() as u64);
+            // A job that never rested needs its entry to be found again; the writer knows
+            // which do.
+            self.rests.extend(gave_way);
+            self.backlog.evicted();
+        }
+        self.take_in(jobs, &left);
     }
 
     /// Applies an operator command to the waiting jobs it names: those in the cache, and

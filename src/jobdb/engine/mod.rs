@@ -306,6 +306,49 @@ macro_rules! attempt_rows {
 }
 pub(crate) use attempt_rows;
 
+/// The backlog page's statement ([`super::JobDb::backlog_page`]) for one engine, from its
+/// spelling of `lane` (as for [`stats_sql!`]): `BACKLOG_PAGE` reads every lane;
+/// `BACKLOG_PAGE_OTHER_LANES` leaves one lane out (its last bind, before the limit), joining
+/// `jobs` for the endpoint.
+macro_rules! backlog_sql {
+    (lane: $lane:expr $(,)?) => {
+        /// The next waiting jobs after a job id, due by a time (binds: after, before_row,
+        /// scheduled_by twice, due_by twice, limit).
+        pub const BACKLOG_PAGE: &str = concat!(
+            "SELECT o.job_id, o.state, o.attempts, o.retry_at FROM open_jobs o WHERE ",
+            $crate::jobdb::engine::backlog_due!(),
+            " ORDER BY o.job_id LIMIT ?"
+        );
+        /// [`BACKLOG_PAGE`] without the jobs of one lane (bound before the limit).
+        pub const BACKLOG_PAGE_OTHER_LANES: &str = concat!(
+            "SELECT o.job_id, o.state, o.attempts, o.retry_at FROM open_jobs o \
+             JOIN jobs j ON j.id = o.job_id WHERE ",
+            $crate::jobdb::engine::backlog_due!(),
+            " AND ",
+            $lane,
+            " <> ? ORDER BY o.job_id LIMIT ?"
+        );
+    };
+}
+pub(crate) use backlog_sql;
+
+/// The condition of a backlog page on `open_jobs o`: after a job id, its entry older than a
+/// row id, waiting for its first attempt, or for a retry (or its expiry) due by a time (a job
+/// never tried that waits is due by another), and no attempt under way.
+macro_rules! backlog_due {
+    () => {
+        "o.job_id > ? AND o.transition_id < ? \
+         AND (o.state = 'awaiting-scheduling' \
+              OR (o.state = 'awaiting-retry' \
+                  AND (CASE WHEN o.attempts = 0 \
+                            THEN o.retry_at <= ? OR o.expire_at <= ? \
+                            ELSE o.retry_at <= ? OR o.expire_at <= ? END))) \
+         AND NOT EXISTS (SELECT 1 FROM job_state_transitions t \
+                         WHERE t.job_id = o.job_id AND t.id > o.transition_id)"
+    };
+}
+pub(crate) use backlog_due;
+
 /// The statements of [`super::stats`] for one engine, from its spellings: `lane`, the lane of
 /// `jobs j` (its endpoint cut at the first `?` or `#`); `slot`, the time slot of `t.time` (whole
 /// slots of the second parameter's seconds since the first); `int`, its name for a signed

@@ -288,6 +288,10 @@ pub const SIZE: &str = "SELECT CAST(COALESCE(SUM(table_rows), 0) AS UNSIGNED) AS
      CAST(COALESCE(SUM(data_length + index_length), 0) AS UNSIGNED) AS n_bytes \
      FROM information_schema.tables WHERE table_schema = ?";
 
+super::backlog_sql! {
+    lane: lane!(),
+}
+
 super::stats_sql! {
     lane: lane!(),
     slot: "CAST(TIMESTAMPDIFF(SECOND, ?, t.time) DIV ? AS SIGNED)",

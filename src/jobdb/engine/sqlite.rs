@@ -302,6 +302,10 @@ pub const SIZE: &str = "SELECT ? IS NOT NULL AS named, \
      (SELECT page_count FROM pragma_page_count()) \
        * (SELECT page_size FROM pragma_page_size()) AS n_bytes";
 
+super::backlog_sql! {
+    lane: lane!(),
+}
+
 super::stats_sql! {
     lane: lane!(),
     slot: "(CAST(unixepoch(t.time, 'subsec') - unixepoch(?, 'subsec') AS INTEGER) / ?)",
