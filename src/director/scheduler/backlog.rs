@@ -62,8 +62,9 @@ pub(super) struct Backlog {
     pub(super) others_cursor: Option<JobId>,
     /// No read of other lanes' jobs before this instant.
     pub(super) others_at: Option<Instant>,
-    /// Reads of other lanes' jobs in a row that found none: each waits twice as long as the
-    /// last (up to half a minute), since each reads past every job of the lane left out.
+    /// Reads that left a lane out (passes, and reads of other lanes' jobs) and found nothing,
+    /// in a row: each waits twice as long as the last (up to half a minute), since each reads
+    /// past every resting job of the lane left out.
     others_idle: u32,
 }
 

@@ -92,9 +92,7 @@ impl Entry {
             phase: Phase::Unplaced,
         }
     }
-}
 
-impl Entry {
     /// Whether it waits for its turn (ready in its queue, waiting for its timer, or parked),
     /// with nothing under way: it may go back to rest in the JobDB.
     fn is_waiting(&self) -> bool {
@@ -284,9 +282,9 @@ impl Cache {
         None
     }
 
-    /// The lane holding more than half the cache's room in jobs that wait (ready, waiting
-    /// for a retry, or parked), if one does, and how many it holds. A walk over the cache
-    /// when it is more than half full.
+    /// The lane holding more jobs that wait (ready, waiting for a retry, or parked) than half
+    /// the cache's cap, if one does, and how many: the *hog*. A walk over the cache when it is
+    /// more than half full (once per backlog page then).
     pub(super) fn hog(&self) -> Option<(Arc<str>, usize)> {
         let half = self.max_jobs / 2;
         if self.jobs.len() <= half {

@@ -176,9 +176,9 @@ impl Scheduler {
     /// The cache is too full for a backlog page. If one lane holds more than half of it (an
     /// endpoint that hangs or fails with more jobs than the cache holds), the other lanes'
     /// jobs resting in the JobDB would wait until that lane drains: read a page of theirs
-    /// (leaving that lane's out, in SQL), and that lane gives way to them. At most once a
-    /// second, or at once while pages come back full; never below half the cache for that
-    /// lane, so two lanes cannot take turns evicting each other.
+    /// (leaving that lane's out, in SQL), and that lane gives way to them: never below half
+    /// the cache, so two lanes cannot take turns evicting each other. At once again while
+    /// pages come back full; else a second later, longer while such reads find nothing.
     async fn load_other_lanes(&mut self, now: Instant, page: usize) {
         if !self.backlog.pending || self.backlog.others_at.is_some_and(|at| at > now) {
             return;
