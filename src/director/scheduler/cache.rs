@@ -283,14 +283,19 @@ impl Cache {
     }
 
     /// The lane holding more jobs that wait (ready, waiting for a retry, or parked) than half
-    /// the cache's cap, if one does, and how many: the *hog*. A walk over the cache when it is
-    /// more than half full (once per backlog page then).
+    /// the cache's cap, if one does, and how many it holds above half: the *hog*, and what it
+    /// may give way. A walk over the cache when it is more than half full (once per backlog
+    /// page then).
     pub(super) fn hog(&self) -> Option<(Arc<str>, usize)> {
         let half = self.max_jobs / 2;
         if self.jobs.len() <= half {
             return None;
         }
-        self.largest_lane().filter(|(_, n)| *n > half)
+        self.largest_lane().and_then(|(lane, n)| {
+            n.checked_sub(half)
+                .filter(|above| *above > 0)
+                .map(|above| (lane, above))
+        })
     }
 
     /// The lane holding the most jobs that wait (ready, waiting for a retry, or parked), and

@@ -252,8 +252,7 @@ impl Scheduler {
     /// Seeds the cache with jobs recovered from the JobDB.
     pub fn recover(&mut self, recovered: Vec<Recovered>) {
         let (now, instant) = (Utc::now(), Instant::now());
-        let horizon =
-            chrono::Duration::from_std(self.limits.spill_after).unwrap_or(chrono::Duration::MAX);
+        let horizon = self.horizon();
         let far = now.checked_add_signed(horizon).unwrap_or(now);
         for r in recovered {
             match r.retry_at.filter(|at| *at > far && *at < r.job.expire_at) {
@@ -611,14 +610,25 @@ impl Scheduler {
                 .get(&id)
                 .is_some_and(|e| e.phase == Phase::Ready && e.ticket == ticket)
         });
-        let Some(victim) = victim else {
-            return;
-        };
-        self.forget(victim);
+        if let Some(victim) = victim {
+            self.give_way(vec![victim]);
+        }
+    }
+
+    /// Waiting jobs leave the cache to rest in the JobDB, where a later pass finds them.
+    fn give_way(&mut self, ids: Vec<JobId>) {
+        for id in &ids {
+            self.forget(*id);
+        }
+        self.metrics.jobs_evicted.inc_by(ids.len() as u64);
         // A job that never rested needs its entry to be found again; the writer knows which.
-        self.rests.push(victim);
+        self.rests.extend(ids);
         self.backlog.evicted();
-        self.metrics.jobs_evicted.inc();
+    }
+
+    /// How far ahead a job counts as due soon (`--spill-after-ms`), for the JobDB's clock.
+    fn horizon(&self) -> chrono::Duration {
+        chrono::Duration::from_std(self.limits.spill_after).unwrap_or(chrono::Duration::MAX)
     }
 
     /// Caches a job at its place: ready now, or waiting until it is due.

@@ -105,8 +105,7 @@ impl Scheduler {
             return;
         }
         let (after, to_horizon) = self.backlog.begin_page(self.cache.roomy());
-        let horizon =
-            chrono::Duration::from_std(self.limits.spill_after).unwrap_or(chrono::Duration::MAX);
+        let horizon = self.horizon();
         let limit = room.min(1000);
         // A lane holding more than half the cache is not read back while it does: its jobs
         // would take the room that the jobs of every other lane free, and each would make one
@@ -184,8 +183,7 @@ impl Scheduler {
             return;
         }
         self.backlog.others_at = Some(now + self.backlog.leaving_out_wait(self.limits.spill_after));
-        let half = self.limits.max_cached_jobs / 2;
-        let Some((lane, held)) = self.cache.hog() else {
+        let Some((lane, surplus)) = self.cache.hog() else {
             return;
         };
         let (reply, barrier) = oneshot::channel();
@@ -193,13 +191,12 @@ impl Scheduler {
             return;
         }
         self.backlog.begin_read();
-        let horizon =
-            chrono::Duration::from_std(self.limits.spill_after).unwrap_or(chrono::Duration::MAX);
+        let horizon = self.horizon();
         let read = backlog::PageRead {
             after: self.backlog.others_cursor,
             horizon,
             whole: false,
-            limit: (held - half).min(page),
+            limit: surplus.min(page),
             except_lane: Some(lane),
         };
         backlog::read_page(self.db.clone(), self.events_tx.clone(), barrier, read, true);
@@ -230,15 +227,8 @@ impl Scheduler {
         jobs.retain(|(job, _)| !self.cache.contains(&job.id) && !left.contains(&job.id));
         let short = jobs.len().saturating_sub(self.cache.room());
         if short > 0 {
-            let gave_way = self.cache.newest_waiting_of(lane, short);
-            for id in &gave_way {
-                self.forget(*id);
-            }
-            self.metrics.jobs_evicted.inc_by(gave_way.len() as u64);
-            // A job that never rested needs its entry to be found again; the writer knows
-            // which do.
-            self.rests.extend(gave_way);
-            self.backlog.evicted();
+            let newest = self.cache.newest_waiting_of(lane, short);
+            self.give_way(newest);
         }
         self.take_in(jobs, &left);
     }
