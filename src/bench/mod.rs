@@ -299,7 +299,9 @@ async fn director_counters(topology: &Topology) -> String {
         };
         state.extend(
             text.lines()
-                .filter(|l| l.starts_with("spindle_jobs") || l.starts_with("spindle_attempts_in_flight"))
+                .filter(|l| {
+                    l.starts_with("spindle_jobs") || l.starts_with("spindle_attempts_in_flight")
+                })
                 .map(str::to_owned),
         );
     }
