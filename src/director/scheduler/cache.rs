@@ -282,32 +282,33 @@ impl Cache {
         None
     }
 
-    /// The lane holding more jobs that wait (ready, waiting for a retry, or parked) than half
-    /// the cache's cap, if one does, and how many it holds above half: the *hog*, and what it
-    /// may give way. A walk over the cache when it is more than half full (once per backlog
-    /// page then).
-    pub(super) fn hog(&self) -> Option<(Arc<str>, usize)> {
+    /// The lane holding more jobs due soon (ready, parked, or waiting for a retry due within
+    /// `horizon` of `now`) than half the cache's cap, if one does, and how many it holds
+    /// above half: the *hog*, and what it may give way. Jobs waiting beyond the horizon do not
+    /// count: a full cache evicts them anyway, and counted they made a lane whose retries wait
+    /// far ahead keep its own untried jobs out of the cache. A walk over the cache when it is
+    /// more than half full (once per backlog page then).
+    pub(super) fn hog(&self, now: Instant, horizon: Duration) -> Option<(Arc<str>, usize)> {
         let half = self.max_jobs / 2;
         if self.jobs.len() <= half {
             return None;
         }
-        self.largest_lane().and_then(|(lane, n)| {
-            n.checked_sub(half)
-                .filter(|above| *above > 0)
-                .map(|above| (lane, above))
-        })
-    }
-
-    /// The lane holding the most jobs that wait (ready, waiting for a retry, or parked), and
-    /// how many.
-    fn largest_lane(&self) -> Option<(Arc<str>, usize)> {
+        let soon = now + horizon;
         let mut held: HashMap<&Arc<str>, usize> = HashMap::new();
-        for entry in self.jobs.values().filter(|e| e.is_waiting()) {
-            *held.entry(&entry.lane).or_default() += 1;
+        for entry in self.jobs.values() {
+            let due_soon = match entry.phase {
+                Phase::Ready | Phase::Parked => true,
+                Phase::Waiting { due } => due <= soon,
+                _ => false,
+            };
+            if due_soon {
+                *held.entry(&entry.lane).or_default() += 1;
+            }
         }
-        held.into_iter()
-            .max_by_key(|(_, n)| *n)
-            .map(|(lane, n)| (lane.clone(), n))
+        let (lane, n) = held.into_iter().max_by_key(|(_, n)| *n)?;
+        n.checked_sub(half)
+            .filter(|above| *above > 0)
+            .map(|above| (lane.clone(), above))
     }
 
     /// Up to `n` of the lane's waiting jobs (ready, waiting for a retry, or parked), the

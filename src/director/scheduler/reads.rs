@@ -110,7 +110,10 @@ impl Scheduler {
         // A lane holding more than half the cache is not read back while it does: its jobs
         // would take the room that the jobs of every other lane free, and each would make one
         // of theirs rest again to come in (a read and a write per job, for nothing).
-        let hog = self.cache.hog().map(|(lane, _)| lane);
+        let hog = self
+            .cache
+            .hog(now, self.limits.spill_after)
+            .map(|(lane, _)| lane);
         if hog.is_some() {
             self.backlog.leaving_out();
         }
@@ -183,7 +186,7 @@ impl Scheduler {
             return;
         }
         self.backlog.others_at = Some(now + self.backlog.leaving_out_wait(self.limits.spill_after));
-        let Some((lane, surplus)) = self.cache.hog() else {
+        let Some((lane, surplus)) = self.cache.hog(now, self.limits.spill_after) else {
             return;
         };
         let (reply, barrier) = oneshot::channel();
