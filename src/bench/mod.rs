@@ -69,6 +69,11 @@ pub struct BenchArgs {
     /// measured jobs are delivered beside a backlog of this size.
     #[arg(long, default_value_t = 0)]
     pub backlog: usize,
+    /// Seconds to wait after the backlog is accepted before the measured jobs go: longer than
+    /// the Director's `--rest-after-ms` (30 s) measures beside a backlog whose jobs have all
+    /// rested (their entries written), as one held for long is.
+    #[arg(long, default_value_t = 0)]
+    pub backlog_settle_secs: u64,
     /// Keep the bench JobDBs afterwards.
     #[arg(long)]
     pub keep: bool,
@@ -324,6 +329,7 @@ async fn measure(
             held,
         );
         produce(args, &topology.targets, backlog).await?;
+        tokio::time::sleep(Duration::from_secs(args.backlog_settle_secs)).await;
     }
     let mut measured: Vec<Measured> = Vec::new();
     for c in &topology.children {

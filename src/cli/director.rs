@@ -72,8 +72,8 @@ pub struct DirectorArgs {
     #[arg(long, env = "SPINDLE_MAX_CACHED_PAYLOAD_MIB", default_value_t = 128)]
     pub max_cached_payload_mib: usize,
     /// Most jobs held in the Director's cache; beyond it, jobs wait in the JobDB and are read
-    /// in a page at a time as room appears, and jobs waiting far in the future are evicted
-    /// (bounds memory under any backlog).
+    /// in a page at a time as room appears, jobs waiting far in the future are evicted, and
+    /// one endpoint takes at most half of it in ready jobs (bounds memory under any backlog).
     #[arg(long, env = "SPINDLE_MAX_CACHED_JOBS", default_value_t = 150_000)]
     pub max_cached_jobs: usize,
     /// Circuit breaker: share of an endpoint's last 20 attempts that must have failed (server

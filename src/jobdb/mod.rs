@@ -42,7 +42,7 @@ use engine::{mysql, sqlite, Pool};
 pub use url::{JobDbUrl, Server};
 pub(crate) use write::MAX_ROWS_PER_INSERT;
 pub use write::{
-    job_row_bytes, transition_row_bytes, Accepted, Append, CommitLog, OpenRow, WriteOp,
+    job_row_bytes, transition_row_bytes, Accepted, Append, CommitLog, Fresh, OpenRow, WriteOp,
     WriteRejected,
 };
 
@@ -409,12 +409,17 @@ impl JobDb {
     ) -> Result<Option<DateTime<Utc>>, JobDbError> {
         with_pool!(self, |p, q| {
             let row = sqlx::query(
-                "SELECT (SELECT MIN(retry_at) FROM open_jobs \
+                // ORDER BY .. LIMIT 1, not MIN(): with conditions beyond the index's columns
+                // MIN() scanned the whole table (0.33 s beside a 425,000-entry backlog);
+                // this walks the index from its first row after `after`.
+                "SELECT (SELECT retry_at FROM open_jobs \
                          WHERE state = 'awaiting-retry' AND retry_at > ? \
-                           AND (attempts = 0 OR ? = 0)) AS next_retry, \
-                        (SELECT MIN(expire_at) FROM open_jobs \
+                           AND (attempts = 0 OR ? = 0) \
+                         ORDER BY retry_at LIMIT 1) AS next_retry, \
+                        (SELECT expire_at FROM open_jobs \
                          WHERE expire_at > ? AND (attempts = 0 OR ? = 0) \
-                           AND state IN ('awaiting-scheduling', 'awaiting-retry')) AS next_expiry",
+                           AND state IN ('awaiting-scheduling', 'awaiting-retry') \
+                         ORDER BY expire_at LIMIT 1) AS next_expiry",
             )
             .bind(after.naive_utc())
             .bind(i64::from(never_tried))

@@ -37,8 +37,8 @@ const ROW_OVERHEAD_BYTES: usize = 128;
 /// The write path of one engine: INSERT builders for each row type, `write_rows` (every row
 /// a batch adds, and its `open_jobs` changes), the fenced commit, and which errors refuse the
 /// data. `$db` is the engine's sqlx database type; the engine module provides `INSERT_ORIGINS`,
-/// `UPSERT_OPEN_JOBS`, `FENCE_CHECK`, `refused_code` and (from
-/// `engine::engine_common!`) `ids_query`.
+/// `UPSERT_OPEN_JOBS`, `FENCE_CHECK`, `refused_code`, (from `engine::backlog_sql!`)
+/// `LANE_OPEN`, `LANE_CLOSE`, `LANE_OF_JOB` and (from `engine::engine_common!`) `ids_query`.
 macro_rules! write_path {
     ($db:ty) => {
         /// One multi-row INSERT of jobs.
@@ -109,13 +109,14 @@ macro_rules! write_path {
         }
 
         /// One multi-row upsert of jobs' latest states into `open_jobs` (a job's `expire_at` is
-        /// kept when the row does not name it).
+        /// kept when the row does not name it; a new entry's lane is read from its job, which
+        /// this transaction may have just written).
         pub(crate) fn upsert_open_jobs(
             rows: &[$crate::jobdb::write::OpenRow],
         ) -> sqlx::QueryBuilder<'_, $db> {
             let mut qb = sqlx::QueryBuilder::<$db>::new(
                 "INSERT INTO open_jobs (job_id, transition_id, state, attempts, retry_at, \
-                 expire_at) ",
+                 expire_at, lane) ",
             );
             qb.push_values(rows, |mut row, o| {
                 row.push_bind(o.job_id.to_bytes().to_vec())
@@ -124,6 +125,16 @@ macro_rules! write_path {
                     .push_bind(o.attempts)
                     .push_bind(o.retry_at.map(|r| r.naive_utc()))
                     .push_bind(o.expire_at.map(|r| r.naive_utc()));
+                match &o.endpoint {
+                    Some(endpoint) => row
+                        .push(LANE_OPEN)
+                        .push_bind_unseparated($crate::job::endpoint_key(endpoint).to_owned())
+                        .push_unseparated(LANE_CLOSE),
+                    None => row
+                        .push(LANE_OF_JOB)
+                        .push_bind_unseparated(o.job_id.to_bytes().to_vec())
+                        .push_unseparated(")"),
+                };
             });
             qb.push(UPSERT_OPEN_JOBS);
             qb
@@ -438,7 +449,7 @@ pub struct Append<'a> {
     /// Jobs accepted here that have no `open_jobs` entry yet (the writer knows them: accepted
     /// and never rested), with their expiry: a terminal row of theirs deletes nothing, and a
     /// resting one gets their expiry. Anyone else's terminal row deletes its entry.
-    pub fresh: Option<&'a HashMap<JobId, DateTime<Utc>>>,
+    pub fresh: Option<&'a HashMap<JobId, Fresh>>,
     /// A new `jobdb_checkpoint.open_from`.
     pub checkpoint: Option<u64>,
 }
@@ -508,8 +519,28 @@ fn push_hex(out: &mut String, id: JobId) {
     out.push('"');
 }
 
+/// A job its writer accepted that has no `open_jobs` entry yet: what its first entry takes
+/// from it.
+#[derive(Clone, Debug)]
+pub struct Fresh {
+    /// Its `expire_at`.
+    pub expire_at: DateTime<Utc>,
+    /// Its endpoint, shared with the job: the entry's lane is cut from it.
+    pub endpoint: Arc<str>,
+}
+
+impl Fresh {
+    /// What a job's first entry takes from it.
+    pub fn of(job: &Job) -> Self {
+        Fresh {
+            expire_at: job.expire_at,
+            endpoint: job.endpoint.clone(),
+        }
+    }
+}
+
 /// A job's new latest state for `open_jobs`.
-#[derive(Clone, Copy, Debug)]
+#[derive(Clone, Debug)]
 pub struct OpenRow {
     /// The job.
     pub job_id: JobId,
@@ -524,18 +555,24 @@ pub struct OpenRow {
     /// Known for jobs written in the same batch or by the writer; else the stored value is
     /// kept (and a new entry reads it from `jobs`).
     pub expire_at: Option<DateTime<Utc>>,
+    /// Its endpoint, known as `expire_at` is: a new entry's lane is cut from it, or read from
+    /// `jobs` (a page behind the buffer pool) when it is not known. An entry keeps its lane.
+    pub endpoint: Option<Arc<str>>,
 }
 
 impl OpenRow {
-    /// The entry of a job that rests now without a row of its own: accepted, never tried.
-    pub fn resting(job_id: JobId, id: u64, expire_at: DateTime<Utc>) -> Self {
+    /// The entry of a job that rests now without a row of its own: accepted, never tried;
+    /// what the writer knows of it when it is fresh.
+    pub fn resting(job_id: JobId, id: u64, fresh: Option<Fresh>) -> Self {
+        let (expire_at, endpoint) = fresh.map(|f| (f.expire_at, f.endpoint)).unzip();
         OpenRow {
             job_id,
             transition_id: id,
             state: State::AwaitingScheduling,
             attempts: 0,
             retry_at: None,
-            expire_at: Some(expire_at),
+            expire_at,
+            endpoint,
         }
     }
 }
@@ -568,32 +605,28 @@ pub(crate) fn open_changes(append: &Append<'_>) -> OpenChanges {
             last.insert(t.job_id, i);
         }
     }
-    let rested: HashMap<JobId, Option<DateTime<Utc>>> = append
-        .rests
-        .iter()
-        .map(|r| (r.job_id, r.expire_at))
-        .collect();
+    let rested: HashMap<JobId, &OpenRow> = append.rests.iter().map(|r| (r.job_id, r)).collect();
     for r in append.rests {
         if !last.contains_key(&r.job_id) {
             if r.expire_at.is_none() {
                 changes.without_expiry.push(r.job_id);
             }
-            changes.open.push(*r);
+            changes.open.push(r.clone());
         }
     }
     if last.is_empty() {
         return changes;
     }
-    let batch: HashMap<JobId, DateTime<Utc>> = append
+    let batch: HashMap<JobId, Fresh> = append
         .jobs
         .iter()
-        .map(|job| (job.id, job.expire_at))
+        .map(|job| (job.id, Fresh::of(job)))
         .collect();
     for (i, (id, t)) in append.transitions.iter().enumerate() {
         if last.get(&t.job_id) != Some(&i) {
             continue;
         }
-        let fresh = append.fresh.and_then(|f| f.get(&t.job_id)).copied();
+        let fresh = append.fresh.and_then(|f| f.get(&t.job_id));
         let rest = rested.get(&t.job_id).copied();
         if t.state.is_terminal() {
             // A job the writer knows has no entry (accepted, never rested) deletes nothing.
@@ -602,7 +635,16 @@ pub(crate) fn open_changes(append: &Append<'_>) -> OpenChanges {
             }
             continue;
         }
-        let expire_at = batch.get(&t.job_id).copied().or(rest.flatten()).or(fresh);
+        let known = batch.get(&t.job_id);
+        let expire_at = known
+            .map(|f| f.expire_at)
+            .or(rest.and_then(|r| r.expire_at))
+            .or(fresh.map(|f| f.expire_at));
+        let endpoint = known
+            .map(|f| &f.endpoint)
+            .or(rest.and_then(|r| r.endpoint.as_ref()))
+            .or(fresh.map(|f| &f.endpoint))
+            .cloned();
         // The Director's writer knows every job it accepted and never rested (`fresh`);
         // any other job of its JobDB has an entry already, whose expiry stays. Elsewhere, or
         // for a rest that did not name it, a new entry reads its expiry from `jobs`.
@@ -616,6 +658,7 @@ pub(crate) fn open_changes(append: &Append<'_>) -> OpenChanges {
             attempts: t.attempts,
             retry_at: t.retry_at,
             expire_at,
+            endpoint,
         });
     }
     changes

@@ -64,8 +64,12 @@ pub(super) struct Backlog {
     pub(super) others_at: Option<Instant>,
     /// Reads that left a lane out (passes, and reads of other lanes' jobs) and found nothing,
     /// in a row: each waits twice as long as the last (up to half a minute), since each reads
-    /// past every resting job of the lane left out.
+    /// every other lane's resting entries (by the lane index) to sort them.
     others_idle: u32,
+    /// The lane the last page left out, and its ready jobs then: when it holds few again, a
+    /// pass reads it at once (see [`Backlog::hog_drained`]), not when the wait after that
+    /// page ends.
+    pub(super) hog: Option<(Arc<str>, usize)>,
 }
 
 impl Backlog {
@@ -82,6 +86,14 @@ impl Backlog {
         self.pending = true;
         self.again = true;
         self.wake = None;
+    }
+
+    /// A job of the hog rests instead of coming in: the backlog is not done, and a pass under
+    /// way (which may have read past it) goes round again, but none need start for it now
+    /// (it would leave that lane out).
+    pub(super) fn hog_rests(&mut self) {
+        self.pending = true;
+        self.again = true;
     }
 
     /// No read may start now: one is under way, or the last failed a moment ago.
@@ -133,8 +145,20 @@ impl Backlog {
     }
 
     /// The page being read leaves a lane's jobs out (that lane holds most of the cache).
-    pub(super) fn leaving_out(&mut self) {
+    /// `ready`: how many of its jobs were ready then.
+    pub(super) fn leaving_out(&mut self, lane: Arc<str>, ready: usize) {
         self.left_out = true;
+        self.hog = Some((lane, ready));
+    }
+
+    /// The lane pages left out holds `ready` jobs now: at less than half of what it held
+    /// then, a pass is due now, so its resting jobs come in before it runs dry (a lane left
+    /// out for retries waiting, not ready jobs, never asks).
+    pub(super) fn hog_drained(&mut self, ready: usize) {
+        if self.hog.as_ref().is_some_and(|(_, then)| ready < then / 2) {
+            self.hog = None;
+            self.due_now();
+        }
     }
 
     /// The page read brought `n` jobs into the cache.
@@ -411,6 +435,36 @@ mod tests {
     }
 
     #[test]
+    fn a_hog_job_resting_sends_a_pass_round_again_and_a_drained_hog_asks_for_one() {
+        // A job of the hog rests while a whole pass (which may have read past it) runs: the
+        // pass does not end the backlog, it goes round again.
+        let mut b = Backlog::pending();
+        b.begin_page(true);
+        b.hog_rests();
+        b.end_read(true, Instant::now());
+        b.page_taken(5, 1000, Some(id(5)), true, None, HORIZON);
+        assert!(b.pending && b.wanted(Instant::now()));
+        // A pass leaves the hog out while it holds 100 ready jobs and waits a while after.
+        b.begin_page(false);
+        b.leaving_out("http://hog/".into(), 100);
+        b.end_read(true, Instant::now());
+        b.page_taken(0, 1000, None, false, None, HORIZON);
+        assert!(!b.wanted(Instant::now()), "a pass leaving a lane out waits");
+        b.hog_drained(60);
+        assert!(!b.wanted(Instant::now()), "still holding more than half");
+        b.hog_drained(49);
+        assert!(b.wanted(Instant::now()), "below half of it: a pass now");
+        assert!(b.hog.is_none());
+        // A hog left out for its retries (none ready) does not ask again and again.
+        b.begin_page(false);
+        b.leaving_out("http://hog/".into(), 0);
+        b.end_read(true, Instant::now());
+        b.page_taken(0, 1000, None, false, None, HORIZON);
+        b.hog_drained(0);
+        assert!(!b.wanted(Instant::now()));
+    }
+
+    #[test]
     fn jobs_left_out_during_a_pass_send_it_round_again() {
         let mut b = Backlog::pending();
         b.begin_page(true);
@@ -446,7 +500,7 @@ mod tests {
         let mut waits = Vec::new();
         for _ in 0..3 {
             b.begin_page(false);
-            b.leaving_out();
+            b.leaving_out("http://hog/".into(), 0);
             b.end_read(true, Instant::now());
             b.page_taken(0, 1000, None, false, None, HORIZON);
             // The lane left out still has jobs in the JobDB: the backlog is not done.
@@ -457,7 +511,7 @@ mod tests {
         assert!(waits[1] > waits[0] && waits[2] > waits[1], "{waits:?}");
         // A pass that finds something makes the next one come soon again.
         b.begin_page(false);
-        b.leaving_out();
+        b.leaving_out("http://hog/".into(), 0);
         b.end_read(true, Instant::now());
         b.loaded(3);
         b.page_taken(3, 1000, Some(id(3)), false, None, HORIZON);

@@ -158,6 +158,11 @@ impl Cache {
         self.jobs.len()
     }
 
+    /// The most entries it takes.
+    pub(super) fn max_jobs(&self) -> usize {
+        self.max_jobs
+    }
+
     /// Less than half full: a backlog pass may read every waiting job.
     pub(super) fn roomy(&self) -> bool {
         self.jobs.len() < self.max_jobs / 2
@@ -283,14 +288,23 @@ impl Cache {
     }
 
     /// The lane holding more jobs due soon (ready, parked, or waiting for a retry due within
-    /// `horizon` of `now`) than half the cache's cap, if one does, and how many it holds
-    /// above half: the *hog*, and what it may give way. Jobs waiting beyond the horizon do not
-    /// count: a full cache evicts them anyway, and counted they made a lane whose retries wait
-    /// far ahead keep its own untried jobs out of the cache. A walk over the cache when it is
-    /// more than half full (once per backlog page then).
-    pub(super) fn hog(&self, now: Instant, horizon: Duration) -> Option<(Arc<str>, usize)> {
+    /// `horizon` of `now`) than half the cache's cap less `margin`, if one does, and how many
+    /// it holds above half: the *hog*, and what it may give way. Jobs waiting beyond the
+    /// horizon do not count: a full cache evicts them anyway, and counted they made a lane
+    /// whose retries wait far ahead keep its own untried jobs out of the cache. The margin (a
+    /// backlog page) keeps a hog one while a few of its jobs go: read again, its resting jobs
+    /// would come in by the page only to be refused (see `Scheduler::holds_half`), and its
+    /// cached ones be read again for nothing. A walk over the cache when it is more than
+    /// that full (once per backlog page then).
+    pub(super) fn hog(
+        &self,
+        now: Instant,
+        horizon: Duration,
+        margin: usize,
+    ) -> Option<(Arc<str>, usize)> {
         let half = self.max_jobs / 2;
-        if self.jobs.len() <= half {
+        let threshold = half.saturating_sub(margin);
+        if self.jobs.len() <= threshold {
             return None;
         }
         let soon = now + horizon;
@@ -306,9 +320,7 @@ impl Cache {
             }
         }
         let (lane, n) = held.into_iter().max_by_key(|(_, n)| *n)?;
-        n.checked_sub(half)
-            .filter(|above| *above > 0)
-            .map(|above| (lane.clone(), above))
+        (n > threshold).then(|| (lane.clone(), n.saturating_sub(half)))
     }
 
     /// Up to `n` of the lane's waiting jobs (ready, waiting for a retry, or parked), the

@@ -321,6 +321,10 @@ impl Scheduler {
             self.record_applied().await;
             self.update_gauges();
             if stopping_at.is_none() {
+                if let Some((hog, _)) = &self.backlog.hog {
+                    let ready = self.queues.lane(hog).map_or(0, |lane| lane.ready);
+                    self.backlog.hog_drained(ready);
+                }
                 self.load_backlog().await;
             }
             if stopping_at.is_some() && self.in_flight == 0 {
@@ -584,6 +588,13 @@ impl Scheduler {
     /// Caches a job. Returns whether it is cached: a full cache leaves it in the JobDB for a
     /// backlog pass.
     fn admit(&mut self, entry: Entry) -> bool {
+        if self.holds_half(&entry.lane) && !self.cache.contains(&entry.job.id) {
+            // The lane is the hog already (more than half the cache ready): the job rests
+            // now, where pages that leave the hog out do not read it, instead of filling the
+            // rest of the cache to be evicted, one write each, as other lanes' jobs come.
+            self.backlog.hog_rests();
+            return false;
+        }
         self.make_room(&entry);
         match self.cache.admit(entry) {
             Admitted::Cached => true,
@@ -593,6 +604,19 @@ impl Scheduler {
                 false
             }
         }
+    }
+
+    /// Jobs a backlog page reads at most.
+    fn page(&self) -> usize {
+        (self.limits.max_cached_jobs / 4).clamp(1, 1000)
+    }
+
+    /// Whether the lane holds more than half the cache's cap in ready jobs: it is the hog
+    /// ([`Cache::hog`] counts these and more), and takes no more jobs into the cache.
+    fn holds_half(&self, lane: &Arc<str>) -> bool {
+        self.queues
+            .lane(lane)
+            .is_some_and(|l| l.ready > self.cache.max_jobs() / 2)
     }
 
     /// A full cache takes a job of a lane holding fewer ready jobs than the largest lane by

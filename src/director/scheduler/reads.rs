@@ -82,7 +82,7 @@ impl Scheduler {
         if !self.backlog.wanted(now) {
             return;
         }
-        let page = (self.limits.max_cached_jobs / 4).clamp(1, 1000);
+        let page = self.page();
         if self.cache.room() < page && self.backlog.may_evict(now) {
             let evicted = self
                 .cache
@@ -112,10 +112,11 @@ impl Scheduler {
         // of theirs rest again to come in (a read and a write per job, for nothing).
         let hog = self
             .cache
-            .hog(now, self.limits.spill_after)
+            .hog(now, self.limits.spill_after, page)
             .map(|(lane, _)| lane);
-        if hog.is_some() {
-            self.backlog.leaving_out();
+        if let Some(lane) = &hog {
+            let ready = self.queues.lane(lane).map_or(0, |l| l.ready);
+            self.backlog.leaving_out(lane.clone(), ready);
         }
         let read = backlog::PageRead {
             after,
@@ -186,7 +187,11 @@ impl Scheduler {
             return;
         }
         self.backlog.others_at = Some(now + self.backlog.leaving_out_wait(self.limits.spill_after));
-        let Some((lane, surplus)) = self.cache.hog(now, self.limits.spill_after) else {
+        let Some((lane, surplus)) = self
+            .cache
+            .hog(now, self.limits.spill_after, page)
+            .filter(|(_, surplus)| *surplus > 0)
+        else {
             return;
         };
         let (reply, barrier) = oneshot::channel();

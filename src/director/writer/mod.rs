@@ -33,7 +33,7 @@ use ulid::Ulid;
 
 use crate::job::{AttemptStart, Job, JobId, Transition};
 use crate::jobdb::{
-    job_row_bytes, transition_row_bytes, Append, CommitLog, JobDb, JobDbError, OpenRow,
+    job_row_bytes, transition_row_bytes, Append, CommitLog, Fresh, JobDb, JobDbError, OpenRow,
 };
 use crate::metrics::Metrics;
 use open::OpenWork;
@@ -70,7 +70,7 @@ struct Batch {
     rows: Vec<(u64, Transition)>,
     origins: Vec<Origin>,
     /// Submitted jobs (imports rest at once), with their expiry.
-    accepted: Vec<(JobId, DateTime<Utc>)>,
+    accepted: Vec<(JobId, Fresh)>,
     /// Attempts begun.
     starts: Vec<(JobId, u16)>,
     /// Jobs that rest on request.
@@ -432,7 +432,7 @@ impl Writer {
                             let row = self.take_id();
                             batch.rows.push((row, Transition::scheduled(*id, now, *at)));
                         }
-                        None => batch.accepted.push((job.id, job.expire_at)),
+                        None => batch.accepted.push((job.id, Fresh::of(job))),
                     }
                 }
                 batch.jobs.extend(jobs);
@@ -482,15 +482,12 @@ impl Writer {
                 done,
             } => {
                 for job in jobs {
-                    let expiry = self.open.fresh_expiry(&job);
-                    if expiry.is_some() || recovered {
+                    let fresh = self.open.fresh(&job);
+                    if fresh.is_some() || recovered {
                         // Numbered now, before any later barrier: a backlog page read after
                         // that barrier sees the entry.
                         let id = self.take_id();
-                        batch.rests.push(OpenRow {
-                            expire_at: expiry,
-                            ..OpenRow::resting(job, id, Utc::now())
-                        });
+                        batch.rests.push(OpenRow::resting(job, id, fresh));
                     }
                 }
                 batch.seal(Reply::Rest(done));
@@ -544,9 +541,9 @@ impl Writer {
                 (!batch.accepted.is_empty() || !batch.starts.is_empty()).then(|| self.take_id());
             let accepted: Vec<JobId> = batch.accepted.iter().map(|(id, _)| *id).collect();
             let mut rests = batch.rests.clone();
-            for (job, expiry) in self.open.due_rests(started, self.limits.rest_after) {
+            for (job, fresh) in self.open.due_rests(started, self.limits.rest_after) {
                 let id = self.take_id();
-                rests.push(OpenRow::resting(job, id, expiry));
+                rests.push(OpenRow::resting(job, id, Some(fresh)));
             }
             let fresh = self
                 .open

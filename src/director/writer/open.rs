@@ -10,10 +10,8 @@
 use std::collections::{BTreeMap, HashMap};
 use std::time::{Duration, Instant};
 
-use chrono::{DateTime, Utc};
-
 use crate::job::{JobId, State, Transition};
-use crate::jobdb::OpenRow;
+use crate::jobdb::{Fresh, OpenRow};
 
 /// One commit that still holds something open.
 struct OpenCommit {
@@ -28,8 +26,8 @@ struct OpenCommit {
 /// The account of open work, by commit.
 #[derive(Default)]
 pub(super) struct OpenWork {
-    /// Fresh jobs: the commit that accepted each, and its expiry.
-    fresh: HashMap<JobId, (u64, DateTime<Utc>)>,
+    /// Fresh jobs: the commit that accepted each, and what its first entry takes from it.
+    fresh: HashMap<JobId, (u64, Fresh)>,
     /// Attempts under way: the commit that began each.
     attempts: HashMap<JobId, u64>,
     /// Commits that hold something open, oldest first.
@@ -37,26 +35,22 @@ pub(super) struct OpenWork {
 }
 
 impl OpenWork {
-    /// The expiry of each of these jobs that is fresh (the others have an entry or ended).
+    /// Each of these jobs that is fresh (the others have an entry or ended).
     pub(super) fn fresh_among<'a>(
         &self,
         ids: impl Iterator<Item = &'a JobId>,
-    ) -> HashMap<JobId, DateTime<Utc>> {
-        ids.filter_map(|id| self.fresh.get(id).map(|(_, expiry)| (*id, *expiry)))
+    ) -> HashMap<JobId, Fresh> {
+        ids.filter_map(|id| self.fresh(id).map(|f| (*id, f)))
             .collect()
     }
 
-    /// Whether `id` is fresh, with its expiry.
-    pub(super) fn fresh_expiry(&self, id: &JobId) -> Option<DateTime<Utc>> {
-        self.fresh.get(id).map(|(_, expiry)| *expiry)
+    /// Whether `id` is fresh, with what its first entry takes from it.
+    pub(super) fn fresh(&self, id: &JobId) -> Option<Fresh> {
+        self.fresh.get(id).map(|(_, fresh)| fresh.clone())
     }
 
     /// Fresh jobs accepted at least `rest_after` before `now`: they rest now.
-    pub(super) fn due_rests(
-        &self,
-        now: Instant,
-        rest_after: Duration,
-    ) -> Vec<(JobId, DateTime<Utc>)> {
+    pub(super) fn due_rests(&self, now: Instant, rest_after: Duration) -> Vec<(JobId, Fresh)> {
         let mut due = Vec::new();
         for commit in self.commits.values() {
             if commit.at + rest_after > now {
@@ -66,7 +60,7 @@ impl OpenWork {
                 commit
                     .accepted
                     .iter()
-                    .filter_map(|id| Some((*id, self.fresh_expiry(id)?))),
+                    .filter_map(|id| Some((*id, self.fresh(id)?))),
             );
         }
         due
@@ -89,7 +83,7 @@ impl OpenWork {
         &mut self,
         commit: Option<u64>,
         at: Instant,
-        accepted: &[(JobId, DateTime<Utc>)],
+        accepted: &[(JobId, Fresh)],
         started: &[(JobId, u16)],
         rows: &[(u64, Transition)],
         rests: &[OpenRow],
@@ -116,8 +110,8 @@ impl OpenWork {
             return;
         };
         let mut open = 0;
-        for (id, expiry) in accepted {
-            if self.fresh.insert(*id, (commit, *expiry)).is_none() {
+        for (id, fresh) in accepted {
+            if self.fresh.insert(*id, (commit, fresh.clone())).is_none() {
                 open += 1;
             }
         }
@@ -153,9 +147,17 @@ impl OpenWork {
 mod tests {
     use super::*;
     use crate::job::AttemptRecord;
+    use chrono::Utc;
 
     fn id(n: u128) -> JobId {
         JobId(ulid::Ulid::from(n))
+    }
+
+    fn fresh(expire_at: chrono::DateTime<Utc>) -> Fresh {
+        Fresh {
+            expire_at,
+            endpoint: "http://a/".into(),
+        }
     }
 
     #[test]
@@ -165,7 +167,7 @@ mod tests {
         w.committed(
             Some(10),
             now,
-            &[(id(1), expiry), (id(2), expiry)],
+            &[(id(1), fresh(expiry)), (id(2), fresh(expiry))],
             &[],
             &[],
             &[],
@@ -177,7 +179,7 @@ mod tests {
         let done = Transition::succeeded(id(1), 1, expiry, AttemptRecord::default());
         w.committed(None, now, &[], &[], &[(12, done)], &[]);
         assert_eq!(w.open_from(99), 10, "job 2 is still fresh");
-        assert!(w.fresh_expiry(&id(2)).is_some());
+        assert!(w.fresh(&id(2)).is_some());
         // Job 2 rests: nothing is open any more.
         w.committed(
             None,
@@ -185,7 +187,7 @@ mod tests {
             &[],
             &[],
             &[],
-            &[OpenRow::resting(id(2), 13, expiry)],
+            &[OpenRow::resting(id(2), 13, Some(fresh(expiry)))],
         );
         assert_eq!(w.open_from(99), 99);
         assert_eq!(w.counts(), (0, 0));
@@ -195,11 +197,11 @@ mod tests {
     fn jobs_fresh_for_long_are_due_to_rest_oldest_commits_first() {
         let (start, expiry) = (Instant::now(), Utc::now());
         let mut w = OpenWork::default();
-        w.committed(Some(1), start, &[(id(1), expiry)], &[], &[], &[]);
+        w.committed(Some(1), start, &[(id(1), fresh(expiry))], &[], &[], &[]);
         w.committed(
             Some(2),
             start + Duration::from_secs(5),
-            &[(id(2), expiry)],
+            &[(id(2), fresh(expiry))],
             &[],
             &[],
             &[],
@@ -225,7 +227,7 @@ mod tests {
         w.committed(
             Some(1),
             now,
-            &[(id(1), expiry), (id(2), expiry)],
+            &[(id(1), fresh(expiry)), (id(2), fresh(expiry))],
             &[],
             &[],
             &[],

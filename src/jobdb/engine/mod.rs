@@ -307,11 +307,14 @@ macro_rules! attempt_rows {
 pub(crate) use attempt_rows;
 
 /// The backlog page's statement ([`super::JobDb::backlog_page`]) for one engine, from its
-/// spelling of `lane` (as for [`stats_sql!`]): `BACKLOG_PAGE` reads every lane;
-/// `BACKLOG_PAGE_OTHER_LANES` leaves one lane out (its last bind, before the limit), joining
-/// `jobs` for the endpoint.
+/// spellings of `stored_lane`, the lane of `jobs j` as `open_jobs.lane` holds it, and of a
+/// bound lane held the same way (`lane_open`, `?`, `lane_close`): `BACKLOG_PAGE` reads every
+/// lane; `BACKLOG_PAGE_OTHER_LANES` leaves one lane out (its last bind, before the limit) by
+/// the `(lane, job_id)` index, reading entries of unknown lane too. `LANE_OPEN`/`LANE_CLOSE`
+/// surround a bound lane an entry stores; `LANE_OF_JOB` opens the subquery that reads it from
+/// the job instead (the caller binds the id and closes it).
 macro_rules! backlog_sql {
-    (lane: $lane:expr $(,)?) => {
+    (stored_lane: $lane:expr, lane_open: $open:expr, lane_close: $close:expr $(,)?) => {
         /// The next waiting jobs after a job id, due by a time (binds: after, before_row,
         /// scheduled_by twice, due_by twice, limit).
         pub const BACKLOG_PAGE: &str = concat!(
@@ -321,13 +324,21 @@ macro_rules! backlog_sql {
         );
         /// [`BACKLOG_PAGE`] without the jobs of one lane (bound before the limit).
         pub const BACKLOG_PAGE_OTHER_LANES: &str = concat!(
-            "SELECT o.job_id, o.state, o.attempts, o.retry_at FROM open_jobs o \
-             JOIN jobs j ON j.id = o.job_id WHERE ",
+            "SELECT o.job_id, o.state, o.attempts, o.retry_at FROM open_jobs o WHERE ",
             $crate::jobdb::engine::backlog_due!(),
-            " AND ",
-            $lane,
-            " <> ? ORDER BY o.job_id LIMIT ?"
+            " AND (o.lane IS NULL OR o.lane <> ",
+            $open,
+            "?",
+            $close,
+            ") ORDER BY o.job_id LIMIT ?"
         );
+        /// Before a bound lane that an entry stores.
+        pub const LANE_OPEN: &str = $open;
+        /// After a bound lane that an entry stores.
+        pub const LANE_CLOSE: &str = $close;
+        /// An entry's lane, read from its job: `(SELECT lane FROM jobs j WHERE j.id = `, then
+        /// the caller's bound id and `)`.
+        pub const LANE_OF_JOB: &str = concat!("(SELECT ", $lane, " FROM jobs j WHERE j.id = ");
     };
 }
 pub(crate) use backlog_sql;

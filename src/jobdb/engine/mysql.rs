@@ -289,7 +289,9 @@ pub const SIZE: &str = "SELECT CAST(COALESCE(SUM(table_rows), 0) AS UNSIGNED) AS
      FROM information_schema.tables WHERE table_schema = ?";
 
 super::backlog_sql! {
-    lane: lane!(),
+    stored_lane: concat!("LEFT(CAST(", lane!(), " AS BINARY), 2048)"),
+    lane_open: "LEFT(CAST(",
+    lane_close: " AS BINARY), 2048)",
 }
 
 super::stats_sql! {

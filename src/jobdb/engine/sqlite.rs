@@ -303,7 +303,9 @@ pub const SIZE: &str = "SELECT ? IS NOT NULL AS named, \
        * (SELECT page_size FROM pragma_page_size()) AS n_bytes";
 
 super::backlog_sql! {
-    lane: lane!(),
+    stored_lane: lane!(),
+    lane_open: "(",
+    lane_close: ")",
 }
 
 super::stats_sql! {
