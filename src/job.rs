@@ -101,6 +101,9 @@ pub struct Job {
     pub expire_at: DateTime<Utc>,
     /// The producer's idempotency key, if any.
     pub idempotency_key: Option<String>,
+    /// A URL told when the job ends (succeeded, discarded or archived): its notice is a job of
+    /// its own, written with the row that ends this one.
+    pub on_complete: Option<Arc<str>>,
 }
 
 impl Job {
@@ -580,6 +583,7 @@ mod tests {
             created_at: Utc::now(),
             expire_at: Utc::now(),
             idempotency_key: None,
+            on_complete: None,
         }
     }
 }

@@ -82,6 +82,8 @@ pub struct Metrics {
     pub jobs_imported: Counter,
     /// Jobs accepted to wait for a later first attempt (`deliver_at`, `delay_ms`).
     pub jobs_scheduled: Counter,
+    /// Completion notices written (jobs to an ended job's `on_complete` URL).
+    pub notices_written: Counter,
     /// Jobs recorded `archived` after their archive object was confirmed.
     pub jobs_archived: Counter,
     /// Archive uploads that failed (retried).
@@ -193,6 +195,12 @@ impl Default for Metrics {
             "jobs_scheduled",
             "Jobs accepted to wait for a later first attempt",
             jobs_scheduled.clone(),
+        );
+        let notices_written = Counter::default();
+        registry.register(
+            "notices_written",
+            "Completion notices written, each a job to an ended job's on_complete URL",
+            notices_written.clone(),
         );
         let jobs_archived = Counter::default();
         registry.register(
@@ -425,6 +433,7 @@ impl Default for Metrics {
             jobs_expired,
             jobs_imported,
             jobs_scheduled,
+            notices_written,
             jobs_archived,
             archive_failures,
             write_batch_rows,

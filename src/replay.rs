@@ -191,6 +191,7 @@ pub fn new_job(original: &Job, ttl_ms: Option<u64>) -> NewJob {
         backoff_min_delay_ms: Some(original.retry.min_delay.as_millis() as u64),
         backoff_coefficient: Some(original.retry.coefficient),
         idempotency_key: Some(format!("replay-of:{original_id}")),
+        on_complete: original.on_complete.as_deref().map(str::to_owned),
         ttl_ms,
         ..NewJob::new(&*original.bucket, &*original.endpoint)
     }

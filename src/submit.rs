@@ -120,6 +120,10 @@ pub struct SubmitArgs {
     /// Deliver first this many ms after acceptance, instead of `--deliver-at`.
     #[arg(long, conflicts_with = "file", help_heading = "One job")]
     pub delay_ms: Option<u64>,
+    /// Tell this URL when the job ends: a JSON notice of how it ended, delivered as a job of
+    /// its own.
+    #[arg(long, conflicts_with = "file", help_heading = "One job")]
+    pub on_complete: Option<String>,
     /// Jobs per request (1 to 1000; fewer when their lines pass 16 MiB); each request is stored
     /// atomically.
     #[arg(long, default_value_t = 500, value_parser = clap::value_parser!(u16).range(1..=MAX_JOBS_PER_REQUEST as i64))]
@@ -381,6 +385,7 @@ fn job_from_options(args: &SubmitArgs) -> anyhow::Result<NewJob> {
         deliver_at: args.deliver_at,
         delay_ms: args.delay_ms,
         idempotency_key: args.idempotency_key.clone(),
+        on_complete: args.on_complete.clone(),
         ..NewJob::new(bucket, endpoint)
     };
     check_job(job.clone(), &local_limits(), Utc::now())

@@ -27,7 +27,82 @@ on_both_engines!(
     beyond_the_job_cap_jobs_wait_in_the_jobdb_and_come_in_by_pages,
     long_waits_spill_payloads_and_reload_them_intact,
     a_forward_tried_again_stores_each_job_once,
+    completion_notices_tell_how_each_job_ended,
 );
+
+/// Jobs naming an `on_complete` URL: once each ends, a JSON notice of how it ended reaches
+/// that URL, once, as a job of its own (in the JobDB, with its own history); jobs without one
+/// tell nothing.
+async fn completion_notices_tell_how_each_job_ended(engine: Engine) {
+    let rig = Rig::start_on(engine, "notices", |_| {}).await;
+    let told_at = rig.sink.url("/capture");
+    let mut jobs = Vec::new();
+    for i in 0..20 {
+        jobs.push(json!({"bucket": "n", "endpoint": rig.sink.url("/ok"), "on_complete": told_at, "payload": {"n": i}}));
+    }
+    for _ in 0..10 {
+        jobs.push(
+            json!({"bucket": "n", "endpoint": rig.sink.url("/status/400"), "on_complete": told_at}),
+        );
+    }
+    for _ in 0..5 {
+        jobs.push(json!({"bucket": "n", "endpoint": rig.sink.url("/ok")}));
+    }
+    let reply = rig.submit(jobs).await;
+    // 35 jobs and 30 notices, every one ended.
+    wait_all_final(&rig.reader, 65, Duration::from_secs(30)).await;
+    let captured: Vec<_> = rig
+        .sink
+        .received()
+        .into_iter()
+        .filter(|r| r.path == "/capture")
+        .collect();
+    let mut told: HashMap<String, serde_json::Value> = HashMap::new();
+    for r in &captured {
+        let body: serde_json::Value = serde_json::from_slice(&r.body).unwrap();
+        let id = body["job_id"].as_str().unwrap().to_owned();
+        assert!(told.insert(id, body).is_none(), "one notice per job");
+    }
+    assert_eq!(captured.len(), 30);
+    let histories = histories(&rig.reader).await;
+    for (i, job) in reply.jobs.iter().enumerate() {
+        let last = histories[&job.id.parse::<JobId>().unwrap()]
+            .last()
+            .unwrap()
+            .clone();
+        let Some(body) = told.get(&job.id) else {
+            assert!(i >= 30, "job {i} told nothing");
+            continue;
+        };
+        assert!(i < 30, "job {i} asked for no notice");
+        assert_eq!(body["type"], "job.completed");
+        assert_eq!(body["bucket"], "n");
+        assert_eq!(body["state"], last.state.as_str());
+        assert_eq!(body["attempts"], last.attempts);
+        let (state, status) = if i < 20 {
+            ("succeeded", 200)
+        } else {
+            ("discarded", 400)
+        };
+        assert_eq!(
+            (body["state"].as_str(), body["response_status"].as_u64()),
+            (Some(state), Some(status))
+        );
+        // The notice is a job of its own: keyed `notice:<id>`, delivered once, succeeded.
+        let ids = rig
+            .reader
+            .jobs_with_idempotency_key(&format!("notice:{}", job.id), 10)
+            .await
+            .unwrap();
+        assert_eq!(ids.len(), 1);
+        assert_eq!(histories[&ids[0]].last().unwrap().state, State::Succeeded);
+        assert_eq!(rig.sink.per_job()[&ids[0].to_string()], 1);
+    }
+    assert_eq!(rig.reader.notices_owed().await.unwrap(), 0);
+    let text = metrics_text(&rig.client, &rig.base()).await;
+    assert_eq!(metric_value(&text, "spindle_notices_written_total"), 30.0);
+    rig.stop().await;
+}
 
 async fn round_trip_records_exactly_three_transitions(engine: Engine) {
     let rig = Rig::start_on(engine, "roundtrip", |_| {}).await;
@@ -832,6 +907,7 @@ async fn a_forward_tried_again_stores_each_job_once(engine: Engine) {
         let form = import_form(id, rig.sink.url("/ok"), 0);
         ImportJob {
             idempotency_key: Some(format!("k-{id}")),
+            on_complete: None,
             retry_at: match scheduled.contains(&id) {
                 true => form.created_at + chrono::Duration::milliseconds(1_500),
                 false => form.retry_at,

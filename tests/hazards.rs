@@ -571,6 +571,7 @@ async fn a_forward_whose_deadline_passes_in_the_writer_queue_is_refused() {
         not_after: Some(not_after),
         jobs: vec![spindle::rpc::import::ImportJob {
             idempotency_key: Some("k".into()),
+            on_complete: None,
             ..import_form(id, rig.sink.url("/ok"), 0)
         }],
     };

@@ -25,6 +25,7 @@ on_both_engines!(
     fencing_refuses_a_stale_owner,
     a_jobdb_is_created_listed_locked_and_dropped,
     scheduled_jobs_wait_by_their_time,
+    completion_notices_are_written_with_the_row_that_ends_a_job,
 );
 
 fn job(n: u8, bucket: &str, endpoint: &str, at: DateTime<Utc>) -> Arc<Job> {
@@ -46,6 +47,7 @@ fn job(n: u8, bucket: &str, endpoint: &str, at: DateTime<Utc>) -> Arc<Job> {
         created_at: at,
         expire_at: at + TimeDelta::hours(4),
         idempotency_key: n.is_multiple_of(2).then(|| format!("key-{n}")),
+        on_complete: None,
     })
 }
 
@@ -898,6 +900,137 @@ async fn scheduled_jobs_wait_by_their_time(engine: Engine) {
     let history = &histories(&db).await[&later.id];
     assert_legal(history);
     assert_eq!(history[1].error_type.as_deref(), Some("scheduled"));
+    db.close().await;
+}
+
+async fn completion_notices_are_written_with_the_row_that_ends_a_job(engine: Engine) {
+    use spindle::jobdb::Append;
+    let test = TestDb::on(engine, "noticeconf");
+    let db = JobDb::open(&test.url, true, 2).await.unwrap();
+    let token = db.take_ownership("test").await.unwrap();
+    let t0 = base_time();
+    let with = |n: u8, url: &str| {
+        Arc::new(Job {
+            on_complete: Some(url.into()),
+            ..(*job(n, "b", "https://x.example/a?q=1", t0)).clone()
+        })
+    };
+    let done = with(1, "https://n.example/told");
+    let refused = with(2, "https://n.example/told#f");
+    let moved = with(3, "https://n.example/told");
+    let quiet = job(4, "b", "https://x.example/a", t0);
+    let jobs = [done.clone(), refused.clone(), moved.clone(), quiet.clone()];
+    let rows: Vec<(u64, Transition)> = jobs
+        .iter()
+        .enumerate()
+        .map(|(i, j)| (i as u64 + 1, row(j, State::AwaitingScheduling, 0, t0)))
+        .collect();
+    db.append(token, &jobs, &rows).await.unwrap();
+    assert_eq!(db.notices_owed().await.unwrap(), 3);
+    assert_eq!(
+        db.get_jobs(&[done.id]).await.unwrap()[0]
+            .on_complete
+            .as_deref(),
+        Some("https://n.example/told"),
+        "the URL is stored with its job"
+    );
+    let end = t0 + TimeDelta::seconds(2);
+    let ends = [
+        (
+            10,
+            attempt(row(&done, State::Succeeded, 1, end), 200, 5, None),
+        ),
+        (
+            11,
+            attempt(
+                row(&refused, State::Discarded, 2, end),
+                400,
+                5,
+                Some("http-4xx"),
+            ),
+        ),
+        (12, row(&moved, State::Moved, 0, end)),
+        (
+            13,
+            attempt(row(&quiet, State::Succeeded, 1, end), 200, 5, None),
+        ),
+    ];
+    let notices = db
+        .append_all(
+            token,
+            &Append {
+                transitions: &ends,
+                ..Append::default()
+            },
+        )
+        .await
+        .unwrap();
+    // Two notices: a moved job goes on in another JobDB (its copy there tells), and the quiet
+    // one asked for none.
+    assert_eq!(notices.len(), 2);
+    assert_eq!(db.notices_owed().await.unwrap(), 1, "the moved job's");
+    let ids: Vec<JobId> = notices.iter().map(|n| n.id).collect();
+    let stored = db.get_jobs(&ids).await.unwrap();
+    assert_eq!(stored.len(), 2);
+    for notice in &stored {
+        assert!(notice.endpoint.starts_with("https://n.example/told"));
+        assert!(notice.on_complete.is_none(), "a notice has no notice");
+        assert_eq!(&*notice.bucket, "b");
+        let body: serde_json::Value = serde_json::from_slice(&notice.payload).unwrap();
+        assert_eq!(body["type"], "job.completed");
+        assert_eq!(body["bucket"], "b");
+        assert_eq!(body["endpoint"], "https://x.example/a?q=1");
+        let told = body["job_id"].as_str().unwrap().to_owned();
+        assert_eq!(notice.idempotency_key, Some(format!("notice:{told}")));
+        let (state, attempts, status) = if told == done.id.to_string() {
+            ("succeeded", 1, 200)
+        } else {
+            assert_eq!(told, refused.id.to_string());
+            assert_eq!(body["error_type"], "http-4xx");
+            ("discarded", 2, 400)
+        };
+        assert_eq!(body["state"], state);
+        assert_eq!(body["attempts"], attempts);
+        assert_eq!(body["response_status"], status);
+        let at = |field: &str| {
+            body[field]
+                .as_str()
+                .unwrap()
+                .parse::<DateTime<Utc>>()
+                .unwrap()
+        };
+        assert_eq!((at("created_at"), at("ended_at")), (t0, end));
+    }
+    // They rest in `open_jobs`, due now, in their URL's lane.
+    let mut page: Vec<JobId> = db
+        .backlog_page(None, end, end, 100, 10, None)
+        .await
+        .unwrap()
+        .into_iter()
+        .map(|(j, _)| j.id)
+        .collect();
+    page.sort();
+    let mut expected = ids.clone();
+    expected.sort();
+    assert_eq!(page, expected);
+    assert!(db
+        .backlog_page(None, end, end, 100, 10, Some("https://n.example/told"))
+        .await
+        .unwrap()
+        .is_empty());
+    // A job tells once: another row ending it writes no second notice.
+    let again = [(14, row(&done, State::Succeeded, 1, end))];
+    let notices = db
+        .append_all(
+            token,
+            &Append {
+                transitions: &again,
+                ..Append::default()
+            },
+        )
+        .await
+        .unwrap();
+    assert!(notices.is_empty());
     db.close().await;
 }
 

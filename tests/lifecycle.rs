@@ -613,6 +613,7 @@ async fn fill_retired(
                     now + chrono::Duration::hours(1)
                 },
                 idempotency_key: None,
+                on_complete: None,
             };
             let mut push = |t: Transition| {
                 rows.push((next_id, t));
@@ -743,11 +744,36 @@ async fn a_drainer_killed_at_random_converges_without_loss_or_duplicates() {
     life.stop().await;
 }
 
+/// A job of bucket `b` to `endpoint`, empty, as a test writes it straight into a JobDB.
+fn stored_job(
+    endpoint: String,
+    created_at: chrono::DateTime<chrono::Utc>,
+    expire_at: chrono::DateTime<chrono::Utc>,
+) -> spindle::job::Job {
+    spindle::job::Job {
+        id: JobId(ulid::Ulid::new()),
+        bucket: "b".into(),
+        endpoint: endpoint.into(),
+        method: "POST".into(),
+        headers: vec![],
+        payload: bytes::Bytes::new(),
+        execution_timeout: Duration::from_secs(5),
+        retry: spindle::job::RetryPolicy {
+            min_delay: Duration::from_millis(100),
+            coefficient: 2.0,
+        },
+        created_at,
+        expire_at,
+        idempotency_key: None,
+        on_complete: None,
+    }
+}
+
 /// A retiring JobDB hands its scheduled jobs on with their times: the live Director delivers
 /// the one due in seconds at its time, not before, and keeps tomorrow's waiting, untried.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_retiring_jobdb_hands_scheduled_jobs_on_with_their_times() {
-    use spindle::job::{Job, RetryPolicy, Transition};
+    use spindle::job::{Job, Transition};
     let life = Life::start().await;
     let (retired, db) = life.add_jobdb("sched", JobDbState::Retiring).await;
     let token = db.take_ownership("test").await.unwrap();
@@ -760,22 +786,11 @@ async fn a_retiring_jobdb_hands_scheduled_jobs_on_with_their_times() {
     let jobs: Vec<Arc<Job>> = times
         .iter()
         .map(|at| {
-            Arc::new(Job {
-                id: JobId(ulid::Ulid::new()),
-                bucket: "b".into(),
-                endpoint: life.sink.url("/ok").into(),
-                method: "POST".into(),
-                headers: vec![],
-                payload: bytes::Bytes::new(),
-                execution_timeout: Duration::from_secs(5),
-                retry: RetryPolicy {
-                    min_delay: Duration::from_millis(100),
-                    coefficient: 2.0,
-                },
-                created_at: now,
-                expire_at: *at + chrono::Duration::hours(1),
-                idempotency_key: None,
-            })
+            Arc::new(stored_job(
+                life.sink.url("/ok"),
+                now,
+                *at + chrono::Duration::hours(1),
+            ))
         })
         .collect();
     let rows: Vec<(u64, Transition)> = jobs
@@ -821,6 +836,71 @@ async fn a_retiring_jobdb_hands_scheduled_jobs_on_with_their_times() {
     life.stop().await;
 }
 
+/// Completion notices survive JobDB cycling. In a retiring JobDB, one job asking to be told
+/// has expired (the drainer archives it: its notice is written there, with the `archived`
+/// row, and moved on like any waiting job) and another waits for its first attempt (it moves
+/// with its URL, and the live Director writes its notice when it succeeds). Each notice
+/// arrives once, saying how its job ended.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn completion_notices_are_moved_and_told_across_a_drain() {
+    use spindle::job::{Job, Transition};
+    let life = Life::start().await;
+    let (retired, db) = life.add_jobdb("told", JobDbState::Retiring).await;
+    let token = db.take_ownership("test").await.unwrap();
+    let now = chrono::Utc::now();
+    let job = |expire_at| {
+        Arc::new(Job {
+            on_complete: Some(life.sink.url("/capture").into()),
+            ..stored_job(
+                life.sink.url("/ok"),
+                now - chrono::Duration::minutes(10),
+                expire_at,
+            )
+        })
+    };
+    let expired = job(now - chrono::Duration::minutes(1));
+    let waiting = job(now + chrono::Duration::hours(1));
+    let jobs = vec![expired.clone(), waiting.clone()];
+    let rows: Vec<(u64, Transition)> = jobs
+        .iter()
+        .enumerate()
+        .map(|(i, j)| (i as u64 + 1, Transition::awaiting_scheduling(j)))
+        .collect();
+    db.append(token, &jobs, &rows).await.unwrap();
+    assert_eq!(db.notices_owed().await.unwrap(), 2);
+    db.close().await;
+    let (spare, _spare_db) = life.add_jobdb("toldto", JobDbState::Spare).await;
+    let mut director = life.director("d1");
+    life.wait_owned(&spare, "the director on the spare").await;
+    let mut drainer = life.drainer("dr");
+    life.wait_drained(&retired, Duration::from_secs(60)).await;
+    let captured = || {
+        life.sink
+            .received()
+            .into_iter()
+            .filter(|r| r.path == "/capture")
+            .collect::<Vec<_>>()
+    };
+    wait_for(Duration::from_secs(20), "both notices", || async {
+        captured().len() >= 2
+    })
+    .await;
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let mut told: HashMap<String, String> = HashMap::new();
+    for r in captured() {
+        let body: serde_json::Value = serde_json::from_slice(&r.body).unwrap();
+        let id = body["job_id"].as_str().unwrap().to_owned();
+        let state = body["state"].as_str().unwrap().to_owned();
+        assert!(told.insert(id, state).is_none(), "one notice per job");
+    }
+    assert_eq!(told.len(), 2);
+    assert_eq!(told[&expired.id.to_string()], "archived");
+    assert_eq!(told[&waiting.id.to_string()], "succeeded");
+    drainer.term().await;
+    director.term().await;
+    life.stop().await;
+}
+
 /// A job a live Director refuses for good must not block a drain. Before, submit and import
 /// disagreed (a bucket of 128 two-byte characters was a valid submission and an invalid
 /// import): the drainer retried that batch forever and the JobDB was never drained. Now both
@@ -849,6 +929,7 @@ async fn a_job_a_live_director_refuses_is_parked_and_the_drain_goes_on() {
         created_at: now,
         expire_at: now + chrono::Duration::hours(1),
         idempotency_key: None,
+        on_complete: None,
     };
     let wide = odd(&"é".repeat(128), b"{}".to_vec());
     let huge = odd("b1", vec![b'x'; 2 * 1024 * 1024]);

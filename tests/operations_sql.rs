@@ -66,9 +66,17 @@ async fn every_documented_statement_runs_and_finds_its_rows() {
             json!({"bucket": "later", "endpoint": rig.sink.url("/ok"), "delay_ms": 86_400_000}),
         ])
         .await);
-    rig.wait_in_state(State::AwaitingRetry, 9, Duration::from_secs(10))
+    // Two jobs that ask to be told when they end: one delivered (its notice delivered too),
+    // one waiting for a retry (its notice still owed).
+    rig.submit(vec![
+        json!({"bucket": "told", "endpoint": rig.sink.url("/ok"), "on_complete": rig.sink.url("/ok")}),
+        json!({"bucket": "told", "endpoint": rig.sink.url("/status/507"),
+               "backoff_min_delay_ms": 600000, "on_complete": rig.sink.url("/ok")}),
+    ])
+    .await;
+    rig.wait_in_state(State::AwaitingRetry, 10, Duration::from_secs(10))
         .await;
-    rig.wait_in_state(State::Succeeded, 3, Duration::from_secs(10))
+    rig.wait_in_state(State::Succeeded, 5, Duration::from_secs(10))
         .await;
     rig.wait_in_state(State::Discarded, 1, Duration::from_secs(10))
         .await;

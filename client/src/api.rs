@@ -123,6 +123,21 @@ pub struct NewJob {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[cfg_attr(feature = "openapi", schema(min_length = 1, max_length = 255))]
     pub idempotency_key: Option<String>,
+    /// An http or https URL (at most 2048 bytes) told when the job ends: once it succeeds, is
+    /// discarded or expires, a JSON notice of how it ended (`type` `job.completed`, `job_id`,
+    /// `bucket`, `endpoint`, `state`, `attempts`, `response_status`, `error_type`,
+    /// `created_at`, `ended_at`) is delivered there as a job of its own, in the same bucket,
+    /// signed like the bucket's jobs and retried like any job (4 h to live). Written with the
+    /// row that ends the job: never lost, never sent twice for one ending.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[cfg_attr(
+        feature = "openapi",
+        schema(
+            max_length = 2048,
+            pattern = r"^[hH][tT][tT][pP][sS]?://[^\s\u0000-\u001F\u007F]+$"
+        )
+    )]
+    pub on_complete: Option<String>,
 }
 
 impl NewJob {
@@ -144,6 +159,7 @@ impl NewJob {
             deliver_at: None,
             delay_ms: None,
             idempotency_key: None,
+            on_complete: None,
         }
     }
 
@@ -190,6 +206,12 @@ impl NewJob {
     /// key within the dedup window is answered `duplicate` with the first job's id.
     pub fn with_idempotency_key(mut self, key: impl Into<String>) -> Self {
         self.idempotency_key = Some(key.into());
+        self
+    }
+
+    /// Tells `url` when the job ends (a JSON notice, delivered as a job of its own).
+    pub fn with_on_complete(mut self, url: impl Into<String>) -> Self {
+        self.on_complete = Some(url.into());
         self
     }
 }
@@ -523,6 +545,9 @@ pub struct ImportJob {
     pub expire_at: DateTime<Utc>,
     /// The producer's idempotency key.
     pub idempotency_key: Option<String>,
+    /// The URL told when it ends (see [`NewJob::on_complete`]).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub on_complete: Option<String>,
     /// Attempts made so far (0 for new jobs).
     #[serde(default)]
     pub attempts: u16,

@@ -150,6 +150,9 @@ pub struct ArchivedJob {
     pub expire_at: DateTime<Utc>,
     /// The producer's idempotency key, if any.
     pub idempotency_key: Option<String>,
+    /// The URL told when the job ended, if any (absent in objects written before it existed).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub on_complete: Option<String>,
     /// The whole history, ordered by row id.
     pub transitions: Vec<ArchivedTransition>,
     /// For a [`BatchKind::History`] batch, the JobDB the job now lives in.
@@ -179,6 +182,7 @@ impl ArchivedJob {
             created_at: job.created_at,
             expire_at: job.expire_at,
             idempotency_key: job.idempotency_key.clone(),
+            on_complete: job.on_complete.as_deref().map(str::to_owned),
             transitions: history,
             moved_to,
         }
@@ -221,6 +225,7 @@ impl ArchivedJob {
             created_at: self.created_at,
             expire_at: self.expire_at,
             idempotency_key: self.idempotency_key.clone(),
+            on_complete: self.on_complete.as_deref().map(Into::into),
         })
     }
 
@@ -411,6 +416,7 @@ mod tests {
             created_at: created,
             expire_at: created + chrono::Duration::hours(1),
             idempotency_key: Some("key-1".into()),
+            on_complete: None,
         }
     }
 

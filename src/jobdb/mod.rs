@@ -476,7 +476,7 @@ impl JobDb {
             let prefix = if payloads {
                 "SELECT id, bucket, endpoint, method, headers, payload, execution_timeout_ms, \
                  backoff_min_delay_ms, backoff_coefficient, created_at, expire_at, \
-                 idempotency_key FROM jobs WHERE id IN ("
+                 idempotency_key, on_complete FROM jobs WHERE id IN ("
             } else {
                 q::SELECT_JOBS_BARE
             };

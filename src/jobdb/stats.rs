@@ -355,6 +355,17 @@ impl JobDb {
         })
     }
 
+    /// Jobs that name an `on_complete` URL and have not ended here yet (their notice is owed):
+    /// a small table, counted whole.
+    pub async fn notices_owed(&self) -> Result<u64, JobDbError> {
+        let n: i64 = with_pool!(self, |p, q| {
+            sqlx::query_scalar("SELECT COUNT(*) FROM notices_owed")
+                .fetch_one(p)
+                .await?
+        });
+        Ok(u64::try_from(n).unwrap_or(0))
+    }
+
     /// The jobs with these ids (those that exist here), without payloads and headers, in id
     /// order.
     pub async fn job_summaries(&self, ids: &[JobId]) -> Result<Vec<JobSummary>, JobDbError> {

@@ -49,7 +49,7 @@ macro_rules! write_path {
             let mut qb = sqlx::QueryBuilder::<$db>::new(
                 "INSERT INTO jobs (id, bucket, endpoint, method, headers, payload, \
                  execution_timeout_ms, backoff_min_delay_ms, backoff_coefficient, created_at, \
-                 expire_at, idempotency_key) ",
+                 expire_at, idempotency_key, on_complete) ",
             );
             qb.push_values(jobs, |mut row, job| {
                 row.push_bind(job.id.to_bytes().to_vec())
@@ -63,7 +63,8 @@ macro_rules! write_path {
                     .push_bind(job.retry.coefficient)
                     .push_bind(job.created_at.naive_utc())
                     .push_bind(job.expire_at.naive_utc())
-                    .push_bind(job.idempotency_key.as_deref());
+                    .push_bind(job.idempotency_key.as_deref())
+                    .push_bind(job.on_complete.as_deref());
             });
             qb
         }
@@ -141,14 +142,16 @@ macro_rules! write_path {
         }
 
         /// Writes everything `append` holds in `tx`: jobs, their transitions, import origins,
-        /// the commit's log row, rests and the checkpoint, keeping `open_jobs` in step: the one
-        /// way rows enter `jobs` and `job_state_transitions`, whoever writes (the Director's
-        /// writer, a drainer, the archiver). Statements of at most `limit` bytes of rows.
+        /// the commit's log row, rests and the checkpoint, keeping `open_jobs` in step, and the
+        /// completion notices of the jobs that end here: the one way rows enter `jobs` and
+        /// `job_state_transitions`, whoever writes (the Director's writer, a drainer, the
+        /// archiver). Statements of at most `limit` bytes of rows. Returns the notice jobs
+        /// written (each resting in `open_jobs`, for its JobDB's owner to deliver).
         pub(crate) async fn write_rows(
             tx: &mut sqlx::Transaction<'_, $db>,
             append: &$crate::jobdb::write::Append<'_>,
             limit: usize,
-        ) -> Result<(), sqlx::Error> {
+        ) -> Result<Vec<std::sync::Arc<$crate::job::Job>>, $crate::jobdb::JobDbError> {
             use $crate::jobdb::write::{
                 chunks_by_size, job_row_bytes, open_changes, transition_row_bytes,
                 MAX_ROWS_PER_INSERT,
@@ -165,6 +168,20 @@ macro_rules! write_path {
             for chunk in append.origins.chunks(MAX_ROWS_PER_INSERT) {
                 insert_origins(chunk).build().execute(&mut **tx).await?;
             }
+            let owed: Vec<$crate::job::JobId> = append
+                .jobs
+                .iter()
+                .filter(|job| job.on_complete.is_some())
+                .map(|job| job.id)
+                .collect();
+            for chunk in owed.chunks(MAX_ROWS_PER_INSERT) {
+                let mut qb = sqlx::QueryBuilder::<$db>::new(INSERT_NOTICES_OWED);
+                qb.push_values(chunk, |mut row, id| {
+                    row.push_bind(id.to_bytes().to_vec());
+                });
+                qb.build().execute(&mut **tx).await?;
+            }
+            let notices = write_notices(tx, append, limit).await?;
             if let Some(log) = &append.log {
                 sqlx::query(
                     "INSERT INTO commit_log (id, time, accepted, started) VALUES (?, ?, ?, ?)",
@@ -204,7 +221,77 @@ macro_rules! write_path {
                     .execute(&mut **tx)
                     .await?;
             }
-            Ok(())
+            Ok(notices)
+        }
+
+        /// The completion notices of the jobs `append` ends that owe one (`notices_owed`, a
+        /// small table: one look-up per commit that ends jobs, usually finding nothing): each
+        /// a new job to the job's `on_complete` URL, resting in `open_jobs`, written in the
+        /// same transaction as the row that ends its job, which then owes nothing.
+        async fn write_notices(
+            tx: &mut sqlx::Transaction<'_, $db>,
+            append: &$crate::jobdb::write::Append<'_>,
+            limit: usize,
+        ) -> Result<Vec<std::sync::Arc<$crate::job::Job>>, $crate::jobdb::JobDbError> {
+            use $crate::jobdb::write::{
+                chunks_by_size, job_row_bytes, notice_job, OpenRow, MAX_ROWS_PER_INSERT,
+            };
+            use $crate::jobdb::MAX_IDS_PER_SELECT;
+            let mut ended: std::collections::HashMap<$crate::job::JobId, &$crate::job::Transition> =
+                std::collections::HashMap::new();
+            for (_, t) in append.transitions {
+                if $crate::jobdb::write::tells_completion(t.state) {
+                    ended.insert(t.job_id, t);
+                }
+            }
+            if ended.is_empty() {
+                return Ok(Vec::new());
+            }
+            let ids: Vec<$crate::job::JobId> = ended.keys().copied().collect();
+            let now = chrono::Utc::now();
+            let (mut notices, mut told) = (Vec::new(), Vec::new());
+            for chunk in ids.chunks(MAX_IDS_PER_SELECT) {
+                let rows = ids_query(
+                    "SELECT o.job_id, j.bucket, j.endpoint, j.on_complete, j.created_at \
+                     FROM notices_owed o JOIN jobs j ON j.id = o.job_id WHERE o.job_id IN (",
+                    chunk,
+                    ")",
+                )
+                .build()
+                .fetch_all(&mut **tx)
+                .await?;
+                for row in &rows {
+                    let id = job_id_of(row, "job_id")?;
+                    told.push(id);
+                    let (Some(url), Some(end)) = (text_opt(row, "on_complete")?, ended.get(&id))
+                    else {
+                        continue;
+                    };
+                    notices.push(std::sync::Arc::new(notice_job(
+                        id,
+                        &text(row, "bucket")?,
+                        &text(row, "endpoint")?,
+                        &url,
+                        time_of(row, "created_at")?,
+                        end,
+                        now,
+                    )));
+                }
+            }
+            for chunk in chunks_by_size(&notices, limit, |job| job_row_bytes(job)) {
+                insert_jobs(chunk).build().execute(&mut **tx).await?;
+            }
+            let entries: Vec<OpenRow> = notices.iter().map(|job| OpenRow::notice(job)).collect();
+            for chunk in entries.chunks(MAX_ROWS_PER_INSERT) {
+                upsert_open_jobs(chunk).build().execute(&mut **tx).await?;
+            }
+            for chunk in told.chunks(MAX_IDS_PER_SELECT) {
+                ids_query("DELETE FROM notices_owed WHERE job_id IN (", chunk, ")")
+                    .build()
+                    .execute(&mut **tx)
+                    .await?;
+            }
+            Ok(notices)
         }
 
         /// Checks the fencing token as the last statement of `tx` and commits only if it is
@@ -275,6 +362,7 @@ impl JobDb {
             },
         )
         .await
+        .map(drop)
     }
 
     /// Writes everything `append` holds in one fenced transaction (see [`JobDb::append`]),
@@ -284,8 +372,13 @@ impl JobDb {
     /// JobDB; [`JobDbError::Refused`], the server (or the size check before sending) refused
     /// the data, nothing was stored and the same rows will be refused again;
     /// [`JobDbError::CommitUnknown`], the COMMIT's answer was lost; any other error happened
-    /// before the COMMIT was sent, so nothing was stored and trying again may succeed.
-    pub async fn append_all(&self, token: u64, append: &Append<'_>) -> Result<(), JobDbError> {
+    /// before the COMMIT was sent, so nothing was stored and trying again may succeed. Returns
+    /// the completion notices written (jobs resting in `open_jobs`; see `write_rows`).
+    pub async fn append_all(
+        &self,
+        token: u64,
+        append: &Append<'_>,
+    ) -> Result<Vec<Arc<Job>>, JobDbError> {
         let max_row = self.max_row_bytes();
         if let Some(job) = append.jobs.iter().find(|job| job_row_bytes(job) > max_row) {
             return Err(JobDbError::Refused(format!(
@@ -309,10 +402,11 @@ impl JobDb {
         }
         let limit = self.max_statement_bytes();
         with_pool!(self, |p, q| {
-            let written: Result<(), JobDbError> = async {
+            let written: Result<Vec<Arc<Job>>, JobDbError> = async {
                 let mut tx = p.begin().await?;
-                q::write_rows(&mut tx, append, limit).await?;
-                q::commit_fenced(tx, token).await
+                let notices = q::write_rows(&mut tx, append, limit).await?;
+                q::commit_fenced(tx, token).await?;
+                Ok(notices)
             }
             .await;
             written.map_err(|e| match e {
@@ -421,6 +515,7 @@ pub fn job_row_bytes(job: &Job) -> usize {
         + 2
         + job.payload.len()
         + job.idempotency_key.as_ref().map_or(0, String::len)
+        + job.on_complete.as_ref().map_or(0, |url| url.len())
         + 64
 }
 
@@ -561,6 +656,12 @@ pub struct OpenRow {
 }
 
 impl OpenRow {
+    /// The entry of a completion notice written now: it rests, never tried, until its
+    /// JobDB's owner takes it in (the id 0 orders it before every row).
+    pub fn notice(job: &Job) -> Self {
+        OpenRow::resting(job.id, 0, Some(Fresh::of(job)))
+    }
+
     /// The entry of a job that rests now without a row of its own: accepted, never tried;
     /// what the writer knows of it when it is fresh.
     pub fn resting(job_id: JobId, id: u64, fresh: Option<Fresh>) -> Self {
@@ -574,6 +675,80 @@ impl OpenRow {
             expire_at,
             endpoint,
         }
+    }
+}
+
+/// How long a completion notice is retried: as long as a job submitted without a time to
+/// live.
+pub const NOTICE_TTL: Duration = Duration::from_secs(4 * 3600);
+
+/// Whether a job entering `state` has ended for good, so its `on_complete` URL is told: it
+/// succeeded, was discarded or was archived (a job `moved` goes on in another JobDB).
+pub fn tells_completion(state: State) -> bool {
+    matches!(state, State::Succeeded | State::Discarded | State::Archived)
+}
+
+/// The body of a completion notice: how the job ended.
+#[derive(serde::Serialize)]
+struct Notice<'a> {
+    #[serde(rename = "type")]
+    kind: &'static str,
+    job_id: String,
+    bucket: &'a str,
+    endpoint: &'a str,
+    state: &'static str,
+    attempts: u16,
+    response_status: Option<u16>,
+    error_type: Option<&'a str>,
+    created_at: DateTime<Utc>,
+    ended_at: DateTime<Utc>,
+}
+
+/// The completion notice of job `job_id` (of `bucket`, sent to `endpoint`, accepted at
+/// `created_at`) that ended with `end`: a job of the same bucket to `url`, a JSON body
+/// (`type` `job.completed`, the job's id, bucket, endpoint, final state, attempts, last HTTP
+/// status and error kind, and times), with the default timeout and backoff, `NOTICE_TTL` to
+/// live, no notice of its own, and `notice:<job id>` as its idempotency key. It is signed as
+/// any job of the bucket is.
+pub fn notice_job(
+    job_id: JobId,
+    bucket: &str,
+    endpoint: &str,
+    url: &str,
+    created_at: DateTime<Utc>,
+    end: &Transition,
+    now: DateTime<Utc>,
+) -> Job {
+    let body = Notice {
+        kind: "job.completed",
+        job_id: job_id.to_string(),
+        bucket,
+        endpoint,
+        state: end.state.as_str(),
+        attempts: end.attempts,
+        response_status: end.response_status,
+        error_type: end.error_type.as_deref(),
+        created_at,
+        ended_at: end.time,
+    };
+    let payload = serde_json::to_vec(&body).unwrap_or_default();
+    let ttl = chrono::Duration::from_std(NOTICE_TTL).unwrap_or(chrono::Duration::zero());
+    Job {
+        id: JobId(Ulid::new()),
+        bucket: bucket.into(),
+        endpoint: url.into(),
+        method: "POST".into(),
+        headers: vec![("content-type".to_owned(), "application/json".to_owned())],
+        payload: Bytes::from(payload),
+        execution_timeout: Duration::from_secs(10),
+        retry: crate::job::RetryPolicy {
+            min_delay: Duration::from_secs(1),
+            coefficient: 2.0,
+        },
+        created_at: now,
+        expire_at: now.checked_add_signed(ttl).unwrap_or(now),
+        idempotency_key: Some(format!("notice:{job_id}")),
+        on_complete: None,
     }
 }
 

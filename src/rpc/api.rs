@@ -371,6 +371,9 @@ fn validate_job(
     if let Some(key) = &spec.idempotency_key {
         check_idempotency_key(key, &field("idempotency_key"))?;
     }
+    if let Some(url) = &spec.on_complete {
+        check_endpoint(url, &field("on_complete"))?;
+    }
 
     let job = Job {
         id,
@@ -387,6 +390,7 @@ fn validate_job(
         created_at: now,
         expire_at,
         idempotency_key: spec.idempotency_key,
+        on_complete: spec.on_complete.map(Into::into),
     };
     Ok((job, deliver_at))
 }

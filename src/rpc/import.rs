@@ -43,6 +43,7 @@ pub fn import_job(job: &Job, attempts: u16, retry_at: DateTime<Utc>) -> ImportJo
         created_at: job.created_at,
         expire_at: job.expire_at,
         idempotency_key: job.idempotency_key.clone(),
+        on_complete: job.on_complete.as_deref().map(str::to_owned),
         attempts,
         retry_at,
     }
@@ -83,6 +84,9 @@ pub fn job_of(spec: &ImportJob, i: usize, limits: &IntakeLimits) -> Result<Job, 
     if let Some(key) = &spec.idempotency_key {
         api::check_idempotency_key(key, &field("idempotency_key"))?;
     }
+    if let Some(url) = &spec.on_complete {
+        api::check_endpoint(url, &field("on_complete"))?;
+    }
     for (name, at) in [
         ("created_at", spec.created_at),
         ("expire_at", spec.expire_at),
@@ -108,6 +112,7 @@ pub fn job_of(spec: &ImportJob, i: usize, limits: &IntakeLimits) -> Result<Job, 
         created_at: spec.created_at,
         expire_at: spec.expire_at,
         idempotency_key: spec.idempotency_key.clone(),
+        on_complete: spec.on_complete.as_deref().map(Into::into),
     })
 }
 

@@ -656,6 +656,7 @@ pub fn import_form(
         created_at: now,
         expire_at: now + chrono::Duration::hours(1),
         idempotency_key: None,
+        on_complete: None,
         attempts,
         retry_at: now,
     }

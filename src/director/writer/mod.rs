@@ -563,8 +563,12 @@ impl Writer {
                 checkpoint,
             };
             let result = self.db.append_all(self.token, &append).await;
+            let mut notices = Vec::new();
             let committed = match result {
-                Ok(()) => true,
+                Ok(written) => {
+                    notices = written;
+                    true
+                }
                 Err(JobDbError::Fenced { ours, current }) => {
                     tracing::error!(
                         ours,
@@ -612,6 +616,19 @@ impl Writer {
                 let (fresh, under_way) = self.open.counts();
                 self.metrics.jobs_fresh.set(fresh as i64);
                 self.metrics.attempts_under_way.set(under_way as i64);
+                if !notices.is_empty() {
+                    // Completion notices of jobs this commit ended: resting jobs, as imported.
+                    self.metrics.notices_written.inc_by(notices.len() as u64);
+                    let notices = notices
+                        .into_iter()
+                        .map(|job| Recovered {
+                            job,
+                            attempts: 0,
+                            retry_at: None,
+                        })
+                        .collect();
+                    let _ = self.scheduler.send(Event::Imported(notices));
+                }
                 let start = log_id.map(|commit| AttemptStart { commit, at: now });
                 return self.acknowledge(batch, start);
             }

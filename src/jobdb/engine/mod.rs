@@ -223,6 +223,7 @@ macro_rules! engine_common {
                 created_at: time_of(row, "created_at")?,
                 expire_at: time_of(row, "expire_at")?,
                 idempotency_key: text_opt(row, "idempotency_key")?,
+                on_complete: text_opt(row, "on_complete")?.map(Into::into),
             })
         }
 
@@ -462,6 +463,8 @@ macro_rules! spelled_sql {
         int: $int:literal,
         starts_with: $starts_with:ident $(,)?
     ) => {
+        /// Jobs that owe a completion notice; a repeat is ignored.
+        pub const INSERT_NOTICES_OWED: &str = concat!($ignore, " INTO notices_owed (job_id) ");
         /// Origins of imported jobs; a repeat is ignored.
         pub const INSERT_ORIGINS: &str =
             concat!($ignore, " INTO job_origins (job_id, from_jobdb, imported_at) ");
@@ -481,14 +484,14 @@ macro_rules! spelled_sql {
             "SELECT id, bucket, endpoint, method, '{}' AS headers, ",
             $empty_blob,
             " AS payload, execution_timeout_ms, backoff_min_delay_ms, backoff_coefficient, \
-             created_at, expire_at, idempotency_key FROM jobs WHERE id IN ("
+             created_at, expire_at, idempotency_key, on_complete FROM jobs WHERE id IN ("
         );
         /// Job summaries (no payload, its size).
         pub const SELECT_JOB_SUMMARIES: &str = concat!(
             "SELECT id, bucket, endpoint, method, '{}' AS headers, ",
             $empty_blob,
             " AS payload, execution_timeout_ms, backoff_min_delay_ms, backoff_coefficient, \
-             created_at, expire_at, idempotency_key, CAST(LENGTH(payload) AS ",
+             created_at, expire_at, idempotency_key, on_complete, CAST(LENGTH(payload) AS ",
             $int,
             ") AS payload_bytes FROM jobs WHERE id IN ("
         );
@@ -513,7 +516,7 @@ macro_rules! spelled_sql {
         pub const ENDED_JOBS: &str = concat!(
             "SELECT j.id, j.bucket, j.endpoint, j.method, j.headers, j.payload, \
              j.execution_timeout_ms, j.backoff_min_delay_ms, j.backoff_coefficient, \
-             j.created_at, j.expire_at, j.idempotency_key, t.state \
+             j.created_at, j.expire_at, j.idempotency_key, j.on_complete, t.state \
              FROM jobs j JOIN job_state_transitions t ON t.job_id = j.id \
              WHERE j.id > ? \
                AND t.id = (SELECT MAX(l.id) FROM job_state_transitions l WHERE l.job_id = j.id) \
