@@ -1012,9 +1012,15 @@ async fn a_cache_full_of_a_hanging_endpoint_still_takes_other_endpoints_jobs() {
         0.0,
         "nothing had to make room"
     );
-    // Nothing was lost: every hanging job is still open (in flight, cached or resting).
-    let open = rig.reader.open_work().await.unwrap();
-    assert_eq!(open.len(), 60, "the hanging jobs are all open");
+    // Nothing was lost: every hanging job is still open (in flight, cached or resting), and
+    // only they once the healthy jobs' outcomes are committed (a moment after the sink saw
+    // their requests).
+    wait_for(
+        Duration::from_secs(5),
+        "only the hanging jobs open",
+        || async { rig.reader.open_work().await.unwrap().len() == 60 },
+    )
+    .await;
     rig.stop().await;
 }
 
