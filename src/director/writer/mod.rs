@@ -69,7 +69,7 @@ struct Batch {
     jobs: Vec<Arc<Job>>,
     rows: Vec<(u64, Transition)>,
     origins: Vec<Origin>,
-    /// Submitted jobs (imports rest at once), with their expiry.
+    /// Submitted jobs (imports rest at once), with what their first entry takes from them.
     accepted: Vec<(JobId, Fresh)>,
     /// Attempts begun.
     starts: Vec<(JobId, u16)>,
