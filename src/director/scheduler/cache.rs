@@ -158,11 +158,6 @@ impl Cache {
         self.jobs.len()
     }
 
-    /// The most entries it takes.
-    pub(super) fn max_jobs(&self) -> usize {
-        self.max_jobs
-    }
-
     /// Less than half full: a backlog pass may read every waiting job.
     pub(super) fn roomy(&self) -> bool {
         self.jobs.len() < self.max_jobs / 2

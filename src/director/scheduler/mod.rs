@@ -322,8 +322,7 @@ impl Scheduler {
             self.update_gauges();
             if stopping_at.is_none() {
                 if let Some((hog, _)) = &self.backlog.hog {
-                    let ready = self.queues.lane(hog).map_or(0, |lane| lane.ready);
-                    self.backlog.hog_drained(ready);
+                    self.backlog.hog_drained(self.ready_in(hog));
                 }
                 self.load_backlog().await;
             }
@@ -611,12 +610,15 @@ impl Scheduler {
         (self.limits.max_cached_jobs / 4).clamp(1, 1000)
     }
 
+    /// Ready jobs of the lane in the queues.
+    fn ready_in(&self, lane: &Arc<str>) -> usize {
+        self.queues.lane(lane).map_or(0, |l| l.ready)
+    }
+
     /// Whether the lane holds more than half the cache's cap in ready jobs: it is the hog
     /// ([`Cache::hog`] counts these and more), and takes no more jobs into the cache.
     fn holds_half(&self, lane: &Arc<str>) -> bool {
-        self.queues
-            .lane(lane)
-            .is_some_and(|l| l.ready > self.cache.max_jobs() / 2)
+        self.ready_in(lane) > self.limits.max_cached_jobs / 2
     }
 
     /// A full cache takes a job of a lane holding fewer ready jobs than the largest lane by

@@ -115,8 +115,7 @@ impl Scheduler {
             .hog(now, self.limits.spill_after, page)
             .map(|(lane, _)| lane);
         if let Some(lane) = &hog {
-            let ready = self.queues.lane(lane).map_or(0, |l| l.ready);
-            self.backlog.leaving_out(lane.clone(), ready);
+            self.backlog.leaving_out(lane.clone(), self.ready_in(lane));
         }
         let read = backlog::PageRead {
             after,

@@ -308,14 +308,14 @@ macro_rules! attempt_rows {
 pub(crate) use attempt_rows;
 
 /// The backlog page's statement ([`super::JobDb::backlog_page`]) for one engine, from its
-/// spellings of `stored_lane`, the lane of `jobs j` as `open_jobs.lane` holds it, and of a
-/// bound lane held the same way (`lane_open`, `?`, `lane_close`): `BACKLOG_PAGE` reads every
-/// lane; `BACKLOG_PAGE_OTHER_LANES` leaves one lane out (its last bind, before the limit) by
+/// spelling of `lane` (as for [`stats_sql!`]) and of how `open_jobs.lane` holds a lane
+/// (`held_as`: what goes before and after it, for a bound `?` and for `lane` alike):
+/// `BACKLOG_PAGE` reads every lane; `BACKLOG_PAGE_OTHER_LANES` leaves one lane out (its last bind, before the limit) by
 /// the `(lane, job_id)` index, reading entries of unknown lane too. `LANE_OPEN`/`LANE_CLOSE`
 /// surround a bound lane an entry stores; `LANE_OF_JOB` opens the subquery that reads it from
 /// the job instead (the caller binds the id and closes it).
 macro_rules! backlog_sql {
-    (stored_lane: $lane:expr, lane_open: $open:expr, lane_close: $close:expr $(,)?) => {
+    (lane: $lane:expr, held_as: ($open:expr, $close:expr) $(,)?) => {
         /// The next waiting jobs after a job id, due by a time (binds: after, before_row,
         /// scheduled_by twice, due_by twice, limit).
         pub const BACKLOG_PAGE: &str = concat!(
@@ -339,7 +339,13 @@ macro_rules! backlog_sql {
         pub const LANE_CLOSE: &str = $close;
         /// An entry's lane, read from its job: `(SELECT lane FROM jobs j WHERE j.id = `, then
         /// the caller's bound id and `)`.
-        pub const LANE_OF_JOB: &str = concat!("(SELECT ", $lane, " FROM jobs j WHERE j.id = ");
+        pub const LANE_OF_JOB: &str = concat!(
+            "(SELECT ",
+            $open,
+            $lane,
+            $close,
+            " FROM jobs j WHERE j.id = "
+        );
     };
 }
 pub(crate) use backlog_sql;

@@ -289,9 +289,8 @@ pub const SIZE: &str = "SELECT CAST(COALESCE(SUM(table_rows), 0) AS UNSIGNED) AS
      FROM information_schema.tables WHERE table_schema = ?";
 
 super::backlog_sql! {
-    stored_lane: concat!("LEFT(CAST(", lane!(), " AS BINARY), 2048)"),
-    lane_open: "LEFT(CAST(",
-    lane_close: " AS BINARY), 2048)",
+    lane: lane!(),
+    held_as: ("LEFT(CAST(", " AS BINARY), 2048)"),
 }
 
 super::stats_sql! {

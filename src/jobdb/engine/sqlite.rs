@@ -303,9 +303,8 @@ pub const SIZE: &str = "SELECT ? IS NOT NULL AS named, \
        * (SELECT page_size FROM pragma_page_size()) AS n_bytes";
 
 super::backlog_sql! {
-    stored_lane: lane!(),
-    lane_open: "(",
-    lane_close: ")",
+    lane: lane!(),
+    held_as: ("(", ")"),
 }
 
 super::stats_sql! {
