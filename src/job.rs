@@ -104,13 +104,51 @@ pub struct Job {
     /// A URL told when the job ends (succeeded, discarded or archived): its notice is a job of
     /// its own, written with the row that ends this one.
     pub on_complete: Option<Arc<str>>,
+    /// Its ordering key, if it is delivered in order with the other jobs of its bucket and
+    /// endpoint that carry the same key.
+    pub ordering: Option<Ordering>,
 }
+
+/// A job's place in an ordered sequence: its key, and whether its failure holds the rest.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Ordering {
+    /// The producer's ordering key (1 to 255 bytes).
+    pub key: Arc<str>,
+    /// Whether the key's later jobs wait for an operator when this one ends without success
+    /// (discarded, expired); otherwise the next one goes.
+    pub blocks: bool,
+}
+
+/// The id of one ordered sequence, (bucket, endpoint, ordering key): the first 16 bytes of
+/// the SHA-256 of the three, each preceded by its length, so no two triples share it by
+/// concatenation. Stored in `open_jobs.seq`.
+pub type Seq = [u8; 16];
 
 impl Job {
     /// The delivery queue this job belongs to: the endpoint without query or fragment.
     pub fn endpoint_key(&self) -> &str {
         endpoint_key(&self.endpoint)
     }
+
+    /// The ordered sequence this job belongs to, if any.
+    pub fn seq(&self) -> Option<Seq> {
+        let ordering = self.ordering.as_ref()?;
+        Some(seq_of(&self.bucket, &self.endpoint, &ordering.key))
+    }
+}
+
+/// The sequence of (bucket, endpoint, ordering key) (see [`Seq`]).
+pub fn seq_of(bucket: &str, endpoint: &str, key: &str) -> Seq {
+    use sha2::{Digest, Sha256};
+    let mut hash = Sha256::new();
+    for part in [bucket, endpoint, key] {
+        hash.update((part.len() as u64).to_be_bytes());
+        hash.update(part.as_bytes());
+    }
+    let digest = hash.finalize();
+    let mut seq = [0u8; 16];
+    seq.copy_from_slice(&digest[..16]);
+    seq
 }
 
 /// The delivery queue (lane) of an endpoint URL: the URL without query or fragment; what
@@ -584,6 +622,7 @@ mod tests {
             expire_at: Utc::now(),
             idempotency_key: None,
             on_complete: None,
+            ordering: None,
         }
     }
 }

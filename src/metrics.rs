@@ -84,6 +84,10 @@ pub struct Metrics {
     pub jobs_scheduled: Counter,
     /// Completion notices written (jobs to an ended job's `on_complete` URL).
     pub notices_written: Counter,
+    /// Ordered jobs released: their turn in their sequence came.
+    pub ordered_released: Counter,
+    /// Ordered jobs whose release waits for an older job of their sequence in another JobDB.
+    pub ordered_waiting_elsewhere: Gauge,
     /// Jobs recorded `archived` after their archive object was confirmed.
     pub jobs_archived: Counter,
     /// Archive uploads that failed (retried).
@@ -201,6 +205,18 @@ impl Default for Metrics {
             "notices_written",
             "Completion notices written, each a job to an ended job's on_complete URL",
             notices_written.clone(),
+        );
+        let ordered_released = Counter::default();
+        registry.register(
+            "ordered_released",
+            "Ordered jobs released: their turn in their sequence came",
+            ordered_released.clone(),
+        );
+        let ordered_waiting_elsewhere = Gauge::default();
+        registry.register(
+            "ordered_waiting_elsewhere",
+            "Sequences whose next job waits for an older job of theirs in another JobDB",
+            ordered_waiting_elsewhere.clone(),
         );
         let jobs_archived = Counter::default();
         registry.register(
@@ -434,6 +450,8 @@ impl Default for Metrics {
             jobs_imported,
             jobs_scheduled,
             notices_written,
+            ordered_released,
+            ordered_waiting_elsewhere,
             jobs_archived,
             archive_failures,
             write_batch_rows,

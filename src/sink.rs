@@ -3,7 +3,9 @@
 //!
 //! Behaviour is chosen by path, per request:
 //! `/ok` 200 · `/status/{code}` that status · `/fail/{n}` 500 for a job's first n attempts, then
-//! 200, keeping each body · `/flaky/{percent}` 503 at random · `/hang` never answers · `/slow/{ms}` answers after a
+//! 200, keeping each body · `/flaky/{percent}` 503 at random (a request
+//! with an `x-sink-status` header gets that status instead: one job of many on the same URL
+//! can fail for good) · `/hang` never answers · `/slow/{ms}` answers after a
 //! delay · `/retry-after/{secs}` 429 with `Retry-After` on a job's first attempt, then 200 ·
 //! `/redirect/{code}` that 3xx status pointing at `/ok` · `/capture` 200, keeping the body and
 //! the `webhook-*` headers (for signature checks) · `/down-until/{unix_ms}` 503 until then ·
@@ -30,6 +32,9 @@ use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
 
 use crate::delivery::{ATTEMPT_HEADER, JOB_ID_HEADER};
+
+/// A request header that makes `/flaky/{percent}` answer the status it names.
+pub const STATUS_HEADER: &str = "x-sink-status";
 
 /// One request the sink received.
 #[derive(Clone, Debug)]
@@ -285,10 +290,14 @@ async fn fail(
 
 async fn flaky(State(s): Shared_, headers: HeaderMap, Path(percent): Path<u32>) -> StatusCode {
     let fail = rand::rng().random_range(0..100) < percent;
-    let code = if fail {
-        StatusCode::SERVICE_UNAVAILABLE
-    } else {
-        StatusCode::OK
+    let told = header_str(&headers, STATUS_HEADER)
+        .parse::<u16>()
+        .ok()
+        .and_then(|code| StatusCode::from_u16(code).ok());
+    let code = match told {
+        Some(code) => code,
+        None if fail => StatusCode::SERVICE_UNAVAILABLE,
+        None => StatusCode::OK,
     };
     s.note(&headers, &format!("/flaky/{percent}"), code.as_u16());
     code

@@ -124,6 +124,14 @@ pub struct SubmitArgs {
     /// its own.
     #[arg(long, conflicts_with = "file", help_heading = "One job")]
     pub on_complete: Option<String>,
+    /// Deliver in order with the other jobs of its bucket and endpoint that carry this key:
+    /// one at a time, each after the previous ended.
+    #[arg(long, conflicts_with = "file", help_heading = "One job")]
+    pub ordering_key: Option<String>,
+    /// With `--ordering-key`: whether this job ending without success blocks its key's later
+    /// jobs (`block`) or lets the next go (`release`, the default).
+    #[arg(long, conflicts_with = "file", requires = "ordering_key", value_parser = ["release", "block"], help_heading = "One job")]
+    pub ordering_failure: Option<String>,
     /// Jobs per request (1 to 1000; fewer when their lines pass 16 MiB); each request is stored
     /// atomically.
     #[arg(long, default_value_t = 500, value_parser = clap::value_parser!(u16).range(1..=MAX_JOBS_PER_REQUEST as i64))]
@@ -386,6 +394,11 @@ fn job_from_options(args: &SubmitArgs) -> anyhow::Result<NewJob> {
         delay_ms: args.delay_ms,
         idempotency_key: args.idempotency_key.clone(),
         on_complete: args.on_complete.clone(),
+        ordering_key: args.ordering_key.clone(),
+        ordering_failure: args.ordering_failure.as_deref().map(|f| match f {
+            "block" => spindle_client::OrderingFailure::Block,
+            _ => spindle_client::OrderingFailure::Release,
+        }),
         ..NewJob::new(bucket, endpoint)
     };
     check_job(job.clone(), &local_limits(), Utc::now())

@@ -260,6 +260,15 @@ async fn dashboard_shows_a_live_jobdb() {
     assert!(live["bytes"].as_u64().unwrap() > 0);
     assert!(live["fencing_token"].as_u64().unwrap() >= 1);
     assert!(!live["owner"].as_str().unwrap().is_empty());
+    // Every job here ended: no ordered job waits, no key is blocked, no notice is owed.
+    assert_eq!(
+        (
+            &live["ordered_waiting"],
+            &live["ordering_blocked"],
+            &live["notices_owed"]
+        ),
+        (&json!(0), &json!(0), &json!(0))
+    );
     assert!(live["age_s"].as_i64().unwrap() >= 0);
     let dead = listed
         .iter()

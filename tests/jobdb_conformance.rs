@@ -17,7 +17,7 @@ use spindle::jobdb::lifecycle::{BatchKind, Origin, PlannedBatch};
 use spindle::jobdb::lock::ServerLock;
 use spindle::jobdb::replay::EndedFilter;
 use spindle::jobdb::{self, JobDb, JobDbError};
-use sqlx::{ConnectOptions, Connection, Executor};
+use sqlx::{ConnectOptions, Connection};
 
 on_both_engines!(
     every_store_operation_behaves_as_specified,
@@ -26,6 +26,7 @@ on_both_engines!(
     a_jobdb_is_created_listed_locked_and_dropped,
     scheduled_jobs_wait_by_their_time,
     completion_notices_are_written_with_the_row_that_ends_a_job,
+    ordered_jobs_wait_held_and_are_released_one_at_a_time,
 );
 
 fn job(n: u8, bucket: &str, endpoint: &str, at: DateTime<Utc>) -> Arc<Job> {
@@ -48,6 +49,7 @@ fn job(n: u8, bucket: &str, endpoint: &str, at: DateTime<Utc>) -> Arc<Job> {
         expire_at: at + TimeDelta::hours(4),
         idempotency_key: n.is_multiple_of(2).then(|| format!("key-{n}")),
         on_complete: None,
+        ordering: None,
     })
 }
 
@@ -75,25 +77,6 @@ fn attempt(t: Transition, status: u16, ms: u32, error: Option<&str>) -> Transiti
         error_response: error.map(|e| Bytes::from(format!("said {e}"))),
         error_response_encoding: error.map(|_| "utf-8"),
         ..t
-    }
-}
-
-/// Runs an operator's statement with a connection of its own, as `mysql` or `sqlite3` would.
-async fn operator_sql(db: &JobDb, sql: &str) {
-    let url = db.url();
-    match url.sqlite_file() {
-        Some(file) => {
-            let mut conn = sqlx::SqliteConnection::connect(&format!("sqlite://{}", file.display()))
-                .await
-                .unwrap();
-            conn.execute(sql).await.unwrap();
-            conn.close().await.unwrap();
-        }
-        None => {
-            let mut conn = url.mysql_options().unwrap().connect().await.unwrap();
-            conn.execute(sql).await.unwrap();
-            conn.close().await.unwrap();
-        }
     }
 }
 
@@ -964,7 +947,8 @@ async fn completion_notices_are_written_with_the_row_that_ends_a_job(engine: Eng
             },
         )
         .await
-        .unwrap();
+        .unwrap()
+        .notices;
     // Two notices: a moved job goes on in another JobDB (its copy there tells), and the quiet
     // one asked for none.
     assert_eq!(notices.len(), 2);
@@ -1029,8 +1013,194 @@ async fn completion_notices_are_written_with_the_row_that_ends_a_job(engine: Eng
             },
         )
         .await
-        .unwrap();
+        .unwrap()
+        .notices;
     assert!(notices.is_empty());
+    db.close().await;
+}
+
+/// Writes `jobs` and `rows` as a JobDB with no other live one does (releasing the heads it
+/// makes in the same commit), and returns the jobs released.
+async fn released_alone(
+    db: &JobDb,
+    token: u64,
+    jobs: &[Arc<Job>],
+    rows: &[(u64, Transition)],
+) -> Vec<JobId> {
+    let append = jobdb::Append {
+        jobs,
+        transitions: rows,
+        release_touched: true,
+        ..jobdb::Append::default()
+    };
+    let written = db.append_all(token, &append).await.unwrap();
+    written.released.into_iter().map(|r| r.job.id).collect()
+}
+
+async fn ordered_jobs_wait_held_and_are_released_one_at_a_time(engine: Engine) {
+    use spindle::job::Ordering;
+    use spindle::jobdb::Append;
+    let test = TestDb::on(engine, "seqconf");
+    let db = JobDb::open(&test.url, true, 2).await.unwrap();
+    let token = db.take_ownership("test").await.unwrap();
+    let t0 = base_time();
+    let ordered = |n: u8, key: &str, blocks: bool| {
+        Arc::new(Job {
+            ordering: Some(Ordering {
+                key: key.into(),
+                blocks,
+            }),
+            ..(*job(n, "b", "https://x.example/a", t0)).clone()
+        })
+    };
+    let (a1, a2, a3) = (
+        ordered(1, "k", false),
+        ordered(2, "k", true),
+        ordered(3, "k", false),
+    );
+    // Same key, other endpoint: another sequence.
+    let b1 = Arc::new(Job {
+        endpoint: "https://x.example/b".into(),
+        ..(*ordered(4, "k", false)).clone()
+    });
+    let free = job(5, "b", "https://x.example/a", t0);
+    let seq_a = a1.seq().unwrap();
+    let seq_b = b1.seq().unwrap();
+    assert_ne!(seq_a, seq_b);
+    assert_eq!(a2.seq(), Some(seq_a));
+    let jobs = [a3.clone(), a1.clone(), b1.clone(), a2.clone(), free.clone()];
+    let rows: Vec<(u64, Transition)> = jobs
+        .iter()
+        .enumerate()
+        .map(|(i, j)| (i as u64 + 1, row(j, State::AwaitingScheduling, 0, t0)))
+        .collect();
+    let written = db
+        .append_all(
+            token,
+            &Append {
+                jobs: &jobs,
+                transitions: &rows,
+                ..Append::default()
+            },
+        )
+        .await
+        .unwrap();
+    let mut expected = vec![seq_a, seq_b];
+    expected.sort();
+    assert_eq!(written.touched, expected, "both sequences gained jobs");
+    assert!(written.released.is_empty());
+    let stored = db.get_jobs(&[a2.id]).await.unwrap();
+    assert_eq!(
+        stored[0].ordering, a2.ordering,
+        "the key is stored with its job"
+    );
+    // Held jobs are not read by backlog pages: only the unordered job is due.
+    let page = |db: &JobDb| {
+        let db = db.clone();
+        async move {
+            db.backlog_page(None, t0, t0, 1000, 100, None)
+                .await
+                .unwrap()
+                .into_iter()
+                .map(|(j, _)| j.id)
+                .collect::<Vec<_>>()
+        }
+    };
+    assert_eq!(page(&db).await, vec![free.id]);
+    let heads = db.sequence_heads(None).await.unwrap();
+    assert_eq!(heads, HashMap::from([(seq_a, a1.id), (seq_b, b1.id)]));
+    // A release of a job that is not its sequence's head releases nothing.
+    let release = |db: &JobDb, heads: Vec<(spindle::job::Seq, JobId)>| {
+        let db = db.clone();
+        async move {
+            db.append_all(
+                token,
+                &Append {
+                    release: &heads,
+                    ..Append::default()
+                },
+            )
+            .await
+            .unwrap()
+            .released
+        }
+    };
+    let released = release(&db, vec![(seq_a, a2.id), (seq_a, a1.id)]).await;
+    assert_eq!(released.len(), 1);
+    assert_eq!(released[0].job.id, a1.id);
+    assert_eq!(released[0].job.payload, a1.payload, "released whole");
+    assert_eq!(released[0].attempts, 0);
+    // One job of a sequence at a time: a is under way, b still waits.
+    assert_eq!(
+        db.sequence_heads(None).await.unwrap(),
+        HashMap::from([(seq_b, b1.id)])
+    );
+    assert!(release(&db, vec![(seq_a, a2.id)]).await.is_empty());
+    let mut due = page(&db).await;
+    due.sort();
+    assert_eq!(due, vec![a1.id, free.id], "a released job is read like any");
+    // Its end moves the sequence on.
+    let end = t0 + TimeDelta::seconds(1);
+    let ends = [(
+        20,
+        attempt(row(&a1, State::Succeeded, 1, end), 200, 5, None),
+    )];
+    let written = db
+        .append_all(
+            token,
+            &Append {
+                transitions: &ends,
+                ..Append::default()
+            },
+        )
+        .await
+        .unwrap();
+    assert_eq!(written.touched, vec![seq_a]);
+    assert_eq!(
+        db.sequence_heads(Some(&[seq_a])).await.unwrap(),
+        HashMap::from([(seq_a, a2.id)])
+    );
+    // a2 asked to block: discarded, it stops its sequence until an operator says otherwise.
+    assert_eq!(release(&db, vec![(seq_a, a2.id)]).await.len(), 1);
+    let ends = [(
+        21,
+        attempt(row(&a2, State::Discarded, 1, end), 400, 5, Some("http-4xx")),
+    )];
+    db.append_all(
+        token,
+        &Append {
+            transitions: &ends,
+            ..Append::default()
+        },
+    )
+    .await
+    .unwrap();
+    assert!(db.sequence_heads(Some(&[seq_a])).await.unwrap().is_empty());
+    assert_eq!(
+        db.sequence_oldest(&[seq_a, seq_b]).await.unwrap(),
+        HashMap::from([(seq_a, a3.id), (seq_b, b1.id)]),
+        "what another JobDB's head must not overtake"
+    );
+    operator_sql(&db, "DELETE FROM ordering_blocked").await;
+    assert_eq!(
+        db.sequence_heads(Some(&[seq_a])).await.unwrap(),
+        HashMap::from([(seq_a, a3.id)])
+    );
+    // Where no other JobDB is live, a write releases the heads it makes: the first job of a
+    // new sequence in the commit that stores it, the next in the commit that ends one.
+    let (c1, c2) = (ordered(6, "c", false), ordered(7, "c", false));
+    let jobs = [c1.clone(), c2.clone()];
+    let rows: Vec<(u64, Transition)> = jobs
+        .iter()
+        .enumerate()
+        .map(|(i, j)| (30 + i as u64, row(j, State::AwaitingScheduling, 0, t0)))
+        .collect();
+    assert_eq!(released_alone(&db, token, &jobs, &rows).await, vec![c1.id]);
+    let end = [(
+        40,
+        attempt(row(&c1, State::Succeeded, 1, end), 200, 5, None),
+    )];
+    assert_eq!(released_alone(&db, token, &[], &end).await, vec![c2.id]);
     db.close().await;
 }
 

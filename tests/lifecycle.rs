@@ -104,6 +104,11 @@ impl Life {
     }
 
     fn director(&self, id: &str) -> Proc {
+        self.director_with(id, &[])
+    }
+
+    /// A Director with more flags.
+    fn director_with(&self, id: &str, extra: &[&str]) -> Proc {
         let mut args: Vec<String> = [
             "director",
             "--registry",
@@ -131,7 +136,39 @@ impl Life {
         .map(|s| s.to_string())
         .collect();
         args.extend(self.s3_args());
+        args.extend(extra.iter().map(|s| s.to_string()));
         self.spawn(args)
+    }
+
+    /// A router over every Director (a shard as large as `shard_size`), deduplicating in
+    /// memory.
+    fn router(&self, shard_size: usize) -> Proc {
+        self.spawn(
+            [
+                "router",
+                "--consul-addr",
+                &self.consul_url(),
+                "--listen",
+                "127.0.0.1:{port}",
+                "--redis",
+                "a=memory:",
+                "--shard-size",
+                &shard_size.to_string(),
+                "--catalog-ms",
+                "200",
+                "--suspect-ms",
+                "1000",
+                "--placement-prefix",
+                &format!("spindle-test/{}/placements", self.prefix),
+                "--forward-timeout-ms",
+                "5000",
+                "--resolve-ms",
+                "20000",
+            ]
+            .iter()
+            .map(|s| s.to_string())
+            .collect(),
+        )
     }
 
     fn manager(&self, id: &str, max_age_s: u64, spares: usize) -> Proc {
@@ -614,6 +651,7 @@ async fn fill_retired(
                 },
                 idempotency_key: None,
                 on_complete: None,
+                ordering: None,
             };
             let mut push = |t: Transition| {
                 rows.push((next_id, t));
@@ -766,6 +804,7 @@ fn stored_job(
         expire_at,
         idempotency_key: None,
         on_complete: None,
+        ordering: None,
     }
 }
 
@@ -841,6 +880,205 @@ async fn a_retiring_jobdb_hands_scheduled_jobs_on_with_their_times() {
 /// row, and moved on like any waiting job) and another waits for its first attempt (it moves
 /// with its URL, and the live Director writes its notice when it succeeds). Each notice
 /// arrives once, saying how its job ended.
+/// Ordered delivery through every failure a cluster survives: 10 keys × `per_key` jobs
+/// (100, or 100 × `SPINDLE_LIFECYCLE_SCALE`: 1,000 at scale 10) submitted through a router to
+/// three Directors, over an endpoint that fails 30% of attempts; meanwhile one Director is
+/// killed with SIGKILL (and restarted, as a supervisor would) and another's JobDB retires and
+/// is drained. Every key's requests reach the endpoint one job at a time, in acceptance (id)
+/// order, and every job succeeds exactly once. Prints the run's throughput.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn ordered_keys_keep_their_order_through_a_router_a_kill_9_a_retirement_and_a_drain() {
+    const KEYS: usize = 10;
+    const PER_REQUEST: usize = 5;
+    let per_key = 100 * scale();
+    let life = Life::start().await;
+    for i in 0..5 {
+        life.add_jobdb(&format!("o{i}"), JobDbState::Spare).await;
+    }
+    let fast = ["--min-retry-delay-ms", "20"];
+    let mut directors: Vec<Proc> = (0..3)
+        .map(|i| life.director_with(&format!("d{i}"), &fast))
+        .collect();
+    let mut drainer = life.drainer("dr");
+    let mut router = life.router(3);
+    let held = || async {
+        life.inventory
+            .list()
+            .await
+            .unwrap()
+            .iter()
+            .filter(|l| l.holder.is_some() && l.record.state == JobDbState::Active)
+            .count()
+    };
+    wait_for(
+        Duration::from_secs(30),
+        "three directors on their jobdbs",
+        || async { held().await == 3 },
+    )
+    .await;
+    let router_base = router.base();
+    wait_for(Duration::from_secs(30), "the router ready", || async {
+        let ready = life
+            .client
+            .get(format!("{router_base}/readyz"))
+            .send()
+            .await;
+        matches!(ready, Ok(r) if r.status().is_success())
+    })
+    .await;
+
+    // The producer: requests of five jobs per key, one after another; a job the router did
+    // not store is submitted again (a new job, later in its key's order).
+    let url = life.sink.url("/flaky/30");
+    let started = Instant::now();
+    let producer = {
+        let (client, base, url) = (life.client.clone(), router_base.clone(), url.clone());
+        tokio::spawn(async move {
+            let mut accepted: HashMap<String, Vec<JobId>> = HashMap::new();
+            let mut owed: Vec<usize> = vec![per_key; KEYS];
+            while owed.iter().any(|n| *n > 0) {
+                let mut jobs = Vec::new();
+                for (k, n) in owed.iter().enumerate() {
+                    for _ in 0..(*n).min(PER_REQUEST) {
+                        jobs.push(json!({"bucket": "ord", "endpoint": url,
+                            "ordering_key": format!("k{k}"), "backoff_min_delay_ms": 20,
+                            "backoff_coefficient": 1.5, "ttl_ms": 3_600_000}));
+                    }
+                }
+                let reply = client
+                    .post(format!("{base}/v1/jobs"))
+                    .json(&json!({ "jobs": jobs }))
+                    .timeout(Duration::from_secs(30))
+                    .send()
+                    .await;
+                if let Ok(r) = reply {
+                    if r.status() == reqwest::StatusCode::ACCEPTED {
+                        let body: Value = r.json().await.unwrap();
+                        for (job, sent) in body["jobs"].as_array().unwrap().iter().zip(&jobs) {
+                            if job["status"] == "accepted" {
+                                let key = sent["ordering_key"].as_str().unwrap().to_owned();
+                                let k: usize = key[1..].parse().unwrap();
+                                owed[k] -= 1;
+                                let id = job["id"].as_str().unwrap().parse().unwrap();
+                                accepted.entry(key).or_default().push(id);
+                            }
+                        }
+                    }
+                }
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+            accepted
+        })
+    };
+    let delivered = || {
+        life.sink
+            .received()
+            .iter()
+            .filter(|r| r.status == 200)
+            .count()
+    };
+    let total = KEYS * per_key;
+
+    // A quarter through: kill -9 a Director; it comes back under the same id.
+    wait_for(Duration::from_secs(120), "a quarter delivered", || async {
+        delivered() >= total / 4
+    })
+    .await;
+    directors[0].kill9().await;
+    println!(
+        "ordering: director d0 killed with {} of {total} delivered",
+        delivered()
+    );
+    directors[0] = life.director_with("d0", &fast);
+    // Halfway: a live Director's JobDB retires (it hands off to a spare while the old one
+    // finishes its attempts) and is drained, with ordered jobs waiting in it.
+    wait_for(Duration::from_secs(120), "half delivered", || async {
+        delivered() >= total / 2
+    })
+    .await;
+    // The live JobDB holding the most ordered jobs waiting for their turn.
+    let mut busiest = None;
+    for l in life.inventory.list().await.unwrap() {
+        if l.holder.is_none() || l.record.state != JobDbState::Active {
+            continue;
+        }
+        let db = JobDb::open(&l.record.url.parse().unwrap(), false, 1)
+            .await
+            .unwrap();
+        let waiting = db.ordering_counts().await.unwrap().held;
+        db.close().await;
+        if busiest.as_ref().is_none_or(|(_, most)| waiting > *most) {
+            busiest = Some((l, waiting));
+        }
+    }
+    let (retired, waiting) = busiest.unwrap();
+    assert!(waiting > 0, "no live jobdb holds ordered jobs");
+    assert!(life
+        .inventory
+        .set_state(&retired, JobDbState::Retiring, "test")
+        .await
+        .unwrap());
+    println!(
+        "ordering: jobdb {} retired with {} of {total} delivered",
+        retired.record.name,
+        delivered()
+    );
+    let accepted = producer.await.unwrap();
+    life.wait_drained(&retired.record.name, Duration::from_secs(300))
+        .await;
+    let ids: HashSet<JobId> = accepted.values().flatten().copied().collect();
+    assert_eq!(ids.len(), total);
+    let settle = Instant::now();
+    let mut census = life.census().await;
+    while census.finals.values().filter(|f| !f.is_empty()).count() < total
+        && settle.elapsed() < Duration::from_secs(300)
+    {
+        tokio::time::sleep(Duration::from_secs(1)).await;
+        census = life.census().await;
+    }
+    let took = started.elapsed();
+    let by_state = census.assert_exactly_once(&ids);
+    assert_eq!(
+        by_state.get(&State::Succeeded),
+        Some(&total),
+        "{by_state:?}"
+    );
+    // Each key's requests, by the job's place in its key's acceptance order.
+    let mut place: HashMap<String, (String, usize)> = HashMap::new();
+    for (key, jobs) in &accepted {
+        let mut jobs = jobs.clone();
+        jobs.sort();
+        for (i, id) in jobs.iter().enumerate() {
+            place.insert(id.to_string(), (key.clone(), i));
+        }
+    }
+    let mut seen: HashMap<String, Vec<(usize, u16)>> = HashMap::new();
+    let log = life.sink.received();
+    for r in &log {
+        if let Some((key, i)) = place.get(&r.job_id) {
+            seen.entry(key.clone()).or_default().push((*i, r.status));
+        }
+    }
+    for k in 0..KEYS {
+        let key = format!("k{k}");
+        assert_one_at_a_time(&key, &seen[&key], per_key);
+    }
+    println!(
+        "ordering: {total} ordered jobs ({KEYS} keys) delivered in order in {:.1} s: {:.0} jobs/s, {} requests ({} moved by the drain)",
+        took.as_secs_f64(),
+        total as f64 / took.as_secs_f64(),
+        log.len(),
+        census.moved.len()
+    );
+    assert!(!census.moved.is_empty(), "the drain moved ordered jobs");
+    router.term().await;
+    for d in &mut directors {
+        d.term().await;
+    }
+    drainer.term().await;
+    life.stop().await;
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn completion_notices_are_moved_and_told_across_a_drain() {
     use spindle::job::{Job, Transition};
@@ -930,6 +1168,7 @@ async fn a_job_a_live_director_refuses_is_parked_and_the_drain_goes_on() {
         expire_at: now + chrono::Duration::hours(1),
         idempotency_key: None,
         on_complete: None,
+        ordering: None,
     };
     let wide = odd(&"é".repeat(128), b"{}".to_vec());
     let huge = odd("b1", vec![b'x'; 2 * 1024 * 1024]);

@@ -74,11 +74,19 @@ async fn every_documented_statement_runs_and_finds_its_rows() {
                "backoff_min_delay_ms": 600000, "on_complete": rig.sink.url("/ok")}),
     ])
     .await;
+    // An ordered key whose first job is refused and asked to block it: the second waits.
+    let ordered = ids(rig
+        .submit(vec![
+            json!({"bucket": "ord", "endpoint": rig.sink.url("/flaky/0"), "ordering_key": "order-1234",
+                   "ordering_failure": "block", "headers": {"x-sink-status": "400"}}),
+            json!({"bucket": "ord", "endpoint": rig.sink.url("/flaky/0"), "ordering_key": "order-1234"}),
+        ])
+        .await);
     rig.wait_in_state(State::AwaitingRetry, 10, Duration::from_secs(10))
         .await;
     rig.wait_in_state(State::Succeeded, 5, Duration::from_secs(10))
         .await;
-    rig.wait_in_state(State::Discarded, 1, Duration::from_secs(10))
+    rig.wait_in_state(State::Discarded, 2, Duration::from_secs(10))
         .await;
 
     let doc = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/docs/operations.md"))
@@ -94,8 +102,14 @@ async fn every_documented_statement_runs_and_finds_its_rows() {
         .unwrap();
     let mut commands = 0;
     for block in blocks {
-        // The documented example id and endpoints stand for "yours": use real ones.
-        let sql = regex_free_replace_unhex(&block, &hex)
+        // The documented example id and endpoints stand for "yours": use real ones (the
+        // blocked key's recipes name the job that blocked it).
+        let blocker = ordered[0].parse::<JobId>().unwrap().to_hex();
+        let id = match block.contains("ordering_blocked") {
+            true => &blocker,
+            false => &hex,
+        };
+        let sql = regex_free_replace_unhex(&block, id)
             .replace(
                 "https://hooks.example.com/orders",
                 &rig.sink.url("/status/500"),
@@ -146,13 +160,25 @@ async fn every_documented_statement_runs_and_finds_its_rows() {
                 .unwrap()
                 .ends_with(b"/blocked"));
         }
-        if sql.contains("WHERE job_id = UNHEX") {
+        if sql.contains("WHERE job_id = UNHEX") && !sql.contains("ordering_blocked") {
             assert_eq!(rows.len(), 3, "a delivered job's trace has three steps");
         }
         if sql.contains("w.attempts = 0") {
             assert_eq!(rows.len(), 1, "one job scheduled for later");
             let job: String = rows[0].try_get("job").unwrap();
             assert_eq!(job, later[0].parse::<JobId>().unwrap().to_hex());
+        }
+        if sql.contains("DELETE FROM ordering_blocked") {
+            // Both reads found the waiting job and the block; the release lets it go.
+            assert_eq!(rows.len(), 2, "the waiting job, and the blocked key");
+            let waiting: String = rows[0].try_get("job").unwrap();
+            assert_eq!(waiting, ordered[1].parse::<JobId>().unwrap().to_hex());
+            wait_for(
+                spindle::director::sequencer::SWEEP_EVERY * 2,
+                "the released key's next job delivered",
+                || async { rig.sink.per_job().get(&ordered[1]) == Some(&1) },
+            )
+            .await;
         }
         if sql.contains("FROM attempts_under_way") {
             assert_eq!(rows.len(), 1, "one request in flight");

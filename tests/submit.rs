@@ -107,6 +107,10 @@ async fn spindle_submit_takes_jobs_from_options_a_file_and_stdin() {
             "order-1",
             "--execution-timeout-ms",
             "2000",
+            "--ordering-key",
+            "order-1",
+            "--ordering-failure",
+            "block",
         ],
         None,
         &[],
@@ -190,6 +194,16 @@ async fn spindle_submit_takes_jobs_from_options_a_file_and_stdin() {
     let view = rig.api().job(&from_options).await.unwrap();
     assert_eq!(view.idempotency_key.as_deref(), Some("order-1"));
     assert_eq!(view.execution_timeout_ms, 2000);
+    assert_eq!(view.ordering_key.as_deref(), Some("order-1"));
+    let id = from_options.parse().unwrap();
+    let job = &rig.reader.get_jobs(&[id]).await.unwrap()[0];
+    assert_eq!(
+        job.ordering,
+        Some(spindle::job::Ordering {
+            key: "order-1".into(),
+            blocks: true
+        })
+    );
     rig.stop().await;
 }
 

@@ -138,6 +138,30 @@ pub struct NewJob {
         )
     )]
     pub on_complete: Option<String>,
+    /// Jobs of one bucket and endpoint that share an ordering key (1 to 255 bytes) are
+    /// delivered one at a time, in the order they were accepted: the next is sent only after
+    /// the previous ended (succeeded, discarded or expired). A failing job holds only its own
+    /// key's later jobs; other keys and unordered jobs go on.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[cfg_attr(feature = "openapi", schema(min_length = 1, max_length = 255))]
+    pub ordering_key: Option<String>,
+    /// What an ordered job that ends without success (discarded, expired) does to the jobs of
+    /// its key after it: `release` (the default) lets the next one go; `block` holds them until
+    /// an operator releases the key (docs/operations.md).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ordering_failure: Option<OrderingFailure>,
+}
+
+/// What an ordered job that ends without success does to the later jobs of its key.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+#[serde(rename_all = "snake_case")]
+pub enum OrderingFailure {
+    /// The next job of the key goes.
+    #[default]
+    Release,
+    /// The key's later jobs wait until an operator releases it.
+    Block,
 }
 
 impl NewJob {
@@ -160,6 +184,8 @@ impl NewJob {
             delay_ms: None,
             idempotency_key: None,
             on_complete: None,
+            ordering_key: None,
+            ordering_failure: None,
         }
     }
 
@@ -212,6 +238,19 @@ impl NewJob {
     /// Tells `url` when the job ends (a JSON notice, delivered as a job of its own).
     pub fn with_on_complete(mut self, url: impl Into<String>) -> Self {
         self.on_complete = Some(url.into());
+        self
+    }
+
+    /// Delivered in order with the other jobs of its bucket and endpoint that carry `key`:
+    /// one at a time, each after the previous ended.
+    pub fn with_ordering_key(mut self, key: impl Into<String>) -> Self {
+        self.ordering_key = Some(key.into());
+        self
+    }
+
+    /// What this ordered job ending without success does to the later jobs of its key.
+    pub fn with_ordering_failure(mut self, failure: OrderingFailure) -> Self {
+        self.ordering_failure = Some(failure);
         self
     }
 }
@@ -457,6 +496,9 @@ pub struct JobView {
     /// The producer's idempotency key.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub idempotency_key: Option<String>,
+    /// Its ordering key, if it is delivered in order with its key's other jobs.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ordering_key: Option<String>,
     /// Every state transition, oldest first.
     pub transitions: Vec<TransitionView>,
 }
@@ -548,6 +590,12 @@ pub struct ImportJob {
     /// The URL told when it ends (see [`NewJob::on_complete`]).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub on_complete: Option<String>,
+    /// Its ordering key (see [`NewJob::ordering_key`]).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ordering_key: Option<String>,
+    /// What it does to its key's later jobs if it ends without success.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ordering_failure: Option<OrderingFailure>,
     /// Attempts made so far (0 for new jobs).
     #[serde(default)]
     pub attempts: u16,

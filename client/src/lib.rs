@@ -53,7 +53,7 @@ mod error;
 
 pub use api::{
     AcceptedJob, ImportJob, ImportRequest, ImportResponse, JobState, JobStatus, JobView, NewJob,
-    SubmitReply, SubmitRequest, TransitionView,
+    OrderingFailure, SubmitReply, SubmitRequest, TransitionView,
 };
 pub use client::{Client, ClientBuilder, DEFAULT_CONNECT_TIMEOUT, DEFAULT_TIMEOUT};
 pub use error::{ApiError, Error};

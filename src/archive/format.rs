@@ -153,6 +153,12 @@ pub struct ArchivedJob {
     /// The URL told when the job ended, if any (absent in objects written before it existed).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub on_complete: Option<String>,
+    /// Its ordering key, if any (absent in objects written before it existed).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ordering_key: Option<String>,
+    /// Whether its unsuccessful end blocked its key's later jobs.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub ordering_blocks: bool,
     /// The whole history, ordered by row id.
     pub transitions: Vec<ArchivedTransition>,
     /// For a [`BatchKind::History`] batch, the JobDB the job now lives in.
@@ -183,6 +189,8 @@ impl ArchivedJob {
             expire_at: job.expire_at,
             idempotency_key: job.idempotency_key.clone(),
             on_complete: job.on_complete.as_deref().map(str::to_owned),
+            ordering_key: job.ordering.as_ref().map(|o| o.key.to_string()),
+            ordering_blocks: job.ordering.as_ref().is_some_and(|o| o.blocks),
             transitions: history,
             moved_to,
         }
@@ -226,6 +234,13 @@ impl ArchivedJob {
             expire_at: self.expire_at,
             idempotency_key: self.idempotency_key.clone(),
             on_complete: self.on_complete.as_deref().map(Into::into),
+            ordering: self
+                .ordering_key
+                .as_deref()
+                .map(|key| crate::job::Ordering {
+                    key: key.into(),
+                    blocks: self.ordering_blocks,
+                }),
         })
     }
 
@@ -417,6 +432,7 @@ mod tests {
             expire_at: created + chrono::Duration::hours(1),
             idempotency_key: Some("key-1".into()),
             on_complete: None,
+            ordering: None,
         }
     }
 

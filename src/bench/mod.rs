@@ -74,6 +74,10 @@ pub struct BenchArgs {
     /// rested (their entries written), as one held for long is.
     #[arg(long, default_value_t = 0)]
     pub backlog_settle_secs: u64,
+    /// Give the measured jobs ordering keys, spread round-robin over this many keys per
+    /// bucket (0: unordered): each key's jobs are then delivered one at a time, in order.
+    #[arg(long, default_value_t = 0)]
+    pub ordering_keys: usize,
     /// Keep the bench JobDBs afterwards.
     #[arg(long)]
     pub keep: bool,
@@ -227,6 +231,10 @@ fn bodies(
                     let mut job = json!({"bucket": format!("bench-{}", k % 8), "endpoint": endpoint, "payload": {"data": payload}});
                     if args.via_router {
                         job["idempotency_key"] = json!(format!("{tag}-{k}"));
+                    }
+                    // Only the measured jobs (no extra fields; the backlog has some) are ordered.
+                    if args.ordering_keys > 0 && extra.as_object().is_some_and(|e| e.is_empty()) {
+                        job["ordering_key"] = json!(format!("key-{}", (k / 8) % args.ordering_keys));
                     }
                     if let (Some(job), Some(extra)) = (job.as_object_mut(), extra.as_object()) {
                         job.extend(extra.clone());

@@ -500,7 +500,13 @@ async fn attempts(State(app): State<AppState>) -> Json<Attempts> {
 async fn jobdbs(State(app): State<AppState>) -> Json<JobDbs> {
     let members = app.fleet.members();
     let (answers, unreachable) = across(&members, app.query_timeout, |db| async move {
-        tokio::try_join!(db.size(), db.created_at(), db.owner_record())
+        tokio::try_join!(
+            db.size(),
+            db.created_at(),
+            db.owner_record(),
+            db.ordering_counts(),
+            db.notices_owed()
+        )
     })
     .await;
     let now = Utc::now();
@@ -516,8 +522,12 @@ async fn jobdbs(State(app): State<AppState>) -> Json<JobDbs> {
                 lock_holder: m.inventory.as_ref().and_then(|i| i.lock_holder.clone()),
                 ..JobDbView::default()
             };
-            if let Some((_, (size, created_at, owner))) = answers.iter().find(|(n, _)| *n == m.name)
+            if let Some((_, (size, created_at, owner, ordering, owed))) =
+                answers.iter().find(|(n, _)| *n == m.name)
             {
+                view.ordered_waiting = Some(ordering.held);
+                view.ordering_blocked = Some(ordering.blocked);
+                view.notices_owed = Some(*owed);
                 view.reachable = true;
                 view.created_at = *created_at;
                 view.age_s = created_at.map(|at| (now - at).num_seconds());

@@ -475,6 +475,12 @@ pub struct JobDbView {
     pub fencing_token: Option<u64>,
     /// The `jobdb_owner` row: when the holder took it.
     pub owner_since: Option<DateTime<Utc>>,
+    /// Ordered jobs waiting for their turn (held behind an earlier job of their key).
+    pub ordered_waiting: Option<u64>,
+    /// Ordered keys stopped by a failed job that asked to block (`ordering_blocked`).
+    pub ordering_blocked: Option<u64>,
+    /// Completion notices owed: jobs naming an `on_complete` URL that have not ended here.
+    pub notices_owed: Option<u64>,
 }
 
 /// `GET /api/jobs/{id}` and `GET /api/jobs?idempotency_key=`: every JobDB's trace of the

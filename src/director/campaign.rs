@@ -227,6 +227,32 @@ async fn retire_requested(inventory: &Inventory, name: &str, every: Duration) {
 }
 
 /// Starts a Director on a JobDB whose lock was just taken, and marks a spare active.
+/// The live JobDBs of the inventory (active, retiring, draining): where older jobs of an
+/// ordered sequence may sit.
+fn peers_of(inventory: Inventory) -> super::sequencer::Peers {
+    super::sequencer::Peers::new(move || {
+        let inventory = inventory.clone();
+        Box::pin(async move {
+            let listed = inventory.list().await.map_err(|e| e.to_string())?;
+            let mut peers = Vec::new();
+            for l in listed {
+                let leaving = match l.record.state {
+                    JobDbState::Active => false,
+                    JobDbState::Retiring | JobDbState::Draining => true,
+                    _ => continue,
+                };
+                let url = inventory.jobdb_url(&l.record).map_err(|e| e.to_string())?;
+                peers.push(super::sequencer::Peer {
+                    name: l.record.name,
+                    leaving,
+                    url,
+                });
+            }
+            Ok(peers)
+        })
+    })
+}
+
 async fn start_on(
     config: &DirectorConfig,
     inventory: &Inventory,
@@ -247,6 +273,7 @@ async fn start_on(
     };
     instance.create_database = false;
     instance.controls = Some(inventory.client().clone());
+    instance.peers = Some(peers_of(inventory.clone()));
     let std_listener = match listener.try_clone() {
         Ok(l) => l,
         Err(e) => {

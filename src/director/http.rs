@@ -78,6 +78,7 @@ impl RpcState {
     components(schemas(
         api::SubmitRequest,
         api::NewJob,
+        api::OrderingFailure,
         api::SubmitReply,
         api::AcceptedJob,
         api::JobStatus,

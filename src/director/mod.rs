@@ -18,6 +18,7 @@ pub mod campaign;
 pub mod commands;
 pub mod http;
 pub mod scheduler;
+pub mod sequencer;
 pub mod supervise;
 pub mod writer;
 
@@ -75,6 +76,9 @@ pub struct DirectorConfig {
     pub archive: Option<crate::archive::Archive>,
     /// Where endpoint and bucket controls are read (Consul); `None`: no controls.
     pub controls: Option<crate::registry::consul::ConsulClient>,
+    /// The other live JobDBs an ordered job must not overtake (a cluster's inventory);
+    /// `None`: this JobDB is the only one.
+    pub peers: Option<sequencer::Peers>,
 }
 
 impl DirectorConfig {
@@ -111,6 +115,7 @@ impl DirectorConfig {
             auth: None,
             archive: None,
             controls: None,
+            peers: None,
         }
     }
 }
@@ -317,21 +322,27 @@ async fn serve(
     );
     let (writer_tx, writer_rx) = mpsc::channel(1024);
     let (events_tx, events_rx) = mpsc::unbounded_channel();
+    let (touched_tx, touched_rx) = mpsc::unbounded_channel();
 
-    let writer_task = supervisor.spawn(
-        "writer",
-        Writer::new(
+    let writer_task = supervisor.spawn("writer", {
+        let writer = Writer::new(
             db.clone(),
             token,
             next_id,
             config.writer,
             writer_rx,
             events_tx.clone(),
+            touched_tx,
             metrics.clone(),
             lock_lost.clone(),
-        )
-        .run(),
-    );
+        );
+        // Without peers no other live JobDB can hold an older job of a sequence.
+        match config.peers.is_none() {
+            true => writer.alone(),
+            false => writer,
+        }
+        .run()
+    });
 
     let archiving = recover(unfinished, &writer_tx).await?;
     let commands_tx = events_tx.clone();
@@ -383,6 +394,17 @@ async fn serve(
     supervisor.spawn(
         "commands watcher",
         commands::watch(db.clone(), commands_tx, scheduler_stop.clone()),
+    );
+    supervisor.spawn(
+        "sequencer",
+        sequencer::Sequencer::new(
+            db.clone(),
+            writer_tx.clone(),
+            touched_rx,
+            config.peers.clone(),
+            metrics.clone(),
+        )
+        .run(scheduler_stop.clone()),
     );
     let scheduler_task = supervisor.spawn("scheduler", scheduler.run(scheduler_stop.clone()));
 

@@ -51,6 +51,12 @@ use crate::job::{Job, JobId, Progress, State, Transition};
 /// Most ids in one `IN (...)` lookup.
 pub(crate) const MAX_IDS_PER_SELECT: usize = 1000;
 
+/// Whole jobs by id: the caller binds the ids and closes the list.
+pub(crate) const SELECT_JOBS: &str =
+    "SELECT id, bucket, endpoint, method, headers, payload, execution_timeout_ms, \
+     backoff_min_delay_ms, backoff_coefficient, created_at, expire_at, idempotency_key, \
+     on_complete, ordering_key, ordering_blocks FROM jobs WHERE id IN (";
+
 /// Errors of the JobDB store.
 #[derive(Debug, thiserror::Error)]
 pub enum JobDbError {
@@ -414,10 +420,10 @@ impl JobDb {
                 // this walks the index from its first row after `after`.
                 "SELECT (SELECT retry_at FROM open_jobs \
                          WHERE state = 'awaiting-retry' AND retry_at > ? \
-                           AND (attempts = 0 OR ? = 0) \
+                           AND (attempts = 0 OR ? = 0) AND held = 0 \
                          ORDER BY retry_at LIMIT 1) AS next_retry, \
                         (SELECT expire_at FROM open_jobs \
-                         WHERE expire_at > ? AND (attempts = 0 OR ? = 0) \
+                         WHERE expire_at > ? AND (attempts = 0 OR ? = 0) AND held = 0 \
                            AND state IN ('awaiting-scheduling', 'awaiting-retry') \
                          ORDER BY expire_at LIMIT 1) AS next_expiry",
             )
@@ -461,6 +467,29 @@ impl JobDb {
         Ok(out)
     }
 
+    /// The head of each of `seqs` (every sequence with `None`) that may go now: its oldest
+    /// held job, when none of its jobs is released and no `ordering_blocked` row stops it.
+    pub async fn sequence_heads(
+        &self,
+        seqs: Option<&[crate::job::Seq]>,
+    ) -> Result<HashMap<crate::job::Seq, JobId>, JobDbError> {
+        with_pool!(self, |p, q| {
+            let mut conn = p.acquire().await?;
+            q::sequence_heads(&mut conn, seqs).await
+        })
+    }
+
+    /// The oldest open job of each of `seqs` here, released or not.
+    pub async fn sequence_oldest(
+        &self,
+        seqs: &[crate::job::Seq],
+    ) -> Result<HashMap<crate::job::Seq, JobId>, JobDbError> {
+        with_pool!(self, |p, q| {
+            let mut conn = p.acquire().await?;
+            q::sequence_oldest(&mut conn, seqs).await
+        })
+    }
+
     /// The jobs with these ids (those that exist).
     pub async fn get_jobs(&self, ids: &[JobId]) -> Result<Vec<Job>, JobDbError> {
         self.select_jobs(ids, true).await
@@ -474,9 +503,7 @@ impl JobDb {
         }
         with_pool!(self, |p, q| {
             let prefix = if payloads {
-                "SELECT id, bucket, endpoint, method, headers, payload, execution_timeout_ms, \
-                 backoff_min_delay_ms, backoff_coefficient, created_at, expire_at, \
-                 idempotency_key, on_complete FROM jobs WHERE id IN ("
+                SELECT_JOBS
             } else {
                 q::SELECT_JOBS_BARE
             };

@@ -140,6 +140,15 @@ pub struct JobSummary {
     pub payload_bytes: u64,
 }
 
+/// How ordered work stands in one JobDB.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Serialize)]
+pub struct OrderingCounts {
+    /// Ordered jobs waiting for their turn.
+    pub held: u64,
+    /// Sequences stopped by a job that ended without success and asked to block.
+    pub blocked: u64,
+}
+
 impl JobDb {
     /// Steps per state and time slot of `slot_s` seconds since `start` (slot 0 starts at
     /// `start`; steps before it are not counted): rows, and the acceptances and attempt
@@ -364,6 +373,23 @@ impl JobDb {
                 .await?
         });
         Ok(u64::try_from(n).unwrap_or(0))
+    }
+
+    /// Ordered jobs waiting for their turn (held), and sequences blocked by a failure
+    /// (`ordering_blocked`, until an operator deletes the row).
+    pub async fn ordering_counts(&self) -> Result<OrderingCounts, JobDbError> {
+        let (held, blocked): (i64, i64) = with_pool!(self, |p, q| {
+            sqlx::query_as(
+                "SELECT (SELECT COUNT(*) FROM open_jobs WHERE seq IS NOT NULL AND held = 1), \
+                        (SELECT COUNT(*) FROM ordering_blocked)",
+            )
+            .fetch_one(p)
+            .await?
+        });
+        Ok(OrderingCounts {
+            held: u64::try_from(held).unwrap_or(0),
+            blocked: u64::try_from(blocked).unwrap_or(0),
+        })
     }
 
     /// The jobs with these ids (those that exist here), without payloads and headers, in id

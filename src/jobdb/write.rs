@@ -22,7 +22,7 @@ use tokio::sync::oneshot;
 use ulid::Ulid;
 
 use super::{int, lifecycle, with_pool, JobDb, JobDbError};
-use crate::job::{AttemptStart, Job, JobId, Recovered, State, Transition};
+use crate::job::{AttemptStart, Job, JobId, Recovered, Seq, State, Transition};
 
 /// Most rows in one multi-row INSERT (MySQL allows 65,535 placeholders per statement, SQLite
 /// 32,766). Chunks are powers of two up to this, so a connection prepares at most ten
@@ -49,7 +49,7 @@ macro_rules! write_path {
             let mut qb = sqlx::QueryBuilder::<$db>::new(
                 "INSERT INTO jobs (id, bucket, endpoint, method, headers, payload, \
                  execution_timeout_ms, backoff_min_delay_ms, backoff_coefficient, created_at, \
-                 expire_at, idempotency_key, on_complete) ",
+                 expire_at, idempotency_key, on_complete, ordering_key, ordering_blocks) ",
             );
             qb.push_values(jobs, |mut row, job| {
                 row.push_bind(job.id.to_bytes().to_vec())
@@ -64,7 +64,9 @@ macro_rules! write_path {
                     .push_bind(job.created_at.naive_utc())
                     .push_bind(job.expire_at.naive_utc())
                     .push_bind(job.idempotency_key.as_deref())
-                    .push_bind(job.on_complete.as_deref());
+                    .push_bind(job.on_complete.as_deref())
+                    .push_bind(job.ordering.as_ref().map(|o| &*o.key))
+                    .push_bind(job.ordering.as_ref().is_some_and(|o| o.blocks));
             });
             qb
         }
@@ -117,7 +119,7 @@ macro_rules! write_path {
         ) -> sqlx::QueryBuilder<'_, $db> {
             let mut qb = sqlx::QueryBuilder::<$db>::new(
                 "INSERT INTO open_jobs (job_id, transition_id, state, attempts, retry_at, \
-                 expire_at, lane) ",
+                 expire_at, seq, held, lane) ",
             );
             qb.push_values(rows, |mut row, o| {
                 row.push_bind(o.job_id.to_bytes().to_vec())
@@ -125,7 +127,11 @@ macro_rules! write_path {
                     .push_bind(o.state.as_str())
                     .push_bind(o.attempts)
                     .push_bind(o.retry_at.map(|r| r.naive_utc()))
-                    .push_bind(o.expire_at.map(|r| r.naive_utc()));
+                    .push_bind(o.expire_at.map(|r| r.naive_utc()))
+                    // A new entry of an ordered job waits for its turn; an entry's sequence
+                    // and hold are never replaced by a later row.
+                    .push_bind(o.seq.map(|s| s.to_vec()))
+                    .push_bind(o.seq.is_some());
                 match &o.endpoint {
                     Some(endpoint) => row
                         .push(LANE_OPEN)
@@ -146,12 +152,13 @@ macro_rules! write_path {
         /// completion notices of the jobs that end here: the one way rows enter `jobs` and
         /// `job_state_transitions`, whoever writes (the Director's writer, a drainer, the
         /// archiver). Statements of at most `limit` bytes of rows. Returns the notice jobs
-        /// written (each resting in `open_jobs`, for its JobDB's owner to deliver).
+        /// written (each resting in `open_jobs`, for its JobDB's owner to deliver), the
+        /// ordered jobs released and the sequences whose turn may have moved.
         pub(crate) async fn write_rows(
             tx: &mut sqlx::Transaction<'_, $db>,
             append: &$crate::jobdb::write::Append<'_>,
             limit: usize,
-        ) -> Result<Vec<std::sync::Arc<$crate::job::Job>>, $crate::jobdb::JobDbError> {
+        ) -> Result<$crate::jobdb::write::Written, $crate::jobdb::JobDbError> {
             use $crate::jobdb::write::{
                 chunks_by_size, job_row_bytes, open_changes, transition_row_bytes,
                 MAX_ROWS_PER_INSERT,
@@ -209,6 +216,9 @@ macro_rules! write_path {
                 .execute(&mut **tx)
                 .await?;
             }
+            let mut touched: Vec<$crate::job::Seq> =
+                changes.open.iter().filter_map(|o| o.seq).collect();
+            touched.extend(ended_in_sequences(tx, append, &changes.closed).await?);
             for chunk in changes.closed.chunks(MAX_IDS_PER_SELECT) {
                 ids_query("DELETE FROM open_jobs WHERE job_id IN (", chunk, ")")
                     .build()
@@ -221,7 +231,268 @@ macro_rules! write_path {
                     .execute(&mut **tx)
                     .await?;
             }
-            Ok(notices)
+            let mut released = release_heads(tx, append.release).await?;
+            touched.sort_unstable();
+            touched.dedup();
+            if append.release_touched {
+                let mut go = Vec::new();
+                for chunk in touched.chunks(MAX_IDS_PER_SELECT) {
+                    go.extend(sequence_heads(&mut **tx, Some(chunk)).await?.into_values());
+                }
+                released.extend(release_jobs(tx, &go).await?);
+            }
+            Ok($crate::jobdb::write::Written {
+                notices,
+                released,
+                touched,
+            })
+        }
+
+        /// The sequences of the ordered jobs among `closed` (jobs whose entries this
+        /// transaction deletes), read before the delete; a job that asked to block its
+        /// sequence and ends without success blocks it (`ordering_blocked`).
+        async fn ended_in_sequences(
+            tx: &mut sqlx::Transaction<'_, $db>,
+            append: &$crate::jobdb::write::Append<'_>,
+            closed: &[$crate::job::JobId],
+        ) -> Result<Vec<$crate::job::Seq>, $crate::jobdb::JobDbError> {
+            use sqlx::Row as _;
+            use $crate::jobdb::MAX_IDS_PER_SELECT;
+            let mut seqs = Vec::new();
+            if closed.is_empty() {
+                return Ok(seqs);
+            }
+            let mut blocked = Vec::new();
+            let ends = append.ended();
+            for chunk in closed.chunks(MAX_IDS_PER_SELECT) {
+                let rows = ids_query(
+                    "SELECT o.job_id, o.seq, j.ordering_blocks FROM open_jobs o \
+                     JOIN jobs j ON j.id = o.job_id \
+                     WHERE o.seq IS NOT NULL AND o.job_id IN (",
+                    chunk,
+                    ")",
+                )
+                .build()
+                .fetch_all(&mut **tx)
+                .await?;
+                for row in &rows {
+                    let seq = seq_of_row(row, "seq")?;
+                    seqs.push(seq);
+                    let id = job_id_of(row, "job_id")?;
+                    let blocks: bool = row.try_get("ordering_blocks")?;
+                    if let Some(end) = ends.get(&id) {
+                        if blocks && $crate::jobdb::write::blocks_sequence(end.state) {
+                            blocked.push((seq, id, end.state, end.time));
+                        }
+                    }
+                }
+            }
+            if !blocked.is_empty() {
+                let mut qb = sqlx::QueryBuilder::<$db>::new(INSERT_ORDERING_BLOCKED);
+                qb.push_values(&blocked, |mut row, (seq, id, state, at)| {
+                    row.push_bind(seq.to_vec())
+                        .push_bind(id.to_bytes().to_vec())
+                        .push_bind(state.as_str())
+                        .push_bind(at.naive_utc());
+                });
+                qb.build().execute(&mut **tx).await?;
+            }
+            Ok(seqs)
+        }
+
+        /// Releases each `(sequence, job)` of `candidates` whose job is still its sequence's
+        /// head (see [`sequence_heads`], read again inside this transaction: an older job may
+        /// have arrived since the caller looked), and returns them as resting jobs with where
+        /// they stand.
+        async fn release_heads(
+            tx: &mut sqlx::Transaction<'_, $db>,
+            candidates: &[($crate::job::Seq, $crate::job::JobId)],
+        ) -> Result<Vec<$crate::job::Recovered>, $crate::jobdb::JobDbError> {
+            use $crate::jobdb::MAX_IDS_PER_SELECT;
+            if candidates.is_empty() {
+                return Ok(Vec::new());
+            }
+            let mut go = Vec::new();
+            for chunk in candidates.chunks(MAX_IDS_PER_SELECT) {
+                let seqs: Vec<$crate::job::Seq> = chunk.iter().map(|(s, _)| *s).collect();
+                let heads = sequence_heads(&mut **tx, Some(&seqs)).await?;
+                go.extend(
+                    chunk
+                        .iter()
+                        .filter(|(seq, id)| heads.get(seq) == Some(id))
+                        .map(|(_, id)| *id),
+                );
+            }
+            go.sort_unstable();
+            go.dedup();
+            release_jobs(tx, &go).await
+        }
+
+        /// Releases the held jobs `go` (heads of their sequences) and returns them as
+        /// resting jobs with where they stand.
+        async fn release_jobs(
+            tx: &mut sqlx::Transaction<'_, $db>,
+            go: &[$crate::job::JobId],
+        ) -> Result<Vec<$crate::job::Recovered>, $crate::jobdb::JobDbError> {
+            use $crate::jobdb::MAX_IDS_PER_SELECT;
+            let mut released = Vec::with_capacity(go.len());
+            for chunk in go.chunks(MAX_IDS_PER_SELECT) {
+                ids_query(
+                    "UPDATE open_jobs SET held = 0 WHERE held = 1 AND job_id IN (",
+                    chunk,
+                    ")",
+                )
+                .build()
+                .execute(&mut **tx)
+                .await?;
+                let mut progress = std::collections::HashMap::new();
+                let rows = ids_query(
+                    "SELECT job_id, state, attempts, retry_at FROM open_jobs WHERE job_id IN (",
+                    chunk,
+                    ")",
+                )
+                .build()
+                .fetch_all(&mut **tx)
+                .await?;
+                for row in &rows {
+                    progress.insert(job_id_of(row, "job_id")?, progress_of(row)?);
+                }
+                let rows = ids_query($crate::jobdb::SELECT_JOBS, chunk, ")")
+                    .build()
+                    .fetch_all(&mut **tx)
+                    .await?;
+                for row in &rows {
+                    let job = job_from_row(row)?;
+                    if let Some(p) = progress.remove(&job.id) {
+                        released.push($crate::job::Recovered {
+                            job: std::sync::Arc::new(job),
+                            attempts: p.attempts,
+                            retry_at: p.retry_at,
+                        });
+                    }
+                }
+            }
+            Ok(released)
+        }
+
+        /// The head of each of `seqs` (every sequence with `None`) that may go now: its oldest
+        /// held job, when none of its jobs is released (one is under way) and no row of
+        /// `ordering_blocked` stops it.
+        pub(crate) async fn sequence_heads(
+            conn: &mut <$db as sqlx::Database>::Connection,
+            seqs: Option<&[$crate::job::Seq]>,
+        ) -> Result<
+            std::collections::HashMap<$crate::job::Seq, $crate::job::JobId>,
+            $crate::jobdb::JobDbError,
+        > {
+            fn filtered<'a>(
+                prefix: &'a str,
+                seqs: Option<&'a [$crate::job::Seq]>,
+                suffix: &'a str,
+            ) -> sqlx::QueryBuilder<'a, $db> {
+                let mut qb = sqlx::QueryBuilder::<$db>::new(prefix);
+                match seqs {
+                    None => {
+                        qb.push(" IS NOT NULL");
+                    }
+                    Some(seqs) => {
+                        qb.push(" IN (");
+                        let mut list = qb.separated(", ");
+                        for seq in seqs {
+                            list.push_bind(seq.to_vec());
+                        }
+                        qb.push(")");
+                    }
+                }
+                qb.push(suffix);
+                qb
+            }
+            if seqs.is_some_and(|s| s.is_empty()) {
+                return Ok(std::collections::HashMap::new());
+            }
+            let mut heads = std::collections::HashMap::new();
+            let rows = filtered(
+                "SELECT seq, MIN(job_id) AS head FROM open_jobs WHERE held = 1 AND seq",
+                seqs,
+                " GROUP BY seq",
+            )
+            .build()
+            .fetch_all(&mut *conn)
+            .await?;
+            for row in &rows {
+                heads.insert(seq_of_row(row, "seq")?, job_id_of(row, "head")?);
+            }
+            if heads.is_empty() {
+                return Ok(heads);
+            }
+            let rows = filtered(
+                "SELECT DISTINCT seq FROM open_jobs WHERE held = 0 AND seq",
+                seqs,
+                "",
+            )
+            .build()
+            .fetch_all(&mut *conn)
+            .await?;
+            for row in &rows {
+                heads.remove(&seq_of_row(row, "seq")?);
+            }
+            let rows = filtered("SELECT seq FROM ordering_blocked WHERE seq", seqs, "")
+                .build()
+                .fetch_all(&mut *conn)
+                .await?;
+            for row in &rows {
+                heads.remove(&seq_of_row(row, "seq")?);
+            }
+            Ok(heads)
+        }
+
+        /// The oldest open job of each of `seqs` here, released or not: what another JobDB's
+        /// head must not overtake.
+        pub(crate) async fn sequence_oldest(
+            conn: &mut <$db as sqlx::Database>::Connection,
+            seqs: &[$crate::job::Seq],
+        ) -> Result<
+            std::collections::HashMap<$crate::job::Seq, $crate::job::JobId>,
+            $crate::jobdb::JobDbError,
+        > {
+            let mut oldest = std::collections::HashMap::new();
+            if seqs.is_empty() {
+                return Ok(oldest);
+            }
+            // Released and held apart: each is one probe per sequence into the
+            // `(seq, held, job_id)` index, where both at once walked every entry of each.
+            for held in [0, 1] {
+                let mut qb = sqlx::QueryBuilder::<$db>::new(
+                    "SELECT seq, MIN(job_id) AS head FROM open_jobs WHERE held = ",
+                );
+                qb.push_bind(held).push(" AND seq IN (");
+                let mut list = qb.separated(", ");
+                for seq in seqs {
+                    list.push_bind(seq.to_vec());
+                }
+                qb.push(") GROUP BY seq");
+                for row in &qb.build().fetch_all(&mut *conn).await? {
+                    let (seq, head) = (seq_of_row(row, "seq")?, job_id_of(row, "head")?);
+                    let entry = oldest.entry(seq).or_insert(head);
+                    *entry = (*entry).min(head);
+                }
+            }
+            Ok(oldest)
+        }
+
+        /// A 16-byte sequence id column.
+        fn seq_of_row(
+            row: &<$db as sqlx::Database>::Row,
+            column: &str,
+        ) -> Result<$crate::job::Seq, $crate::jobdb::JobDbError> {
+            use sqlx::Row as _;
+            let bytes: Vec<u8> = row.try_get(column)?;
+            bytes.try_into().map_err(|b: Vec<u8>| {
+                $crate::jobdb::JobDbError::Corrupt(format!(
+                    "a sequence id of {} bytes in {column}",
+                    b.len()
+                ))
+            })
         }
 
         /// The completion notices of the jobs `append` ends that owe one (`notices_owed`, a
@@ -237,13 +508,7 @@ macro_rules! write_path {
                 chunks_by_size, job_row_bytes, notice_job, OpenRow, MAX_ROWS_PER_INSERT,
             };
             use $crate::jobdb::MAX_IDS_PER_SELECT;
-            let mut ended: std::collections::HashMap<$crate::job::JobId, &$crate::job::Transition> =
-                std::collections::HashMap::new();
-            for (_, t) in append.transitions {
-                if $crate::jobdb::write::tells_completion(t.state) {
-                    ended.insert(t.job_id, t);
-                }
-            }
+            let ended = append.ended();
             if ended.is_empty() {
                 return Ok(Vec::new());
             }
@@ -373,12 +638,8 @@ impl JobDb {
     /// the data, nothing was stored and the same rows will be refused again;
     /// [`JobDbError::CommitUnknown`], the COMMIT's answer was lost; any other error happened
     /// before the COMMIT was sent, so nothing was stored and trying again may succeed. Returns
-    /// the completion notices written (jobs resting in `open_jobs`; see `write_rows`).
-    pub async fn append_all(
-        &self,
-        token: u64,
-        append: &Append<'_>,
-    ) -> Result<Vec<Arc<Job>>, JobDbError> {
+    /// what the write did besides its rows (see [`Written`]).
+    pub async fn append_all(&self, token: u64, append: &Append<'_>) -> Result<Written, JobDbError> {
         let max_row = self.max_row_bytes();
         if let Some(job) = append.jobs.iter().find(|job| job_row_bytes(job) > max_row) {
             return Err(JobDbError::Refused(format!(
@@ -402,11 +663,11 @@ impl JobDb {
         }
         let limit = self.max_statement_bytes();
         with_pool!(self, |p, q| {
-            let written: Result<Vec<Arc<Job>>, JobDbError> = async {
+            let written: Result<Written, JobDbError> = async {
                 let mut tx = p.begin().await?;
-                let notices = q::write_rows(&mut tx, append, limit).await?;
+                let written = q::write_rows(&mut tx, append, limit).await?;
                 q::commit_fenced(tx, token).await?;
-                Ok(notices)
+                Ok(written)
             }
             .await;
             written.map_err(|e| match e {
@@ -547,6 +808,24 @@ pub struct Append<'a> {
     pub fresh: Option<&'a HashMap<JobId, Fresh>>,
     /// A new `jobdb_checkpoint.open_from`.
     pub checkpoint: Option<u64>,
+    /// Ordered jobs to release, each with its sequence: those still their sequence's head
+    /// when the transaction reads it are.
+    pub release: &'a [(Seq, JobId)],
+    /// Release, in the same transaction, the head of every sequence this write adds a job to
+    /// or ends one of: right only where no other JobDB is live (nothing elsewhere can be
+    /// older), and it saves the sequencer's read and a commit per ordered job.
+    pub release_touched: bool,
+}
+
+impl Append<'_> {
+    /// The rows that end a job for good (succeeded, discarded, archived), by job.
+    pub(crate) fn ended(&self) -> HashMap<JobId, &Transition> {
+        self.transitions
+            .iter()
+            .filter(|(_, t)| tells_completion(t.state))
+            .map(|(_, t)| (t.job_id, t))
+            .collect()
+    }
 }
 
 /// A `commit_log` row: the commit that accepts jobs (which have no row of their own yet) and
@@ -622,6 +901,8 @@ pub struct Fresh {
     pub expire_at: DateTime<Utc>,
     /// Its endpoint, shared with the job: the entry's lane is cut from it.
     pub endpoint: Arc<str>,
+    /// Its ordered sequence, if any: its first entry is held until its turn.
+    pub seq: Option<Seq>,
 }
 
 impl Fresh {
@@ -630,6 +911,7 @@ impl Fresh {
         Fresh {
             expire_at: job.expire_at,
             endpoint: job.endpoint.clone(),
+            seq: job.seq(),
         }
     }
 }
@@ -653,6 +935,9 @@ pub struct OpenRow {
     /// Its endpoint, known as `expire_at` is: a new entry's lane is cut from it, or read from
     /// `jobs` (a page behind the buffer pool) when it is not known. An entry keeps its lane.
     pub endpoint: Option<Arc<str>>,
+    /// An ordered job's sequence, known as `endpoint` is: a new entry with one is held. An
+    /// entry keeps its sequence and hold.
+    pub seq: Option<Seq>,
 }
 
 impl OpenRow {
@@ -665,7 +950,10 @@ impl OpenRow {
     /// The entry of a job that rests now without a row of its own: accepted, never tried;
     /// what the writer knows of it when it is fresh.
     pub fn resting(job_id: JobId, id: u64, fresh: Option<Fresh>) -> Self {
-        let (expire_at, endpoint) = fresh.map(|f| (f.expire_at, f.endpoint)).unzip();
+        let (expire_at, endpoint, seq) = match fresh {
+            Some(f) => (Some(f.expire_at), Some(f.endpoint), f.seq),
+            None => (None, None, None),
+        };
         OpenRow {
             job_id,
             transition_id: id,
@@ -674,6 +962,7 @@ impl OpenRow {
             retry_at: None,
             expire_at,
             endpoint,
+            seq,
         }
     }
 }
@@ -749,6 +1038,7 @@ pub fn notice_job(
         expire_at: now.checked_add_signed(ttl).unwrap_or(now),
         idempotency_key: Some(format!("notice:{job_id}")),
         on_complete: None,
+        ordering: None,
     }
 }
 
@@ -820,6 +1110,10 @@ pub(crate) fn open_changes(append: &Append<'_>) -> OpenChanges {
             .or(rest.and_then(|r| r.endpoint.as_ref()))
             .or(fresh.map(|f| &f.endpoint))
             .cloned();
+        let seq = known
+            .and_then(|f| f.seq)
+            .or(rest.and_then(|r| r.seq))
+            .or(fresh.and_then(|f| f.seq));
         // The Director's writer knows every job it accepted and never rested (`fresh`);
         // any other job of its JobDB has an entry already, whose expiry stays. Elsewhere, or
         // for a rest that did not name it, a new entry reads its expiry from `jobs`.
@@ -834,9 +1128,27 @@ pub(crate) fn open_changes(append: &Append<'_>) -> OpenChanges {
             retry_at: t.retry_at,
             expire_at,
             endpoint,
+            seq,
         });
     }
     changes
+}
+
+/// Whether an ordered job ending in `state` blocks its sequence, when it asked to: it ended
+/// without success (discarded, or archived on expiry); a job `moved` goes on elsewhere.
+pub fn blocks_sequence(state: State) -> bool {
+    matches!(state, State::Discarded | State::Archived)
+}
+
+/// What one write did besides its rows.
+#[derive(Debug, Default)]
+pub struct Written {
+    /// The completion notices written (jobs resting in `open_jobs`).
+    pub notices: Vec<Arc<Job>>,
+    /// The ordered jobs released (their turn came), as resting jobs with their progress.
+    pub released: Vec<Recovered>,
+    /// The sequences of the ordered jobs this write added or ended: their head may go now.
+    pub touched: Vec<Seq>,
 }
 
 /// A duration in whole milliseconds, saturating.
@@ -941,6 +1253,12 @@ pub enum WriteOp {
         recovered: bool,
         /// Told once their entries are durable (or will never be).
         done: Option<oneshot::Sender<Result<(), WriteRejected>>>,
+    },
+    /// Ordered jobs whose turn came (the sequencer found each its sequence's head): released
+    /// in the commit if each still is, and handed to the scheduler after it.
+    Release {
+        /// Each sequence with the job at its head.
+        heads: Vec<(Seq, JobId)>,
     },
     /// Answered, once everything queued before it is durable, with the first transition id
     /// after it: a read whose snapshot starts later sees every earlier row, and rows with

@@ -120,10 +120,18 @@ impl Directors {
     }
 
     /// Directors to try for `bucket`, best first: a random member of its shard that is not
-    /// suspect, then the shard's other members, then (only when the whole shard is suspect or
-    /// gone) the rest of the healthy Directors, so a bucket is never refused while any Director
-    /// is up. `exclude` lists Directors already tried.
-    pub fn candidates(&self, bucket: &str, exclude: &[String]) -> Vec<DirectorEntry> {
+    /// suspect (for an ordered sequence `seq`, the member it hashes to: rendezvous hashing of
+    /// the sequence over the shard, so its jobs all go to one Director while it is healthy,
+    /// and most sequences stay put when the shard changes), then the shard's other members,
+    /// then (only when the whole shard is suspect or gone) the rest of the healthy Directors,
+    /// so a bucket is never refused while any Director is up. `exclude` lists Directors
+    /// already tried.
+    pub fn candidates(
+        &self,
+        bucket: &str,
+        seq: Option<&crate::job::Seq>,
+        exclude: &[String],
+    ) -> Vec<DirectorEntry> {
         let snapshot = self.current();
         let shard: Vec<DirectorEntry> = snapshot
             .ring
@@ -132,11 +140,20 @@ impl Directors {
             .filter_map(|id| snapshot.by_id.get(&id).cloned())
             .filter(|e| !exclude.contains(&e.id))
             .collect();
-        let (mut good, suspect): (Vec<_>, Vec<_>) =
+        let (mut good, mut suspect): (Vec<_>, Vec<_>) =
             shard.into_iter().partition(|e| !self.is_suspect(&e.id));
-        if let Some(first) = good.choose(&mut rand::rng()).cloned() {
-            good.retain(|e| e.id != first.id);
-            good.insert(0, first);
+        match seq {
+            Some(seq) => {
+                let rank = |e: &DirectorEntry| std::cmp::Reverse(rendezvous(seq, &e.id));
+                good.sort_by_key(rank);
+                suspect.sort_by_key(rank);
+            }
+            None => {
+                if let Some(first) = good.choose(&mut rand::rng()).cloned() {
+                    good.retain(|e| e.id != first.id);
+                    good.insert(0, first);
+                }
+            }
         }
         let mut out = good;
         out.extend(suspect);
@@ -207,4 +224,16 @@ impl Directors {
             }
         }
     }
+}
+
+/// The rendezvous weight of a sequence on a Director: the highest wins.
+fn rendezvous(seq: &crate::job::Seq, director: &str) -> u64 {
+    use sha2::{Digest, Sha256};
+    let digest = Sha256::new()
+        .chain_update(seq)
+        .chain_update(director.as_bytes())
+        .finalize();
+    let mut first = [0u8; 8];
+    first.copy_from_slice(&digest[..8]);
+    u64::from_be_bytes(first)
 }

@@ -397,11 +397,15 @@ async fn submit_jobs(
     let claimed_at = Utc::now();
     claim_keys(&shared, &mut routed).await?;
 
-    // Forward what was claimed (or has no key), one forward per bucket, buckets concurrently.
-    let mut by_bucket: HashMap<Arc<str>, Vec<usize>> = HashMap::new();
+    // Forward what was claimed (or has no key), one forward per bucket (and per ordered
+    // sequence, which has a Director of its own in the bucket's shard), concurrently.
+    let mut by_bucket: HashMap<(Arc<str>, Option<crate::job::Seq>), Vec<usize>> = HashMap::new();
     for (i, r) in routed.iter().enumerate() {
         if r.result.is_none() {
-            by_bucket.entry(r.job.bucket.clone()).or_default().push(i);
+            by_bucket
+                .entry((r.job.bucket.clone(), r.job.seq()))
+                .or_default()
+                .push(i);
         }
     }
     let outcomes = futures::future::join_all(by_bucket.into_values().map(|members| {
@@ -675,8 +679,9 @@ async fn settle_claims(shared: &Shared, confirm: &[Claim], release: &[Claim]) {
     }
 }
 
-/// Forwards one bucket's jobs: to its shard's Directors in turn until one stores them, or, when
-/// an outcome is unknown, to the same JobDB until it answers.
+/// Forwards one bucket's jobs (of one ordered sequence, or unordered): to its shard's
+/// Directors in turn until one stores them, or, when an outcome is unknown, to the same JobDB
+/// until it answers.
 async fn forward(
     shared: &Shared,
     jobs: Outbound<'_>,
@@ -684,13 +689,14 @@ async fn forward(
     claimed_at: DateTime<Utc>,
 ) -> Sent {
     let bucket = &jobs.0[0].bucket;
+    let seq = jobs.0[0].seq();
     let mut claimed_at = claimed_at;
     let mut tried: Vec<String> = Vec::new();
     let mut last_refusal = String::from("no healthy director");
     loop {
         let Some(director) = shared
             .directors
-            .candidates(bucket, &tried)
+            .candidates(bucket, seq.as_ref(), &tried)
             .into_iter()
             .next()
         else {

@@ -17,7 +17,7 @@ use crate::job::{Job, JobId, RetryPolicy, Scheduled, Transition};
 
 pub use spindle_client::api::{
     AcceptedJob, EndpointHealth, EndpointsView, ErrorBody, ErrorDetail, JobStatus, JobView, NewJob,
-    SubmitReply, SubmitRequest, TransitionView, MAX_JOBS_PER_REQUEST,
+    OrderingFailure, SubmitReply, SubmitRequest, TransitionView, MAX_JOBS_PER_REQUEST,
 };
 
 /// Limits and defaults applied to submitted jobs.
@@ -374,6 +374,12 @@ fn validate_job(
     if let Some(url) = &spec.on_complete {
         check_endpoint(url, &field("on_complete"))?;
     }
+    let ordering = check_ordering(
+        spec.ordering_key.as_deref(),
+        spec.ordering_failure,
+        &field("ordering_key"),
+        &field("ordering_failure"),
+    )?;
 
     let job = Job {
         id,
@@ -391,6 +397,7 @@ fn validate_job(
         expire_at,
         idempotency_key: spec.idempotency_key,
         on_complete: spec.on_complete.map(Into::into),
+        ordering,
     };
     Ok((job, deliver_at))
 }
@@ -581,6 +588,44 @@ pub(crate) fn check_idempotency_key(key: &str, field: &str) -> Result<(), FieldE
     Ok(())
 }
 
+/// Most bytes of an ordering key.
+pub const MAX_ORDERING_KEY_BYTES: usize = 255;
+
+/// A job's ordering from its key and failure policy: a key of 1 to 255 bytes without control
+/// characters; a failure policy only with a key.
+pub(crate) fn check_ordering(
+    key: Option<&str>,
+    failure: Option<OrderingFailure>,
+    key_field: &str,
+    failure_field: &str,
+) -> Result<Option<crate::job::Ordering>, FieldError> {
+    let Some(key) = key else {
+        return match failure {
+            Some(_) => Err(FieldError::new(
+                failure_field,
+                "is only allowed with an ordering_key",
+            )),
+            None => Ok(None),
+        };
+    };
+    if key.is_empty() || key.len() > MAX_ORDERING_KEY_BYTES {
+        return Err(FieldError::new(
+            key_field,
+            format!("must be 1 to {MAX_ORDERING_KEY_BYTES} bytes"),
+        ));
+    }
+    if key.chars().any(char::is_control) {
+        return Err(FieldError::new(
+            key_field,
+            "must not hold control characters",
+        ));
+    }
+    Ok(Some(crate::job::Ordering {
+        key: key.into(),
+        blocks: failure == Some(OrderingFailure::Block),
+    }))
+}
+
 impl From<&Job> for AcceptedJob {
     fn from(job: &Job) -> Self {
         AcceptedJob {
@@ -616,6 +661,7 @@ pub fn job_view(job: &Job, trace: &[(u64, Transition)]) -> JobView {
         created_at: job.created_at,
         expire_at: job.expire_at,
         idempotency_key: job.idempotency_key.clone(),
+        ordering_key: job.ordering.as_ref().map(|o| o.key.to_string()),
         transitions: trace
             .iter()
             .map(|(id, t)| transition_view(*id, t))

@@ -44,6 +44,11 @@ pub fn import_job(job: &Job, attempts: u16, retry_at: DateTime<Utc>) -> ImportJo
         expire_at: job.expire_at,
         idempotency_key: job.idempotency_key.clone(),
         on_complete: job.on_complete.as_deref().map(str::to_owned),
+        ordering_key: job.ordering.as_ref().map(|o| o.key.to_string()),
+        ordering_failure: job.ordering.as_ref().map(|o| match o.blocks {
+            true => api::OrderingFailure::Block,
+            false => api::OrderingFailure::Release,
+        }),
         attempts,
         retry_at,
     }
@@ -87,6 +92,12 @@ pub fn job_of(spec: &ImportJob, i: usize, limits: &IntakeLimits) -> Result<Job, 
     if let Some(url) = &spec.on_complete {
         api::check_endpoint(url, &field("on_complete"))?;
     }
+    let ordering = api::check_ordering(
+        spec.ordering_key.as_deref(),
+        spec.ordering_failure,
+        &field("ordering_key"),
+        &field("ordering_failure"),
+    )?;
     for (name, at) in [
         ("created_at", spec.created_at),
         ("expire_at", spec.expire_at),
@@ -113,6 +124,7 @@ pub fn job_of(spec: &ImportJob, i: usize, limits: &IntakeLimits) -> Result<Job, 
         expire_at: spec.expire_at,
         idempotency_key: spec.idempotency_key.clone(),
         on_complete: spec.on_complete.as_deref().map(Into::into),
+        ordering,
     })
 }
 

@@ -657,7 +657,61 @@ pub fn import_form(
         expire_at: now + chrono::Duration::hours(1),
         idempotency_key: None,
         on_complete: None,
+        ordering_key: None,
+        ordering_failure: None,
         attempts,
         retry_at: now,
     }
+}
+
+/// Runs an operator's statement with a connection of its own, as `mysql` or `sqlite3` would.
+pub async fn operator_sql(db: &JobDb, sql: &str) {
+    use sqlx::{ConnectOptions, Connection, Executor};
+    let url = db.url();
+    match url.sqlite_file() {
+        Some(file) => {
+            let mut conn = sqlx::SqliteConnection::connect(&format!("sqlite://{}", file.display()))
+                .await
+                .unwrap();
+            conn.execute(sql).await.unwrap();
+            conn.close().await.unwrap();
+        }
+        None => {
+            let mut conn = url.mysql_options().unwrap().connect().await.unwrap();
+            conn.execute(sql).await.unwrap();
+            conn.close().await.unwrap();
+        }
+    }
+}
+
+/// Asserts a key's requests (each job's position in the key's acceptance order, and the status
+/// answered, in arrival order) went one job at a time in order: positions never go back, a
+/// job is asked again only until it succeeds, the next starts only after it did, none is
+/// skipped, and all `expected` succeeded.
+pub fn assert_one_at_a_time(key: &str, seen: &[(usize, u16)], expected: usize) {
+    let mut done: Option<usize> = None;
+    let mut at = 0;
+    for &(i, status) in seen {
+        assert!(
+            i >= at,
+            "key {key}: job {i} requested after job {at}: {seen:?}"
+        );
+        if i > at {
+            assert_eq!(
+                done,
+                Some(at),
+                "key {key}: job {i} started before job {at} ended"
+            );
+            assert_eq!(i, at + 1, "key {key}: job {i} went before job {}", at + 1);
+            at = i;
+        }
+        if status == 200 {
+            done = Some(i);
+        }
+    }
+    assert_eq!(
+        (done, at),
+        (Some(expected - 1), expected - 1),
+        "key {key}: every job delivered"
+    );
 }

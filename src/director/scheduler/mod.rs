@@ -89,6 +89,9 @@ pub enum Event {
         /// The most the page could hold: fewer means the read reached the end.
         limit: usize,
     },
+    /// Jobs may wait in the JobDB that no event told of (a commit whose answer was lost may
+    /// have written completion notices or released ordered jobs): a backlog pass finds them.
+    ReadBacklog,
     /// An operator command appended to the JobDB, to apply.
     Command(Box<Command>),
     /// The endpoint and bucket controls in force now (from the registry).
@@ -411,6 +414,7 @@ impl Scheduler {
             Event::OtherLanesPage { jobs, lane, limit } => {
                 self.other_lanes_page(jobs, &lane, limit)
             }
+            Event::ReadBacklog => self.backlog.due_now(),
             Event::Command(command) => self.commands.push_back(*command),
             Event::Controls(controls) => self.set_controls(controls),
             Event::CommandTargets { command, targets } => self.apply_command(*command, targets),

@@ -31,7 +31,8 @@ use tokio::sync::{mpsc, oneshot};
 use tokio_util::sync::CancellationToken;
 use ulid::Ulid;
 
-use crate::job::{AttemptStart, Job, JobId, Transition};
+use crate::job::{AttemptStart, Job, JobId, Seq, Transition};
+use crate::jobdb::write::Written;
 use crate::jobdb::{
     job_row_bytes, transition_row_bytes, Append, CommitLog, Fresh, JobDb, JobDbError, OpenRow,
 };
@@ -75,6 +76,8 @@ struct Batch {
     starts: Vec<(JobId, u16)>,
     /// Jobs that rest on request.
     rests: Vec<OpenRow>,
+    /// Ordered jobs to release.
+    release: Vec<(Seq, JobId)>,
     requests: Vec<Request>,
     bytes: usize,
 }
@@ -89,6 +92,7 @@ struct Ends {
     accepted: usize,
     starts: usize,
     rests: usize,
+    release: usize,
 }
 
 impl std::ops::Sub for Ends {
@@ -102,6 +106,7 @@ impl std::ops::Sub for Ends {
             accepted: self.accepted - o.accepted,
             starts: self.starts - o.starts,
             rests: self.rests - o.rests,
+            release: self.release - o.release,
         }
     }
 }
@@ -127,6 +132,7 @@ enum Reply {
     Transitions(Option<Ack>),
     Start(oneshot::Sender<Result<AttemptStart, WriteRejected>>),
     Rest(Option<Ack>),
+    Release,
     Barrier(oneshot::Sender<u64>, u64),
 }
 
@@ -138,6 +144,7 @@ impl Reply {
             Reply::Transitions(_) => "transitions",
             Reply::Start(_) => "start",
             Reply::Rest(_) => "rest",
+            Reply::Release => "release",
             Reply::Barrier(..) => "barrier",
         }
     }
@@ -161,7 +168,7 @@ impl Reply {
             Reply::Start(reply) => {
                 let _ = reply.send(Err(why));
             }
-            Reply::Transitions(None) | Reply::Rest(None) => {}
+            Reply::Transitions(None) | Reply::Rest(None) | Reply::Release => {}
             // A barrier has nothing to refuse; its waiter learns from its channel closing.
             Reply::Barrier(..) => {}
         }
@@ -177,6 +184,7 @@ impl Batch {
             accepted: self.accepted.len(),
             starts: self.starts.len(),
             rests: self.rests.len(),
+            release: self.release.len(),
         }
     }
 
@@ -206,6 +214,7 @@ impl Batch {
             accepted: self.accepted.split_off(start.accepted),
             starts: self.starts.split_off(start.starts),
             rests: self.rests.split_off(start.rests),
+            release: self.release.split_off(start.release),
             requests,
             bytes: 0,
         }
@@ -225,6 +234,7 @@ impl Batch {
             old.starts.into_iter(),
             old.rests.into_iter(),
         );
+        let mut release = old.release.into_iter();
         let mut at = Ends::default();
         let mut dropped = Vec::new();
         for request in old.requests {
@@ -237,6 +247,7 @@ impl Batch {
                 self.accepted.extend(accepted.by_ref().take(n.accepted));
                 self.starts.extend(starts.by_ref().take(n.starts));
                 self.rests.extend(rests.by_ref().take(n.rests));
+                self.release.extend(release.by_ref().take(n.release));
                 self.seal(request.reply);
             } else {
                 jobs.by_ref().take(n.jobs).for_each(drop);
@@ -245,6 +256,7 @@ impl Batch {
                 accepted.by_ref().take(n.accepted).for_each(drop);
                 starts.by_ref().take(n.starts).for_each(drop);
                 rests.by_ref().take(n.rests).for_each(drop);
+                release.by_ref().take(n.release).for_each(drop);
                 dropped.push((request.reply, n.jobs));
             }
         }
@@ -257,7 +269,7 @@ impl Batch {
         let mut out = Vec::new();
         for (i, r) in self.requests.iter().enumerate() {
             let n = r.ends - start;
-            if n.jobs + n.rows + n.starts + n.rests > 0 {
+            if n.jobs + n.rows + n.starts + n.rests + n.release > 0 {
                 out.push(i);
             }
             start = r.ends;
@@ -285,11 +297,13 @@ impl Batch {
         let (mut jobs, mut accepted) = (old.jobs.into_iter(), old.accepted.into_iter());
         let (mut rows, mut origins) = (old.rows.into_iter(), old.origins.into_iter());
         let (mut starts, mut rests) = (old.starts.into_iter(), old.rests.into_iter());
+        let mut release = old.release.into_iter();
         let mut at = Ends::default();
         let mut skipped = 0;
         for request in old.requests {
             let n = request.ends - at;
             at = request.ends;
+            let forwarded = matches!(request.reply, Reply::Submit(_, true, ..));
             let reply = match request.reply {
                 Reply::Submit(reply, true, count, scheduled) => {
                     let mut dropped = 0;
@@ -319,7 +333,12 @@ impl Batch {
             };
             self.origins.extend(origins.by_ref().take(n.origins));
             self.starts.extend(starts.by_ref().take(n.starts));
-            self.rests.extend(rests.by_ref().take(n.rests));
+            // A forward's rests are its ordered jobs' entries: one stored already keeps its
+            // own (it may have moved on since).
+            let taken = rests.by_ref().take(n.rests);
+            self.rests
+                .extend(taken.filter(|r| !forwarded || !present.contains(&r.job_id)));
+            self.release.extend(release.by_ref().take(n.release));
             self.seal(reply);
         }
         skipped
@@ -331,6 +350,7 @@ impl Batch {
             && self.rows.is_empty()
             && self.starts.is_empty()
             && self.rests.is_empty()
+            && self.release.is_empty()
     }
 }
 
@@ -342,6 +362,11 @@ pub struct Writer {
     limits: WriterLimits,
     rx: mpsc::Receiver<WriteOp>,
     scheduler: mpsc::UnboundedSender<Event>,
+    /// Told the sequences whose turn may have moved.
+    sequencer: mpsc::UnboundedSender<Vec<Seq>>,
+    /// Whether this JobDB is the only live one: a commit releases the next job of the
+    /// sequences it touches itself (see [`Append::release_touched`]).
+    release_in_commit: bool,
     metrics: Arc<Metrics>,
     lock_lost: CancellationToken,
     /// What its commits left open.
@@ -352,7 +377,8 @@ pub struct Writer {
 
 impl Writer {
     /// A writer for `db` under fencing `token`, numbering rows from `next_id`, taking requests
-    /// from `rx` and telling `scheduler` about durable jobs.
+    /// from `rx`, telling `scheduler` about durable jobs and `sequencer` about sequences
+    /// whose turn may have moved.
     #[allow(clippy::too_many_arguments)]
     pub fn new(
         db: JobDb,
@@ -361,6 +387,7 @@ impl Writer {
         limits: WriterLimits,
         rx: mpsc::Receiver<WriteOp>,
         scheduler: mpsc::UnboundedSender<Event>,
+        sequencer: mpsc::UnboundedSender<Vec<Seq>>,
         metrics: Arc<Metrics>,
         lock_lost: CancellationToken,
     ) -> Self {
@@ -371,6 +398,8 @@ impl Writer {
             limits,
             rx,
             scheduler,
+            sequencer,
+            release_in_commit: false,
             metrics,
             lock_lost,
             open: OpenWork::default(),
@@ -426,11 +455,18 @@ impl Writer {
                 let mut later = scheduled.iter().peekable();
                 for job in &jobs {
                     batch.bytes += job_row_bytes(job);
-                    // A scheduled job rests from the start: its row puts it in `open_jobs`.
+                    // A scheduled job rests from the start: its row puts it in `open_jobs`. So
+                    // does an ordered job, held there until its turn.
                     match later.next_if(|(id, _)| *id == job.id) {
                         Some((id, at)) => {
                             let row = self.take_id();
                             batch.rows.push((row, Transition::scheduled(*id, now, *at)));
+                        }
+                        None if job.ordering.is_some() => {
+                            let id = self.take_id();
+                            batch
+                                .rests
+                                .push(OpenRow::resting(job.id, id, Some(Fresh::of(job))));
                         }
                         None => batch.accepted.push((job.id, Fresh::of(job))),
                     }
@@ -492,6 +528,11 @@ impl Writer {
                 }
                 batch.seal(Reply::Rest(done));
             }
+            WriteOp::Release { heads } => {
+                batch.bytes += heads.len() * 32;
+                batch.release.extend(heads);
+                batch.seal(Reply::Release);
+            }
             WriteOp::Barrier(reply) => batch.seal(Reply::Barrier(reply, self.next_id)),
         }
     }
@@ -502,6 +543,13 @@ impl Writer {
             batch.bytes += transition_row_bytes(&row);
             batch.rows.push((id, row));
         }
+    }
+
+    /// This JobDB is the only live one: each commit releases the next job of the sequences
+    /// it touches (no sequencer round trip, one commit less per ordered job).
+    pub fn alone(mut self) -> Self {
+        self.release_in_commit = true;
+        self
     }
 
     fn take_id(&mut self) -> u64 {
@@ -561,12 +609,14 @@ impl Writer {
                 rests: &rests,
                 fresh: Some(&fresh),
                 checkpoint,
+                release: &batch.release,
+                release_touched: self.release_in_commit,
             };
             let result = self.db.append_all(self.token, &append).await;
-            let mut notices = Vec::new();
+            let mut written = Written::default();
             let committed = match result {
-                Ok(written) => {
-                    notices = written;
+                Ok(w) => {
+                    written = w;
                     true
                 }
                 Err(JobDbError::Fenced { ours, current }) => {
@@ -589,6 +639,11 @@ impl Writer {
                 Err(JobDbError::Refused(why)) => return self.isolate(batch, why).await,
                 Err(JobDbError::CommitUnknown(err)) => {
                     tracing::warn!(error = %err, "jobdb commit's answer lost; checking whether it committed");
+                    // If it committed, what it wrote besides its rows (notices, releases) is
+                    // not known here (nor, for a batch of rests and releases alone, whether
+                    // it did): the scheduler's next pass reads it, and the sequencer's sweep
+                    // moves on the sequences it touched.
+                    let _ = self.scheduler.send(Event::ReadBacklog);
                     self.committed_after_error(log_id, &batch.rows).await
                 }
                 Err(err) => {
@@ -616,6 +671,19 @@ impl Writer {
                 let (fresh, under_way) = self.open.counts();
                 self.metrics.jobs_fresh.set(fresh as i64);
                 self.metrics.attempts_under_way.set(under_way as i64);
+                let Written {
+                    notices,
+                    released,
+                    touched,
+                } = written;
+                if !released.is_empty() {
+                    // Ordered jobs whose turn came: resting jobs, due as their entry says.
+                    self.metrics.ordered_released.inc_by(released.len() as u64);
+                    let _ = self.scheduler.send(Event::Imported(released));
+                }
+                if !touched.is_empty() && !self.release_in_commit {
+                    let _ = self.sequencer.send(touched);
+                }
                 if !notices.is_empty() {
                     // Completion notices of jobs this commit ended: resting jobs, as imported.
                     self.metrics.notices_written.inc_by(notices.len() as u64);
@@ -755,9 +823,11 @@ impl Writer {
             let taken = request.ends.jobs - at;
             at = request.ends.jobs;
             match request.reply {
-                Reply::Import(reply, imported) => {
+                Reply::Import(reply, mut imported) => {
                     jobs.by_ref().take(taken).for_each(drop);
                     self.metrics.jobs_imported.inc_by(imported.len() as u64);
+                    // Ordered jobs wait, held, for the sequencer to release them.
+                    imported.retain(|r| r.job.ordering.is_none());
                     let _ = self.scheduler.send(Event::Imported(imported));
                     let _ = reply.send(Ok(()));
                 }
@@ -783,8 +853,11 @@ impl Writer {
                             None => true,
                         });
                         self.metrics.jobs_scheduled.inc_by(later.len() as u64);
+                        later.retain(|r| r.job.ordering.is_none());
                         let _ = self.scheduler.send(Event::Imported(later));
                     }
+                    // Ordered jobs wait, held, for the sequencer to release them.
+                    accepted.retain(|job| job.ordering.is_none());
                     if !accepted.is_empty() {
                         let _ = self.scheduler.send(Event::Accepted(accepted));
                     }
@@ -793,6 +866,7 @@ impl Writer {
                         already_present,
                     }));
                 }
+                Reply::Release => {}
                 Reply::Transitions(done) | Reply::Rest(done) => {
                     if let Some(done) = done {
                         let _ = done.send(Ok(()));

@@ -224,6 +224,13 @@ macro_rules! engine_common {
                 expire_at: time_of(row, "expire_at")?,
                 idempotency_key: text_opt(row, "idempotency_key")?,
                 on_complete: text_opt(row, "on_complete")?.map(Into::into),
+                ordering: match text_opt(row, "ordering_key")? {
+                    Some(key) => Some($crate::job::Ordering {
+                        key: key.into(),
+                        blocks: row.try_get("ordering_blocks")?,
+                    }),
+                    None => None,
+                },
             })
         }
 
@@ -351,11 +358,12 @@ macro_rules! backlog_sql {
 pub(crate) use backlog_sql;
 
 /// The condition of a backlog page on `open_jobs o`: after a job id, its entry older than a
-/// row id, waiting for its first attempt, or for a retry (or its expiry) due by a time (a job
-/// never tried that waits is due by another), and no attempt under way.
+/// row id, not held (an ordered job waiting for its turn), waiting for its first attempt, or
+/// for a retry (or its expiry) due by a time (a job never tried that waits is due by another),
+/// and no attempt under way.
 macro_rules! backlog_due {
     () => {
-        "o.job_id > ? AND o.transition_id < ? \
+        "o.job_id > ? AND o.transition_id < ? AND o.held = 0 \
          AND (o.state = 'awaiting-scheduling' \
               OR (o.state = 'awaiting-retry' \
                   AND (CASE WHEN o.attempts = 0 \
@@ -471,6 +479,12 @@ macro_rules! spelled_sql {
     ) => {
         /// Jobs that owe a completion notice; a repeat is ignored.
         pub const INSERT_NOTICES_OWED: &str = concat!($ignore, " INTO notices_owed (job_id) ");
+        /// Sequences blocked by a job's unsuccessful end; a sequence blocked already keeps
+        /// its first blocker.
+        pub const INSERT_ORDERING_BLOCKED: &str = concat!(
+            $ignore,
+            " INTO ordering_blocked (seq, job_id, state, blocked_at) "
+        );
         /// Origins of imported jobs; a repeat is ignored.
         pub const INSERT_ORIGINS: &str =
             concat!($ignore, " INTO job_origins (job_id, from_jobdb, imported_at) ");
@@ -490,14 +504,16 @@ macro_rules! spelled_sql {
             "SELECT id, bucket, endpoint, method, '{}' AS headers, ",
             $empty_blob,
             " AS payload, execution_timeout_ms, backoff_min_delay_ms, backoff_coefficient, \
-             created_at, expire_at, idempotency_key, on_complete FROM jobs WHERE id IN ("
+             created_at, expire_at, idempotency_key, on_complete, ordering_key, ordering_blocks \
+             FROM jobs WHERE id IN ("
         );
         /// Job summaries (no payload, its size).
         pub const SELECT_JOB_SUMMARIES: &str = concat!(
             "SELECT id, bucket, endpoint, method, '{}' AS headers, ",
             $empty_blob,
             " AS payload, execution_timeout_ms, backoff_min_delay_ms, backoff_coefficient, \
-             created_at, expire_at, idempotency_key, on_complete, CAST(LENGTH(payload) AS ",
+             created_at, expire_at, idempotency_key, on_complete, ordering_key, ordering_blocks, \
+             CAST(LENGTH(payload) AS ",
             $int,
             ") AS payload_bytes FROM jobs WHERE id IN ("
         );
@@ -515,6 +531,7 @@ macro_rules! spelled_sql {
                AND (c.created_before IS NULL OR j.created_at < c.created_before) \
                AND t.transition_id < ? \
                AND t.state IN ('awaiting-scheduling', 'awaiting-retry') \
+               AND (t.held = 0 OR c.action IN ('flush', 'discard')) \
                AND NOT EXISTS (SELECT 1 FROM job_state_transitions l \
                                WHERE l.job_id = t.job_id AND l.id > t.transition_id)"
         );
@@ -522,7 +539,8 @@ macro_rules! spelled_sql {
         pub const ENDED_JOBS: &str = concat!(
             "SELECT j.id, j.bucket, j.endpoint, j.method, j.headers, j.payload, \
              j.execution_timeout_ms, j.backoff_min_delay_ms, j.backoff_coefficient, \
-             j.created_at, j.expire_at, j.idempotency_key, j.on_complete, t.state \
+             j.created_at, j.expire_at, j.idempotency_key, j.on_complete, j.ordering_key, \
+             j.ordering_blocks, t.state \
              FROM jobs j JOIN job_state_transitions t ON t.job_id = j.id \
              WHERE j.id > ? \
                AND t.id = (SELECT MAX(l.id) FROM job_state_transitions l WHERE l.job_id = j.id) \
