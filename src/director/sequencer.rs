@@ -154,8 +154,13 @@ impl Sequencer {
             if heads.is_empty() {
                 continue;
             }
-            if self.writer.send(WriteOp::Release { heads }).await.is_err() {
-                return stop.cancelled().await;
+            // A commit releases at most a page of jobs (each read whole into the scheduler):
+            // a sweep after a restart may find every sequence waiting.
+            for page in heads.chunks(SEQS_PER_READ) {
+                let heads = page.to_vec();
+                if self.writer.send(WriteOp::Release { heads }).await.is_err() {
+                    return stop.cancelled().await;
+                }
             }
         }
     }

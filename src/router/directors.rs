@@ -237,3 +237,38 @@ fn rendezvous(seq: &crate::job::Seq, director: &str) -> u64 {
     first.copy_from_slice(&digest[..8]);
     u64::from_be_bytes(first)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::rendezvous;
+
+    /// A sequence keeps its Director while the others come and go, and sequences spread.
+    #[test]
+    fn a_sequence_stays_on_its_director_and_sequences_spread() {
+        let directors: Vec<String> = (0..5).map(|i| format!("spindle-director-d{i}")).collect();
+        let top = |seq: &crate::job::Seq, among: &[String]| {
+            among
+                .iter()
+                .max_by_key(|d| rendezvous(seq, d))
+                .cloned()
+                .unwrap()
+        };
+        let mut share = std::collections::HashMap::new();
+        for k in 0..1000 {
+            let seq = crate::job::seq_of("b", "https://x.example/", &format!("key-{k}"));
+            let first = top(&seq, &directors);
+            assert_eq!(top(&seq, &directors), first, "stable");
+            let others: Vec<String> = directors.iter().filter(|d| **d != first).cloned().collect();
+            // Removing a Director other than its own leaves the sequence where it was.
+            let without_one: Vec<String> = directors
+                .iter()
+                .filter(|d| **d != others[0])
+                .cloned()
+                .collect();
+            assert_eq!(top(&seq, &without_one), first);
+            *share.entry(first).or_insert(0) += 1;
+        }
+        assert_eq!(share.len(), 5);
+        assert!(share.values().all(|n| (120..=280).contains(n)), "{share:?}");
+    }
+}
