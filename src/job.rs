@@ -119,6 +119,16 @@ pub struct Ordering {
     pub blocks: bool,
 }
 
+impl Ordering {
+    /// What this job's unsuccessful end does to its key's later jobs, as the API spells it.
+    pub fn failure(&self) -> spindle_client::OrderingFailure {
+        match self.blocks {
+            true => spindle_client::OrderingFailure::Block,
+            false => spindle_client::OrderingFailure::Release,
+        }
+    }
+}
+
 /// The id of one ordered sequence, (bucket, endpoint, ordering key): the first 16 bytes of
 /// the SHA-256 of the three, each preceded by its length, so no two triples share it by
 /// concatenation. Stored in `open_jobs.seq`.

@@ -195,10 +195,10 @@ pub fn new_job(original: &Job, ttl_ms: Option<u64>) -> NewJob {
         // A replay goes after its key's jobs accepted so far, and replays of one key keep
         // their order (they are sent in id order).
         ordering_key: original.ordering.as_ref().map(|o| o.key.to_string()),
-        ordering_failure: original.ordering.as_ref().map(|o| match o.blocks {
-            true => spindle_client::OrderingFailure::Block,
-            false => spindle_client::OrderingFailure::Release,
-        }),
+        ordering_failure: original
+            .ordering
+            .as_ref()
+            .map(crate::job::Ordering::failure),
         ttl_ms,
         ..NewJob::new(&*original.bucket, &*original.endpoint)
     }

@@ -385,47 +385,14 @@ macro_rules! write_path {
             std::collections::HashMap<$crate::job::Seq, $crate::job::JobId>,
             $crate::jobdb::JobDbError,
         > {
-            fn filtered<'a>(
-                prefix: &'a str,
-                seqs: Option<&'a [$crate::job::Seq]>,
-                suffix: &'a str,
-            ) -> sqlx::QueryBuilder<'a, $db> {
-                let mut qb = sqlx::QueryBuilder::<$db>::new(prefix);
-                match seqs {
-                    None => {
-                        qb.push(" IS NOT NULL");
-                    }
-                    Some(seqs) => {
-                        qb.push(" IN (");
-                        let mut list = qb.separated(", ");
-                        for seq in seqs {
-                            list.push_bind(seq.to_vec());
-                        }
-                        qb.push(")");
-                    }
-                }
-                qb.push(suffix);
-                qb
-            }
             if seqs.is_some_and(|s| s.is_empty()) {
                 return Ok(std::collections::HashMap::new());
             }
-            let mut heads = std::collections::HashMap::new();
-            let rows = filtered(
-                "SELECT seq, MIN(job_id) AS head FROM open_jobs WHERE held = 1 AND seq",
-                seqs,
-                " GROUP BY seq",
-            )
-            .build()
-            .fetch_all(&mut *conn)
-            .await?;
-            for row in &rows {
-                heads.insert(seq_of_row(row, "seq")?, job_id_of(row, "head")?);
-            }
+            let mut heads = oldest_by_seq(&mut *conn, true, seqs).await?;
             if heads.is_empty() {
                 return Ok(heads);
             }
-            let rows = filtered(
+            let rows = seqs_query(
                 "SELECT DISTINCT seq FROM open_jobs WHERE held = 0 AND seq",
                 seqs,
                 "",
@@ -436,7 +403,7 @@ macro_rules! write_path {
             for row in &rows {
                 heads.remove(&seq_of_row(row, "seq")?);
             }
-            let rows = filtered("SELECT seq FROM ordering_blocked WHERE seq", seqs, "")
+            let rows = seqs_query("SELECT seq FROM ordering_blocked WHERE seq", seqs, "")
                 .build()
                 .fetch_all(&mut *conn)
                 .await?;
@@ -461,23 +428,63 @@ macro_rules! write_path {
             }
             // Released and held apart: each is one probe per sequence into the
             // `(seq, held, job_id)` index, where both at once walked every entry of each.
-            for held in [0, 1] {
-                let mut qb = sqlx::QueryBuilder::<$db>::new(
-                    "SELECT seq, MIN(job_id) AS head FROM open_jobs WHERE held = ",
-                );
-                qb.push_bind(held).push(" AND seq IN (");
-                let mut list = qb.separated(", ");
-                for seq in seqs {
-                    list.push_bind(seq.to_vec());
-                }
-                qb.push(") GROUP BY seq");
-                for row in &qb.build().fetch_all(&mut *conn).await? {
-                    let (seq, head) = (seq_of_row(row, "seq")?, job_id_of(row, "head")?);
+            for held in [false, true] {
+                for (seq, head) in oldest_by_seq(&mut *conn, held, Some(seqs)).await? {
                     let entry = oldest.entry(seq).or_insert(head);
                     *entry = (*entry).min(head);
                 }
             }
             Ok(oldest)
+        }
+
+        /// The oldest entry of each of `seqs` (every sequence with `None`) that is held, or
+        /// released: one probe per sequence into the `(seq, held, job_id)` index.
+        async fn oldest_by_seq(
+            conn: &mut <$db as sqlx::Database>::Connection,
+            held: bool,
+            seqs: Option<&[$crate::job::Seq]>,
+        ) -> Result<
+            std::collections::HashMap<$crate::job::Seq, $crate::job::JobId>,
+            $crate::jobdb::JobDbError,
+        > {
+            let prefix = match held {
+                true => "SELECT seq, MIN(job_id) AS head FROM open_jobs WHERE held = 1 AND seq",
+                false => "SELECT seq, MIN(job_id) AS head FROM open_jobs WHERE held = 0 AND seq",
+            };
+            let mut oldest = std::collections::HashMap::new();
+            for row in &seqs_query(prefix, seqs, " GROUP BY seq")
+                .build()
+                .fetch_all(&mut *conn)
+                .await?
+            {
+                oldest.insert(seq_of_row(row, "seq")?, job_id_of(row, "head")?);
+            }
+            Ok(oldest)
+        }
+
+        /// `prefix` + ` IN (` a bound list of `seqs` `)`, or ` IS NOT NULL` for every
+        /// sequence, + `suffix`.
+        fn seqs_query<'a>(
+            prefix: &'a str,
+            seqs: Option<&'a [$crate::job::Seq]>,
+            suffix: &'a str,
+        ) -> sqlx::QueryBuilder<'a, $db> {
+            let mut qb = sqlx::QueryBuilder::<$db>::new(prefix);
+            match seqs {
+                None => {
+                    qb.push(" IS NOT NULL");
+                }
+                Some(seqs) => {
+                    qb.push(" IN (");
+                    let mut list = qb.separated(", ");
+                    for seq in seqs {
+                        list.push_bind(seq.to_vec());
+                    }
+                    qb.push(")");
+                }
+            }
+            qb.push(suffix);
+            qb
         }
 
         /// A 16-byte sequence id column.

@@ -45,10 +45,7 @@ pub fn import_job(job: &Job, attempts: u16, retry_at: DateTime<Utc>) -> ImportJo
         idempotency_key: job.idempotency_key.clone(),
         on_complete: job.on_complete.as_deref().map(str::to_owned),
         ordering_key: job.ordering.as_ref().map(|o| o.key.to_string()),
-        ordering_failure: job.ordering.as_ref().map(|o| match o.blocks {
-            true => api::OrderingFailure::Block,
-            false => api::OrderingFailure::Release,
-        }),
+        ordering_failure: job.ordering.as_ref().map(crate::job::Ordering::failure),
         attempts,
         retry_at,
     }
