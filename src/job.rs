@@ -106,20 +106,26 @@ pub struct Job {
     pub on_complete: Option<Arc<str>>,
     /// Its ordering key, if it is delivered in order with the other jobs of its bucket and
     /// endpoint that carry the same key.
-    pub ordering: Option<Ordering>,
+    pub ordering: Option<OrderedKey>,
 }
 
-/// A job's place in an ordered sequence: its key, and whether its failure holds the rest.
+/// A job's ordered key: the key, whether its failure holds the rest, and its position in
+/// the key's order (its place in its sequence).
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub struct Ordering {
+pub struct OrderedKey {
     /// The producer's ordering key (1 to 255 bytes).
     pub key: Arc<str>,
     /// Whether the key's later jobs wait for an operator when this one ends without success
-    /// (discarded, expired); otherwise the next one goes.
+    /// (discarded by a failure, or expired); otherwise the next one goes. An operator's flush
+    /// or discard never blocks.
     pub blocks: bool,
+    /// Its place in the key's order: a ULID minted by the Director that accepted it, when it
+    /// accepted it (never by a router, whose clock may disagree), kept when a drainer moves
+    /// it. A key's jobs go in position order.
+    pub position: Ulid,
 }
 
-impl Ordering {
+impl OrderedKey {
     /// What this job's unsuccessful end does to its key's later jobs, as the API spells it.
     pub fn failure(&self) -> spindle_client::OrderingFailure {
         match self.blocks {
@@ -145,6 +151,25 @@ impl Job {
         let ordering = self.ordering.as_ref()?;
         Some(seq_of(&self.bucket, &self.endpoint, &ordering.key))
     }
+
+    /// Its sequence and position in it, if it is ordered.
+    pub fn place(&self) -> Option<Place> {
+        let ordering = self.ordering.as_ref()?;
+        Some(Place {
+            seq: seq_of(&self.bucket, &self.endpoint, &ordering.key),
+            position: ordering.position,
+        })
+    }
+}
+
+/// Where an ordered job stands: its sequence, and its position in the sequence's order
+/// ([`OrderedKey::position`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct Place {
+    /// The sequence.
+    pub seq: Seq,
+    /// Its position: the sequence's jobs go in position order.
+    pub position: Ulid,
 }
 
 /// The sequence of (bucket, endpoint, ordering key) (see [`Seq`]).
@@ -209,6 +234,12 @@ pub enum ErrorType {
     /// `import-refused`: a live Director refused for good to import a job a drainer moved; it
     /// ends `discarded` in the retired JobDB with the Director's answer.
     ImportRefused,
+    /// `move-refused`: a live Director refused to import a job a drainer moved, for a reason
+    /// of its own (its size limits, its JobDB server's packet size, an older version), while
+    /// a Director of this version could take it: the job stays in the retired JobDB
+    /// (`awaiting-retry`, its attempts and next attempt kept, the answer in `error_response`)
+    /// and the drainer tries other Directors, then again with backoff.
+    MoveRefused,
     /// `max-attempts`: the job's last allowed attempt failed with a retryable error, or it
     /// arrived with its attempts used up; `discarded`.
     MaxAttempts,
@@ -232,7 +263,7 @@ pub enum ErrorType {
 
 impl ErrorType {
     /// Every variant, in declaration order.
-    pub const ALL: [ErrorType; 21] = [
+    pub const ALL: [ErrorType; 22] = [
         ErrorType::Redirect,
         ErrorType::RequestTimeout,
         ErrorType::RateLimited,
@@ -247,6 +278,7 @@ impl ErrorType {
         ErrorType::Expired,
         ErrorType::Interrupted,
         ErrorType::ImportRefused,
+        ErrorType::MoveRefused,
         ErrorType::MaxAttempts,
         ErrorType::EndpointRecovered,
         ErrorType::HeldBack,
@@ -273,6 +305,7 @@ impl ErrorType {
             ErrorType::Expired => "expired",
             ErrorType::Interrupted => "interrupted",
             ErrorType::ImportRefused => "import-refused",
+            ErrorType::MoveRefused => "move-refused",
             ErrorType::MaxAttempts => "max-attempts",
             ErrorType::EndpointRecovered => "endpoint-recovered",
             ErrorType::HeldBack => "held-back",
@@ -342,6 +375,44 @@ pub struct Transition {
     pub started: Option<AttemptStart>,
 }
 
+/// How the store tags an answer's bytes (`error_response_encoding`): `utf-8` when they are
+/// UTF-8, else `binary`. The bytes decide, whoever wrote them.
+pub fn stored_encoding(body: &[u8]) -> &'static str {
+    match std::str::from_utf8(body) {
+        Ok(_) => "utf-8",
+        Err(_) => "binary",
+    }
+}
+
+/// The start of an endpoint's answer as text a JSON reader can carry: the text itself when its
+/// bytes are UTF-8, else their base64. Every view of a history and the archive write it so.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum AnswerText {
+    /// The bytes were UTF-8: the text.
+    Utf8(String),
+    /// The bytes, standard base64.
+    Base64(String),
+}
+
+impl AnswerText {
+    /// The text form of `body`.
+    pub fn of(body: &[u8]) -> Self {
+        use base64::Engine as _;
+        match std::str::from_utf8(body) {
+            Ok(text) => AnswerText::Utf8(text.to_owned()),
+            Err(_) => AnswerText::Base64(base64::engine::general_purpose::STANDARD.encode(body)),
+        }
+    }
+
+    /// The text and the name of its encoding (`utf-8` or `base64`), as the API writes them.
+    pub fn into_parts(self) -> (String, &'static str) {
+        match self {
+            AnswerText::Utf8(text) => (text, "utf-8"),
+            AnswerText::Base64(text) => (text, "base64"),
+        }
+    }
+}
+
 /// Where an attempt began: the Director's commit that allowed it (its `commit_log` row, which
 /// lists the attempt) and the time the attempt began. The row that ends the attempt carries it
 /// (`started_in`, `started_at`), so the history shows the attempt's start without a row of its
@@ -387,13 +458,7 @@ impl Transition {
     }
 
     fn with_attempt(mut self, record: AttemptRecord) -> Self {
-        self.error_response_encoding = record.error_response.as_ref().map(|body| {
-            if std::str::from_utf8(body).is_ok() {
-                "utf-8"
-            } else {
-                "binary"
-            }
-        });
+        self.error_response_encoding = record.error_response.as_deref().map(stored_encoding);
         self.error_type = record.error_type;
         self.error_response = record.error_response;
         self.response_status = record.response_status;

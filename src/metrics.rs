@@ -48,8 +48,18 @@ pub struct WriteLabels {
     /// `submit`, `import` or `transitions`.
     pub op: &'static str,
     /// Why it was not written: `refused` (the server refused its data, or a row is larger
-    /// than it accepts) or `expired` (a router's `not_after` passed before the batch).
+    /// than it accepts), `expired` (a router's `not_after` passed before its COMMIT),
+    /// `withdrawn` (its wait ended before the writer took it: 503, never written),
+    /// `outcome-unknown` (its wait ended while it was being written: 504) or `not-writable`
+    /// (refused at once, 503, while the JobDB cannot be written).
     pub reason: &'static str,
+}
+
+/// Label set naming a watched core task of a Director.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct TaskLabels {
+    /// `writer`, `scheduler` or `sequencer`.
+    pub task: &'static str,
 }
 
 /// Label set naming what a control applies to.
@@ -64,6 +74,23 @@ pub struct ControlLabels {
 pub struct ReachLabels {
     /// `true` or `false`.
     pub reachable: &'static str,
+}
+
+/// Label set naming why a live Director's refusal of a drainer's import was taken as it was.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct RefusalLabels {
+    /// `target_limit` (a 413: the target's size limits or its JobDB server's packet size;
+    /// the job waits for a target that takes it), `target_refused` (another 4xx for a job this
+    /// version's checks accept: an older version, another configuration; it waits too) or
+    /// `invalid` (no Director of this version can import it: parked `import-refused`).
+    pub reason: &'static str,
+}
+
+/// Label set naming a JobDB.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct JobDbLabels {
+    /// Its database name.
+    pub jobdb: String,
 }
 
 /// Every metric a spindle process exports (a Director's, a manager's or a drainer's; each
@@ -88,6 +115,12 @@ pub struct Metrics {
     pub ordered_released: Counter,
     /// Ordered jobs whose release waits for an older job of their sequence in another JobDB.
     pub ordered_waiting_elsewhere: Gauge,
+    /// Ordered heads released without reading the other JobDBs: an earlier complete read
+    /// cleared their position (see `director::sequencer`).
+    pub ordered_cleared: Counter,
+    /// Checks of the other live JobDBs that could not read every one of them (or the
+    /// inventory): heads not cleared before wait.
+    pub ordered_survey_failures: Counter,
     /// Jobs recorded `archived` after their archive object was confirmed.
     pub jobs_archived: Counter,
     /// Archive uploads that failed (retried).
@@ -115,6 +148,13 @@ pub struct Metrics {
     pub attempts_held_back: Counter,
     /// 1 while every core task of the Director runs; 0 once one ended unexpectedly.
     pub core_tasks_up: Gauge,
+    /// 1 while the Director's JobDB can be written; 0 while the writer has had work without a
+    /// commit succeeding for longer than its bound (the Director is then not ready).
+    pub jobdb_writable: Gauge,
+    /// When the writer's last commit succeeded (Unix seconds).
+    pub jobdb_last_commit: Gauge<f64, std::sync::atomic::AtomicU64>,
+    /// 1 while a watched core task has had work without progress past its bound.
+    pub tasks_stalled: Family<TaskLabels, Gauge>,
     /// Jobs in the Director's cache.
     pub jobs_cached: Gauge,
     /// Attempts in flight.
@@ -151,6 +191,11 @@ pub struct Metrics {
     pub jobdbs_drained: Counter,
     /// Drainer: jobs a live Director refused to import for good (ended `import-refused`).
     pub jobs_import_refused: Counter,
+    /// Drainer: refusals of a job by a live Director's import, by how they were taken.
+    pub import_refusals: Family<RefusalLabels, Counter>,
+    /// Drainer: jobs of a retired JobDB that a live Director refused and a Director of this
+    /// version could take, waiting for a target that does (the drain does not end meanwhile).
+    pub jobs_waiting_for_target: Family<JobDbLabels, Gauge>,
     /// Manager: JobDBs in the inventory by state (set every round by the active manager).
     pub jobdbs: Family<StateLabels, Gauge>,
     /// Manager: decisions taken, by kind.
@@ -217,6 +262,18 @@ impl Default for Metrics {
             "ordered_waiting_elsewhere",
             "Sequences whose next job waits for an older job of theirs in another JobDB",
             ordered_waiting_elsewhere.clone(),
+        );
+        let ordered_cleared = Counter::default();
+        registry.register(
+            "ordered_cleared",
+            "Ordered heads released without reading the other JobDBs, cleared by an earlier complete read",
+            ordered_cleared.clone(),
+        );
+        let ordered_survey_failures = Counter::default();
+        registry.register(
+            "ordered_survey_failures",
+            "Checks of the other live JobDBs that could not read them all; uncleared heads wait",
+            ordered_survey_failures.clone(),
         );
         let jobs_archived = Counter::default();
         registry.register(
@@ -295,6 +352,24 @@ impl Default for Metrics {
             "director_core_tasks_up",
             "1 while the Director's writer, scheduler and watchers all run",
             core_tasks_up.clone(),
+        );
+        let jobdb_writable = Gauge::default();
+        registry.register(
+            "jobdb_writable",
+            "1 while the JobDB can be written; 0 while no commit has succeeded for longer than the writer's bound (not ready)",
+            jobdb_writable.clone(),
+        );
+        let jobdb_last_commit = Gauge::<f64, std::sync::atomic::AtomicU64>::default();
+        registry.register(
+            "jobdb_last_commit",
+            "When the writer's last commit succeeded (Unix seconds)",
+            jobdb_last_commit.clone(),
+        );
+        let tasks_stalled = Family::<TaskLabels, Gauge>::default();
+        registry.register(
+            "director_task_stalled",
+            "1 while a core task (writer, scheduler, sequencer) has had work without progress past its bound (not ready)",
+            tasks_stalled.clone(),
         );
         let jobs_cached = Gauge::default();
         registry.register(
@@ -404,6 +479,18 @@ impl Default for Metrics {
             "Jobs a live Director refused to import for good, ended discarded (import-refused)",
             jobs_import_refused.clone(),
         );
+        let import_refusals = Family::<RefusalLabels, Counter>::default();
+        registry.register(
+            "import_refusals",
+            "Refusals of a drainer's import of a job by a live Director, by how they were taken",
+            import_refusals.clone(),
+        );
+        let jobs_waiting_for_target = Family::<JobDbLabels, Gauge>::default();
+        registry.register(
+            "jobs_waiting_for_target",
+            "Jobs of a retired JobDB that live Directors refused and that wait for one that takes them",
+            jobs_waiting_for_target.clone(),
+        );
         let jobdbs = Family::<StateLabels, Gauge>::default();
         registry.register(
             "jobdbs",
@@ -437,6 +524,8 @@ impl Default for Metrics {
             jobs_moved,
             jobdbs_drained,
             jobs_import_refused,
+            import_refusals,
+            jobs_waiting_for_target,
             jobdbs,
             manager_actions,
             manager_active,
@@ -452,6 +541,8 @@ impl Default for Metrics {
             notices_written,
             ordered_released,
             ordered_waiting_elsewhere,
+            ordered_cleared,
+            ordered_survey_failures,
             jobs_archived,
             archive_failures,
             write_batch_rows,
@@ -465,6 +556,9 @@ impl Default for Metrics {
             attempts_under_way,
             attempts_held_back,
             core_tasks_up,
+            jobdb_writable,
+            jobdb_last_commit,
+            tasks_stalled,
             jobs_cached,
             in_flight,
         }
@@ -498,6 +592,22 @@ impl Metrics {
     pub fn observe_write(&self, rows: usize, took: Duration) {
         self.write_batch_rows.observe(rows as f64);
         self.write_seconds.observe(took.as_secs_f64());
+        self.observe_commit();
+    }
+
+    /// Records that a commit of the writer succeeded now.
+    pub fn observe_commit(&self) {
+        let now = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap_or_default();
+        self.jobdb_last_commit.set(now.as_secs_f64());
+    }
+
+    /// The stall gauge of a watched core task.
+    pub fn task_stalled(&self, task: &'static str) -> Gauge {
+        self.tasks_stalled
+            .get_or_create(&TaskLabels { task })
+            .clone()
     }
 
     /// Records that an attempt's request starts now.

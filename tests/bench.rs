@@ -36,6 +36,25 @@ fn check(r: &serde_json::Value, jobs: u64, components: &[&str]) {
         );
     }
     assert!(r["spindle_cpu_us_per_job"].as_f64().unwrap() > 0.0);
+    // What the jobs cost the server's disk: every job is at least its row and its end's row,
+    // and group commits share a COMMIT among several jobs' requests.
+    let writes = &r["mariadb_writes"];
+    assert!(
+        writes["rows_per_job"].as_f64().unwrap() >= 2.0,
+        "rows per job: {writes}"
+    );
+    assert!(
+        writes["log_bytes_per_job"].as_f64().unwrap() > 100.0,
+        "{writes}"
+    );
+    assert!(
+        writes["jobs_per_commit"].as_f64().unwrap() > 0.0,
+        "{writes}"
+    );
+    assert!(
+        writes["commits_per_sec"].as_f64().unwrap() > 0.0,
+        "{writes}"
+    );
 }
 
 #[test]

@@ -12,8 +12,8 @@ use std::time::{Duration, Instant};
 
 use common::*;
 use serde_json::json;
+use spindle::cli::sink::Sink;
 use spindle::job::{JobId, State};
-use spindle::sink::Sink;
 use tokio::process::{Child, Command};
 
 const BATCHES: usize = 120;

@@ -122,7 +122,7 @@ async fn dev_demo_delivers_at_once_and_a_restart_loses_nothing() {
     assert!(seconds < 60.0);
 
     // Our own jobs through the router, with `spindle submit`: a repeat is a duplicate.
-    let sink = spindle::sink::Sink::start("127.0.0.1:0".parse().unwrap())
+    let sink = spindle::cli::sink::Sink::start("127.0.0.1:0".parse().unwrap())
         .await
         .unwrap();
     let router = format!("http://127.0.0.1:{}", ports[0]);

@@ -28,6 +28,7 @@ on_both_engines!(
     long_waits_spill_payloads_and_reload_them_intact,
     a_forward_tried_again_stores_each_job_once,
     completion_notices_tell_how_each_job_ended,
+    an_expired_or_flushed_job_tells_its_notice_at_once_without_an_archive,
 );
 
 /// Jobs naming an `on_complete` URL: once each ends, a JSON notice of how it ended reaches
@@ -919,6 +920,7 @@ async fn a_forward_tried_again_stores_each_job_once(engine: Engine) {
         jobdb: rig.db.url.database.clone(),
         from_jobdb: None,
         not_after: Some(chrono::Utc::now() + chrono::Duration::seconds(30)),
+        blocked_keys: Vec::new(),
         jobs: ids.iter().map(|id| job(*id)).collect(),
     };
     let api = rig.api();
@@ -954,5 +956,58 @@ async fn a_forward_tried_again_stores_each_job_once(engine: Engine) {
         let expected = usize::from(scheduled.contains(&id.0));
         assert_eq!(rows, expected, "{id}: {history:#?}");
     }
+    rig.stop().await;
+}
+
+/// Expiry and an operator's flush are ends: a job that asked for `on_complete` is told within
+/// seconds of either, with or without an archive (notices used to wait for `archived`, which
+/// never comes where no archive is configured).
+async fn an_expired_or_flushed_job_tells_its_notice_at_once_without_an_archive(engine: Engine) {
+    let rig = Rig::start_on(engine, "noticeexpiry", |_| {}).await;
+    let told_at = rig.sink.url("/capture");
+    let jobs = vec![
+        json!({"bucket": "n", "endpoint": rig.sink.url("/status/503"), "on_complete": told_at,
+               "ttl_ms": 1500, "backoff_min_delay_ms": 200, "backoff_coefficient": 1.0}),
+        json!({"bucket": "flushed", "endpoint": rig.sink.url("/status/503"),
+               "on_complete": told_at, "backoff_min_delay_ms": 60000}),
+    ];
+    let reply = rig.submit(jobs).await;
+    wait_for(
+        Duration::from_secs(10),
+        "the flushed job tried once",
+        || async { rig.sink.per_job().contains_key(&reply.jobs[1].id) },
+    )
+    .await;
+    operator_sql(
+        &rig.reader,
+        "INSERT INTO operator_commands (issued_by, action, bucket) VALUES ('test', 'flush', 'flushed')",
+    )
+    .await;
+    let told = || {
+        rig.sink
+            .received()
+            .into_iter()
+            .filter(|r| r.path == "/capture")
+            .map(|r| serde_json::from_slice::<serde_json::Value>(&r.body).unwrap())
+            .collect::<Vec<_>>()
+    };
+    wait_for(Duration::from_secs(10), "two notices", || async {
+        told().len() >= 2
+    })
+    .await;
+    let told = told();
+    assert_eq!(told.len(), 2, "one notice per job: {told:?}");
+    for (job, why) in reply.jobs.iter().zip(["expired", "operator-flush"]) {
+        let body = told
+            .iter()
+            .find(|b| b["job_id"] == job.id.as_str())
+            .unwrap_or_else(|| panic!("no notice of {why} job: {told:?}"));
+        assert_eq!(
+            (body["state"].as_str(), body["error_type"].as_str()),
+            (Some("archiving"), Some(why))
+        );
+    }
+    // Nothing is owed any more, and no later row (an archive) tells again.
+    assert_eq!(rig.reader.notices_owed().await.unwrap(), 0);
     rig.stop().await;
 }

@@ -45,7 +45,7 @@ fn report(
 async fn mariadb_killed_and_restarted_under_load() {
     let mut mariadb = PrivateMariaDb::start();
     let consul = ConsulUnderTest::start().await;
-    let sink = spindle::sink::Sink::start("127.0.0.1:0".parse().unwrap())
+    let sink = spindle::cli::sink::Sink::start("127.0.0.1:0".parse().unwrap())
         .await
         .unwrap();
     let url: spindle::jobdb::JobDbUrl = mariadb.url("spindle_fault").parse().unwrap();

@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use common::*;
 use serde_json::json;
-use spindle::sink::Sink;
+use spindle::cli::sink::Sink;
 
 /// Submits 20 healthy jobs every 50 ms for `run`, then returns each job's submit-to-delivery
 /// latency once all arrived.

@@ -18,18 +18,16 @@ use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use common::procs::Proc;
-use common::s3::{Mode, S3Server};
+use common::cluster::Cluster;
+use common::procs::{skewed_clock, Proc};
+use common::s3::Mode;
 use common::*;
 use serde_json::{json, Value};
-use spindle::archive::{Archive, BatchKind};
+use spindle::archive::BatchKind;
+use spindle::cli::sink::Sink;
 use spindle::job::{JobId, State};
 use spindle::jobdb::JobDb;
-use spindle::registry::inventory::{Inventory, JobDbRecord, JobDbState};
-use spindle::sink::Sink;
-
-const TTL_MS: &str = "1000";
-const LOCK_DELAY_MS: &str = "500";
+use spindle::registry::inventory::JobDbState;
 
 fn scale() -> usize {
     std::env::var("SPINDLE_LIFECYCLE_SCALE")
@@ -38,348 +36,13 @@ fn scale() -> usize {
         .unwrap_or(1)
 }
 
-/// Consul, S3, a sink, and the processes of one test; its databases are dropped at the end.
-struct Life {
-    consul: ConsulUnderTest,
-    s3: S3Server,
-    bucket: String,
-    archive: Archive,
-    inventory: Inventory,
-    sink: Sink,
-    prefix: String,
-    client: reqwest::Client,
-}
-
-impl Life {
-    async fn start() -> Life {
-        let consul = ConsulUnderTest::start().await;
-        assert!(
-            consul.double.is_some(),
-            "the lifecycle tests use the in-repo double"
-        );
-        let s3 = S3Server::start().await;
-        let bucket = common::s3::unique_bucket("life");
-        let mut config = s3.config(&bucket);
-        // What the processes use (`--s3-prefix` default).
-        config.prefix = "spindle/".into();
-        let archive = Archive::connect(&config).await.expect("archive");
-        let prefix = format!("lc{}", &ulid::Ulid::new().to_string().to_lowercase()[16..]);
-        Life {
-            inventory: Inventory::new(consul.client.clone()),
-            consul,
-            s3,
-            bucket,
-            archive,
-            sink: Sink::start("127.0.0.1:0".parse().unwrap()).await.unwrap(),
-            prefix,
-            client: reqwest::Client::new(),
-        }
-    }
-
-    fn consul_url(&self) -> String {
-        self.consul.double.as_ref().unwrap().url()
-    }
-
-    fn s3_args(&self) -> Vec<String> {
-        [
-            "--s3-bucket",
-            &self.bucket,
-            "--s3-endpoint",
-            &self.s3.endpoint(),
-            "--s3-path-style",
-            "--s3-access-key-id",
-            "test",
-            "--s3-secret-access-key",
-            "test",
-            "--s3-timeout-ms",
-            "3000",
-        ]
-        .iter()
-        .map(|s| s.to_string())
-        .collect()
-    }
-
-    fn spawn(&self, args: Vec<String>) -> Proc {
-        Proc::spawn(&args, 0)
-    }
-
-    fn director(&self, id: &str) -> Proc {
-        self.director_with(id, &[])
-    }
-
-    /// A Director with more flags.
-    fn director_with(&self, id: &str, extra: &[&str]) -> Proc {
-        let mut args: Vec<String> = [
-            "director",
-            "--registry",
-            "consul",
-            "--consul-addr",
-            &self.consul_url(),
-            "--listen",
-            "127.0.0.1:{port}",
-            "--lock-ttl-ms",
-            TTL_MS,
-            "--lock-delay-ms",
-            LOCK_DELAY_MS,
-            "--service-ttl-ms",
-            "3000",
-            "--campaign-retry-ms",
-            "200",
-            "--director-id",
-            id,
-            "--allow-subnet",
-            "127.0.0.0/8",
-            "--shutdown-grace-ms",
-            "5000",
-        ]
-        .iter()
-        .map(|s| s.to_string())
-        .collect();
-        args.extend(self.s3_args());
-        args.extend(extra.iter().map(|s| s.to_string()));
-        self.spawn(args)
-    }
-
-    /// A router over every Director (a shard as large as `shard_size`), deduplicating in
-    /// memory.
-    fn router(&self, shard_size: usize) -> Proc {
-        self.spawn(
-            [
-                "router",
-                "--consul-addr",
-                &self.consul_url(),
-                "--listen",
-                "127.0.0.1:{port}",
-                "--redis",
-                "a=memory:",
-                "--shard-size",
-                &shard_size.to_string(),
-                "--catalog-ms",
-                "200",
-                "--suspect-ms",
-                "1000",
-                "--placement-prefix",
-                &format!("spindle-test/{}/placements", self.prefix),
-                "--forward-timeout-ms",
-                "5000",
-                "--resolve-ms",
-                "20000",
-            ]
-            .iter()
-            .map(|s| s.to_string())
-            .collect(),
-        )
-    }
-
-    fn manager(&self, id: &str, max_age_s: u64, spares: usize) -> Proc {
-        self.spawn(
-            [
-                "manager",
-                "--consul-addr",
-                &self.consul_url(),
-                "--mysql",
-                &mysql_server(),
-                "--prefix",
-                &self.prefix,
-                "--spares",
-                &spares.to_string(),
-                "--max-age-s",
-                &max_age_s.to_string(),
-                "--interval-ms",
-                "300",
-                "--lock-ttl-ms",
-                TTL_MS,
-                "--lock-delay-ms",
-                LOCK_DELAY_MS,
-                "--manager-id",
-                id,
-                "--metrics-listen",
-                "127.0.0.1:{port}",
-            ]
-            .iter()
-            .map(|s| s.to_string())
-            .collect(),
-        )
-    }
-
-    fn drainer(&self, id: &str) -> Proc {
-        let mut args: Vec<String> = [
-            "drainer",
-            "--consul-addr",
-            &self.consul_url(),
-            "--lock-ttl-ms",
-            TTL_MS,
-            "--lock-delay-ms",
-            LOCK_DELAY_MS,
-            "--poll-ms",
-            "200",
-            "--drainer-id",
-            id,
-            "--metrics-listen",
-            "127.0.0.1:{port}",
-        ]
-        .iter()
-        .map(|s| s.to_string())
-        .collect();
-        args.extend(self.s3_args());
-        self.spawn(args)
-    }
-
-    /// Creates a JobDB of this test and adds it to the inventory in `state`.
-    async fn add_jobdb(&self, tag: &str, state: JobDbState) -> (String, JobDb) {
-        let name = format!("{}_{tag}", self.prefix);
-        let url = format!("{}/{name}", mysql_server());
-        let db = JobDb::open(&url.parse().unwrap(), true, 4).await.unwrap();
-        let record = JobDbRecord {
-            name: name.clone(),
-            url,
-            state,
-            changed_at: chrono::Utc::now(),
-            changed_by: "test".into(),
-        };
-        assert!(self.inventory.add(&record).await.unwrap());
-        (name, db)
-    }
-
-    /// Waits until a process holds the lock of JobDB `name`.
-    async fn wait_owned(&self, name: &str, what: &str) {
-        wait_for(Duration::from_secs(20), what, || async {
-            self.inventory
-                .get(name)
-                .await
-                .unwrap()
-                .is_some_and(|l| l.holder.is_some())
-        })
-        .await;
-    }
-
-    /// Waits until JobDB `name` is marked drained.
-    async fn wait_drained(&self, name: &str, timeout: Duration) {
-        wait_for(timeout, "the jobdb drained", || async {
-            self.inventory
-                .get(name)
-                .await
-                .unwrap()
-                .is_some_and(|l| l.record.state == JobDbState::Drained)
-        })
-        .await;
-    }
-
-    /// Every database of this test that exists on the server.
-    async fn databases(&self) -> HashSet<String> {
-        let server: spindle::jobdb::JobDbUrl = format!("{}/any", mysql_server()).parse().unwrap();
-        let names = spindle::jobdb::databases_like(&server.server, &format!("{}\\_%", self.prefix))
-            .await
-            .unwrap();
-        names.into_iter().collect()
-    }
-
-    /// Where every job ended: final states found in the JobDBs still there, plus every job
-    /// in the archive (expired ones, and the histories of dropped JobDBs).
-    async fn census(&self) -> Census {
-        let mut census = Census::default();
-        for l in self.inventory.list().await.unwrap() {
-            if l.record.state == JobDbState::Dropped {
-                continue;
-            }
-            // A drained JobDB may be dropped while we look: its jobs are in the archive
-            // (listed after this), so a JobDB that vanishes is skipped.
-            let Ok(db) = JobDb::open(&l.record.url.parse().unwrap(), false, 2).await else {
-                continue;
-            };
-            let Ok(rows) = db.all_transitions().await else {
-                continue;
-            };
-            db.close().await;
-            let mut by_job: std::collections::BTreeMap<JobId, Vec<spindle::job::Transition>> =
-                Default::default();
-            for (_, t) in rows {
-                by_job.entry(t.job_id).or_default().push(t);
-            }
-            for (id, history) in by_job {
-                assert_legal(&history);
-                let last = history.last().unwrap().state;
-                census.note(id, last, &l.record.name);
-            }
-        }
-        for m in self.archive.manifests(None).await.unwrap() {
-            for job in self.archive.read_batch(&m.object_key).await.unwrap() {
-                let id = job.job_id().unwrap();
-                let last = job.last_state();
-                census.archived_copies.entry(id).or_default().push(m.kind);
-                match (m.kind, last) {
-                    // The object holds the job up to `archiving`; `archived` follows its
-                    // confirmation, in a JobDB that may be gone by now.
-                    (BatchKind::Expired, _) => census.note(id, State::Archived, &m.jobdb),
-                    (_, Some(state)) => census.note(id, state, &m.jobdb),
-                    _ => {}
-                }
-            }
-        }
-        census
-    }
-
-    async fn stop(self) {
-        let names = self.databases().await;
-        for name in names {
-            let url: spindle::jobdb::JobDbUrl =
-                format!("{}/{name}", mysql_server()).parse().unwrap();
-            let _ = spindle::jobdb::drop_database(&url).await;
-        }
-        self.sink.stop().await;
-        self.consul.stop().await;
-    }
-}
-
-#[derive(Default)]
-struct Census {
-    /// Final states (succeeded, discarded, archived) seen per job, with where.
-    finals: HashMap<JobId, Vec<(State, String)>>,
-    /// Archive batch kinds each job appears in.
-    archived_copies: HashMap<JobId, Vec<BatchKind>>,
-    /// Jobs moved out of a retired JobDB at least once.
-    moved: HashSet<JobId>,
-}
-
-impl Census {
-    fn note(&mut self, id: JobId, state: State, place: &str) {
-        if state == State::Moved {
-            self.moved.insert(id);
-        }
-        let entry = self.finals.entry(id).or_default();
-        if state.is_final() {
-            // One end, two records of it: a job archived as expired is also `archived` in its
-            // JobDB; and a JobDB read live may be drained before the archive is read, its
-            // history batch then holding the same end (the place is the JobDB either way).
-            if entry.iter().any(|(s, p)| {
-                *s == state && (p == place || (state == State::Archived && *s == State::Archived))
-            }) {
-                return;
-            }
-            entry.push((state, place.to_owned()));
-        }
-    }
-
-    /// Asserts every accepted job has exactly one final state and nothing else appears.
-    fn assert_exactly_once(&self, accepted: &HashSet<JobId>) -> HashMap<State, usize> {
-        let mut by_state = HashMap::new();
-        for id in accepted {
-            let finals = self.finals.get(id).map(Vec::as_slice).unwrap_or(&[]);
-            assert_eq!(finals.len(), 1, "job {id} ended {finals:?}");
-            *by_state.entry(finals[0].0).or_default() += 1;
-        }
-        let invented: Vec<_> = self
-            .finals
-            .keys()
-            .filter(|id| !accepted.contains(id))
-            .collect();
-        assert!(invented.is_empty(), "jobs nobody submitted: {invented:?}");
-        for (id, kinds) in &self.archived_copies {
-            let expired = kinds.iter().filter(|k| **k == BatchKind::Expired).count();
-            assert!(expired <= 1, "job {id} archived {expired} times");
-        }
-        by_state
-    }
+/// Consul, S3 and a sink; each test starts its own processes and JobDBs, dropped at the end.
+async fn start() -> Cluster {
+    Cluster::builder("lc")
+        .s3()
+        .director_args("--shutdown-grace-ms 5000")
+        .start()
+        .await
 }
 
 /// Submits `jobs` to any of `bases` until one takes them; returns ids and the latency.
@@ -426,7 +89,7 @@ struct Load {
 /// start (its jobs retry across JobDB cycles, are moved, and succeed once it is back), 5% to
 /// one that stays down (they expire to the archive), 5% to one that refuses (discarded).
 async fn load(
-    life: &Life,
+    life: &Cluster,
     bases: Vec<String>,
     duration: Duration,
     per_second: usize,
@@ -477,32 +140,16 @@ async fn cycling_run(
     min_cycles: usize,
     outage: Duration,
 ) {
-    let life = Life::start().await;
+    let life = start().await;
     let mut manager = life.manager("m1", max_age_s, 2);
     let mut drainer = life.drainer("dr1");
     wait_for(Duration::from_secs(30), "spares created", || async {
-        life.inventory
-            .list()
-            .await
-            .unwrap()
-            .iter()
-            .filter(|l| l.record.state == JobDbState::Spare)
-            .count()
-            >= 2
+        life.in_state(JobDbState::Spare).await >= 2
     })
     .await;
     let mut directors = vec![life.director("d1"), life.director("d2")];
     let bases: Vec<String> = directors.iter().map(Proc::base).collect();
-    wait_for(Duration::from_secs(30), "directors ready", || async {
-        for b in &bases {
-            let ok = life.client.get(format!("{b}/readyz")).send().await;
-            if !matches!(ok, Ok(r) if r.status().is_success()) {
-                return false;
-            }
-        }
-        true
-    })
-    .await;
+    life.wait_ready(&directors).await;
 
     let load = load(&life, bases.clone(), duration, per_second, outage).await;
     println!(
@@ -688,7 +335,7 @@ async fn fill_retired(
 async fn a_drainer_killed_at_random_converges_without_loss_or_duplicates() {
     let n = 6000 * scale();
     let kills = 20;
-    let life = Life::start().await;
+    let life = start().await;
     let (retired, db) = life.add_jobdb("old", JobDbState::Retiring).await;
     let (live, expired) = fill_retired(&db, &life.sink, n, 10).await;
     db.close().await;
@@ -714,13 +361,7 @@ async fn a_drainer_killed_at_random_converges_without_loss_or_duplicates() {
     );
 
     // In the retired JobDB: every job moved or archived, once.
-    let old = JobDb::open(
-        &format!("{}/{retired}", mysql_server()).parse().unwrap(),
-        false,
-        2,
-    )
-    .await
-    .unwrap();
+    let old = life.open(&retired).await;
     let old_histories = histories(&old).await;
     assert_eq!(old_histories.len(), n);
     for (id, history) in &old_histories {
@@ -734,13 +375,7 @@ async fn a_drainer_killed_at_random_converges_without_loss_or_duplicates() {
     }
     // In the live JobDB: each moved job exactly once (one job row; the primary key), and
     // nothing else.
-    let new = JobDb::open(
-        &format!("{}/{spare}", mysql_server()).parse().unwrap(),
-        false,
-        2,
-    )
-    .await
-    .unwrap();
+    let new = life.open(&spare).await;
     let present = new
         .existing_jobs(&live.iter().copied().collect::<Vec<_>>())
         .await
@@ -813,7 +448,7 @@ fn stored_job(
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_retiring_jobdb_hands_scheduled_jobs_on_with_their_times() {
     use spindle::job::{Job, Transition};
-    let life = Life::start().await;
+    let life = start().await;
     let (retired, db) = life.add_jobdb("sched", JobDbState::Retiring).await;
     let token = db.take_ownership("test").await.unwrap();
     let started = (Instant::now(), chrono::Utc::now());
@@ -891,7 +526,7 @@ async fn ordered_keys_keep_their_order_through_a_router_a_kill_9_a_retirement_an
     const KEYS: usize = 10;
     const PER_REQUEST: usize = 5;
     let per_key = 100 * scale();
-    let life = Life::start().await;
+    let life = start().await;
     for i in 0..5 {
         life.add_jobdb(&format!("o{i}"), JobDbState::Spare).await;
     }
@@ -900,7 +535,7 @@ async fn ordered_keys_keep_their_order_through_a_router_a_kill_9_a_retirement_an
         .map(|i| life.director_with(&format!("d{i}"), &fast))
         .collect();
     let mut drainer = life.drainer("dr");
-    let mut router = life.router(3);
+    let mut router = life.spawn_router(3, &[]);
     let held = || async {
         life.inventory
             .list()
@@ -917,15 +552,7 @@ async fn ordered_keys_keep_their_order_through_a_router_a_kill_9_a_retirement_an
     )
     .await;
     let router_base = router.base();
-    wait_for(Duration::from_secs(30), "the router ready", || async {
-        let ready = life
-            .client
-            .get(format!("{router_base}/readyz"))
-            .send()
-            .await;
-        matches!(ready, Ok(r) if r.status().is_success())
-    })
-    .await;
+    life.wait_ready([&router]).await;
 
     // The producer: requests of five jobs per key, one after another; a job the router did
     // not store is submitted again (a new job, later in its key's order).
@@ -1044,10 +671,10 @@ async fn ordered_keys_keep_their_order_through_a_router_a_kill_9_a_retirement_an
         "{by_state:?}"
     );
     // Each key's requests, by the job's place in its key's acceptance order.
+    // The producer waits for each answer before its next request: a key's jobs were
+    // accepted in the order they were acknowledged, whatever their ids say.
     let mut place: HashMap<String, (String, usize)> = HashMap::new();
     for (key, jobs) in &accepted {
-        let mut jobs = jobs.clone();
-        jobs.sort();
         for (i, id) in jobs.iter().enumerate() {
             place.insert(id.to_string(), (key.clone(), i));
         }
@@ -1082,7 +709,7 @@ async fn ordered_keys_keep_their_order_through_a_router_a_kill_9_a_retirement_an
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn completion_notices_are_moved_and_told_across_a_drain() {
     use spindle::job::{Job, Transition};
-    let life = Life::start().await;
+    let life = start().await;
     let (retired, db) = life.add_jobdb("told", JobDbState::Retiring).await;
     let token = db.take_ownership("test").await.unwrap();
     let now = chrono::Utc::now();
@@ -1132,30 +759,35 @@ async fn completion_notices_are_moved_and_told_across_a_drain() {
         assert!(told.insert(id, state).is_none(), "one notice per job");
     }
     assert_eq!(told.len(), 2);
-    assert_eq!(told[&expired.id.to_string()], "archived");
+    // Expiry is the end: told at `archiving`, not when the archive confirms its copy.
+    assert_eq!(told[&expired.id.to_string()], "archiving");
     assert_eq!(told[&waiting.id.to_string()], "succeeded");
     drainer.term().await;
     director.term().await;
     life.stop().await;
 }
 
-/// A job a live Director refuses for good must not block a drain. Before, submit and import
-/// disagreed (a bucket of 128 two-byte characters was a valid submission and an invalid
-/// import): the drainer retried that batch forever and the JobDB was never drained. Now both
-/// paths share one validation (that job moves), and a job the target still refuses (here a
-/// 2 MiB payload, above the live Director's 1 MiB limit) ends `discarded` / `import-refused`
-/// in the retired JobDB with the target's answer, while the rest of its batch moves on.
+/// A job accepted once is never discarded because of where it is being moved. A retiring JobDB
+/// holds 40 ordinary jobs and three odd ones: a bucket of 128 two-byte characters (once a valid
+/// submission and an invalid import: both paths now share one validation, so it moves), a
+/// 100 KiB payload (accepted by a Director with the default 1 MiB limit), and an `ftp://`
+/// endpoint (an older version's row: no Director of this version can take it). The only live
+/// Director runs with `--max-payload-bytes 65536`: it refuses the big job (413). Before, that
+/// job ended `discarded`/`import-refused` like the invalid one. Now the drainer parks only the
+/// invalid job (with why), keeps the big one waiting in the retired JobDB (a `move-refused`
+/// row, counted, tried again with backoff, the JobDB not drained), and once a Director with
+/// default limits comes, moves it there: it is delivered exactly once and the drain ends.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_job_a_live_director_refuses_is_parked_and_the_drain_goes_on() {
+async fn a_job_a_live_director_refuses_waits_for_one_that_takes_it() {
     use spindle::job::{Job, RetryPolicy, Transition};
-    let life = Life::start().await;
+    let life = start().await;
     let (retired, db) = life.add_jobdb("refusing", JobDbState::Retiring).await;
     let (live, _) = fill_retired(&db, &life.sink, 40, 0).await;
     let now = chrono::Utc::now();
-    let odd = |bucket: &str, payload: Vec<u8>| Job {
+    let odd = |bucket: &str, endpoint: String, payload: Vec<u8>| Job {
         id: JobId(ulid::Ulid::new()),
         bucket: bucket.into(),
-        endpoint: life.sink.url("/ok").into(),
+        endpoint: endpoint.into(),
         method: "POST".into(),
         headers: vec![("content-type".into(), "application/octet-stream".into())],
         payload: bytes::Bytes::from(payload),
@@ -1170,10 +802,12 @@ async fn a_job_a_live_director_refuses_is_parked_and_the_drain_goes_on() {
         on_complete: None,
         ordering: None,
     };
-    let wide = odd(&"é".repeat(128), b"{}".to_vec());
-    let huge = odd("b1", vec![b'x'; 2 * 1024 * 1024]);
+    let wide = odd(&"é".repeat(128), life.sink.url("/ok"), b"{}".to_vec());
+    let big = odd("b1", life.sink.url("/ok"), vec![b'x'; 100 * 1024]);
+    let invalid = odd("b1", "ftp://files.example/up".into(), b"{}".to_vec());
     let (token, _) = db.owner().await.unwrap();
-    let rows: Vec<(u64, Transition)> = [&wide, &huge]
+    let odd_ones = [&wide, &big, &invalid];
+    let rows: Vec<(u64, Transition)> = odd_ones
         .iter()
         .enumerate()
         .map(|(i, job)| {
@@ -1183,37 +817,166 @@ async fn a_job_a_live_director_refuses_is_parked_and_the_drain_goes_on() {
             )
         })
         .collect();
-    db.append(
-        token,
-        &[Arc::new(wide.clone()), Arc::new(huge.clone())],
-        &rows,
-    )
-    .await
-    .unwrap();
+    let jobs: Vec<Arc<Job>> = odd_ones.iter().map(|j| Arc::new((*j).clone())).collect();
+    db.append(token, &jobs, &rows).await.unwrap();
     db.close().await;
-    let (spare, _spare_db) = life.add_jobdb("taking", JobDbState::Spare).await;
-    let mut director = life.director("d1");
-    life.wait_owned(&spare, "the director on the spare").await;
+    let (small, _small_db) = life.add_jobdb("small", JobDbState::Spare).await;
+    let mut strict = life.director_with("d1", &["--max-payload-bytes", "65536"]);
+    life.wait_owned(&small, "the strict director on its spare")
+        .await;
     let mut drainer = life.drainer("dr");
-    life.wait_drained(&retired, Duration::from_secs(60)).await;
-    let old = JobDb::open(
-        &format!("{}/{retired}", mysql_server()).parse().unwrap(),
-        false,
-        2,
+    let old = life.open(&retired).await;
+
+    // The target has answered for both odd jobs.
+    wait_for(Duration::from_secs(60), "both refusals taken", || async {
+        let h = histories(&old).await;
+        let answered = |id: &JobId| {
+            h.get(id).and_then(|h| h.last()).is_some_and(|t| {
+                t.state.is_terminal() || t.error_type.as_deref() == Some("move-refused")
+            })
+        };
+        answered(&big.id) && answered(&invalid.id)
+    })
+    .await;
+    let last = histories(&old).await[&big.id].last().cloned().unwrap();
+    assert_eq!(
+        (last.state, last.error_type.as_deref()),
+        (State::AwaitingRetry, Some("move-refused")),
+        "the job the target refused for its own limit: {last:?}"
+    );
+    // It waits: refused (413) again and again, with its answer in a row, counted.
+    let refusals = |text: &str, reason: &str| {
+        metric_value(
+            text,
+            &format!("spindle_import_refusals_total{{reason=\"{reason}\"}}"),
+        )
+    };
+    wait_for(
+        Duration::from_secs(60),
+        "the big job refused three times",
+        || async {
+            refusals(
+                &metrics_text(&life.client, &drainer.base()).await,
+                "target_limit",
+            ) >= 3.0
+        },
     )
-    .await
-    .unwrap();
+    .await;
+    let text = metrics_text(&life.client, &drainer.base()).await;
+    assert_eq!(refusals(&text, "invalid"), 1.0, "{text}");
+    assert_eq!(
+        metric_value(
+            &text,
+            &format!("spindle_jobs_waiting_for_target{{jobdb=\"{retired}\"}}")
+        ),
+        1.0,
+        "{text}"
+    );
     let h = histories(&old).await;
     for id in live.iter().chain([&wide.id]) {
         assert_eq!(h[id].last().unwrap().state, State::Moved, "{id}");
     }
-    let parked = h[&huge.id].last().unwrap();
-    assert_legal(&h[&huge.id]);
+    let waiting = h[&big.id].last().unwrap();
+    assert_legal(&h[&big.id]);
+    assert_eq!(waiting.state, State::AwaitingRetry);
+    assert_eq!(waiting.error_type.as_deref(), Some("move-refused"));
+    let answer = String::from_utf8_lossy(waiting.error_response.as_deref().unwrap());
+    assert!(
+        answer.contains(&small) && answer.contains("413"),
+        "{answer}"
+    );
+    println!("waiting: {answer}");
+    // One row per answer, however often it is heard.
+    let rows = h[&big.id]
+        .iter()
+        .filter(|t| t.error_type.as_deref() == Some("move-refused"))
+        .count();
+    assert_eq!(rows, 1);
+    // The job no Director of this version can take is parked, saying why.
+    let parked = h[&invalid.id].last().unwrap();
+    assert_legal(&h[&invalid.id]);
     assert_eq!(parked.state, State::Discarded);
     assert_eq!(parked.error_type.as_deref(), Some("import-refused"));
     let why = String::from_utf8_lossy(parked.error_response.as_deref().unwrap());
-    assert!(why.contains("413") && why.contains("payload"), "{why}");
+    assert!(
+        why.contains("no director of this version") && why.contains("endpoint"),
+        "{why}"
+    );
     println!("parked: {why}");
+    // Not drained while a job waits (the manager would drop it).
+    let state = life
+        .inventory
+        .get(&retired)
+        .await
+        .unwrap()
+        .unwrap()
+        .record
+        .state;
+    assert_eq!(state, JobDbState::Draining);
+
+    // A Director with the default limits comes: the job moves there and is delivered once.
+    let (roomy, roomy_db) = life.add_jobdb("roomy", JobDbState::Spare).await;
+    let mut director = life.director("d2");
+    life.wait_owned(&roomy, "the second director on its spare")
+        .await;
+    life.wait_drained(&retired, Duration::from_secs(90)).await;
+    let h = histories(&old).await;
+    assert_eq!(h[&big.id].last().unwrap().state, State::Moved);
+    assert_legal(&h[&big.id]);
+    assert_eq!(
+        roomy_db.origin_of(big.id).await.unwrap().as_deref(),
+        Some(retired.as_str())
+    );
+    let big_id = big.id.to_string();
+    wait_for(Duration::from_secs(30), "the big job delivered", || async {
+        life.sink.per_job().get(&big_id).copied().unwrap_or(0) >= 1
+    })
+    .await;
+    let delivered = life.sink.received();
+    let copies = delivered.iter().filter(|r| r.job_id == big_id).count();
+    assert_eq!(copies, 1, "delivered exactly once");
+    let text = metrics_text(&life.client, &drainer.base()).await;
+    assert!(
+        !text.contains(&format!(
+            "spindle_jobs_waiting_for_target{{jobdb=\"{retired}\"}}"
+        )),
+        "{text}"
+    );
+    old.close().await;
+    roomy_db.close().await;
+    drainer.term().await;
+    director.term().await;
+    strict.term().await;
+    life.stop().await;
+}
+
+/// A target whose request limit is below a batch refuses the batch without naming a job (413,
+/// `body`). The drainer then sends its jobs one request each; those were not recorded `moved`
+/// before, so the whole batch went again, was refused again, and the drain never ended. Now
+/// each job that goes through alone is recorded at once and the drain ends.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_director_with_a_small_request_limit_takes_a_batch_one_job_at_a_time() {
+    let life = start().await;
+    let (retired, db) = life.add_jobdb("batchy", JobDbState::Retiring).await;
+    let (live, _) = fill_retired(&db, &life.sink, 30, 0).await;
+    db.close().await;
+    let (spare, _spare_db) = life.add_jobdb("narrow", JobDbState::Spare).await;
+    let mut director = life.director_with("d1", &["--max-request-bytes", "4096"]);
+    life.wait_owned(&spare, "the director on the spare").await;
+    let mut drainer = life.drainer("dr");
+    life.wait_drained(&retired, Duration::from_secs(60)).await;
+    let old = life.open(&retired).await;
+    let h = histories(&old).await;
+    for id in &live {
+        assert_eq!(h[id].last().unwrap().state, State::Moved, "{id}");
+        assert_legal(&h[id]);
+    }
+    let text = metrics_text(&life.client, &drainer.base()).await;
+    assert_eq!(
+        metric_value(&text, "spindle_jobs_moved_total"),
+        30.0,
+        "{text}"
+    );
     old.close().await;
     drainer.term().await;
     director.term().await;
@@ -1222,20 +985,14 @@ async fn a_job_a_live_director_refuses_is_parked_and_the_drain_goes_on() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn while_s3_fails_expired_jobs_stay_archiving() {
-    let life = Life::start().await;
+    let life = start().await;
     let (jobdb, _db) = life.add_jobdb("s3", JobDbState::Spare).await;
     let mut director = life.director("d1");
     life.wait_owned(&jobdb, "the director").await;
-    let reader = JobDb::open(
-        &format!("{}/{jobdb}", mysql_server()).parse().unwrap(),
-        false,
-        2,
-    )
-    .await
-    .unwrap();
+    let reader = life.open(&jobdb).await;
     let n = 300;
     for mode in [Mode::Error503, Mode::Down] {
-        life.s3.set_mode(mode);
+        life.s3().set_mode(mode);
         let jobs: Vec<Value> = (0..n)
             .map(|i| {
                 json!({"bucket": "b", "endpoint": life.sink.url("/status/503"), "ttl_ms": 1000 + i,
@@ -1264,10 +1021,10 @@ async fn while_s3_fails_expired_jobs_stay_archiving() {
             .unwrap_or(0.0);
         assert!(failures > 0.0, "{mode:?}: uploads are being retried");
         // Straight to moto, past the failing proxy: nothing was stored.
-        let stored = common::s3::boto3_keys(&life.s3.moto_endpoint(), &life.bucket).await;
+        let stored = common::s3::boto3_keys(&life.s3().moto_endpoint(), life.bucket()).await;
         assert!(stored.is_empty(), "{mode:?}: objects stored: {stored:?}");
     }
-    life.s3.set_mode(Mode::Pass);
+    life.s3().set_mode(Mode::Pass);
     wait_all_final(&reader, 2 * n as u64, Duration::from_secs(60)).await;
     let counts = reader.count_by_state().await.unwrap();
     assert_eq!(
@@ -1276,7 +1033,7 @@ async fn while_s3_fails_expired_jobs_stay_archiving() {
         "{counts:?}"
     );
     // Read back with an independent client: every job in exactly one object.
-    let dump = common::s3::boto3_dump(&life.s3.moto_endpoint(), &life.bucket).await;
+    let dump = common::s3::boto3_dump(&life.s3().moto_endpoint(), life.bucket()).await;
     let mut seen = HashMap::<String, usize>::new();
     for (key, value) in &dump {
         if key.ends_with(".ndjson.gz") {
@@ -1296,31 +1053,18 @@ async fn while_s3_fails_expired_jobs_stay_archiving() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_standby_manager_takes_over_within_the_lock_bound() {
-    let life = Life::start().await;
+    let life = start().await;
     let mut first = life.manager("m1", 3600, 1);
     wait_for(
         Duration::from_secs(20),
         "the first manager's spare",
-        || async {
-            life.inventory
-                .list()
-                .await
-                .unwrap()
-                .iter()
-                .any(|l| l.record.state == JobDbState::Spare)
-        },
+        || async { life.in_state(JobDbState::Spare).await > 0 },
     )
     .await;
     let _standby = life.manager("m2", 3600, 2);
     tokio::time::sleep(Duration::from_secs(2)).await;
-    let spares = |listed: Vec<spindle::registry::inventory::Listed>| {
-        listed
-            .iter()
-            .filter(|l| l.record.state == JobDbState::Spare)
-            .count()
-    };
     assert_eq!(
-        spares(life.inventory.list().await.unwrap()),
+        life.in_state(JobDbState::Spare).await,
         1,
         "the standby does nothing"
     );
@@ -1347,7 +1091,7 @@ async fn a_standby_manager_takes_over_within_the_lock_bound() {
     .await;
     let locked = killed.elapsed();
     wait_for(Duration::from_secs(20), "the standby to manage", || async {
-        spares(life.inventory.list().await.unwrap()) >= 2
+        life.in_state(JobDbState::Spare).await >= 2
     })
     .await;
     let acted = killed.elapsed();
@@ -1379,7 +1123,7 @@ async fn drain_benchmark() {
     };
     let n = env("SPINDLE_DRAIN_JOBS", 50_000);
     let expired_percent = env("SPINDLE_DRAIN_EXPIRED_PERCENT", 10);
-    let life = Life::start().await;
+    let life = start().await;
     let (retired, db) = life.add_jobdb("old", JobDbState::Spare).await;
     let filled = Instant::now();
     let (live, expired) = fill_retired(&db, &life.sink, n, expired_percent).await;
@@ -1408,7 +1152,7 @@ async fn drain_benchmark() {
     life.wait_drained(&to_drain.record.name, Duration::from_secs(1800))
         .await;
     let took = started.elapsed().as_secs_f64();
-    let manifests = life.archive.manifests(None).await.unwrap();
+    let manifests = life.archive().manifests(None).await.unwrap();
     let jobs: u64 = manifests.iter().map(|m| m.jobs).sum();
     let compressed: u64 = manifests.iter().map(|m| m.compressed_bytes).sum();
     let raw: u64 = manifests.iter().map(|m| m.uncompressed_bytes).sum();
@@ -1441,7 +1185,7 @@ async fn drop_versus_delete() {
         .ok()
         .and_then(|v| v.parse().ok())
         .unwrap_or(1_000_000);
-    let life = Life::start().await;
+    let life = start().await;
     let mut timings = Vec::new();
     for tag in ["del", "drop"] {
         let (_, db) = life.add_jobdb(tag, JobDbState::Spare).await;
@@ -1467,5 +1211,164 @@ async fn drop_versus_delete() {
         timings[0].1,
         timings[1].1
     );
+    life.stop().await;
+}
+
+/// A key's order is the order its jobs were accepted, whatever the clocks of the routers
+/// that named them: a producer alternates two routers, one 5 s ahead, waiting for each answer
+/// before the next job. The ahead router's job ids sort after the other's; ordering by id (as
+/// schema 8 did) would send every job of the accurate router first.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_key_keeps_acceptance_order_when_a_router_clock_is_skewed() {
+    const JOBS: usize = 24;
+    let life = start().await;
+    life.add_jobdb("skew", JobDbState::Spare).await;
+    let mut director = life.director("d0");
+    let skew = skewed_clock("+5s");
+    let skew: Vec<(&str, &str)> = skew.iter().map(|(k, v)| (*k, v.as_str())).collect();
+    let mut routers = [life.spawn_router(1, &skew), life.spawn_router(1, &[])];
+    for router in &routers {
+        life.wait_ready([router]).await;
+    }
+    // A slow endpoint, so most jobs wait for their turn while later ones arrive.
+    let url = life.sink.url("/slow/50");
+    let mut order = Vec::new();
+    for i in 0..JOBS {
+        let base = routers[i % 2].base();
+        let body = json!({"jobs": [{"bucket": "skew", "endpoint": url, "ordering_key": "k",
+                                    "payload": {"i": i}}]});
+        let reply: Value = wait_submit(&life.client, &base, &body).await;
+        assert_eq!(reply["jobs"][0]["status"], "accepted", "{reply}");
+        order.push(reply["jobs"][0]["id"].as_str().unwrap().to_owned());
+    }
+    let ids: Vec<JobId> = order.iter().map(|id| id.parse().unwrap()).collect();
+    let (ahead, accurate) = (ids[0].0.timestamp_ms(), ids[1].0.timestamp_ms());
+    assert!(
+        ahead > accurate + 3000,
+        "the skewed router's ids are ahead: {ahead} vs {accurate}"
+    );
+    wait_for(Duration::from_secs(60), "every job delivered", || async {
+        life.sink.per_job().len() == JOBS
+    })
+    .await;
+    let place: HashMap<String, (String, usize)> = order
+        .iter()
+        .enumerate()
+        .map(|(i, id)| (id.clone(), ("k".to_owned(), i)))
+        .collect();
+    let seen: Vec<(usize, u16)> = life
+        .sink
+        .received()
+        .iter()
+        .filter_map(|r| place.get(&r.job_id).map(|(_, i)| (*i, r.status)))
+        .collect();
+    assert_one_at_a_time("k", &seen, JOBS);
+    for router in &mut routers {
+        router.term().await;
+    }
+    director.term().await;
+    life.stop().await;
+}
+
+/// Posts `body` to `base`'s `/v1/jobs` until it is answered 202 (a router may still be
+/// finding its Directors), and returns the answer.
+async fn wait_submit(client: &reqwest::Client, base: &str, body: &Value) -> Value {
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let reply = client
+            .post(format!("{base}/v1/jobs"))
+            .json(body)
+            .send()
+            .await;
+        if let Ok(r) = reply {
+            if r.status() == reqwest::StatusCode::ACCEPTED {
+                return r.json().await.unwrap();
+            }
+        }
+        assert!(Instant::now() < deadline, "no 202 from {base}");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+/// `ordering_failure: block` follows its key across JobDBs: a key blocked in a JobDB that
+/// retires keeps its later jobs waiting where the drainer moves them (a Director's sequencer
+/// reads the draining JobDB's blocks as its own), the block lands in a live JobDB before the
+/// retired one is drained, and the key goes on, in order, once an operator deletes it there.
+/// (Before, the block was dropped with the retired JobDB and the moved jobs were delivered.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_blocked_key_stays_blocked_when_its_jobs_move_to_another_jobdb() {
+    let life = start().await;
+    let (first, _) = life.add_jobdb("blk1", JobDbState::Spare).await;
+    let mut director = life.director_with("d0", &["--min-retry-delay-ms", "20"]);
+    life.wait_owned(&first, "the director on its jobdb").await;
+    let (second, second_db) = life.add_jobdb("blk2", JobDbState::Spare).await;
+    let mut router = life.spawn_router(1, &[]);
+    let base = router.base();
+    let url = life.sink.url("/flaky/0");
+    let job = |i: usize, extra: Value| {
+        let mut job = json!({"bucket": "blk", "endpoint": url, "ordering_key": "k",
+                             "payload": {"i": i}});
+        job.as_object_mut()
+            .unwrap()
+            .extend(extra.as_object().cloned().unwrap_or_default());
+        job
+    };
+    let body = json!({"jobs": [
+        job(0, json!({"ordering_failure": "block", "headers": {"x-sink-status": "400"}})),
+        job(1, json!({})),
+        job(2, json!({})),
+    ]});
+    let reply = wait_submit(&life.client, &base, &body).await;
+    let ids: Vec<String> = reply["jobs"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|j| j["id"].as_str().unwrap().to_owned())
+        .collect();
+    let first_db = life.open(&first).await;
+    wait_for(Duration::from_secs(20), "the key blocked", || async {
+        first_db.ordering_counts().await.unwrap().blocked == 1
+    })
+    .await;
+    first_db.close().await;
+    // The JobDB retires: the Director hands off to the spare, a drainer moves the two
+    // waiting jobs and carries the block.
+    let listed = life.inventory.get(&first).await.unwrap().unwrap();
+    assert!(life
+        .inventory
+        .set_state(&listed, JobDbState::Retiring, "test")
+        .await
+        .unwrap());
+    let mut drainer = life.drainer("dr");
+    life.wait_drained(&first, Duration::from_secs(60)).await;
+    let counts = second_db.ordering_counts().await.unwrap();
+    assert_eq!(
+        (counts.held, counts.blocked),
+        (2, 1),
+        "the moved jobs wait, blocked, in {second}"
+    );
+    // Longer than a sweep: nothing releases a blocked key by itself.
+    tokio::time::sleep(spindle::director::sequencer::SWEEP_EVERY + Duration::from_secs(1)).await;
+    let per_job = life.sink.per_job();
+    assert!(
+        !per_job.contains_key(&ids[1]) && !per_job.contains_key(&ids[2]),
+        "a blocked key's jobs were sent after a move: {per_job:?}"
+    );
+    let blocked = second_db.blocked_keys().await.unwrap();
+    assert_eq!(blocked[0].job_id.to_string(), ids[0]);
+    assert_eq!(blocked[0].ordering_key, "k");
+    operator_sql(&second_db, "DELETE FROM ordering_blocked").await;
+    wait_for(Duration::from_secs(20), "the key goes on", || async {
+        let per_job = life.sink.per_job();
+        per_job.contains_key(&ids[1]) && per_job.contains_key(&ids[2])
+    })
+    .await;
+    let log = life.sink.received();
+    let at = |id: &str| log.iter().position(|r| r.job_id == id).unwrap();
+    assert!(at(&ids[1]) < at(&ids[2]));
+    second_db.close().await;
+    router.term().await;
+    drainer.term().await;
+    director.term().await;
     life.stop().await;
 }

@@ -66,6 +66,15 @@ async fn every_documented_statement_runs_and_finds_its_rows() {
             json!({"bucket": "later", "endpoint": rig.sink.url("/ok"), "delay_ms": 86_400_000}),
         ])
         .await);
+    // An ordered key whose first job is scheduled for the day after tomorrow: the key's second
+    // job waits behind it.
+    let behind = ids(rig
+        .submit(vec![
+            json!({"bucket": "sched", "endpoint": rig.sink.url("/ok"), "ordering_key": "sched-1",
+                   "delay_ms": 172_800_000}),
+            json!({"bucket": "sched", "endpoint": rig.sink.url("/ok"), "ordering_key": "sched-1"}),
+        ])
+        .await);
     // Two jobs that ask to be told when they end: one delivered (its notice delivered too),
     // one waiting for a retry (its notice still owed).
     rig.submit(vec![
@@ -82,7 +91,7 @@ async fn every_documented_statement_runs_and_finds_its_rows() {
             json!({"bucket": "ord", "endpoint": rig.sink.url("/flaky/0"), "ordering_key": "order-1234"}),
         ])
         .await);
-    rig.wait_in_state(State::AwaitingRetry, 10, Duration::from_secs(10))
+    rig.wait_in_state(State::AwaitingRetry, 11, Duration::from_secs(10))
         .await;
     rig.wait_in_state(State::Succeeded, 5, Duration::from_secs(10))
         .await;
@@ -164,9 +173,23 @@ async fn every_documented_statement_runs_and_finds_its_rows() {
             assert_eq!(rows.len(), 3, "a delivered job's trace has three steps");
         }
         if sql.contains("w.attempts = 0") {
-            assert_eq!(rows.len(), 1, "one job scheduled for later");
+            assert_eq!(rows.len(), 2, "two jobs scheduled for later");
             let job: String = rows[0].try_get("job").unwrap();
             assert_eq!(job, later[0].parse::<JobId>().unwrap().to_hex());
+        }
+        if sql.contains("AS scheduled_job") {
+            // The key waits for its scheduled job, with one job behind it.
+            assert_eq!(rows.len(), 1, "one key waits for a scheduled job");
+            let job: String = rows[0].try_get("scheduled_job").unwrap();
+            assert_eq!(job, behind[0].parse::<JobId>().unwrap().to_hex());
+            let waiting: i64 = rows[0].try_get("waiting").unwrap();
+            assert_eq!(waiting, 1);
+            assert!(!rig.sink.per_job().contains_key(&behind[1]));
+        }
+        if sql.contains("'move-refused'") {
+            // A live Director's JobDB has no refused move: one row saying none waits.
+            let waiting: i64 = rows[0].try_get("waiting").unwrap();
+            assert_eq!(waiting, 0);
         }
         if sql.contains("DELETE FROM ordering_blocked") {
             // Both reads found the waiting job and the block; the release lets it go.

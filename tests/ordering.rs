@@ -12,12 +12,16 @@ use std::time::Duration;
 
 use common::*;
 use serde_json::{json, Value};
+use spindle::cli::sink::Received;
 use spindle::job::State;
-use spindle::sink::Received;
+use spindle::jobdb::{JobDb, JobDbUrl};
 
 on_both_engines!(
     ordered_keys_go_one_at_a_time_in_acceptance_order_across_a_restart,
     a_blocking_failure_holds_its_key_until_an_operator_releases_it,
+    an_expired_job_lets_its_key_go_at_once_and_a_held_one_expires_on_time,
+    an_operator_flush_or_discard_of_a_held_job_ends_it_and_never_blocks_its_key,
+    a_scheduled_ordered_job_holds_its_key_until_its_time,
 );
 
 fn fast_retries(c: &mut spindle::director::DirectorConfig) {
@@ -175,6 +179,394 @@ async fn a_blocking_failure_holds_its_key_until_an_operator_releases_it(engine: 
     assert_eq!(
         rig.reader.ordering_counts().await.unwrap(),
         Default::default()
+    );
+    rig.stop().await;
+}
+
+/// The last row of job `id` (as the API names it) in the JobDB.
+async fn last_row(rig: &Rig, id: &str) -> spindle::job::Transition {
+    let id: spindle::job::JobId = id.parse().unwrap();
+    histories(&rig.reader).await[&id].last().cloned().unwrap()
+}
+
+/// Expiry is an end, with or without an archive: a key whose released job expires goes on at
+/// once (it used to stop for good: the expired job's entry, released and left `archiving`,
+/// counted as under way), and a job that expires while it waits for its turn ends then, not
+/// when its turn comes. Neither expired job is ever sent.
+async fn an_expired_job_lets_its_key_go_at_once_and_a_held_one_expires_on_time(engine: Engine) {
+    let rig = Rig::start_on(engine, "orderexpiry", fast_retries).await;
+    let url = rig.sink.url("/flaky/0");
+    let failing = json!({"headers": {"x-sink-status": "503"}, "backoff_min_delay_ms": 200,
+                         "ttl_ms": 3000});
+    let jobs = vec![
+        ordered(&url, "k", 0, failing),
+        ordered(&url, "k", 1, json!({"ttl_ms": 1500})),
+        ordered(&url, "k", 2, json!({})),
+    ];
+    let submitted = std::time::Instant::now();
+    let reply = rig.submit(jobs).await;
+    let ids: Vec<String> = reply.jobs.iter().map(|j| j.id.clone()).collect();
+    wait_for(
+        Duration::from_secs(15),
+        "the key's last job delivered",
+        || async { rig.sink.per_job().contains_key(&ids[2]) },
+    )
+    .await;
+    let took = submitted.elapsed();
+    // The first job expires at 3 s; the next goes within a sweep of it, not later.
+    assert!(
+        took < Duration::from_millis(3000) + spindle::director::sequencer::SWEEP_EVERY,
+        "the key went on {took:?} after submission"
+    );
+    let per_job = rig.sink.per_job();
+    assert!(
+        !per_job.contains_key(&ids[1]),
+        "a job that expired waiting is never sent"
+    );
+    for (i, id) in ids.iter().take(2).enumerate() {
+        let last = last_row(&rig, id).await;
+        assert_eq!(
+            (last.state, last.error_type.as_deref()),
+            (State::Archiving, Some("expired")),
+            "job {i}"
+        );
+    }
+    // The held job ended at its expiry (1.5 s), within a sweep, not at its turn (3 s).
+    let held_end = last_row(&rig, &ids[1]).await.time;
+    let expiry = reply.jobs[1].expire_at.unwrap();
+    let late = (held_end - expiry).to_std().unwrap_or_default();
+    assert!(
+        late < spindle::director::sequencer::SWEEP_EVERY,
+        "a held job expired {late:?} after its expiry"
+    );
+    assert_eq!(
+        rig.reader.ordering_counts().await.unwrap(),
+        Default::default()
+    );
+    rig.stop().await;
+}
+
+/// An operator's flush or discard of an ordered job that waits for its turn ends it: it is
+/// never sent afterwards (a flushed held job used to be released and delivered), and skipping
+/// a job on purpose never blocks its key, even when the job asked to block.
+async fn an_operator_flush_or_discard_of_a_held_job_ends_it_and_never_blocks_its_key(
+    engine: Engine,
+) {
+    let rig = Rig::start_on(engine, "orderops", fast_retries).await;
+    let url = rig.sink.url("/flaky/0");
+    let failing = json!({"headers": {"x-sink-status": "503"}, "backoff_min_delay_ms": 200,
+                         "ttl_ms": 4000});
+    let blocks = json!({"ordering_failure": "block"});
+    let jobs = vec![
+        ordered(&url, "k", 0, failing),
+        ordered(&url, "k", 1, blocks.clone()),
+        ordered(&url, "k", 2, blocks),
+        ordered(&url, "k", 3, json!({})),
+    ];
+    let reply = rig.submit(jobs).await;
+    let ids: Vec<String> = reply.jobs.iter().map(|j| j.id.clone()).collect();
+    let hex = |i: usize| ids[i].parse::<spindle::job::JobId>().unwrap().to_hex();
+    for (action, i) in [("flush", 1), ("discard", 2)] {
+        operator_sql(
+            &rig.reader,
+            &format!(
+                "INSERT INTO operator_commands (issued_by, action, job_id) VALUES \
+                 ('test', '{action}', X'{}')",
+                hex(i)
+            ),
+        )
+        .await;
+    }
+    wait_for(Duration::from_secs(10), "both commands applied", || async {
+        let flushed = last_row(&rig, &ids[1]).await;
+        let discarded = last_row(&rig, &ids[2]).await;
+        flushed.state == State::Archiving && discarded.state == State::Discarded
+    })
+    .await;
+    // The first job expires at 4 s; then the key goes on, past the two jobs skipped.
+    wait_for(
+        Duration::from_secs(15),
+        "the key's last job delivered",
+        || async { rig.sink.per_job().contains_key(&ids[3]) },
+    )
+    .await;
+    // Longer than a sweep: nothing skipped is sent later.
+    tokio::time::sleep(spindle::director::sequencer::SWEEP_EVERY + Duration::from_secs(1)).await;
+    let per_job = rig.sink.per_job();
+    assert!(
+        !per_job.contains_key(&ids[1]) && !per_job.contains_key(&ids[2]),
+        "skipped jobs were sent: {per_job:?}"
+    );
+    let flushed = last_row(&rig, &ids[1]).await;
+    assert_eq!(
+        (flushed.state, flushed.error_type.as_deref()),
+        (State::Archiving, Some("operator-flush"))
+    );
+    let discarded = last_row(&rig, &ids[2]).await;
+    assert_eq!(
+        (discarded.state, discarded.error_type.as_deref()),
+        (State::Discarded, Some("operator-discard"))
+    );
+    for (id, history) in histories(&rig.reader).await {
+        assert_legal(&history);
+        let ended = history
+            .iter()
+            .position(|t| matches!(t.state, State::Archiving | State::Discarded));
+        if let Some(at) = ended {
+            assert!(
+                history[at..].iter().all(|t| t.state != State::Executing),
+                "job {id} executed after it ended: {history:?}"
+            );
+        }
+    }
+    assert_eq!(
+        rig.reader.ordering_counts().await.unwrap().blocked,
+        0,
+        "an operator's skip blocks nothing"
+    );
+    rig.stop().await;
+}
+
+/// In a cluster, a head waits while another live JobDB may hold an older job of its key.
+/// Before, one JobDB that could not be read (or one still at schema 7 during an upgrade)
+/// stopped every key on every Director. Now a JobDB at schema 7 holds no ordered job (it
+/// cannot), and while a JobDB cannot be read, jobs accepted before the last complete read of
+/// every JobDB (less the clock bound) go on: nothing older of their key can be anywhere else.
+/// Only keys with jobs accepted since wait, and go as soon as it can be read again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_unreadable_peer_jobdb_stops_only_the_jobs_accepted_since_it_was_read() {
+    use spindle::director::sequencer::{Peer, Peers};
+    use std::sync::{Arc, Mutex};
+    let peer = TestDb::new("peer");
+    JobDb::open(&peer.url, true, 1).await.unwrap().close().await;
+    let old = TestDb::new("peer7");
+    let old_db = JobDb::open(&old.url, true, 1).await.unwrap();
+    // A JobDB a Director of an older release migrated only up to schema 7.
+    operator_sql(&old_db, "DELETE FROM _sqlx_migrations WHERE version >= 8").await;
+    old_db.close().await;
+    let dead: JobDbUrl = "mysql://root@127.0.0.1:1/spindle_gone".parse().unwrap();
+    let listed = Arc::new(Mutex::new(vec![
+        Peer {
+            name: "peer".into(),
+            leaving: false,
+            url: peer.url.clone(),
+        },
+        Peer {
+            name: "peer7".into(),
+            leaving: true,
+            url: old.url.clone(),
+        },
+    ]));
+    let peers = {
+        let listed = listed.clone();
+        Peers::new(move || {
+            let list = listed.lock().unwrap().clone();
+            Box::pin(async move { Ok(list) })
+        })
+    };
+    let rig = Rig::start("orderpeers", |c| {
+        fast_retries(c);
+        c.peers = Some(peers);
+        c.max_clock_skew = Duration::from_secs(1);
+    })
+    .await;
+    let url = rig.sink.url("/slow/300");
+    let a: Vec<Value> = (0..10).map(|i| ordered(&url, "a", i, json!({}))).collect();
+    let a_ids: Vec<String> = rig.submit(a).await.jobs.into_iter().map(|j| j.id).collect();
+    let delivered = |ids: &[String]| {
+        let per_job = rig.sink.per_job();
+        ids.iter().filter(|id| per_job.contains_key(*id)).count()
+    };
+    // A read of every other JobDB made more than the clock bound (1 s) after key a's jobs
+    // were accepted clears the rest of them: the next head goes without a read.
+    wait_for(Duration::from_secs(20), "key a's heads cleared", || async {
+        let text = metrics_text(&rig.client, &rig.base()).await;
+        metric_value(&text, "spindle_ordered_cleared_total") >= 1.0
+    })
+    .await;
+    assert!(delivered(&a_ids) < 10, "key a still has jobs waiting");
+    // Another live JobDB that cannot be read (its server is gone).
+    listed.lock().unwrap().push(Peer {
+        name: "gone".into(),
+        leaving: false,
+        url: dead,
+    });
+    let b: Vec<Value> = (0..2).map(|i| ordered(&url, "b", i, json!({}))).collect();
+    let b_ids: Vec<String> = rig.submit(b).await.jobs.into_iter().map(|j| j.id).collect();
+    wait_for(Duration::from_secs(20), "key a delivered", || async {
+        delivered(&a_ids) == 10
+    })
+    .await;
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    assert_eq!(delivered(&b_ids), 0, "a key accepted since the read waits");
+    let text = metrics_text(&rig.client, &rig.base()).await;
+    assert!(metric_value(&text, "spindle_ordered_survey_failures_total") >= 1.0);
+    listed.lock().unwrap().pop();
+    wait_for(Duration::from_secs(20), "key b delivered", || async {
+        delivered(&b_ids) == 2
+    })
+    .await;
+    rig.stop().await;
+}
+/// A peer JobDB read at an older schema (a spare its new Director is still migrating, marked
+/// active before it serves; an older release's in a rolling upgrade) holds no ordered job then,
+/// but it is read afresh once migrated: a key's job accepted there first is not overtaken.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_peer_read_before_its_migration_is_read_again_after_it() {
+    use spindle::director::sequencer::{Peer, Peers};
+    use spindle::job::{Job, JobId, OrderedKey, RetryPolicy, Transition};
+    use spindle::jobdb::Append;
+    use std::sync::Arc;
+    let old = TestDb::new("peermig");
+    let old_db = JobDb::open(&old.url, true, 1).await.unwrap();
+    // Recorded at schema 7 (its tables are today's, so its migration is only the record).
+    operator_sql(
+        &old_db,
+        "CREATE TABLE later_migrations AS SELECT * FROM _sqlx_migrations WHERE version >= 8",
+    )
+    .await;
+    operator_sql(&old_db, "DELETE FROM _sqlx_migrations WHERE version >= 8").await;
+    let listed = vec![Peer {
+        name: "peermig".into(),
+        leaving: false,
+        url: old.url.clone(),
+    }];
+    let peers = Peers::new(move || {
+        let list = listed.clone();
+        Box::pin(async move { Ok(list) })
+    });
+    let rig = Rig::start("orderpeermig", |c| {
+        fast_retries(c);
+        c.peers = Some(peers);
+        c.max_clock_skew = Duration::from_secs(1);
+    })
+    .await;
+    let url = rig.sink.url("/ok");
+    // Read at schema 7: it holds no ordered job, so the key's first job goes.
+    let first = rig.submit(vec![ordered(&url, "c", 0, json!({}))]).await;
+    wait_for(Duration::from_secs(20), "the key's first job", || async {
+        rig.sink.per_job().contains_key(&first.jobs[0].id)
+    })
+    .await;
+    // Its Director migrates it and accepts a job of the same key there, before ours.
+    operator_sql(
+        &old_db,
+        "INSERT INTO _sqlx_migrations SELECT * FROM later_migrations",
+    )
+    .await;
+    old_db.close().await;
+    let peer = JobDb::open(&old.url, true, 1).await.unwrap();
+    let token = peer.take_ownership("test").await.unwrap();
+    let now = chrono::Utc::now();
+    let id = JobId(ulid::Ulid::new());
+    let elsewhere = Arc::new(Job {
+        id,
+        bucket: "o".into(),
+        endpoint: url.as_str().into(),
+        method: "POST".into(),
+        headers: Vec::new(),
+        payload: bytes::Bytes::from_static(b"{}"),
+        execution_timeout: Duration::from_secs(5),
+        retry: RetryPolicy {
+            min_delay: Duration::from_millis(10),
+            coefficient: 1.0,
+        },
+        created_at: now,
+        expire_at: now + chrono::Duration::minutes(10),
+        idempotency_key: None,
+        on_complete: None,
+        ordering: Some(OrderedKey {
+            key: "c".into(),
+            blocks: false,
+            position: id.0,
+        }),
+    });
+    peer.append_all(
+        token,
+        &Append {
+            jobs: std::slice::from_ref(&elsewhere),
+            transitions: &[(1, Transition::awaiting_scheduling(&elsewhere))],
+            ..Append::default()
+        },
+    )
+    .await
+    .unwrap();
+    // Past the clearance of the first survey (1 s of skew): the next job needs a read.
+    tokio::time::sleep(Duration::from_millis(1200)).await;
+    let second = rig.submit(vec![ordered(&url, "c", 1, json!({}))]).await;
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    assert!(
+        !rig.sink.per_job().contains_key(&second.jobs[0].id),
+        "the key's job in the migrated peer was overtaken"
+    );
+    // The job there ends: ours goes.
+    operator_sql(&peer, "DELETE FROM open_jobs").await;
+    wait_for(Duration::from_secs(20), "the key's next job", || async {
+        rig.sink.per_job().contains_key(&second.jobs[0].id)
+    })
+    .await;
+    peer.close().await;
+    rig.stop().await;
+}
+
+/// A job with both an `ordering_key` and a later time (`deliver_at`) holds its key until then:
+/// the key's later jobs, due now, wait behind it (a key's jobs go in the order they were
+/// accepted, and it was accepted first). This is the documented behaviour (README, "RPC API";
+/// docs/operations.md); the dashboard's count of ordered jobs behind a scheduled one says so
+/// while they wait. Another key's job is not held.
+async fn a_scheduled_ordered_job_holds_its_key_until_its_time(engine: Engine) {
+    let rig = Rig::start_on(engine, "schedord", fast_retries).await;
+    let url = rig.sink.url("/ok");
+    let at = chrono::Utc::now() + chrono::Duration::seconds(3);
+    let reply = rig
+        .submit(vec![
+            ordered(&url, "k", 0, json!({"deliver_at": at})),
+            ordered(&url, "k", 1, json!({})),
+            ordered(&url, "k", 2, json!({})),
+            ordered(&url, "other", 0, json!({})),
+        ])
+        .await;
+    let ids: Vec<String> = reply.jobs.iter().map(|j| j.id.clone()).collect();
+    wait_for(Duration::from_secs(5), "the other key's job", || async {
+        rig.sink.per_job().contains_key(&ids[3])
+    })
+    .await;
+    wait_for(
+        Duration::from_secs(5),
+        "two jobs counted behind the scheduled one",
+        || async { rig.reader.ordering_counts().await.unwrap().behind_scheduled == 2 },
+    )
+    .await;
+    let early = rig.sink.per_job();
+    assert!(
+        chrono::Utc::now() < at,
+        "the machine was too slow to look before the scheduled time"
+    );
+    for id in &ids[..3] {
+        assert!(
+            !early.contains_key(id),
+            "{id} delivered before the scheduled job's time"
+        );
+    }
+    wait_for(Duration::from_secs(15), "the key's three jobs", || async {
+        let got = rig.sink.per_job();
+        ids[..3].iter().all(|id| got.contains_key(id))
+    })
+    .await;
+    let log = rig.sink.received();
+    let order: Vec<&str> = log
+        .iter()
+        .filter(|r| ids[..3].contains(&r.job_id))
+        .map(|r| r.job_id.as_str())
+        .collect();
+    assert_eq!(
+        order,
+        [&ids[0], &ids[1], &ids[2]],
+        "in acceptance order, once each"
+    );
+    assert_eq!(
+        rig.reader.ordering_counts().await.unwrap().behind_scheduled,
+        0
     );
     rig.stop().await;
 }

@@ -227,6 +227,7 @@ async fn directors_register_and_deregister_in_the_catalog() {
         "spindle-director-{}",
         ulid::Ulid::new().to_string().to_lowercase()
     );
+    let (readiness, ready) = tokio::sync::watch::channel(None::<String>);
     let registration = catalog::register_director(
         &c.client,
         &id,
@@ -234,6 +235,7 @@ async fn directors_register_and_deregister_in_the_catalog() {
         8123,
         "jobdb_x",
         Duration::from_secs(10),
+        ready,
     )
     .await
     .unwrap();
@@ -244,6 +246,22 @@ async fn directors_register_and_deregister_in_the_catalog() {
         .expect("registered and passing");
     assert_eq!((me.address.as_str(), me.port), ("127.0.0.1", 8123));
     assert_eq!(me.meta.get("jobdb").map(String::as_str), Some("jobdb_x"));
+    // Not ready: the check turns critical at once (not at the next heartbeat, 3.3 s away),
+    // and passes again as soon as the Director is ready again.
+    let listed = || async {
+        catalog::healthy_directors(&c.client)
+            .await
+            .unwrap()
+            .iter()
+            .any(|i| i.id == id)
+    };
+    readiness.send_replace(Some("writer: the jobdb cannot be written".into()));
+    wait_for(Duration::from_secs(2), "the check critical", || async {
+        !listed().await
+    })
+    .await;
+    readiness.send_replace(None);
+    wait_for(Duration::from_secs(2), "the check passing again", listed).await;
     registration.deregister().await;
     let healthy = catalog::healthy_directors(&c.client).await.unwrap();
     assert!(healthy.iter().all(|i| i.id != id));

@@ -20,16 +20,13 @@ use std::collections::{HashMap, HashSet};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
+use common::cluster::Cluster;
+use common::mariadb::PrivateMariaDb;
 use common::procs::{args, Proc};
+use common::redis_server::PrivateRedis;
 use common::*;
 use serde_json::{json, Value};
-use spindle::jobdb::JobDb;
-use spindle::registry::inventory::{Inventory, JobDbRecord, JobDbState};
-use spindle::router::placement::{PlacementManager, PlacementSettings};
 use spindle::rpc::api::{JobStatus, SubmitReply};
-use spindle::sink::Sink;
-
-const REDIS: &str = "redis://127.0.0.1:6379";
 
 /// The tests of this file run one at a time: each starts a cluster of processes, and the
 /// isolation test measures latency, which another cluster on the same two cores would skew.
@@ -42,279 +39,25 @@ fn env_usize(name: &str, default: usize) -> usize {
         .unwrap_or(default)
 }
 
-/// Consul, JobDBs, Directors, a router and a sink.
-struct Cluster {
-    consul: ConsulUnderTest,
-    sink: Sink,
-    tag: String,
-    jobdbs: Vec<(String, JobDb)>,
-    directors: Vec<Proc>,
-    router: Option<Proc>,
-    router_port: u16,
-    client: reqwest::Client,
+/// `directors` Directors, each on a JobDB of its own (on `mariadb` when given), and a router
+/// with this shard size over the shared Redis (stores `a` and `b`, databases 0 and 1; the first
+/// layout names only `a`), or over `private` alone.
+async fn start(
+    directors: usize,
     shard_size: usize,
-    /// `--redis` of the router.
-    stores: String,
-    /// A private Redis the test may crash (the only store when set).
-    private_redis: Option<common::redis_server::PrivateRedis>,
-    /// The MySQL server of the JobDBs, and the private one when the test may kill it.
-    mysql: String,
-    private_mariadb: Option<common::mariadb::PrivateMariaDb>,
-    /// The sink paths jobs are sent to, by key (`/ok` unless a test mixes misbehaviours).
-    paths: Vec<&'static str>,
-}
-
-impl Cluster {
-    /// Directors, each on a JobDB of its own, and a router over the shared Redis (stores `a`
-    /// and `b`, databases 0 and 1; the first layout names only `a`), or over `private` alone.
-    async fn start(
-        directors: usize,
-        shard_size: usize,
-        private: Option<common::redis_server::PrivateRedis>,
-    ) -> Cluster {
-        Self::start_on(directors, shard_size, private, None).await
-    }
-
-    /// [`Cluster::start`], with the JobDBs on `mariadb` when given.
-    async fn start_on(
-        directors: usize,
-        shard_size: usize,
-        private: Option<common::redis_server::PrivateRedis>,
-        mariadb: Option<common::mariadb::PrivateMariaDb>,
-    ) -> Cluster {
-        let mysql = mariadb
-            .as_ref()
-            .map(|m| m.server())
-            .unwrap_or_else(mysql_server);
-        let consul = ConsulUnderTest::start().await;
-        assert!(
-            consul.double.is_some(),
-            "the router tests use the in-repo double"
-        );
-        let tag = format!("rt{}", &ulid::Ulid::new().to_string().to_lowercase()[16..]);
-        let inventory = Inventory::new(consul.client.clone());
-        let mut jobdbs = Vec::new();
-        for i in 0..directors {
-            let name = format!("{tag}_{i}");
-            let url = format!("{mysql}/{name}");
-            let db = JobDb::open(&url.parse().unwrap(), true, 4).await.unwrap();
-            let record = JobDbRecord {
-                name: name.clone(),
-                url,
-                state: JobDbState::Spare,
-                changed_at: chrono::Utc::now(),
-                changed_by: "test".into(),
-            };
-            assert!(inventory.add(&record).await.unwrap());
-            jobdbs.push((name, db));
-        }
-        // The first layout names only store `a`; a test may add `b` later.
-        let placements = PlacementManager::consul(consul.client.clone(), placement_settings(&tag));
-        placements.bootstrap(vec!["a".into()], 1024).await.unwrap();
-        let mut cluster = Cluster {
-            consul,
-            sink: Sink::start("127.0.0.1:0".parse().unwrap()).await.unwrap(),
-            tag,
-            jobdbs,
-            directors: Vec::new(),
-            router: None,
-            router_port: common::procs::free_port(),
-            client: reqwest::Client::builder()
-                .timeout(Duration::from_secs(30))
-                .build()
-                .unwrap(),
-            shard_size,
-            stores: match &private {
-                Some(redis) => format!("a={}", redis.url()),
-                None => format!("a={REDIS}/0,b={REDIS}/1"),
-            },
-            private_redis: private,
-            mysql,
-            private_mariadb: mariadb,
-            paths: vec!["/ok"],
-        };
-        for i in 0..directors {
-            let director = cluster.director(i, 0);
-            cluster.directors.push(director);
-        }
-        cluster.start_router().await;
-        cluster.wait_ready(directors).await;
-        cluster
-    }
-
-    fn consul_url(&self) -> String {
-        self.consul.double.as_ref().unwrap().url()
-    }
-
-    fn director(&self, i: usize, port: u16) -> Proc {
-        Proc::spawn(
-            &args(&[
-                "director",
-                "--registry",
-                "consul",
-                "--consul-addr",
-                &self.consul_url(),
-                "--listen",
-                "127.0.0.1:{port}",
-                "--lock-ttl-ms",
-                "1000",
-                "--lock-delay-ms",
-                "500",
-                "--service-ttl-ms",
-                "2000",
-                "--campaign-retry-ms",
-                "200",
-                "--director-id",
-                &format!("{}-d{i}", self.tag),
-                "--allow-subnet",
-                "127.0.0.0/8",
-                "--shutdown-grace-ms",
-                "3000",
-            ]),
-            port,
-        )
-    }
-
-    async fn start_router(&mut self) {
-        let prefix = format!("{}:", self.tag);
-        let placement_prefix = placement_settings(&self.tag).prefix;
-        let stores = self.stores.clone();
-        let shard = self.shard_size.to_string();
-        self.router = Some(Proc::spawn(
-            &args(&[
-                "router",
-                "--consul-addr",
-                &self.consul_url(),
-                "--listen",
-                "127.0.0.1:{port}",
-                "--redis",
-                &stores,
-                "--dedup-window-s",
-                "60",
-                "--dedup-slots",
-                "12",
-                "--dedup-pending-ttl-ms",
-                "3000",
-                "--dedup-max-skew-ms",
-                "2000",
-                "--pending-wait-ms",
-                "1000",
-                "--dedup-key-prefix",
-                &prefix,
-                "--placement-prefix",
-                &placement_prefix,
-                "--placement-period-s",
-                "2",
-                "--placement-lead-ms",
-                "4000",
-                "--shard-size",
-                &shard,
-                "--catalog-ms",
-                "200",
-                "--suspect-ms",
-                "1000",
-                "--forward-timeout-ms",
-                "5000",
-                "--resolve-ms",
-                "20000",
-            ]),
-            self.router_port,
-        ));
-    }
-
-    fn base(&self) -> String {
-        format!("http://127.0.0.1:{}", self.router_port)
-    }
-
-    async fn wait_ready(&self, directors: usize) {
-        let url = format!("{}/readyz", self.base());
-        let client = &self.client;
-        wait_for(
-            Duration::from_secs(30),
-            "the router to see every director",
-            || async {
-                match client.get(&url).send().await {
-                    Ok(r) if r.status().is_success() => r
-                        .text()
-                        .await
-                        .is_ok_and(|t| t.contains(&format!("{directors} directors"))),
-                    _ => false,
-                }
-            },
-        )
-        .await;
-    }
-
-    /// Every job of every JobDB: (id, idempotency key, bucket, jobdb).
-    async fn stored(&self) -> Vec<(String, Option<String>, String, String)> {
-        let mut out = Vec::new();
-        for (name, db) in &self.jobdbs {
-            let ids: Vec<_> = histories(db).await.into_keys().collect();
-            for job in db.get_jobs(&ids).await.unwrap() {
-                out.push((
-                    job.id.to_string(),
-                    job.idempotency_key.clone(),
-                    job.bucket.to_string(),
-                    name.clone(),
-                ));
-            }
-        }
-        out
-    }
-
-    async fn stop(mut self) {
-        if let Some(mut router) = self.router.take() {
-            router.term().await;
-        }
-        for d in &mut self.directors {
-            d.term().await;
-        }
-        for (name, db) in &self.jobdbs {
-            db.close().await;
-            let url = format!("{}/{name}", self.mysql).parse().unwrap();
-            spindle::jobdb::drop_database(&url).await.unwrap();
-        }
-        for db in ["0", "1"] {
-            delete_keys(&format!("{REDIS}/{db}"), &format!("{}:", self.tag)).await;
-        }
-        self.sink.stop().await;
-        self.consul.stop().await;
-    }
-}
-
-fn placement_settings(tag: &str) -> PlacementSettings {
-    PlacementSettings {
-        prefix: format!("spindle-test/{tag}/placements"),
-        period: Duration::from_secs(2),
-        lead: Duration::from_secs(4),
-        ..PlacementSettings::default()
-    }
-}
-
-async fn keys(url: &str, prefix: &str) -> (redis::aio::MultiplexedConnection, Vec<Vec<u8>>) {
-    let client = redis::Client::open(url).unwrap();
-    let mut conn = client.get_multiplexed_async_connection().await.unwrap();
-    let keys: Vec<Vec<u8>> = redis::cmd("KEYS")
-        .arg(format!("{prefix}*"))
-        .query_async(&mut conn)
+    private: Option<PrivateRedis>,
+    mariadb: Option<PrivateMariaDb>,
+) -> Cluster {
+    Cluster::builder("rt")
+        .jobdbs(directors)
+        .directors(directors)
+        .service_ttl_ms(2000)
+        .director_args("--shutdown-grace-ms 3000")
+        .mariadb(mariadb)
+        .redis(private)
+        .router(shard_size)
+        .start()
         .await
-        .unwrap();
-    (conn, keys)
-}
-
-async fn count_keys(url: &str, prefix: &str) -> usize {
-    keys(url, prefix).await.1.len()
-}
-
-async fn delete_keys(url: &str, prefix: &str) {
-    let (mut conn, keys) = keys(url, prefix).await;
-    for chunk in keys.chunks(500) {
-        let _: () = redis::cmd("DEL")
-            .arg(chunk)
-            .query_async(&mut conn)
-            .await
-            .unwrap();
-    }
 }
 
 /// Every answer the producers got, per key: (status, id).
@@ -423,14 +166,15 @@ enum Fault {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn duplicates_are_accepted_once_through_kills_and_a_placement_change() {
     let _one = ONE_AT_A_TIME.lock().await;
-    let cluster = Cluster::start(3, 2, None).await;
+    let cluster = start(3, 2, None, None).await;
     let faults = [
         (Fault::AddStore, 0.15),
         (Fault::KillRouter, 0.35),
         (Fault::KillDirector, 0.55),
         (Fault::KillRouter, 0.75),
     ];
-    let retries = exactly_once(cluster, env_usize("SPINDLE_ROUTER_JOBS", 6_000), &faults).await;
+    let jobs = env_usize("SPINDLE_ROUTER_JOBS", 6_000);
+    let retries = exactly_once(cluster, jobs, &faults, &["/ok"]).await;
     assert!(
         retries[0] > 0,
         "the router kills broke no request: {retries:?}"
@@ -442,12 +186,13 @@ async fn a_redis_crash_under_the_router_loses_no_claim() {
     let _one = ONE_AT_A_TIME.lock().await;
     let dir = tempfile::tempdir().unwrap();
     let redis = common::redis_server::PrivateRedis::start_durable(dir.path()).await;
-    let cluster = Cluster::start(2, 2, Some(redis)).await;
+    let cluster = start(2, 2, Some(redis), None).await;
     let faults = [(Fault::CrashRedis, 0.4)];
     exactly_once(
         cluster,
         env_usize("SPINDLE_ROUTER_REDIS_JOBS", 3_000),
         &faults,
+        &["/ok"],
     )
     .await;
 }
@@ -457,11 +202,16 @@ async fn a_redis_crash_under_the_router_loses_no_claim() {
 /// answer for it must name that job.
 /// Returns how often producers submitted again: transport errors, 503s, `pending` and `failed`
 /// jobs.
-async fn exactly_once(mut cluster: Cluster, total: usize, faults: &[(Fault, f64)]) -> Vec<usize> {
+async fn exactly_once(
+    mut cluster: Cluster,
+    total: usize,
+    faults: &[(Fault, f64)],
+    paths: &[&str],
+) -> Vec<usize> {
     let producers = 4;
     let batch = 100;
-    let base = cluster.base();
-    let urls: Vec<String> = cluster.paths.iter().map(|p| cluster.sink.url(p)).collect();
+    let base = cluster.router_base();
+    let urls: Vec<String> = paths.iter().map(|p| cluster.sink.url(p)).collect();
     let answers: Answers = Arc::default();
     let retries: Retries = Arc::default();
     // Keys whose first answer arrived, with when: repeats pick from these.
@@ -535,7 +285,7 @@ async fn exactly_once(mut cluster: Cluster, total: usize, faults: &[(Fault, f64)
     }
 
     let consul_url = cluster.consul_url();
-    let placement_prefix = placement_settings(&cluster.tag).prefix;
+    let placement_prefix = cluster.placement_prefix();
     // Each fault waits for a share of the keys to be settled, so all land mid-load.
     let progress = |share: f64| {
         let answers = answers.clone();
@@ -576,22 +326,22 @@ async fn exactly_once(mut cluster: Cluster, total: usize, faults: &[(Fault, f64)
                 *change_gate.lock().unwrap() = change_at;
             }
             Fault::KillRouter => {
-                cluster.router.as_mut().unwrap().kill9().await;
+                let router = cluster.router.as_mut().unwrap();
+                router.kill9().await;
                 tokio::time::sleep(Duration::from_millis(300)).await;
-                cluster.start_router().await;
+                router.restart().await;
             }
             Fault::KillDirector => {
-                let port = cluster.directors[1].port;
                 cluster.directors[1].kill9().await;
                 tokio::time::sleep(Duration::from_millis(500)).await;
-                cluster.directors[1] = cluster.director(1, port);
+                cluster.directors[1].restart().await;
             }
             Fault::CrashRedis => {
-                let redis = cluster.private_redis.as_mut().unwrap();
+                let redis = cluster.redis.as_mut().unwrap();
                 redis.crash_and_restart(Duration::from_secs(1)).await;
             }
             Fault::CrashMariaDb => {
-                let mariadb = cluster.private_mariadb.as_mut().unwrap();
+                let mariadb = cluster.mariadb.as_mut().unwrap();
                 mariadb.kill();
                 tokio::time::sleep(Duration::from_secs(1)).await;
                 tokio::task::block_in_place(|| mariadb.restart());
@@ -704,7 +454,7 @@ async fn exactly_once(mut cluster: Cluster, total: usize, faults: &[(Fault, f64)
     assert_eq!(ended, ids.len(), "every stored job ended once");
     // After a placement change the new layout took entries: store `b` holds keys of this test.
     let on_b = if change_at.is_some() {
-        let on_b = count_keys(&format!("{REDIS}/1"), &format!("{}:", cluster.tag)).await;
+        let on_b = cluster.dedup_keys(1).await;
         assert!(
             on_b > 0,
             "no dedup entry landed on the store the placement change added"
@@ -734,7 +484,7 @@ async fn exactly_once(mut cluster: Cluster, total: usize, faults: &[(Fault, f64)
         answers.len()
     );
     // The router's metrics pass promtool and count what happened since its last start.
-    let metrics = metrics_text(&cluster.client, &cluster.base()).await;
+    let metrics = metrics_text(&cluster.client, &cluster.router_base()).await;
     promtool_accepts(&metrics);
     // (A router restarted late in the run may have counted little: the families must be there.)
     for family in [
@@ -785,8 +535,8 @@ async fn a_random_schedule_of_faults_loses_and_duplicates_nothing() {
     let dir = tempfile::tempdir().unwrap();
     let redis = common::redis_server::PrivateRedis::start_durable(dir.path()).await;
     let mariadb = tokio::task::block_in_place(common::mariadb::PrivateMariaDb::start);
-    let mut cluster = Cluster::start_on(2, 2, Some(redis), Some(mariadb)).await;
-    cluster.paths = vec![
+    let cluster = start(2, 2, Some(redis), Some(mariadb)).await;
+    let paths = [
         "/ok",
         "/ok",
         "/flaky/30",
@@ -794,14 +544,20 @@ async fn a_random_schedule_of_faults_loses_and_duplicates_nothing() {
         "/status/410",
         "/slow/300",
     ];
-    exactly_once(cluster, env_usize("SPINDLE_FAULT_JOBS", 3_000), &faults).await;
+    exactly_once(
+        cluster,
+        env_usize("SPINDLE_FAULT_JOBS", 3_000),
+        &faults,
+        &paths,
+    )
+    .await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_router_conforms_to_its_openapi_document() {
     let _one = ONE_AT_A_TIME.lock().await;
-    let cluster = Cluster::start(1, 1, None).await;
-    schemathesis_passes(&format!("{}/openapi.json", cluster.base())).await;
+    let cluster = start(1, 1, None, None).await;
+    schemathesis_passes(&format!("{}/openapi.json", cluster.router_base())).await;
     cluster.stop().await;
 }
 
@@ -811,7 +567,7 @@ async fn the_router_conforms_to_its_openapi_document() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn scheduled_jobs_keep_their_time_through_the_router() {
     let _one = ONE_AT_A_TIME.lock().await;
-    let cluster = Cluster::start(1, 1, None).await;
+    let cluster = start(1, 1, None, None).await;
     let url = cluster.sink.url("/ok");
     let started = (Instant::now(), chrono::Utc::now());
     let at = started.1 + chrono::Duration::milliseconds(2_500);
@@ -820,7 +576,7 @@ async fn scheduled_jobs_keep_their_time_through_the_router() {
         json!({"bucket": "s", "endpoint": url, "delay_ms": 1_500}),
         json!({"bucket": "s", "endpoint": url}),
     ];
-    let reply = submit(&cluster.client, &cluster.base(), jobs).await;
+    let reply = submit(&cluster.client, &cluster.router_base(), jobs).await;
     assert!(reply.jobs.iter().all(|j| j.status == JobStatus::Accepted));
     assert_eq!(
         reply.jobs[0].deliver_at,
@@ -856,6 +612,94 @@ async fn scheduled_jobs_keep_their_time_through_the_router() {
     cluster.stop().await;
 }
 
+/// Every forward the router has made, by any outcome.
+async fn forwards(cluster: &Cluster) -> f64 {
+    let text = metrics_text(&cluster.client, &cluster.router_base()).await;
+    ["stored", "refused", "unknown"]
+        .iter()
+        .map(|o| {
+            metric_value(
+                &text,
+                &format!("spindle_router_forwards_total{{outcome=\"{o}\"}}"),
+            )
+        })
+        .sum()
+}
+
+/// A request's jobs go in one forward per Director. Before, each ordered sequence had a
+/// forward of its own, all at once (a request of 100 jobs on 100 keys made 100 concurrent
+/// imports). 50 keys × 2 jobs and 20 unordered jobs of two buckets, through a router over
+/// three Directors: at most three forwards, every job accepted, each key's jobs in one JobDB in
+/// request order. Then one job the Directors refuse for its size (the router's limit is
+/// larger) fails alone: the jobs that shared its forward go again apart and are stored.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_request_goes_in_one_forward_per_director_and_a_refused_job_fails_alone() {
+    let _one = ONE_AT_A_TIME.lock().await;
+    let mut cluster = start(3, 3, None, None).await;
+    let url = cluster.sink.url("/ok");
+    let mut jobs = Vec::new();
+    for round in 0..2 {
+        for k in 0..50 {
+            jobs.push(
+                json!({"bucket": "o", "endpoint": url, "ordering_key": format!("k{k}"),
+                             "payload": {"k": k, "round": round}}),
+            );
+        }
+    }
+    for i in 0..20 {
+        jobs.push(json!({"bucket": format!("u{}", i % 2), "endpoint": url}));
+    }
+    let before = forwards(&cluster).await;
+    let reply = submit(&cluster.client, &cluster.router_base(), jobs).await;
+    let made = forwards(&cluster).await - before;
+    assert!(
+        reply.jobs.iter().all(|j| j.status == JobStatus::Accepted),
+        "{:?}",
+        reply.jobs.iter().find(|j| j.status != JobStatus::Accepted)
+    );
+    println!("120 jobs on 50 keys and 2 buckets: {made} forwards");
+    assert!((1.0..=3.0).contains(&made), "{made} forwards");
+    let stored = cluster.stored().await;
+    let jobdb_of: HashMap<String, String> = stored
+        .iter()
+        .map(|(id, _, _, jobdb)| (id.clone(), jobdb.clone()))
+        .collect();
+    assert_eq!(jobdb_of.len(), 120);
+    for k in 0..50 {
+        let (first, second) = (&reply.jobs[k].id, &reply.jobs[50 + k].id);
+        assert_eq!(jobdb_of[first], jobdb_of[second], "key k{k} split");
+        assert!(first < second, "key k{k}: ids out of request order");
+    }
+
+    // The router takes 2 MiB payloads, the Directors 1 MiB.
+    cluster
+        .restart_router(&["--max-payload-bytes", "2097152"])
+        .await;
+    cluster.wait_router_ready(3).await;
+    let big = "x".repeat(1_500_000);
+    let mut jobs = vec![json!({"bucket": "big", "endpoint": url, "payload": big})];
+    for i in 0..30 {
+        jobs.push(json!({"bucket": format!("n{}", i % 3), "endpoint": url}));
+    }
+    for k in 0..10 {
+        jobs.push(json!({"bucket": "o", "endpoint": url, "ordering_key": format!("m{k}")}));
+    }
+    let reply = submit(&cluster.client, &cluster.router_base(), jobs).await;
+    assert_eq!(
+        reply.jobs[0].status,
+        JobStatus::Failed,
+        "{:?}",
+        reply.jobs[0]
+    );
+    let error = reply.jobs[0].error.clone().unwrap_or_default();
+    assert!(error.contains("413"), "{error}");
+    for answer in &reply.jobs[1..] {
+        assert_eq!(answer.status, JobStatus::Accepted, "{answer:?}");
+    }
+    assert_eq!(cluster.stored().await.len(), 160);
+    cluster.stop().await;
+}
+
 /// Submits 20 jobs of each calm bucket every 50 ms for `run`, and returns each job's
 /// submit-to-delivery latency once all arrived.
 async fn calm_latencies(cluster: &Cluster, buckets: &[String], run: Duration) -> Vec<Duration> {
@@ -873,7 +717,10 @@ async fn calm_latencies(cluster: &Cluster, buckets: &[String], run: Duration) ->
             })
             .collect();
         let at = Instant::now();
-        for job in submit(&cluster.client, &cluster.base(), jobs).await.jobs {
+        for job in submit(&cluster.client, &cluster.router_base(), jobs)
+            .await
+            .jobs
+        {
             submitted.insert(job.id, at);
         }
     }
@@ -885,7 +732,7 @@ async fn a_bucket_stays_on_its_shard_and_a_hanging_tenant_does_not_slow_the_othe
     let _one = ONE_AT_A_TIME.lock().await;
     let directors = env_usize("SPINDLE_ROUTER_DIRECTORS", 8);
     let run = Duration::from_secs(env_usize("SPINDLE_ROUTER_ISOLATION_S", 4) as u64);
-    let cluster = Cluster::start(directors, 2, None).await;
+    let cluster = start(directors, 2, None, None).await;
     let calm: Vec<String> = (0..6).map(|i| format!("calm-{i}")).collect();
 
     let mut baseline = calm_latencies(&cluster, &calm, run).await;
@@ -902,7 +749,7 @@ async fn a_bucket_stays_on_its_shard_and_a_hanging_tenant_does_not_slow_the_othe
         })
         .collect();
     for chunk in noisy.chunks(200) {
-        submit(&cluster.client, &cluster.base(), chunk.to_vec()).await;
+        submit(&cluster.client, &cluster.router_base(), chunk.to_vec()).await;
     }
     let (client, procs) = (&cluster.client, &cluster.directors);
     wait_for(

@@ -107,9 +107,26 @@ async fn scheduled_jobs_arrive_on_time_across_a_restart(engine: Engine) {
         assert!(late >= -5, "job {i} arrived {late} ms early");
         assert!(late < 1_500, "job {i} arrived {late} ms late");
     }
-    // The job due in an hour is still waiting, untried, and not in memory.
+    // The job due in an hour is still waiting, untried, and not in memory: looked at after a
+    // moment in which an early attempt would have shown (in the sink's log, read again now,
+    // and in the JobDB).
     tokio::time::sleep(Duration::from_millis(300)).await;
-    assert!(!received.iter().any(|r| r.job_id == reply.jobs[3].id));
+    let later = rig.sink.received();
+    assert!(
+        !later.iter().any(|r| r.job_id == reply.jobs[3].id),
+        "the job due in an hour was delivered"
+    );
+    assert_eq!(later.len(), 3, "{later:?}");
+    let open = rig.reader.open_work().await.expect("open work");
+    let waiting = open
+        .iter()
+        .find(|r| r.job_id == ids[3])
+        .expect("the job due in an hour is open");
+    assert_eq!(waiting.progress.state, State::AwaitingRetry);
+    assert_eq!(waiting.progress.attempts, 0);
+    assert!(
+        waiting.progress.retry_at.expect("its time") > Utc::now() + chrono::Duration::minutes(59)
+    );
     let cached = metric_value(
         &metrics_text(&rig.client, &rig.base()).await,
         "spindle_jobs_cached",

@@ -203,3 +203,101 @@ async fn jobdb_passwords_stay_out_of_the_inventory_and_come_from_the_readers_con
         .await;
     c.stop().await;
 }
+
+/// Every environment variable that may hold a secret: a password in a URL (JobDBs, MySQL
+/// servers, Redis stores, the dashboard's JobDB list, and addresses that could carry user
+/// information), a token, an S3 secret key.
+const SECRET_ENV: &[&str] = &[
+    "SPINDLE_JOBDB",
+    "SPINDLE_DASHBOARD_JOBDBS",
+    "SPINDLE_MANAGER_MYSQL",
+    "SPINDLE_ROUTER_REDIS",
+    "SPINDLE_BENCH_MYSQL",
+    "SPINDLE_DEMO_JOBDB",
+    "SPINDLE_JOBDB_PASSWORD",
+    "SPINDLE_IMPORT_TOKEN",
+    "SPINDLE_DIRECTOR_TOKEN",
+    "SPINDLE_TOKEN",
+    "SPINDLE_API",
+    "SPINDLE_S3_ENDPOINT",
+    "SPINDLE_S3_SECRET_ACCESS_KEY",
+    "CONSUL_HTTP_ADDR",
+    "CONSUL_HTTP_TOKEN",
+];
+
+/// The path of every command and subcommand, `[]` being `spindle` itself.
+fn command_paths(command: &clap::Command, path: Vec<String>, out: &mut Vec<Vec<String>>) {
+    out.push(path.clone());
+    for sub in command.get_subcommands() {
+        if sub.get_name() == "help" {
+            continue;
+        }
+        let mut deeper = path.clone();
+        deeper.push(sub.get_name().to_owned());
+        command_paths(sub, deeper, out);
+    }
+}
+
+/// `--help` prints the environment variable each option reads, and clap shows its value too
+/// unless told not to: a password in `SPINDLE_JOBDB` would reach a terminal, a screen share or
+/// a support ticket. Every command's help, with every secret variable set, shows none of them.
+#[test]
+fn help_never_prints_the_value_of_a_secret_environment_variable() {
+    use clap::CommandFactory;
+    let tree = Cli::command();
+    // The list names variables the command line really reads (so it cannot go stale quietly).
+    let mut read = std::collections::HashSet::new();
+    fn envs(command: &clap::Command, read: &mut std::collections::HashSet<String>) {
+        for arg in command.get_arguments() {
+            if let Some(env) = arg.get_env() {
+                read.insert(env.to_string_lossy().into_owned());
+            }
+        }
+        for sub in command.get_subcommands() {
+            envs(sub, read);
+        }
+    }
+    envs(&tree, &mut read);
+    for env in SECRET_ENV {
+        assert!(read.contains(*env), "no option reads {env}");
+    }
+    let mut paths = Vec::new();
+    command_paths(&tree, Vec::new(), &mut paths);
+    assert!(paths.len() > 20, "{paths:?}");
+    let marker = |env: &str| format!("{SECRET}{}", env.to_lowercase());
+    let mut shown_envs = 0;
+    for path in &paths {
+        let mut run = std::process::Command::new(env!("CARGO_BIN_EXE_spindle"));
+        run.args(path).arg("--help");
+        for env in SECRET_ENV {
+            // A value each option accepts, so clap renders it as it would a real one.
+            let value = match *env {
+                "SPINDLE_ROUTER_REDIS" => format!("a=redis://u:{}@h:6379", marker(env)),
+                e if e.contains("TOKEN") || e.contains("PASSWORD") || e.contains("SECRET") => {
+                    marker(env)
+                }
+                _ => format!("mysql://u:{}@h:3306/d", marker(env)),
+            };
+            run.env(env, value);
+        }
+        let out = run.output().expect("run spindle --help");
+        assert!(out.status.success(), "{path:?}: {out:?}");
+        let text = format!(
+            "{}{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
+        for env in SECRET_ENV {
+            assert!(
+                !text.contains(&marker(env)),
+                "`spindle {} --help` prints the value of {env}:\n{text}",
+                path.join(" ")
+            );
+            if text.contains(&format!("env: {env}")) {
+                shown_envs += 1;
+            }
+        }
+    }
+    // The variables are still named (only their values are hidden).
+    assert!(shown_envs >= SECRET_ENV.len(), "{shown_envs}");
+}

@@ -192,18 +192,15 @@ async fn spindle_submit_takes_jobs_from_options_a_file_and_stdin() {
         assert!(delivered.contains(id.as_str()), "job {id} not delivered");
     }
     let view = rig.api().job(&from_options).await.unwrap();
-    assert_eq!(view.idempotency_key.as_deref(), Some("order-1"));
-    assert_eq!(view.execution_timeout_ms, 2000);
-    assert_eq!(view.ordering_key.as_deref(), Some("order-1"));
+    assert_eq!(view.job.idempotency_key.as_deref(), Some("order-1"));
+    assert_eq!(view.job.execution_timeout_ms, 2000);
+    assert_eq!(view.job.ordering_key.as_deref(), Some("order-1"));
     let id = from_options.parse().unwrap();
     let job = &rig.reader.get_jobs(&[id]).await.unwrap()[0];
-    assert_eq!(
-        job.ordering,
-        Some(spindle::job::Ordering {
-            key: "order-1".into(),
-            blocks: true
-        })
-    );
+    let ordering = job.ordering.clone().expect("ordered");
+    assert_eq!((&*ordering.key, ordering.blocks), ("order-1", true));
+    // Its position was minted by the Director when it accepted the job.
+    assert!(ordering.position.timestamp_ms() >= job.id.0.timestamp_ms());
     rig.stop().await;
 }
 
@@ -305,10 +302,10 @@ async fn the_client_submits_looks_up_and_maps_errors() {
     rig.wait_in_state(State::Succeeded, 2, Duration::from_secs(20))
         .await;
     let view = api.job(&reply.jobs[1].id).await.unwrap();
-    assert_eq!(view.state, State::Succeeded);
-    assert_eq!(view.bucket, "c2");
+    assert_eq!(view.job.state, State::Succeeded);
+    assert_eq!(view.job.bucket, "c2");
     assert_eq!(view.payload_base64, "AHJhdw==");
-    assert!(view.transitions.len() >= 3);
+    assert!(view.job.transitions.len() >= 3);
 
     // Scheduled for later: the answer names the time; the job waits, untried, until then.
     let later = chrono::Utc::now() + chrono::Duration::hours(1);
@@ -323,8 +320,8 @@ async fn the_client_submits_looks_up_and_maps_errors() {
         .expect("a time for the delayed job");
     assert!((delayed - later).num_seconds().abs() < 5);
     let view = api.job(&reply.jobs[0].id).await.unwrap();
-    assert_eq!(view.state, State::AwaitingRetry);
-    assert_eq!(view.attempts, 0);
+    assert_eq!(view.job.state, State::AwaitingRetry);
+    assert_eq!(view.job.attempts, 0);
 
     // 422: an invalid value, named by the server; nothing stored.
     let bad = [
@@ -378,6 +375,7 @@ async fn the_client_submits_looks_up_and_maps_errors() {
             jobdb: "some_other_jobdb".into(),
             from_jobdb: None,
             not_after: None,
+            blocked_keys: Vec::new(),
             jobs: Vec::new(),
         })
         .await
@@ -454,7 +452,7 @@ async fn the_client_and_spindle_submit_send_tokens() {
     let admin = Client::new(&base, Some("spt_admin_secret".into())).unwrap();
     admin.endpoints().await.unwrap();
     assert_eq!(
-        admin.job(&reply.jobs[0].id).await.unwrap().bucket,
+        admin.job(&reply.jobs[0].id).await.unwrap().job.bucket,
         "t1",
         "admin reads every bucket"
     );

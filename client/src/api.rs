@@ -460,10 +460,12 @@ impl FromStr for JobState {
     }
 }
 
-/// `GET /v1/jobs/{id}` answer: the job, its current state and its full trace.
+/// What a job is, as every view of a stored job shows it (the Director's `GET /v1/jobs/{id}`,
+/// the dashboard's traces): one type, so a field added to a job is added to every view here.
+/// Views flatten it and add what only they show.
 #[derive(Clone, Debug, Serialize, Deserialize)]
 #[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
-pub struct JobView {
+pub struct JobDescription {
     /// The job id (ULID).
     pub id: String,
     /// The id as `HEX(id)` prints it in SQL.
@@ -479,10 +481,6 @@ pub struct JobView {
     pub endpoint: String,
     /// The HTTP method.
     pub method: String,
-    /// Headers sent with each attempt.
-    pub headers: BTreeMap<String, String>,
-    /// The body, base64-encoded.
-    pub payload_base64: String,
     /// Deadline of one attempt.
     pub execution_timeout_ms: u64,
     /// Delay before the second attempt.
@@ -499,8 +497,28 @@ pub struct JobView {
     /// Its ordering key, if it is delivered in order with its key's other jobs.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub ordering_key: Option<String>,
+    /// For an ordered job: what its failure does to its key's later jobs.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ordering_failure: Option<OrderingFailure>,
+    /// Where its completion notice goes, if it asked for one.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub on_complete: Option<String>,
     /// Every state transition, oldest first.
     pub transitions: Vec<TransitionView>,
+}
+
+/// `GET /v1/jobs/{id}` answer: the job ([`JobDescription`], flattened), what it sends
+/// (headers and body) and its full trace.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+pub struct JobView {
+    /// The job, its state and its trace.
+    #[serde(flatten)]
+    pub job: JobDescription,
+    /// Headers sent with each attempt.
+    pub headers: BTreeMap<String, String>,
+    /// The body, base64-encoded.
+    pub payload_base64: String,
 }
 
 /// One row of a job's trace.
@@ -554,8 +572,33 @@ pub struct ImportRequest {
     /// New jobs only: refuse the request (409, nothing stored) once this instant has passed.
     #[serde(default)]
     pub not_after: Option<DateTime<Utc>>,
-    /// 1 to 1000 jobs.
+    /// 1 to 1000 jobs (none when the request only carries `blocked_keys`).
     pub jobs: Vec<ImportJob>,
+    /// Moves only: ordered keys blocked in the retired JobDB (a job that asked to block its key
+    /// ended without success there), carried so the block follows the key: stored in this
+    /// JobDB with the same transaction as `jobs`; a key blocked here already keeps its block.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub blocked_keys: Vec<BlockedKey>,
+}
+
+/// An ordered key stopped by a job that ended without success and asked to block it; it stays
+/// stopped until an operator deletes its `ordering_blocked` row.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+#[serde(deny_unknown_fields)]
+pub struct BlockedKey {
+    /// The key's bucket.
+    pub bucket: String,
+    /// The key's endpoint URL.
+    pub endpoint: String,
+    /// The ordering key.
+    pub ordering_key: String,
+    /// The job whose end blocked it (ULID).
+    pub job_id: String,
+    /// How that job ended (`discarded`, `archiving`).
+    pub state: String,
+    /// When it blocked the key.
+    pub blocked_at: DateTime<Utc>,
 }
 
 /// One job as it was stored in the retired JobDB, with its progress.
@@ -596,6 +639,10 @@ pub struct ImportJob {
     /// What it does to its key's later jobs if it ends without success.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub ordering_failure: Option<OrderingFailure>,
+    /// Moves only: its place in its key's order (a ULID the accepting Director minted), kept
+    /// so a moved job keeps its turn; a router's new jobs get theirs where they are stored.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ordering_position: Option<String>,
     /// Attempts made so far (0 for new jobs).
     #[serde(default)]
     pub attempts: u16,

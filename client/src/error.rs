@@ -77,11 +77,11 @@ pub enum Error {
 pub struct ApiError {
     /// The request's URL.
     pub url: String,
-    /// The HTTP status (400, 401, 403, 404, 409, 413, 422, 429, 503, ...).
+    /// The HTTP status (400, 401, 403, 404, 409, 413, 422, 429, 503, 504, ...).
     pub status: u16,
     /// spindle's error code (`invalid_json`, `invalid_field`, `too_large`, `unauthenticated`,
     /// `forbidden`, `rate_limited`, `not_found`, `conflict`, `unavailable`, `shutting_down`,
-    /// `internal`), when the body had one.
+    /// `outcome_unknown`, `internal`), when the body had one.
     pub code: Option<String>,
     /// The server's explanation, as given (it names the field: `jobs[2].endpoint is not a
     /// valid URL`).
@@ -142,10 +142,11 @@ impl Error {
 
     /// Whether spindle's contract guarantees that nothing of the request was stored: it was
     /// never sent (bad URL or token, no connection), or it was answered 4xx or 503 (a Director
-    /// or router refuses a request whole). After any other error (timeout, broken transfer,
-    /// 500, a proxy's 502 or 504, an answer not understood) the request may have been stored:
-    /// send it again to the same place with the same ids or idempotency keys, which spindle
-    /// makes safe.
+    /// or router refuses a request whole; a 503 carries `Retry-After`). After any other error
+    /// (timeout, broken transfer, 500, a 504 from a Director whose write did not finish within
+    /// its write timeout, a proxy's 502 or 504, an answer not understood) the request may have
+    /// been stored: send it again to the same place with the same ids or idempotency keys,
+    /// which spindle makes safe.
     pub fn stored_nothing(&self) -> bool {
         match self {
             Error::InvalidUrl { .. } | Error::InvalidToken | Error::Build(_) => true,
@@ -164,6 +165,35 @@ impl Error {
             Error::Timeout { url, source }
         } else {
             Error::Transport { url, source }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn answered(status: u16) -> Error {
+        Error::Api(Box::new(ApiError {
+            url: "http://h/v1/jobs".into(),
+            status,
+            code: None,
+            message: String::new(),
+            field: None,
+            retry_after: None,
+        }))
+    }
+
+    #[test]
+    fn a_503_stored_nothing_and_a_504_may_have_stored() {
+        // A definite refusal: safe to send anywhere (a router tries the shard's next Director).
+        for status in [400, 409, 413, 422, 429, 503] {
+            assert!(answered(status).stored_nothing(), "{status}");
+        }
+        // An unknown outcome: send again with the same ids or keys (a router re-sends to the
+        // same JobDB).
+        for status in [500, 502, 504] {
+            assert!(!answered(status).stored_nothing(), "{status}");
         }
     }
 }

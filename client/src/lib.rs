@@ -30,7 +30,7 @@
 //!             println!("{} {}", job.id, job.status);
 //!             if job.status == JobStatus::Accepted {
 //!                 let view = client.job(&job.id).await?;
-//!                 println!("state {} after {} attempts", view.state, view.attempts);
+//!                 println!("state {} after {} attempts", view.job.state, view.job.attempts);
 //!             }
 //!         }
 //!     }
@@ -52,8 +52,8 @@ mod client;
 mod error;
 
 pub use api::{
-    AcceptedJob, ImportJob, ImportRequest, ImportResponse, JobState, JobStatus, JobView, NewJob,
-    OrderingFailure, SubmitReply, SubmitRequest, TransitionView,
+    AcceptedJob, BlockedKey, ImportJob, ImportRequest, ImportResponse, JobDescription, JobState,
+    JobStatus, JobView, NewJob, OrderingFailure, SubmitReply, SubmitRequest, TransitionView,
 };
 pub use client::{Client, ClientBuilder, DEFAULT_CONNECT_TIMEOUT, DEFAULT_TIMEOUT};
 pub use error::{ApiError, Error};

@@ -19,6 +19,8 @@ pub struct Faults {
     latency: Mutex<Duration>,
     stall_until: Mutex<Option<Instant>>,
     index_backwards: AtomicBool,
+    /// KV writes under this prefix wait this long before they apply.
+    kv_write_delay: Mutex<Option<(String, Duration)>>,
     /// Bumped when `index_backwards_once` is armed, to wake parked blocking queries.
     backwards_gen: watch::Sender<u64>,
     /// Bumped by `drop_blocking_queries`; parked queries that see a bump drop their connection.
@@ -33,6 +35,7 @@ impl Default for Faults {
             latency: Mutex::new(Duration::ZERO),
             stall_until: Mutex::new(None),
             index_backwards: AtomicBool::new(false),
+            kv_write_delay: Mutex::new(None),
             backwards_gen: watch::Sender::new(0),
             drop_gen: watch::Sender::new(0),
         }
@@ -80,8 +83,25 @@ impl Faults {
         self.drop_gen.send_modify(|g| *g += 1);
     }
 
-    /// Turns every fault off: renew failures, 500s, latency, stall and a pending index reset.
+    /// Every `PUT /v1/kv/<key>` whose key starts with `prefix` waits `d` before it applies
+    /// (a slow write as one client sees it; reads and other keys are not delayed), so a test
+    /// can hold a write in flight and look at what its writer does meanwhile. `None` turns it
+    /// off.
+    pub fn delay_kv_writes(&self, under: Option<(&str, Duration)>) {
+        *lock(&self.kv_write_delay) = under.map(|(prefix, d)| (prefix.to_string(), d));
+    }
+
+    pub(crate) fn kv_write_delay(&self, key: &str) -> Option<Duration> {
+        lock(&self.kv_write_delay)
+            .as_ref()
+            .filter(|(prefix, _)| key.starts_with(prefix.as_str()))
+            .map(|(_, d)| *d)
+    }
+
+    /// Turns every fault off: renew failures, 500s, latency, stall, delayed KV writes and a
+    /// pending index reset.
     pub fn clear(&self) {
+        self.delay_kv_writes(None);
         self.set_renew_fails(false);
         self.set_error_500(false);
         self.set_latency(Duration::ZERO);

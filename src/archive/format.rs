@@ -1,8 +1,8 @@
 //! The archive's format, the same in every backend: the object layout (keys of a batch's data
 //! object and manifest, which keys are manifests, which JobDB names can be a key segment), the
 //! records ([`ArchivedJob`] and its [`ArchivedTransition`]s, one NDJSON line per job), the
-//! [`Manifest`] beside each batch, and the batch encoding (gzip of NDJSON, deterministic:
-//! [`encode_batch`], [`decode_batch`]). No I/O.
+//! [`Manifest`] beside each batch, why a batch left its JobDB ([`BatchKind`]), and the batch
+//! encoding (gzip of NDJSON, deterministic: [`encode_batch`], [`decode_batch`]). No I/O.
 
 use std::io::{Read, Write};
 use std::time::Duration;
@@ -14,8 +14,37 @@ use chrono::{DateTime, Utc};
 use sha2::{Digest, Sha256};
 use ulid::Ulid;
 
-use super::{ArchiveError, BatchKind};
-use crate::job::{Job, JobId, RetryPolicy, State, Transition};
+use super::ArchiveError;
+use crate::job::{stored_encoding, AnswerText, Job, JobId, RetryPolicy, State, Transition};
+
+/// Why a batch of jobs left its JobDB: a segment of the batch's object keys and a field of its
+/// manifest, and the `kind` of the JobDB's `archive_batches` row that plans it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum BatchKind {
+    /// Jobs that expired before delivery (their terminal state is `archived`).
+    Expired,
+    /// The whole trace of every other job of a drained JobDB (succeeded, discarded, or moved
+    /// to another JobDB: see [`ArchivedJob::moved_to`]), kept before the JobDB
+    /// is dropped.
+    History,
+}
+
+impl BatchKind {
+    /// The spelling used in the `kind` column, object keys and manifests.
+    pub const fn as_str(self) -> &'static str {
+        match self {
+            BatchKind::Expired => "expired",
+            BatchKind::History => "history",
+        }
+    }
+}
+
+impl std::fmt::Display for BatchKind {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
 
 /// How [`ArchivedTransition::error_response`] is written.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
@@ -56,13 +85,12 @@ pub struct ArchivedTransition {
 impl ArchivedTransition {
     /// The archived form of transition row `id`.
     pub fn new(id: u64, t: &Transition) -> Self {
-        let (error_response, error_response_encoding) = match &t.error_response {
-            None => (None, None),
-            Some(body) => match std::str::from_utf8(body) {
-                Ok(text) => (Some(text.to_owned()), Some(TextEncoding::Utf8)),
-                Err(_) => (Some(BASE64.encode(body)), Some(TextEncoding::Base64)),
-            },
-        };
+        let (error_response, error_response_encoding) =
+            match t.error_response.as_deref().map(AnswerText::of) {
+                None => (None, None),
+                Some(AnswerText::Utf8(text)) => (Some(text), Some(TextEncoding::Utf8)),
+                Some(AnswerText::Base64(text)) => (Some(text), Some(TextEncoding::Base64)),
+            };
         ArchivedTransition {
             id,
             state: t.state,
@@ -98,14 +126,7 @@ impl ArchivedTransition {
     /// Rebuilds the JobDB row of job `job_id`.
     pub fn to_transition(&self, job_id: JobId) -> Result<Transition, ArchiveError> {
         let error_response = self.error_response_bytes()?;
-        // Same rule as `Transition`'s own constructors: the bytes decide the encoding.
-        let error_response_encoding = error_response.as_ref().map(|body| {
-            if std::str::from_utf8(body).is_ok() {
-                "utf-8"
-            } else {
-                "binary"
-            }
-        });
+        let error_response_encoding = error_response.as_deref().map(stored_encoding);
         Ok(Transition {
             job_id,
             state: self.state,
@@ -218,8 +239,9 @@ impl ArchivedJob {
 
     /// Rebuilds the job (durations at millisecond precision, as the JobDB stores them).
     pub fn to_job(&self) -> Result<Job, ArchiveError> {
+        let id = self.job_id()?;
         Ok(Job {
-            id: self.job_id()?,
+            id,
             bucket: self.bucket.as_str().into(),
             endpoint: self.endpoint.as_str().into(),
             method: self.method.as_str().into(),
@@ -237,9 +259,12 @@ impl ArchivedJob {
             ordering: self
                 .ordering_key
                 .as_deref()
-                .map(|key| crate::job::Ordering {
+                // An archived job has ended: its place in its key's order is over, and the
+                // archive does not keep it (an object's bytes stay what they were).
+                .map(|key| crate::job::OrderedKey {
                     key: key.into(),
                     blocks: self.ordering_blocks,
+                    position: id.0,
                 }),
         })
     }

@@ -24,8 +24,9 @@
 //! manifest-after-data order and the error kinds are the same for both; only the directory has
 //! no object metadata (the data object's SHA-256 is in its manifest).
 //!
-//! This module does no SQL: selecting jobs and deleting them after a successful write belong to
-//! the JobDB code and the drainer.
+//! This module does no SQL and knows no JobDB: selecting jobs, planning and confirming batches
+//! belong to the store and the archiver above it, deleting jobs after a successful write to the
+//! drainer.
 
 //!
 //! # Modules
@@ -33,10 +34,7 @@
 //!   batch encoding; the same for every backend, no I/O.
 //! - `s3`: the S3 backend ([`S3Config`], the client store).
 //! - `dir`: the directory backend ([`DirConfig`]).
-//! - [`archiver`]: the exactly-once protocol around the archive, shared by Directors and
-//!   drainers.
 
-pub mod archiver;
 mod dir;
 mod format;
 mod s3;
@@ -51,12 +49,10 @@ use chrono::{DateTime, Utc};
 use futures::{StreamExt, TryStreamExt};
 use ulid::Ulid;
 
-/// Why a batch left its JobDB: defined with the JobDB's lifecycle statements, which store it.
-pub use crate::jobdb::lifecycle::BatchKind;
 pub(crate) use format::sha256_hex;
 use format::{check_jobdb_name, normalized_prefix};
 pub use format::{
-    decode_batch, encode_batch, ArchivedJob, ArchivedTransition, EncodedBatch, Manifest,
+    decode_batch, encode_batch, ArchivedJob, ArchivedTransition, BatchKind, EncodedBatch, Manifest,
     TextEncoding,
 };
 pub use s3::S3Config;

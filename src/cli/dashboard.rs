@@ -38,6 +38,7 @@ pub struct DashboardArgs {
     #[arg(
         long = "jobdb",
         env = "SPINDLE_DASHBOARD_JOBDBS",
+        hide_env_values = true,
         value_delimiter = ','
     )]
     pub jobdbs: Vec<SecretUrl>,

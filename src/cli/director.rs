@@ -34,6 +34,7 @@ pub struct DirectorArgs {
     #[arg(
         long,
         env = "SPINDLE_JOBDB",
+        hide_env_values = true,
         default_value = "mysql://root@127.0.0.1:3306/spindle"
     )]
     pub jobdb: SecretUrl,
@@ -96,12 +97,24 @@ pub struct DirectorArgs {
     /// endpoint's `Retry-After` say.
     #[arg(long, env = "SPINDLE_MIN_RETRY_DELAY_MS", default_value_t = 100)]
     pub min_retry_delay_ms: u64,
+    /// In a cluster: how far the Directors' clocks may disagree, in ms. An ordered job accepted
+    /// at least this long before a complete read of the other JobDBs goes without reading them
+    /// again, so a JobDB that cannot be read holds back only the ordered jobs accepted since
+    /// (larger: safer with poor clocks, more reads; at most one hour).
+    #[arg(long, env = "SPINDLE_MAX_CLOCK_SKEW_MS", default_value_t = 10_000)]
+    pub max_clock_skew_ms: u64,
     /// Most rows in one group-commit transaction.
     #[arg(long, env = "SPINDLE_WRITE_BATCH_ROWS", default_value_t = 4000)]
     pub write_batch_rows: usize,
     /// Connections to the JobDB.
     #[arg(long, env = "SPINDLE_DB_CONNECTIONS", default_value_t = 8)]
     pub db_connections: u32,
+    /// The most a submit or import waits for its write, in ms: then it is answered 503 (not
+    /// written, and never will be) or 504 (being written, outcome unknown). Keep it below the
+    /// routers' `--forward-timeout-ms`. A JobDB that no commit reaches for two fifths of it
+    /// makes the Director not ready, and its statements' lock waits are bounded by that too.
+    #[arg(long, env = "SPINDLE_WRITE_TIMEOUT_MS", default_value_t = 5_000)]
+    pub write_timeout_ms: u64,
     /// Largest payload of one job, in bytes.
     #[arg(long, env = "SPINDLE_MAX_PAYLOAD_BYTES", default_value_t = 1024 * 1024)]
     pub max_payload_bytes: usize,
@@ -204,6 +217,10 @@ impl DirectorArgs {
             self.db_connections >= 2,
             "--db-connections must be at least 2"
         );
+        anyhow::ensure!(
+            (1_000..=600_000).contains(&self.write_timeout_ms),
+            "--write-timeout-ms must be 1000 to 600000"
+        );
         anyhow::ensure!(self.max_attempts >= 1, "--max-attempts must be at least 1");
         anyhow::ensure!(
             self.backoff_cap_ms <= MAX_BACKOFF_CAP_MS,
@@ -212,6 +229,10 @@ impl DirectorArgs {
         anyhow::ensure!(
             self.min_retry_delay_ms <= self.backoff_cap_ms,
             "--min-retry-delay-ms must not exceed --backoff-cap-ms"
+        );
+        anyhow::ensure!(
+            self.max_clock_skew_ms <= 3_600_000,
+            "--max-clock-skew-ms must be at most 3600000 (one hour)"
         );
         let mut config = DirectorConfig::new(self.listen, jobdb);
         config.create_database = !self.no_create_database;
@@ -223,6 +244,7 @@ impl DirectorArgs {
         config.scheduler.backoff_cap = Duration::from_millis(self.backoff_cap_ms);
         config.scheduler.max_attempts = self.max_attempts;
         config.scheduler.min_retry_delay = Duration::from_millis(self.min_retry_delay_ms);
+        config.max_clock_skew = Duration::from_millis(self.max_clock_skew_ms);
         config.scheduler.shutdown_grace = Duration::from_millis(self.shutdown_grace_ms);
         config.scheduler.spill_after = Duration::from_millis(self.spill_after_ms);
         config.scheduler.max_cached_bytes = self.max_cached_payload_mib.saturating_mul(1024 * 1024);
@@ -232,6 +254,7 @@ impl DirectorArgs {
         config.scheduler.breaker.probe_max =
             Duration::from_millis(self.breaker_probe_max_ms.max(self.breaker_probe_ms));
         config.writer.max_rows = self.write_batch_rows;
+        config.writer.write_timeout = Duration::from_millis(self.write_timeout_ms);
         config.intake.max_payload_bytes = self.max_payload_bytes;
         config.intake.max_request_bytes = self.max_request_bytes;
         config.intake.default_ttl = Duration::from_millis(self.default_ttl_ms);

@@ -26,6 +26,7 @@ pub struct ManagerArgs {
         long = "mysql",
         visible_alias = "server",
         env = "SPINDLE_MANAGER_MYSQL",
+        hide_env_values = true,
         value_delimiter = ',',
         required = true
     )]

@@ -11,6 +11,11 @@
 //! - `dashboard`: `spindle dashboard` ([`DashboardArgs`], [`DashboardRegistry`]);
 //! - `ops`: operator tooling: `jobs`, `endpoints`, `replay`, `jobdbs`, `tokens`, `sink`.
 //!
+//! The programs that are more than options have modules of their own here: [`dev`] (`spindle
+//! dev`: everything in one process on embedded parts), [`bench`](mod@bench), [`demo`],
+//! [`submit`] (through the `spindle-client` crate), [`replay`] (re-sending archived jobs) and
+//! [`sink`] (a recording HTTP endpoint for demos, benchmarks and tests).
+//!
 //! Every type is re-exported here: `spindle::cli::ManagerArgs` and the like are the paths to
 //! use.
 
@@ -22,11 +27,17 @@ use tracing_subscriber::EnvFilter;
 
 use crate::secret::Secret;
 
+pub mod bench;
 mod dashboard;
+pub mod demo;
+pub mod dev;
 mod director;
 mod lifecycle;
 mod ops;
+pub mod replay;
 mod router;
+pub mod sink;
+pub mod submit;
 
 pub use dashboard::{DashboardArgs, DashboardRegistry};
 pub use director::{DirectorArgs, RegistryKind};
@@ -56,14 +67,14 @@ pub enum Command {
     Director(Box<DirectorArgs>),
     /// Run a Director on a fresh demo JobDB with a local test endpoint, submit a mix of jobs
     /// (successes, retries, a rate limit, discards), and show them reach their final states.
-    Demo(crate::demo::DemoArgs),
+    Demo(crate::cli::demo::DemoArgs),
     /// Run everything in one process on embedded parts (SQLite JobDBs, a directory archive,
     /// in-process registry and dedup), data under one directory: nothing to install.
     /// `--demo` adds a local endpoint and a producer to watch on the dashboard.
-    Dev(Box<crate::dev::DevArgs>),
+    Dev(Box<crate::cli::dev::DevArgs>),
     /// Measure intake and end-to-end delivery throughput against a local endpoint.
-    Bench(crate::bench::BenchArgs),
-    /// Run the recording test endpoint alone (see `spindle::sink` for its paths).
+    Bench(crate::cli::bench::BenchArgs),
+    /// Run the recording test endpoint alone (see `spindle::cli::sink` for its paths).
     Sink(SinkArgs),
     /// The JobDB inventory in Consul: add spare JobDBs, list them.
     #[command(subcommand)]
@@ -100,7 +111,7 @@ pub enum Command {
     /// --payload, -H, ...), or many as NDJSON from --file or stdin, one job object per line as
     /// `POST /v1/jobs` takes it (all lines are checked before anything is sent). Prints each
     /// job's id and status as NDJSON.
-    Submit(Box<crate::submit::SubmitArgs>),
+    Submit(Box<crate::cli::submit::SubmitArgs>),
     /// Re-submit jobs that ended discarded or archived, from a JobDB or from the S3 archive,
     /// as new jobs linked to the originals (idempotency key `replay-of:<id>`, header
     /// `spindle-replay-of`), selected by bucket, endpoint and creation time.
@@ -117,7 +128,7 @@ pub struct S3Args {
     #[arg(long, env = "SPINDLE_S3_BUCKET")]
     pub s3_bucket: Option<String>,
     /// S3-compatible endpoint URL (default: AWS).
-    #[arg(long, env = "SPINDLE_S3_ENDPOINT")]
+    #[arg(long, env = "SPINDLE_S3_ENDPOINT", hide_env_values = true)]
     pub s3_endpoint: Option<String>,
     /// Region.
     #[arg(long, env = "SPINDLE_S3_REGION", default_value = "us-east-1")]
@@ -189,6 +200,7 @@ pub struct ConsulArgs {
     #[arg(
         long,
         env = "CONSUL_HTTP_ADDR",
+        hide_env_values = true,
         default_value = "http://127.0.0.1:8500"
     )]
     pub consul_addr: String,
@@ -250,10 +262,10 @@ pub async fn execute(
         Command::Endpoints(command) => ops::endpoints(command).await?,
         Command::Replay(args) => ops::replay(*args).await?,
         Command::Jobs(command) => ops::jobs(command).await?,
-        Command::Submit(args) => crate::submit::run(*args).await?,
-        Command::Demo(args) => crate::demo::run(args).await?,
-        Command::Dev(args) => crate::dev::run(*args, stop).await?,
-        Command::Bench(args) => crate::bench::run(args).await?,
+        Command::Submit(args) => crate::cli::submit::run(*args).await?,
+        Command::Demo(args) => crate::cli::demo::run(args).await?,
+        Command::Dev(args) => crate::cli::dev::run(*args, stop).await?,
+        Command::Bench(args) => crate::cli::bench::run(args).await?,
         Command::Sink(args) => ops::sink(args).await?,
     }
     Ok(())

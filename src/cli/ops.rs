@@ -1,7 +1,7 @@
 //! Operator tooling on the command line: `spindle jobs show` (a job's trace), `spindle
 //! endpoints` (controls in Consul, endpoint health), `spindle replay`, `spindle jobdbs` (the
 //! inventory), `spindle tokens` and `spindle sink` (the recording test endpoint). `submit`,
-//! `bench`, `demo` and `dev` have modules of their own (`crate::submit`, ...); `execute` in
+//! `bench`, `demo` and `dev` have modules of their own (`crate::cli::submit`, ...); `execute` in
 //! the parent module dispatches to them.
 
 use std::net::SocketAddr;
@@ -46,7 +46,12 @@ pub struct ReplayArgs {
     pub states: Vec<String>,
     /// The RPC API that takes the new jobs: a Director, or a router (which also drops a replay
     /// of a job already replayed within its dedup window).
-    #[arg(long, env = "SPINDLE_API", default_value = "http://127.0.0.1:8080")]
+    #[arg(
+        long,
+        env = "SPINDLE_API",
+        hide_env_values = true,
+        default_value = "http://127.0.0.1:8080"
+    )]
     pub to: String,
     /// An API token for `--to`.
     #[arg(long, env = "SPINDLE_TOKEN", hide_env_values = true)]
@@ -71,7 +76,12 @@ pub enum JobsCommand {
         /// The job id: a ULID, or 32 hex digits as SQL's `HEX(id)` prints it.
         id: String,
         /// The RPC API of a Director or a router.
-        #[arg(long, env = "SPINDLE_API", default_value = "http://127.0.0.1:8080")]
+        #[arg(
+            long,
+            env = "SPINDLE_API",
+            hide_env_values = true,
+            default_value = "http://127.0.0.1:8080"
+        )]
         api: String,
         /// An API token (read scope for the job's bucket, or admin).
         #[arg(long, env = "SPINDLE_TOKEN", hide_env_values = true)]
@@ -124,6 +134,7 @@ pub enum EndpointsCommand {
         #[arg(
             long = "api",
             env = "SPINDLE_API",
+            hide_env_values = true,
             value_delimiter = ',',
             default_value = "http://127.0.0.1:8080"
         )]
@@ -280,7 +291,7 @@ pub(super) async fn jobs(command: JobsCommand) -> anyhow::Result<()> {
 
 /// `spindle sink`: runs the recording test endpoint until SIGINT or SIGTERM.
 pub(super) async fn sink(args: SinkArgs) -> anyhow::Result<()> {
-    let sink = crate::sink::Sink::start(args.listen).await?;
+    let sink = crate::cli::sink::Sink::start(args.listen).await?;
     println!("sink listening on http://{}", sink.addr());
     crate::shutdown_signal().await;
     sink.stop().await;
@@ -393,8 +404,9 @@ pub(super) async fn endpoints(command: EndpointsCommand) -> anyhow::Result<()> {
 
 /// `spindle replay`: selects the ended jobs and submits them as new ones.
 pub(super) async fn replay(args: ReplayArgs) -> anyhow::Result<()> {
-    use crate::replay::{ReplayOptions, ReplaySource};
-    let (discarded, archived) = crate::replay::states(&args.states).map_err(anyhow::Error::msg)?;
+    use crate::cli::replay::{ReplayOptions, ReplaySource};
+    let (discarded, archived) =
+        crate::cli::replay::states(&args.states).map_err(anyhow::Error::msg)?;
     let source = match (&args.from_jobdb, args.from_archive) {
         (Some(url), false) => {
             let url: crate::jobdb::JobDbUrl = url.expose().parse().context("--from-jobdb")?;
@@ -430,7 +442,7 @@ pub(super) async fn replay(args: ReplayArgs) -> anyhow::Result<()> {
         dry_run: args.dry_run,
         limit: args.limit,
     };
-    let report = crate::replay::replay(&source, &options).await?;
+    let report = crate::cli::replay::replay(&source, &options).await?;
     for (original, new) in &report.links {
         println!("{original} -> {new}");
     }
@@ -465,7 +477,8 @@ async fn show_job(id: &str, api: &str, token: Option<&str>, json: bool) -> anyho
         println!("{body}");
         return Ok(());
     }
-    let job: crate::rpc::api::JobView = serde_json::from_str(&body).context("the api's answer")?;
+    let view: crate::rpc::api::JobView = serde_json::from_str(&body).context("the api's answer")?;
+    let job = &view.job;
     println!("job       {} (hex {})", job.id, job.id_hex);
     println!("state     {} after {} attempt(s)", job.state, job.attempts);
     println!("bucket    {}", job.bucket);
@@ -473,6 +486,12 @@ async fn show_job(id: &str, api: &str, token: Option<&str>, json: bool) -> anyho
     println!("created   {}   expires {}", job.created_at, job.expire_at);
     if let Some(key) = &job.idempotency_key {
         println!("key       {key}");
+    }
+    if let Some(key) = &job.ordering_key {
+        println!("ordered   {key}");
+    }
+    if let Some(to) = &job.on_complete {
+        println!("notice to {to}");
     }
     println!();
     println!(

@@ -27,6 +27,7 @@ pub struct RouterArgs {
     #[arg(
         long = "redis",
         env = "SPINDLE_ROUTER_REDIS",
+        hide_env_values = true,
         value_delimiter = ',',
         required = true
     )]
@@ -271,6 +272,7 @@ pub(super) async fn run(
     let router = crate::router::service::Router::start(settings, store, directors, consul).await?;
     stop.cancelled().await;
     router.stop().await;
+    tracing::info!("router stopped");
     Ok(())
 }
 

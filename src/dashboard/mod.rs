@@ -527,6 +527,7 @@ async fn jobdbs(State(app): State<AppState>) -> Json<JobDbs> {
             {
                 view.ordered_waiting = Some(ordering.held);
                 view.ordering_blocked = Some(ordering.blocked);
+                view.ordered_behind_scheduled = Some(ordering.behind_scheduled);
                 view.notices_owed = Some(*owed);
                 view.reachable = true;
                 view.created_at = *created_at;
@@ -629,6 +630,7 @@ where
         })
         .collect();
     traces.sort_by(|a, b| {
+        let (a, b) = (&a.job, &b.job);
         (a.created_at, &a.id, a.transitions.first().map(|t| t.time)).cmp(&(
             b.created_at,
             &b.id,

@@ -12,7 +12,7 @@ use serde::{Deserialize, Serialize};
 use crate::job::{endpoint_key, State};
 use crate::jobdb::stats::{self, JobSummary, LaneAttempts, LaneBacklog, LaneError, LaneSlot};
 use crate::registry::inventory::JobDbState;
-use crate::rpc::api::TransitionView;
+use crate::rpc::api::JobDescription;
 
 /// Slot widths the charts use, in seconds: the smallest that keeps a window within
 /// [`MAX_SLOTS`] slots.
@@ -479,6 +479,9 @@ pub struct JobDbView {
     pub ordered_waiting: Option<u64>,
     /// Ordered keys stopped by a failed job that asked to block (`ordering_blocked`).
     pub ordering_blocked: Option<u64>,
+    /// Of `ordered_waiting`, jobs whose key waits for a job scheduled for later (it holds
+    /// the key until its time).
+    pub ordered_behind_scheduled: Option<u64>,
     /// Completion notices owed: jobs naming an `on_complete` URL that have not ended here.
     pub notices_owed: Option<u64>,
 }
@@ -499,41 +502,17 @@ pub struct Traces {
     pub unreachable: Vec<Unreachable>,
 }
 
-/// A job in one JobDB: its row (without payload or headers) and full history there.
+/// A job in one JobDB: what it is and its full history there (the same description as the
+/// Director's `GET /v1/jobs/{id}`), without payload or headers.
 #[derive(Debug, Serialize, Deserialize)]
 pub struct JobTrace {
     /// The JobDB holding this part of its history.
     pub jobdb: String,
-    /// The job id (ULID).
-    pub id: String,
-    /// The id as `HEX(id)` prints it.
-    pub id_hex: String,
-    /// Its state in this JobDB now.
-    pub state: State,
-    /// Attempts started so far.
-    pub attempts: u16,
-    /// The bucket.
-    pub bucket: String,
-    /// The endpoint URL.
-    pub endpoint: String,
-    /// The HTTP method.
-    pub method: String,
+    /// The job, its state in this JobDB now and its transitions here (oldest first).
+    #[serde(flatten)]
+    pub job: JobDescription,
     /// Size of the payload, in bytes (the payload itself is not shown).
     pub payload_bytes: u64,
-    /// Deadline of one attempt, in ms.
-    pub execution_timeout_ms: u64,
-    /// Delay before the second attempt, in ms.
-    pub backoff_min_delay_ms: u64,
-    /// Growth of the delay per attempt.
-    pub backoff_coefficient: f64,
-    /// When it was accepted.
-    pub created_at: DateTime<Utc>,
-    /// When it stops being retried.
-    pub expire_at: DateTime<Utc>,
-    /// The producer's idempotency key.
-    pub idempotency_key: Option<String>,
-    /// Every transition here, oldest first.
-    pub transitions: Vec<TransitionView>,
 }
 
 impl JobTrace {
@@ -543,28 +522,10 @@ impl JobTrace {
         summary: &JobSummary,
         transitions: &[(u64, crate::job::Transition)],
     ) -> JobTrace {
-        let job = &summary.job;
-        let last = transitions.last().map(|(_, t)| t);
         JobTrace {
             jobdb: jobdb.to_owned(),
-            id: job.id.to_string(),
-            id_hex: job.id.to_hex(),
-            state: last.map_or(State::AwaitingScheduling, |t| t.state),
-            attempts: last.map_or(0, |t| t.attempts),
-            bucket: job.bucket.to_string(),
-            endpoint: job.endpoint.to_string(),
-            method: job.method.to_string(),
+            job: crate::rpc::api::describe(&summary.job, transitions),
             payload_bytes: summary.payload_bytes,
-            execution_timeout_ms: job.execution_timeout.as_millis() as u64,
-            backoff_min_delay_ms: job.retry.min_delay.as_millis() as u64,
-            backoff_coefficient: job.retry.coefficient,
-            created_at: job.created_at,
-            expire_at: job.expire_at,
-            idempotency_key: job.idempotency_key.clone(),
-            transitions: transitions
-                .iter()
-                .map(|(id, t)| crate::rpc::api::transition_view(*id, t))
-                .collect(),
         }
     }
 }
@@ -572,6 +533,55 @@ impl JobTrace {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The dashboard's trace and the Director's `GET /v1/jobs/{id}` describe a job alike: the
+    /// same fields (the trace leaves out headers and payload, and adds its JobDB and the
+    /// payload's size), ordered key and notice URL included.
+    #[test]
+    fn a_trace_describes_a_job_as_the_directors_view_does() {
+        use std::sync::Arc;
+        let created = Utc::now();
+        let job = crate::job::Job {
+            id: crate::job::JobId(ulid::Ulid::new()),
+            bucket: "t1".into(),
+            endpoint: "https://example.test/hook".into(),
+            method: "POST".into(),
+            headers: vec![("x-a".into(), "b".into())],
+            payload: bytes::Bytes::from_static(b"{}"),
+            execution_timeout: std::time::Duration::from_secs(2),
+            retry: crate::job::RetryPolicy {
+                min_delay: std::time::Duration::from_millis(250),
+                coefficient: 2.0,
+            },
+            created_at: created,
+            expire_at: created + TimeDelta::hours(1),
+            idempotency_key: Some("k".into()),
+            on_complete: Some(Arc::from("https://example.test/done")),
+            ordering: Some(crate::job::OrderedKey {
+                key: "customer-7".into(),
+                blocks: true,
+                position: ulid::Ulid::new(),
+            }),
+        };
+        let summary = JobSummary {
+            job: job.clone(),
+            payload_bytes: 2,
+        };
+        let trace = serde_json::to_value(JobTrace::new("db1", &summary, &[])).unwrap();
+        let view = serde_json::to_value(crate::rpc::api::job_view(&job, &[])).unwrap();
+        assert_eq!(trace["ordering_key"], "customer-7");
+        assert_eq!(trace["ordering_failure"], "block");
+        assert_eq!(trace["on_complete"], "https://example.test/done");
+        let keys = |v: &serde_json::Value| -> std::collections::BTreeSet<String> {
+            v.as_object().unwrap().keys().cloned().collect()
+        };
+        let mut expected = keys(&view);
+        expected.remove("headers");
+        expected.remove("payload_base64");
+        expected.insert("jobdb".into());
+        expected.insert("payload_bytes".into());
+        assert_eq!(keys(&trace), expected);
+    }
 
     #[test]
     fn windows_round_out_to_whole_slots_that_hold_now() {

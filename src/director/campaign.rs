@@ -94,9 +94,10 @@ pub async fn run(
             continue;
         };
         let mut name = listed.record.name.clone();
-        registered = register(&cluster, &service_id, advertise, &name).await;
+        registered = register(&cluster, &service_id, advertise, &name, &director).await;
         loop {
             let stopper = director.stopper();
+            let readiness = director.readiness();
             let mut running = tokio::spawn(director.wait());
             let event = tokio::select! {
                 _ = shutdown.cancelled() => Serving::Shutdown,
@@ -128,7 +129,7 @@ pub async fn run(
                             let next = start(listed.clone(), lease).await;
                             let Some(next) = next else {
                                 // Keep serving the retiring JobDB; the next round tries again.
-                                director = Director::from_running(stopper, running);
+                                director = Director::from_running(stopper, readiness, running);
                                 continue;
                             };
                             // The old Director stops taking jobs now, finishes its attempts in
@@ -147,7 +148,8 @@ pub async fn run(
                             if let Some(registration) = registered.take() {
                                 registration.forget().await;
                             }
-                            registered = register(&cluster, &service_id, advertise, &name).await;
+                            registered =
+                                register(&cluster, &service_id, advertise, &name, &next).await;
                             director = next;
                             continue;
                         }
@@ -226,7 +228,6 @@ async fn retire_requested(inventory: &Inventory, name: &str, every: Duration) {
     }
 }
 
-/// Starts a Director on a JobDB whose lock was just taken, and marks a spare active.
 /// The live JobDBs of the inventory (active, retiring, draining): where older jobs of an
 /// ordered sequence may sit.
 fn peers_of(inventory: Inventory) -> super::sequencer::Peers {
@@ -253,6 +254,7 @@ fn peers_of(inventory: Inventory) -> super::sequencer::Peers {
     })
 }
 
+/// Marks a spare active, then starts a Director on the JobDB whose lock was just taken.
 async fn start_on(
     config: &DirectorConfig,
     inventory: &Inventory,
@@ -282,6 +284,31 @@ async fn start_on(
             return None;
         }
     };
+    // Active before it serves: the listener is this process's one address, so a producer
+    // that submits straight to it reaches the new JobDB at once, and other Directors'
+    // sequencers look for a key's older jobs only in JobDBs the inventory lists as live. A
+    // start that fails leaves an active JobDB without an owner, which campaigns take first.
+    if listed.record.state == JobDbState::Spare {
+        match inventory
+            .set_state(&listed, JobDbState::Active, &config.holder)
+            .await
+        {
+            Ok(true) => {}
+            Ok(false) => {
+                tracing::warn!(
+                    jobdb = name,
+                    "inventory record changed while taking it; campaigning again"
+                );
+                lease.release().await;
+                return None;
+            }
+            Err(e) => {
+                tracing::warn!(jobdb = name, error = %e, "could not mark the jobdb active; campaigning again");
+                lease.release().await;
+                return None;
+            }
+        }
+    }
     let director = match start_owned(instance, lease, metrics.clone(), Some(std_listener)).await {
         Ok(director) => director,
         Err(e) => {
@@ -289,24 +316,17 @@ async fn start_on(
             return None;
         }
     };
-    if listed.record.state == JobDbState::Spare {
-        match inventory
-            .set_state(&listed, JobDbState::Active, &config.holder)
-            .await
-        {
-            Ok(true) => {}
-            Ok(false) => tracing::warn!(jobdb = name, "inventory record changed while taking it"),
-            Err(e) => tracing::warn!(jobdb = name, error = %e, "could not mark the jobdb active"),
-        }
-    }
     Some(director)
 }
 
+/// Registers `director` in the catalog, its check passing while it is ready and critical
+/// while not (so routers send it nothing while its JobDB cannot be written).
 async fn register(
     cluster: &ClusterConfig,
     id: &str,
     advertise: SocketAddr,
     jobdb: &str,
+    director: &Director,
 ) -> Option<catalog::Registration> {
     for _ in 0..5 {
         match catalog::register_director(
@@ -316,6 +336,7 @@ async fn register(
             advertise.port(),
             jobdb,
             cluster.service_ttl,
+            director.readiness().subscribe(),
         )
         .await
         {

@@ -1,10 +1,11 @@
 //! The Director's HTTP API: submit, import, job traces, endpoint health, readiness, metrics
 //! and the OpenAPI document. The handlers are the Director's; what they share with the router
-//! (authentication, request parsing and validation, error bodies) is the intake toolkit in
-//! [`crate::rpc`], which imports nothing of the Director.
+//! (authentication, request parsing and validation, error bodies, the OpenAPI document in
+//! [`crate::rpc::openapi`]) is the intake toolkit in [`crate::rpc`], which imports nothing of
+//! the Director.
 
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
+use std::time::Duration;
 
 use axum::extract::rejection::BytesRejection;
 use axum::extract::{DefaultBodyLimit, Path, State};
@@ -15,14 +16,15 @@ use axum::{Json, Router};
 use bytes::Bytes;
 use chrono::Utc;
 use tokio::sync::{mpsc, oneshot};
+use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
-use utoipa::OpenApi;
 
+use super::supervise::{Progress, Readiness};
+use super::writer::{Accepted, Ticket, WriteOp, WriteRejected};
 use crate::job::{JobId, Recovered};
-use crate::jobdb::write::{WriteOp, WriteRejected};
 use crate::jobdb::JobDb;
 use crate::metrics::Metrics;
-use crate::rpc::api::{self, FieldError, IntakeLimits, JobView, SubmitReply, SubmitRequest};
+use crate::rpc::api::{self, FieldError, IntakeLimits, JobView, SubmitReply};
 use crate::rpc::auth::{self, Scope};
 use crate::rpc::error::ApiError;
 use crate::rpc::import::{self, job_of, ImportRequest, ImportResponse, MAX_IMPORT_JOBS};
@@ -44,10 +46,14 @@ pub struct RpcState {
     pub limits: Arc<IntakeLimits>,
     /// Cancelled when the Director stops taking work.
     pub stopping: CancellationToken,
-    /// Set once recovery is done and the JobDB is owned.
-    pub ready: Arc<AtomicBool>,
+    /// Whether the Director is ready, and why not (`/readyz`).
+    pub readiness: Readiness,
+    /// How a producer's request waits for the writer.
+    pub wait: WriteWait,
     /// Job id generator: monotonic within a millisecond, so ids keep submission order.
     pub ids: Arc<Mutex<ulid::Generator>>,
+    /// Positions of the ordered jobs this Director accepts (a key's order).
+    pub positions: Arc<crate::director::sequencer::Positions>,
     /// Known API tokens; `None` leaves the API open (a warning is logged at start).
     pub auth: Option<Arc<auth::TokenStore>>,
     /// Job ids of the imports in progress (requests sharing an id run one at a time).
@@ -56,7 +62,90 @@ pub struct RpcState {
     pub health: Arc<Mutex<Vec<api::EndpointHealth>>>,
 }
 
+/// How long a producer's request waits for the writer, and how the handler knows the JobDB
+/// cannot be written at the moment.
+#[derive(Clone, Debug)]
+pub struct WriteWait {
+    /// The most a request waits for its outcome (`--write-timeout-ms`): then it is answered
+    /// 503 if the writer had not taken it (it never will), 504 if it was being written.
+    pub timeout: Duration,
+    /// The writer's progress: busy from a try to commit until one succeeds.
+    pub writer: Progress,
+    /// Busy for longer than this, the JobDB counts as not writable: requests are answered 503
+    /// at once instead of waiting.
+    pub unwritable_after: Duration,
+}
+
+impl WriteWait {
+    /// Whether the JobDB cannot be written at the moment (no commit succeeded for a while).
+    fn unwritable(&self) -> bool {
+        self.writer.stalled(self.unwritable_after)
+    }
+}
+
 impl RpcState {
+    /// Hands a producer's request to the writer and waits for its outcome until `deadline`.
+    /// If the wait ends first: a request the writer had not taken is withdrawn, so it is never
+    /// written (503, nothing stored); one it had taken is being written and its outcome is
+    /// unknown (504; the writer leaves it out of any later try).
+    async fn write<T>(
+        &self,
+        kind: &'static str,
+        op: WriteOp,
+        ticket: &Ticket,
+        mut outcome: oneshot::Receiver<Result<T, WriteRejected>>,
+        deadline: Instant,
+    ) -> Result<T, ApiError> {
+        match tokio::time::timeout_at(deadline, self.writer.send(op)).await {
+            Ok(Ok(())) => {}
+            Ok(Err(_)) => return Err(ApiError::ShuttingDown),
+            // Never queued.
+            Err(_) => return Err(self.not_stored(kind, "withdrawn")),
+        }
+        // `true`: the wait ran out; `false`: the writer stopped without an answer.
+        let timed_out = match tokio::time::timeout_at(deadline, &mut outcome).await {
+            Ok(Ok(answer)) => return answer.map_err(ApiError::from),
+            Ok(Err(_)) => false,
+            Err(_) => true,
+        };
+        if ticket.withdraw() {
+            return Err(match timed_out {
+                true => self.not_stored(kind, "withdrawn"),
+                false => ApiError::ShuttingDown,
+            });
+        }
+        // Taken: the answer may have come just now; else nobody can tell yet.
+        if let Ok(answer) = outcome.try_recv() {
+            return answer.map_err(ApiError::from);
+        }
+        self.metrics.write_rejected(kind, "outcome-unknown");
+        tracing::warn!(
+            request = kind,
+            timed_out,
+            "answered 504: the request was being written, its outcome is unknown"
+        );
+        Err(ApiError::OutcomeUnknown(
+            crate::rpc::error::OUTCOME_UNKNOWN.into(),
+        ))
+    }
+
+    /// A 503 for a request the writer never took (`reason`, counted), or refused because the
+    /// JobDB cannot be written now.
+    fn not_stored(&self, kind: &'static str, reason: &'static str) -> ApiError {
+        self.metrics.write_rejected(kind, reason);
+        ApiError::Unavailable(
+            "the jobdb cannot be written at the moment; nothing was stored".into(),
+        )
+    }
+
+    /// Refuses a producer's request at once (503) while the JobDB cannot be written.
+    fn check_writable(&self, kind: &'static str) -> Result<(), ApiError> {
+        match self.wait.unwritable() {
+            true => Err(self.not_stored(kind, "not-writable")),
+            false => Ok(()),
+        }
+    }
+
     /// The caller behind the request's bearer token (`None` when authentication is off).
     fn caller(&self, headers: &HeaderMap) -> Result<Option<auth::Caller>, ApiError> {
         caller_of(self.auth.as_deref(), headers)
@@ -66,34 +155,6 @@ impl RpcState {
         next_id(&self.ids)
     }
 }
-
-/// The OpenAPI document of the RPC API.
-#[derive(OpenApi)]
-#[openapi(
-    info(
-        title = "spindle",
-        description = "Database-as-a-queue HTTP delivery engine: Director RPC API"
-    ),
-    paths(submit_jobs, get_job, endpoints, import_jobs, healthz, readyz, metrics),
-    components(schemas(
-        api::SubmitRequest,
-        api::NewJob,
-        api::OrderingFailure,
-        api::SubmitReply,
-        api::AcceptedJob,
-        api::JobStatus,
-        api::JobView,
-        api::TransitionView,
-        api::EndpointsView,
-        api::EndpointHealth,
-        api::ErrorBody,
-        api::ErrorDetail,
-        import::ImportRequest,
-        import::ImportJob,
-        import::ImportResponse
-    ))
-)]
-pub struct ApiDoc;
 
 /// The routes of a Director.
 pub fn router(state: RpcState) -> Router {
@@ -112,51 +173,36 @@ pub fn router(state: RpcState) -> Router {
 }
 
 /// Submit jobs. The whole batch is persisted in one transaction before the answer.
-#[utoipa::path(
-    post,
-    path = "/v1/jobs",
-    request_body = SubmitRequest,
-    responses(
-        (status = 202, description = "All jobs persisted", body = SubmitReply),
-        (status = 400, description = "Malformed JSON, or unknown or missing field", body = api::ErrorBody),
-        (status = 413, description = "Body, payload or batch too large", body = api::ErrorBody),
-        (status = 401, description = "Missing or invalid bearer token", body = api::ErrorBody),
-        (status = 403, description = "The token may not submit to a job's bucket; nothing stored", body = api::ErrorBody),
-        (status = 422, description = "A field has an invalid value", body = api::ErrorBody),
-        (status = 429, description = "The token is over its request rate (see Retry-After); nothing stored", body = api::ErrorBody),
-        (status = 503, description = "JobDB unavailable or Director stopping; nothing stored", body = api::ErrorBody)
-    )
-)]
 async fn submit_jobs(
     State(state): State<RpcState>,
     headers: HeaderMap,
     body: Result<Bytes, BytesRejection>,
 ) -> Result<impl IntoResponse, ApiError> {
+    let deadline = Instant::now() + state.wait.timeout;
     if state.stopping.is_cancelled() {
         return Err(ApiError::ShuttingDown);
     }
     let caller = state.caller(&headers)?;
     let body = request_body(body, &state.limits)?;
-    let (jobs, scheduled) = check_submission(&body, &state.limits, || state.next_id())?;
+    let (mut jobs, scheduled) = check_submission(&body, &state.limits, || state.next_id())?;
     check_buckets(caller.as_ref(), &jobs)?;
+    state.positions.place(&mut jobs);
+    state.check_writable("submit")?;
 
     let (reply, outcome) = oneshot::channel();
-    state
-        .writer
-        .send(WriteOp::Submit {
-            jobs: jobs.clone(),
-            scheduled: scheduled.clone(),
-            not_after: None,
-            forwarded: false,
-            reply,
-        })
-        .await
-        .map_err(|_| ApiError::ShuttingDown)?;
-    let transaction = match outcome.await {
-        Ok(Ok(accepted)) => accepted.transaction,
-        Ok(Err(why)) => return Err(why.into()),
-        Err(_) => return Err(ApiError::ShuttingDown),
+    let ticket = Ticket::new();
+    let op = WriteOp::Submit {
+        jobs: jobs.clone(),
+        scheduled: scheduled.clone(),
+        not_after: None,
+        forwarded: false,
+        reply,
+        ticket: ticket.clone(),
     };
+    let transaction = state
+        .write("submit", op, &ticket, outcome, deadline)
+        .await?
+        .transaction;
     let response = SubmitReply {
         transaction_id: transaction.to_string(),
         jobs: api::accepted_jobs(&jobs, &scheduled),
@@ -166,15 +212,6 @@ async fn submit_jobs(
 
 /// The health of the endpoints this Director works for (admin): queue, requests in flight,
 /// circuit breaker, controls.
-#[utoipa::path(
-    get,
-    path = "/v1/endpoints",
-    responses(
-        (status = 200, description = "Every endpoint with work or a remembered breaker", body = api::EndpointsView),
-        (status = 401, description = "No valid token", body = api::ErrorBody),
-        (status = 403, description = "Not an admin token", body = api::ErrorBody),
-    )
-)]
 async fn endpoints(
     State(state): State<RpcState>,
     headers: HeaderMap,
@@ -196,19 +233,6 @@ async fn endpoints(
 }
 
 /// A job with its current state and full transition trace.
-#[utoipa::path(
-    get,
-    path = "/v1/jobs/{id}",
-    params(("id" = String, Path, description = "Job id: ULID, or 32 hex digits as HEX(id) prints",
-        pattern = "^([0-7][0-9A-HJKMNP-TV-Za-hjkmnp-tv-z]{25}|[0-9A-Fa-f]{32})$")),
-    responses(
-        (status = 200, description = "The job and its trace", body = JobView),
-        (status = 400, description = "Not a job id", body = api::ErrorBody),
-        (status = 401, description = "Missing or invalid bearer token", body = api::ErrorBody),
-        (status = 403, description = "The token may not read this job's bucket", body = api::ErrorBody),
-        (status = 404, description = "No such job in this Director's JobDB", body = api::ErrorBody)
-    )
-)]
 async fn get_job(
     State(state): State<RpcState>,
     headers: HeaderMap,
@@ -241,23 +265,27 @@ async fn get_job(
 }
 
 /// Liveness: the process answers.
-#[utoipa::path(get, path = "/healthz", responses((status = 200, description = "Alive")))]
 async fn healthz() -> &'static str {
     "ok\n"
 }
 
-/// Readiness: the JobDB is owned, recovery is done, and the Director takes jobs.
-#[utoipa::path(get, path = "/readyz", responses((status = 200, description = "Ready"), (status = 503, description = "Not ready")))]
+/// Readiness: the JobDB is owned and can be written, recovery is done, every core task runs
+/// and makes progress, and the Director takes jobs. A 503 says why not.
 async fn readyz(State(state): State<RpcState>) -> impl IntoResponse {
-    if state.ready.load(Ordering::Acquire) && !state.stopping.is_cancelled() {
-        (StatusCode::OK, "ready\n")
-    } else {
-        (StatusCode::SERVICE_UNAVAILABLE, "not ready\n")
+    match state.readiness.why_not() {
+        _ if state.stopping.is_cancelled() => (
+            StatusCode::SERVICE_UNAVAILABLE,
+            "not ready: stopping\n".to_owned(),
+        ),
+        Some(why) => (
+            StatusCode::SERVICE_UNAVAILABLE,
+            format!("not ready: {why}\n"),
+        ),
+        None => (StatusCode::OK, "ready\n".to_owned()),
     }
 }
 
 /// Prometheus metrics: OpenMetrics when the scraper asks for it, else the classic text format.
-#[utoipa::path(get, path = "/metrics", responses((status = 200, description = "Metrics")))]
 async fn metrics(State(state): State<RpcState>, headers: HeaderMap) -> impl IntoResponse {
     let queued = state.writer.max_capacity() - state.writer.capacity();
     state.metrics.write_queue.set(queued as i64);
@@ -265,26 +293,12 @@ async fn metrics(State(state): State<RpcState>, headers: HeaderMap) -> impl Into
 }
 
 /// Import jobs from a retired JobDB (admin).
-#[utoipa::path(
-    post,
-    path = "/v1/import",
-    request_body = ImportRequest,
-    responses(
-        (status = 200, description = "Every job is stored in this Director's JobDB", body = ImportResponse),
-        (status = 400, description = "Malformed JSON, or unknown or missing field", body = api::ErrorBody),
-        (status = 401, description = "Missing or invalid bearer token", body = api::ErrorBody),
-        (status = 403, description = "The token is not an admin token; nothing stored", body = api::ErrorBody),
-        (status = 409, description = "This Director owns another JobDB than `jobdb`; nothing stored", body = api::ErrorBody),
-        (status = 413, description = "Body or batch too large", body = api::ErrorBody),
-        (status = 422, description = "A field has an invalid value", body = api::ErrorBody),
-        (status = 503, description = "JobDB unavailable or Director stopping; nothing stored", body = api::ErrorBody)
-    )
-)]
 async fn import_jobs(
     State(state): State<RpcState>,
     headers: HeaderMap,
     body: Result<Bytes, BytesRejection>,
 ) -> Result<(StatusCode, Json<ImportResponse>), ApiError> {
+    let deadline = Instant::now() + state.wait.timeout;
     if state.stopping.is_cancelled() {
         return Err(ApiError::ShuttingDown);
     }
@@ -337,11 +351,28 @@ async fn import_jobs(
             });
         }
     }
-    if request.jobs.is_empty() || request.jobs.len() > MAX_IMPORT_JOBS {
+    let carries_blocks = request.from_jobdb.is_some() && !request.blocked_keys.is_empty();
+    if (request.jobs.is_empty() && !carries_blocks) || request.jobs.len() > MAX_IMPORT_JOBS {
         return Err(
             FieldError::new("jobs", format!("must hold 1 to {MAX_IMPORT_JOBS} jobs")).into(),
         );
     }
+    if request.from_jobdb.is_none() && !request.blocked_keys.is_empty() {
+        return Err(FieldError::new("blocked_keys", "is only for moves (with from_jobdb)").into());
+    }
+    if request.blocked_keys.len() > MAX_IMPORT_JOBS {
+        return Err(FieldError::new(
+            "blocked_keys",
+            format!("must hold at most {MAX_IMPORT_JOBS} keys"),
+        )
+        .into());
+    }
+    let blocks = request
+        .blocked_keys
+        .iter()
+        .enumerate()
+        .map(|(i, key)| import::blocked_key_of(key, i))
+        .collect::<Result<Vec<_>, _>>()?;
     let mut jobs = Vec::with_capacity(request.jobs.len());
     for (i, spec) in request.jobs.iter().enumerate() {
         if request.from_jobdb.is_none() && spec.attempts != 0 {
@@ -363,16 +394,25 @@ async fn import_jobs(
     // reads which are present first; a router's forward (new jobs) does not: the writer finds
     // them only when the JobDB refuses a duplicate (a retry of a forward whose answer was
     // lost), so a forward costs what a submit costs.
+    state.check_writable("import")?;
     let ids: Vec<JobId> = jobs.iter().map(|(job, _, _)| job.id).collect();
-    let _held = state.imports.hold(&ids).await;
+    let Ok(held) = tokio::time::timeout_at(deadline, state.imports.hold(&ids)).await else {
+        return Err(state.not_stored("import", "withdrawn"));
+    };
     let present = match request.from_jobdb {
-        Some(_) => state.db.existing_jobs(&ids).await.map_err(|e| {
-            tracing::warn!(error = %e, "import: reading existing jobs failed");
-            ApiError::Unavailable("the jobdb is unavailable; nothing was stored".into())
-        })?,
+        Some(_) => match tokio::time::timeout_at(deadline, state.db.existing_jobs(&ids)).await {
+            Ok(Ok(present)) => present,
+            Ok(Err(e)) => {
+                tracing::warn!(error = %e, "import: reading existing jobs failed");
+                return Err(ApiError::Unavailable(
+                    "the jobdb is unavailable; nothing was stored".into(),
+                ));
+            }
+            Err(_) => return Err(state.not_stored("import", "withdrawn")),
+        },
         None => Default::default(),
     };
-    let fresh: Vec<Recovered> = jobs
+    let mut fresh: Vec<Recovered> = jobs
         .into_iter()
         .filter(|(job, _, _)| !present.contains(&job.id))
         .map(|(job, attempts, retry_at)| Recovered {
@@ -381,6 +421,13 @@ async fn import_jobs(
             retry_at: Some(retry_at),
         })
         .collect();
+    if request.from_jobdb.is_none() {
+        // A router's new jobs take their place in their keys' order here, when accepted: the
+        // router's clock may disagree with the Directors'. A move keeps the place it had.
+        for r in &mut fresh {
+            state.positions.place(std::slice::from_mut(&mut r.job));
+        }
+    }
     let mut imported = fresh.len();
     let mut already_present = present.len();
     // Checked again now that the request may have waited (for the ids, for the JobDB): a job
@@ -391,58 +438,69 @@ async fn import_jobs(
             field: Some("not_after".to_owned()),
         });
     }
-    if imported > 0 {
+    if imported > 0 || !blocks.is_empty() {
+        let ticket = Ticket::new();
         let (op, outcome) = match &request.from_jobdb {
             Some(from) => {
                 let (reply, outcome) = oneshot::channel();
                 let op = WriteOp::Import {
                     jobs: fresh,
                     from_jobdb: from.clone(),
+                    blocks,
                     reply,
+                    ticket: ticket.clone(),
                 };
                 (op, Outcome::Imported(outcome))
             }
             None => {
                 let (reply, outcome) = oneshot::channel();
-                // A new job whose first attempt is later than its acceptance was submitted
-                // with `deliver_at` or `delay_ms` (a router sends the two equal otherwise).
+                // A new job whose first attempt differs from its acceptance was submitted with
+                // `deliver_at` or `delay_ms` (a router sends the two equal otherwise), and is
+                // judged by this clock, never sooner than asked: its time as given, or as far
+                // from now as it was from the router's acceptance, whichever is later (a
+                // router's clock ahead cannot make it early, one behind only later).
                 let now = Utc::now();
                 let scheduled = fresh
                     .iter()
                     .filter_map(|r| {
-                        let at = r.retry_at?;
-                        (at > r.job.created_at && at > now).then_some((r.job.id, at))
+                        let at = r.retry_at.filter(|at| *at != r.job.created_at)?;
+                        let from_now = now.checked_add_signed(at - r.job.created_at)?;
+                        let at = at.max(from_now);
+                        (at > now).then_some((r.job.id, at))
                     })
                     .collect();
-                // The deadline travels with the write: checked again when its batch is
-                // assembled, the last moment before the jobs can be stored.
+                // The deadline travels with the write: checked when its batch is assembled
+                // and again just before every COMMIT that carries the jobs.
                 let op = WriteOp::Submit {
                     jobs: fresh.into_iter().map(|r| r.job).collect(),
                     scheduled,
                     not_after: request.not_after,
                     forwarded: true,
                     reply,
+                    ticket: ticket.clone(),
                 };
                 (op, Outcome::Submitted(outcome))
             }
         };
-        state
-            .writer
-            .send(op)
-            .await
-            .map_err(|_| ApiError::ShuttingDown)?;
-        let stored_already = match outcome {
-            Outcome::Imported(rx) => rx.await.map(|r| r.map(|()| 0)),
-            Outcome::Submitted(rx) => rx.await.map(|r| r.map(|a| a.already_present)),
-        };
-        match stored_already {
-            Ok(Ok(n)) => {
-                imported -= n;
-                already_present += n;
+        // The outcome's channel is answered once, whichever kind of write this is.
+        let (answer, answered) = oneshot::channel();
+        tokio::spawn(async move {
+            let n = match outcome {
+                Outcome::Imported(rx) => rx.await.map(|r| r.map(|()| 0)),
+                Outcome::Submitted(rx) => rx.await.map(|r| r.map(|a| a.already_present)),
+            };
+            // A request answered 504 keeps its ids until the writer is done with it, so a
+            // retry of the same jobs waits for that, as any other request sharing them.
+            drop(held);
+            if let Ok(n) = n {
+                let _ = answer.send(n);
             }
-            Ok(Err(why)) => return Err(why.into()),
-            Err(_) => return Err(ApiError::ShuttingDown),
-        }
+        });
+        let n = state
+            .write("import", op, &ticket, answered, deadline)
+            .await?;
+        imported -= n;
+        already_present += n;
     }
     tracing::debug!(
         from = request.from_jobdb.as_deref().unwrap_or("router"),
@@ -463,28 +521,11 @@ async fn import_jobs(
 /// Where a write's outcome arrives: imports are acknowledged, submissions get a transaction id.
 enum Outcome {
     Imported(oneshot::Receiver<Result<(), WriteRejected>>),
-    Submitted(oneshot::Receiver<Result<crate::jobdb::Accepted, WriteRejected>>),
-}
-
-/// The OpenAPI document, with what the derive cannot express: constraints on header names and
-/// values (JSON Schema `propertyNames`), and a payload that may be any JSON value.
-pub fn openapi_document() -> Result<String, serde_json::Error> {
-    let mut doc = serde_json::to_value(ApiDoc::openapi())?;
-    if let Some(payload) = doc.pointer_mut("/components/schemas/JobSpec/properties/payload") {
-        let description = payload.get("description").cloned().unwrap_or_default();
-        *payload = serde_json::json!({ "description": description });
-    }
-    if let Some(headers) = doc.pointer_mut("/components/schemas/JobSpec/properties/headers") {
-        headers["maxProperties"] = serde_json::json!(api::MAX_HEADERS);
-        headers["propertyNames"] =
-            serde_json::json!({"pattern": "^[!#$%&'*+.^_`|~0-9A-Za-z-]+$", "maxLength": 256});
-        headers["additionalProperties"] = serde_json::json!({"type": "string", "pattern": "^[^\\u0000-\\u0008\\u000A-\\u001F\\u007F]*$", "maxLength": 4096});
-    }
-    serde_json::to_string_pretty(&doc)
+    Submitted(oneshot::Receiver<Result<Accepted, WriteRejected>>),
 }
 
 async fn openapi() -> impl IntoResponse {
-    match openapi_document() {
+    match rpc::openapi::director_document() {
         Ok(doc) => ([(header::CONTENT_TYPE, "application/json")], doc).into_response(),
         Err(e) => {
             tracing::error!(error = %e, "openapi document failed to render");

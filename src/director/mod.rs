@@ -6,13 +6,14 @@
 //!
 //! Running, three tasks cooperate through channels: RPC handlers and the scheduler send work to
 //! the [`writer`] (the only JobDB writer, group commit), which hands durable jobs to the
-//! [`scheduler`] (cache, virtual queues, timers), which starts deliveries.
+//! [`scheduler`] (cache, lanes, timers), which starts deliveries.
 //!
 //! Shutdown (SIGTERM, or lock loss): stop intake, let RPC requests in progress finish, stop
 //! starting attempts and wait for those in flight (bounded), flush their transitions, release
 //! the lock. A lost lock does the same but every write is refused, and the Director exits
 //! with an error so its supervisor can restart it.
 
+pub mod archiving;
 pub mod breaker;
 pub mod campaign;
 pub mod commands;
@@ -23,7 +24,6 @@ pub mod supervise;
 pub mod writer;
 
 use std::net::SocketAddr;
-use std::sync::atomic::AtomicBool;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -33,19 +33,22 @@ use tokio::sync::{mpsc, oneshot};
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 
-use crate::archive::archiver::{self, Archiver, Recorder};
+use crate::archiver::Archiver;
 use crate::delivery::{Deliverer, DeliveryConfig};
 use crate::job::{AttemptRecord, State, Transition};
 use crate::jobdb::{JobDb, JobDbError, JobDbUrl};
 use crate::metrics::Metrics;
 use crate::registry::lease::{self, Lease};
 use crate::rpc::api::IntakeLimits;
+use archiving::ThroughWriter;
 use http::RpcState;
 use scheduler::{Scheduler, SchedulerLimits};
 use writer::{WriteOp, Writer, WriterLimits};
 
-/// How far above the JobDB's highest transition id a new owner starts numbering.
-pub const OWNER_ID_GAP: u64 = 1 << 32;
+/// How long the scheduler or the sequencer may be in one step of its loop before the watchdog
+/// counts it stalled (the Director not ready). A step is milliseconds; one that waits this long
+/// waits for the writer (then the JobDB is not writable either) or is stuck.
+const STEP_STALL_AFTER: Duration = Duration::from_secs(10);
 
 /// Everything a Director needs to run, validated.
 #[derive(Clone, Debug)]
@@ -79,6 +82,10 @@ pub struct DirectorConfig {
     /// The other live JobDBs an ordered job must not overtake (a cluster's inventory);
     /// `None`: this JobDB is the only one.
     pub peers: Option<sequencer::Peers>,
+    /// How far the clocks of a cluster's Directors may disagree: an ordered job accepted at
+    /// least this long before a complete read of the other JobDBs goes without reading them
+    /// again (see `director::sequencer`).
+    pub max_clock_skew: Duration,
 }
 
 impl DirectorConfig {
@@ -109,6 +116,7 @@ impl DirectorConfig {
                 max_rows: 4000,
                 max_bytes: 8 * 1024 * 1024,
                 rest_after: Duration::from_secs(30),
+                write_timeout: Duration::from_secs(5),
             },
             delivery: DeliveryConfig::default(),
             intake: IntakeLimits::default(),
@@ -116,6 +124,7 @@ impl DirectorConfig {
             archive: None,
             controls: None,
             peers: None,
+            max_clock_skew: sequencer::DEFAULT_CLOCK_SKEW,
         }
     }
 }
@@ -169,6 +178,7 @@ pub enum DirectorError {
 pub struct Director {
     addr: SocketAddr,
     stopping: CancellationToken,
+    readiness: supervise::Readiness,
     task: JoinHandle<Result<(), DirectorError>>,
 }
 
@@ -188,6 +198,12 @@ impl Director {
         self.stopping.clone()
     }
 
+    /// Whether it is ready, and why not (what `/readyz` answers; in a cluster, what its
+    /// catalog check says).
+    pub fn readiness(&self) -> supervise::Readiness {
+        self.readiness.clone()
+    }
+
     /// Waits until the Director has stopped.
     pub async fn wait(self) -> Result<(), DirectorError> {
         self.task.await?
@@ -196,11 +212,13 @@ impl Director {
     /// A Director whose [`Director::wait`] was already spawned, put back together.
     pub(crate) fn from_running(
         stopping: CancellationToken,
+        readiness: supervise::Readiness,
         waiting: JoinHandle<Result<(), DirectorError>>,
     ) -> Self {
         Director {
             addr: SocketAddr::from(([0, 0, 0, 0], 0)),
             stopping,
+            readiness,
             task: tokio::spawn(async move { waiting.await? }),
         }
     }
@@ -244,10 +262,13 @@ async fn open_owned(
     config: &DirectorConfig,
     lease: &Lease,
 ) -> Result<(JobDb, u64, Unfinished), DirectorError> {
-    let db = JobDb::open(
+    // Every lock wait of its connections is bounded, so a write to a JobDB that stopped
+    // answering (a global read lock, a long ALTER) fails in time instead of hanging.
+    let db = JobDb::open_with_lock_wait(
         &config.jobdb,
         config.create_database,
         config.db_max_connections,
+        Some(config.writer.lock_wait()),
     )
     .await?;
     let token = match lease.token {
@@ -300,7 +321,9 @@ async fn serve(
 ) -> Result<Director, DirectorError> {
     // Each owner numbers its rows 2^32 above the last committed one: a paused predecessor's
     // uncommitted rows can then never collide with ours (they are refused by the fence anyway).
-    let next_id = db.max_transition_id().await? + OWNER_ID_GAP;
+    let next_id = db.max_transition_id().await? + crate::jobdb::owner::OWNER_ID_GAP;
+    // New ordered jobs go after every one the JobDB holds, whatever this clock says.
+    let floor = db.max_open_position().await?;
     let bind_error = |source| DirectorError::Bind {
         addr: config.listen,
         source,
@@ -313,12 +336,17 @@ async fn serve(
 
     let stopping = CancellationToken::new();
     let lock_lost = lease.lost.clone();
-    let ready = Arc::new(AtomicBool::new(true));
+    let readiness = supervise::Readiness::default();
     let supervisor = supervise::Supervisor::new(
         stopping.clone(),
         lock_lost.clone(),
-        ready.clone(),
+        readiness.clone(),
         metrics.clone(),
+    );
+    let writer_progress = supervisor.watch(
+        "writer",
+        config.writer.unwritable_after(),
+        "the jobdb cannot be written (no commit succeeded)",
     );
     let (writer_tx, writer_rx) = mpsc::channel(1024);
     let (events_tx, events_rx) = mpsc::unbounded_channel();
@@ -335,7 +363,8 @@ async fn serve(
             touched_tx,
             metrics.clone(),
             lock_lost.clone(),
-        );
+        )
+        .watched(writer_progress.clone());
         // Without peers no other live JobDB can hold an older job of a sequence.
         match config.peers.is_none() {
             true => writer.alone(),
@@ -343,6 +372,7 @@ async fn serve(
         }
         .run()
     });
+    supervisor.spawn("watchdog", supervisor.clone().watchdog());
 
     let archiving = recover(unfinished, &writer_tx).await?;
     let commands_tx = events_tx.clone();
@@ -364,12 +394,12 @@ async fn serve(
                 db: db.clone(),
                 token,
                 archive,
-                recorder: Recorder::Writer(writer_tx.clone()),
+                recorder: ThroughWriter(writer_tx.clone()),
                 metrics: metrics.clone(),
             };
             Some(supervisor.spawn(
                 "archiver",
-                archiver::run_for_director(archiver, rx, archiving, archiver_stop.clone()),
+                archiving::run(archiver, rx, archiving, archiver_stop.clone()),
             ))
         }
         None => {
@@ -383,6 +413,11 @@ async fn serve(
         }
     };
     scheduler.applied_by(&config.holder);
+    scheduler.watched(supervisor.watch(
+        "scheduler",
+        STEP_STALL_AFTER,
+        "stuck in one step of its loop",
+    ));
     let health = scheduler.health();
     let scheduler_stop = CancellationToken::new();
     if let Some(consul) = config.controls.clone() {
@@ -402,8 +437,14 @@ async fn serve(
             writer_tx.clone(),
             touched_rx,
             config.peers.clone(),
+            config.max_clock_skew,
             metrics.clone(),
         )
+        .watched(supervisor.watch(
+            "sequencer",
+            STEP_STALL_AFTER,
+            "stuck in one round of releasing ordered jobs",
+        ))
         .run(scheduler_stop.clone()),
     );
     let scheduler_task = supervisor.spawn("scheduler", scheduler.run(scheduler_stop.clone()));
@@ -414,8 +455,14 @@ async fn serve(
         metrics,
         limits: Arc::new(config.intake.clone()),
         stopping: stopping.clone(),
-        ready,
+        readiness: readiness.clone(),
+        wait: http::WriteWait {
+            timeout: config.writer.write_timeout,
+            writer: writer_progress,
+            unwritable_after: config.writer.unwritable_after(),
+        },
         ids: Arc::new(Mutex::new(ulid::Generator::new())),
+        positions: Arc::new(sequencer::Positions::above(floor)),
         auth: config.auth.clone(),
         imports: Arc::default(),
         health,
@@ -482,6 +529,7 @@ async fn serve(
     Ok(Director {
         addr,
         stopping,
+        readiness,
         task,
     })
 }

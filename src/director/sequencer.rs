@@ -1,41 +1,123 @@
 //! The sequencer: ordered delivery per key. Jobs of one (bucket, endpoint, ordering key), a
-//! *sequence*, go one at a time in id order (the order they were accepted).
+//! *sequence*, go one at a time in the order they were accepted.
 //!
-//! The order is kept in the JobDB, not here (schema 8): every ordered job enters `open_jobs`
+//! **Order.** A job's *position* ([`crate::job::OrderedKey::position`]) is a ULID the Director
+//! that accepts it mints when it accepts it ([`Positions`]); a router's forward gets its
+//! position here, not from the router, so routers whose clocks disagree cannot reorder a
+//! producer's sequential submissions. A drainer's move keeps the position.
+//!
+//! **Turns.** The order is kept in the JobDB, not here: every ordered job enters `open_jobs`
 //! *held*, invisible to backlog pages, and the scheduler never sees it until it is released.
 //! This task releases, for each sequence whose turn may have moved (the writer says which: a
-//! job of it arrived or ended), its oldest held job when none of its jobs is under way and no
-//! failure blocks it. The release itself is a writer commit that checks the head again in its
-//! transaction and hands the job to the scheduler, so a crash anywhere leaves the JobDB saying
-//! what to do next: a restarted Director sweeps every sequence at start.
+//! job of it arrived or left), its held job of the lowest position when none of its jobs is
+//! under way and no failure blocks it. The release itself is a writer commit that checks the
+//! head again in its transaction and hands the job to the scheduler, so a crash anywhere leaves
+//! the JobDB saying what to do next: a restarted Director sweeps every sequence at start. A job
+//! leaves its sequence when it ends (succeeded, discarded) or moves to `archiving` (expired,
+//! flushed): expiry is an end, so the next job goes at once, archive or not. A held job whose
+//! expiry passes is released to the scheduler, which ends it without trying it, within
+//! [`EXPIRY_SWEEP_EVERY`].
 //!
-//! Across JobDBs (a cluster cycles them, and a failover sends a key's jobs to another
-//! Director for a while), a head is released only when no other live JobDB holds an older open
-//! job of its sequence: retiring and draining JobDBs are read before active ones, so a job a
-//! drainer moves meanwhile (it lands in an active JobDB before it leaves the retired one) is
-//! seen in one or the other (see [`Sequencer::not_overtaking`]). A sequence held back so is
-//! looked at again every [`RECHECK_EVERY`].
+//! **Across JobDBs** (a cluster cycles them, and a failover sends a key's jobs to another
+//! Director for a while), a head is released only when no other live JobDB holds an open job
+//! of its sequence at a lower position or blocks it: retiring and draining JobDBs are read
+//! before active ones, so a job (or block) a drainer moves meanwhile (it lands in an active
+//! JobDB before it leaves the retired one) is seen in one or the other (see
+//! [`Sequencer::survey`]). A sequence held back so is looked at again every [`RECHECK_EVERY`].
+//!
+//! **Clearance: what an unreadable JobDB cannot hold.** A complete read of every other live
+//! JobDB that starts at `T` and finds the lowest position elsewhere of a sequence at `m` (or
+//! none) *clears* the sequence below `min(m, T − skew)`: any job of it that could appear
+//! elsewhere later with a lower position existed at `T` (its position was minted before
+//! `T − skew` by a clock within `skew` of ours), so the read saw it where it was or where a
+//! drainer moved it. A head below its sequence's clearance goes without reading the other
+//! JobDBs again, so a JobDB that cannot be read (down, or at an older schema) or an inventory
+//! that cannot be listed stops only the sequences with jobs accepted since the last complete
+//! read (less `skew`), not every key; those wait until it can be read. A JobDB at a schema
+//! before ordered keys (7) holds no ordered job and is read as holding none.
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use chrono::{DateTime, Utc};
 use futures::future::BoxFuture;
 use tokio::sync::mpsc;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
+use ulid::Ulid;
 
+use super::writer::WriteOp;
 use crate::job::{JobId, Seq};
-use crate::jobdb::{JobDb, JobDbError, JobDbUrl, WriteOp};
+use crate::jobdb::Head;
+use crate::jobdb::{JobDb, JobDbError, JobDbUrl};
 use crate::metrics::Metrics;
+
+/// The schema at which a JobDB orders its sequences by position (9; 8 ordered by id, and
+/// before 8 a JobDB holds no ordered job).
+const POSITIONS_SCHEMA: i64 = 9;
 
 /// How often every sequence is looked at, whatever the writer said: an operator's SQL (a
 /// deleted `ordering_blocked` row) or a commit whose answer was lost reaches it so.
 pub const SWEEP_EVERY: Duration = Duration::from_secs(5);
+/// How often held jobs past their expiry are looked for (the bound on how late a job that
+/// expires while it waits for its turn ends).
+pub const EXPIRY_SWEEP_EVERY: Duration = Duration::from_secs(1);
 /// How soon a sequence whose older jobs sit in another JobDB is looked at again.
 pub const RECHECK_EVERY: Duration = Duration::from_millis(250);
+/// The default bound on how far the clocks of the Directors (which mint positions) disagree.
+pub const DEFAULT_CLOCK_SKEW: Duration = Duration::from_secs(10);
+/// How long a read of another JobDB may take before it counts as unreadable (its heads wait;
+/// the ones cleared earlier do not wait for it).
+const PEER_READ_TIMEOUT: Duration = Duration::from_secs(2);
 /// Most sequences read in one statement.
 const SEQS_PER_READ: usize = 500;
+/// Most sequences whose clearance is remembered (beyond it the memory starts over: a
+/// forgotten clearance costs one more read of the other JobDBs, never a wrong release).
+const MAX_CLEARANCES: usize = 200_000;
+
+/// Mints positions: ULIDs of this process's clock, strictly increasing, and above every
+/// position its JobDB already holds (a new owner whose clock is behind the last one's still
+/// places new jobs after the old).
+#[derive(Debug)]
+pub struct Positions {
+    last: Mutex<Ulid>,
+}
+
+impl Positions {
+    /// A minter whose positions are all above `floor` (the JobDB's highest open position).
+    pub fn above(floor: Option<Ulid>) -> Self {
+        Positions {
+            last: Mutex::new(floor.unwrap_or(Ulid::nil())),
+        }
+    }
+
+    /// The next position.
+    pub fn next(&self) -> Ulid {
+        let mut last = self.last.lock().unwrap_or_else(|p| p.into_inner());
+        let now = Ulid::new();
+        let next = match now > *last {
+            true => now,
+            // The clock is behind the last position (or in the same millisecond): one above.
+            false => last.increment().unwrap_or(now),
+        };
+        *last = next;
+        next
+    }
+
+    /// Gives the ordered jobs of a batch their positions, in request order (jobs just made,
+    /// so each is ours alone; one shared elsewhere keeps the position it has).
+    pub fn place(&self, jobs: &mut [Arc<crate::job::Job>]) {
+        for job in jobs.iter_mut() {
+            if job.ordering.is_some() {
+                let position = self.next();
+                if let Some(ordering) = Arc::get_mut(job).and_then(|j| j.ordering.as_mut()) {
+                    ordering.position = position;
+                }
+            }
+        }
+    }
+}
 
 /// Another JobDB that may hold older jobs of a sequence.
 #[derive(Clone, Debug)]
@@ -67,6 +149,18 @@ impl std::fmt::Debug for Peers {
     }
 }
 
+/// Heads to release: each sequence with the job at its head.
+type Releases = Vec<(Seq, JobId)>;
+
+/// What a read of the other live JobDBs found of some sequences.
+#[derive(Debug, Default)]
+struct Survey {
+    /// The lowest position of an open job of each sequence elsewhere.
+    oldest: HashMap<Seq, Ulid>,
+    /// Sequences blocked elsewhere.
+    blocked: BTreeSet<Seq>,
+}
+
 /// The sequencer task's state.
 pub struct Sequencer {
     db: JobDb,
@@ -74,20 +168,28 @@ pub struct Sequencer {
     touched: mpsc::UnboundedReceiver<Vec<Seq>>,
     peers: Option<Peers>,
     metrics: Arc<Metrics>,
-    /// Readers of the peers, by name.
-    readers: HashMap<String, JobDb>,
+    /// How far the Directors' clocks may disagree.
+    skew: Duration,
+    /// Readers of the peers, by name, with their schema versions.
+    readers: HashMap<String, (JobDb, i64)>,
     /// Sequences held back by an older job elsewhere, and when to look again.
     rechecks: BTreeMap<Seq, Instant>,
+    /// Per sequence, the position below which no other JobDB can hold a job of it.
+    clearance: HashMap<Seq, Ulid>,
+    /// Busy during each round: the watchdog's view of it.
+    progress: super::supervise::Progress,
 }
 
 impl Sequencer {
     /// A sequencer of `db`'s sequences, releasing through `writer`, told by the writer of
-    /// sequences whose turn may have moved, checking `peers` in a cluster.
+    /// sequences whose turn may have moved, checking `peers` in a cluster, whose Directors'
+    /// clocks disagree by at most `skew`.
     pub fn new(
         db: JobDb,
         writer: mpsc::Sender<WriteOp>,
         touched: mpsc::UnboundedReceiver<Vec<Seq>>,
         peers: Option<Peers>,
+        skew: Duration,
         metrics: Arc<Metrics>,
     ) -> Self {
         Sequencer {
@@ -96,18 +198,33 @@ impl Sequencer {
             touched,
             peers,
             metrics,
+            skew,
             readers: HashMap::new(),
             rechecks: BTreeMap::new(),
+            clearance: HashMap::new(),
+            progress: Default::default(),
         }
+    }
+
+    /// Reports each round to `progress` (the watchdog's handle).
+    pub fn watched(mut self, progress: super::supervise::Progress) -> Self {
+        self.progress = progress;
+        self
     }
 
     /// Runs until `stop`; sweeps every sequence first (a restart resumes every sequence).
     pub async fn run(mut self, stop: CancellationToken) {
         let mut next_sweep = Instant::now();
+        let mut next_expiry = Instant::now();
         let mut pending: BTreeSet<Seq> = BTreeSet::new();
+        let progress = self.progress.clone();
         loop {
             let next_recheck = self.rechecks.values().min().copied();
-            let wake = next_recheck.map_or(next_sweep, |r| r.min(next_sweep));
+            let wake = [Some(next_sweep), Some(next_expiry), next_recheck]
+                .into_iter()
+                .flatten()
+                .min()
+                .unwrap_or(next_sweep);
             tokio::select! {
                 _ = stop.cancelled() => return,
                 seqs = self.touched.recv() => match seqs {
@@ -117,10 +234,17 @@ impl Sequencer {
                 },
                 _ = tokio::time::sleep_until(wake) => {}
             }
+            let _round = progress.step();
             while let Ok(seqs) = self.touched.try_recv() {
                 pending.extend(seqs);
             }
             let now = Instant::now();
+            if now >= next_expiry {
+                next_expiry = now + EXPIRY_SWEEP_EVERY;
+                if !self.end_expired_held().await {
+                    return stop.cancelled().await;
+                }
+            }
             let due: Vec<Seq> = self
                 .rechecks
                 .iter()
@@ -134,7 +258,11 @@ impl Sequencer {
             let heads = if now >= next_sweep {
                 next_sweep = now + SWEEP_EVERY;
                 pending.clear();
+                // A peer may have been upgraded or moved since: its reader is opened again.
+                self.readers.clear();
                 self.db.sequence_heads(None).await
+            } else if pending.is_empty() {
+                continue;
             } else {
                 let seqs: Vec<Seq> = std::mem::take(&mut pending).into_iter().collect();
                 self.heads_of(&seqs).await
@@ -150,22 +278,61 @@ impl Sequencer {
             if heads.is_empty() {
                 continue;
             }
-            let heads = self.not_overtaking(heads).await;
-            if heads.is_empty() {
-                continue;
+            // Heads cleared by an earlier read go at once: a slow or unreadable JobDB
+            // delays only the heads that must read it.
+            let (cleared, unclear) = self.cleared(heads);
+            if !self.release(cleared).await {
+                return stop.cancelled().await;
             }
-            // A commit releases at most a page of jobs (each read whole into the scheduler):
-            // a sweep after a restart may find every sequence waiting.
-            for page in heads.chunks(SEQS_PER_READ) {
-                let heads = page.to_vec();
-                if self.writer.send(WriteOp::Release { heads }).await.is_err() {
-                    return stop.cancelled().await;
-                }
+            let go = self.not_overtaking(unclear).await;
+            if !self.release(go).await {
+                return stop.cancelled().await;
             }
         }
     }
 
-    async fn heads_of(&self, seqs: &[Seq]) -> Result<HashMap<Seq, JobId>, JobDbError> {
+    /// Releases `heads` through the writer; false when the writer is gone. A commit releases
+    /// at most a page of jobs (each read whole into the scheduler): a sweep after a restart
+    /// may find every sequence waiting.
+    async fn release(&self, heads: Vec<(Seq, JobId)>) -> bool {
+        for page in heads.chunks(SEQS_PER_READ) {
+            let op = WriteOp::Release {
+                heads: page.to_vec(),
+                expired: Vec::new(),
+            };
+            if self.writer.send(op).await.is_err() {
+                return false;
+            }
+        }
+        true
+    }
+
+    /// Releases held jobs past their expiry, for the scheduler to end them untried (a job
+    /// that expires while it waits for its turn ends at its expiry, not at its turn). False
+    /// when the writer is gone.
+    async fn end_expired_held(&mut self) -> bool {
+        let expired = match self.db.expired_held(Utc::now(), SEQS_PER_READ as u32).await {
+            Ok(expired) => expired,
+            Err(e) => {
+                tracing::warn!(error = %e, "jobdb unreachable while looking for expired ordered jobs; trying again soon");
+                return true;
+            }
+        };
+        if expired.is_empty() {
+            return true;
+        }
+        tracing::debug!(
+            jobs = expired.len(),
+            "ordered jobs expired while waiting for their turn"
+        );
+        let op = WriteOp::Release {
+            heads: Vec::new(),
+            expired,
+        };
+        self.writer.send(op).await.is_ok()
+    }
+
+    async fn heads_of(&self, seqs: &[Seq]) -> Result<HashMap<Seq, Head>, JobDbError> {
         let mut heads = HashMap::new();
         for chunk in seqs.chunks(SEQS_PER_READ) {
             heads.extend(self.db.sequence_heads(Some(chunk)).await?);
@@ -173,94 +340,154 @@ impl Sequencer {
         Ok(heads)
     }
 
-    /// The heads no older open job of their sequence in another live JobDB would overtake;
-    /// the others are looked at again soon (as are all when a peer cannot be read or listed).
-    ///
-    /// The inventory is listed at every check, and again after the leaving JobDBs are read:
-    /// a job a drainer moved out of one before it was read landed in a JobDB that was active
-    /// (in the inventory) before the move began, so the second list names it. A JobDB is
-    /// active in the inventory before it is in the catalog, where routers and drainers find
-    /// Directors, so no job reaches a JobDB a fresh list does not name.
-    async fn not_overtaking(&mut self, heads: HashMap<Seq, JobId>) -> Vec<(Seq, JobId)> {
-        let mut heads: Vec<(Seq, JobId)> = heads.into_iter().collect();
-        heads.sort_unstable();
+    /// The heads that may go without reading the other JobDBs (all of them where there are
+    /// none; else those below their sequence's clearance), and the others.
+    fn cleared(&self, heads: HashMap<Seq, Head>) -> (Releases, Vec<(Seq, Head)>) {
+        let mut heads: Vec<(Seq, Head)> = heads.into_iter().collect();
+        heads.sort_unstable_by_key(|(seq, _)| *seq);
         if self.peers.is_none() {
-            return heads;
+            return (
+                heads.into_iter().map(|(s, h)| (s, h.job)).collect(),
+                Vec::new(),
+            );
         }
-        let seqs: Vec<Seq> = heads.iter().map(|(seq, _)| *seq).collect();
-        match self.oldest_elsewhere(&seqs).await {
-            Ok(oldest) => {
-                let held_back: BTreeSet<Seq> = heads
-                    .iter()
-                    .filter(|(seq, head)| oldest.get(seq).is_some_and(|older| older < head))
-                    .map(|(seq, _)| *seq)
-                    .collect();
+        let (cleared, unclear): (Vec<_>, Vec<_>) = heads.into_iter().partition(|(seq, head)| {
+            self.clearance
+                .get(seq)
+                .is_some_and(|below| head.position < *below)
+        });
+        self.metrics.ordered_cleared.inc_by(cleared.len() as u64);
+        (
+            cleared.into_iter().map(|(s, h)| (s, h.job)).collect(),
+            unclear,
+        )
+    }
+
+    /// The heads (not cleared) no open job of their sequence at a lower position in another
+    /// live JobDB would be overtaken by, and that no other JobDB blocks; the others are looked
+    /// at again soon, as all are while any other JobDB (or the inventory) cannot be read.
+    async fn not_overtaking(&mut self, unclear: Vec<(Seq, Head)>) -> Vec<(Seq, JobId)> {
+        let mut go = Vec::new();
+        if unclear.is_empty() {
+            return go;
+        }
+        let seqs: Vec<Seq> = unclear.iter().map(|(seq, _)| *seq).collect();
+        let started = Utc::now();
+        match self.survey(&seqs).await {
+            Ok(found) => {
+                let floor = floor_of(started, self.skew);
+                let mut held_back = Vec::new();
+                for (seq, head) in unclear {
+                    let older = found.oldest.get(&seq).copied();
+                    if found.blocked.contains(&seq) {
+                        self.clearance.remove(&seq);
+                        held_back.push(seq);
+                        continue;
+                    }
+                    self.clear(seq, older.map_or(floor, |m| m.min(floor)));
+                    match older {
+                        Some(older) if older < head.position => held_back.push(seq),
+                        _ => go.push((seq, head.job)),
+                    }
+                }
                 if !held_back.is_empty() {
                     tracing::debug!(
                         sequences = held_back.len(),
-                        "ordered jobs wait for older jobs of their sequence in another jobdb"
+                        "ordered jobs wait for older jobs (or a block) of their sequence in another jobdb"
                     );
                 }
                 self.metrics
                     .ordered_waiting_elsewhere
                     .set(i64::try_from(held_back.len()).unwrap_or(i64::MAX));
-                self.recheck(held_back.iter().copied());
-                heads.retain(|(seq, _)| !held_back.contains(seq));
-                heads
+                self.recheck(held_back.into_iter());
             }
             Err(e) => {
-                tracing::warn!(error = %e, "cannot read the other jobdbs; their sequences' ordered jobs wait");
+                self.metrics.ordered_survey_failures.inc();
+                tracing::warn!(
+                    error = %e,
+                    waiting = seqs.len(),
+                    "cannot read every other jobdb: ordered jobs accepted since the last complete read wait (older ones go)"
+                );
                 self.recheck(seqs.into_iter());
-                Vec::new()
             }
         }
+        go
     }
 
-    /// The oldest open job of each of `seqs` in the other live JobDBs: leaving ones first,
-    /// then, from a second list, every other (see [`Sequencer::not_overtaking`]).
-    async fn oldest_elsewhere(&mut self, seqs: &[Seq]) -> Result<HashMap<Seq, JobId>, String> {
-        let mut oldest: HashMap<Seq, JobId> = HashMap::new();
+    fn clear(&mut self, seq: Seq, below: Ulid) {
+        if self.clearance.len() >= MAX_CLEARANCES && !self.clearance.contains_key(&seq) {
+            self.clearance.clear();
+        }
+        self.clearance.insert(seq, below);
+    }
+
+    /// What the other live JobDBs hold of `seqs`: leaving ones first, then, from a second
+    /// list, every other. A job a drainer moved out of a leaving JobDB before it was read
+    /// landed in a JobDB that was active (in the inventory) before the move began, so the
+    /// second list names it. A JobDB is active in the inventory before its Director serves
+    /// anything (`campaign::start_on`), so no job, whether through a router, a drainer or
+    /// straight from a producer, reaches a JobDB a fresh list does not name. An error: some
+    /// JobDB (or the inventory) could not be read.
+    async fn survey(&mut self, seqs: &[Seq]) -> Result<Survey, String> {
+        let mut found = Survey::default();
         let mut read: BTreeSet<String> = BTreeSet::new();
         let first = self.peers().await?;
         let leaving: Vec<Peer> = first.into_iter().filter(|p| p.leaving).collect();
         for peer in &leaving {
-            self.read_oldest(peer, seqs, &mut oldest).await?;
+            self.read_peer(peer, seqs, &mut found).await?;
             read.insert(peer.name.clone());
         }
         // Leaving ones first again: one may have begun to leave since the first list.
         let mut second = self.peers().await?;
         second.sort_by_key(|p| !p.leaving);
         for peer in second.iter().filter(|p| !read.contains(&p.name)) {
-            self.read_oldest(peer, seqs, &mut oldest).await?;
+            self.read_peer(peer, seqs, &mut found).await?;
         }
         self.readers
             .retain(|name, _| second.iter().any(|p| &p.name == name) || read.contains(name));
-        Ok(oldest)
+        Ok(found)
     }
 
-    /// Folds the oldest open job of each of `seqs` in `peer` into `oldest`.
-    async fn read_oldest(
+    /// Folds what `peer` holds of `seqs` into `found`.
+    async fn read_peer(
         &mut self,
         peer: &Peer,
         seqs: &[Seq],
-        oldest: &mut HashMap<Seq, JobId>,
+        found: &mut Survey,
     ) -> Result<(), String> {
-        let reader = self
-            .reader(peer)
-            .await
-            .map_err(|e| format!("jobdb {}: {e}", peer.name))?;
+        let (reader, schema) =
+            match tokio::time::timeout(PEER_READ_TIMEOUT, self.reader(peer)).await {
+                Ok(Ok(reader)) => reader,
+                Ok(Err(e)) => return Err(format!("jobdb {}: {e}", peer.name)),
+                Err(_) => {
+                    return Err(format!(
+                        "jobdb {}: no connection within {PEER_READ_TIMEOUT:?}",
+                        peer.name
+                    ))
+                }
+            };
         for chunk in seqs.chunks(SEQS_PER_READ) {
-            let found = match reader.sequence_oldest(chunk).await {
-                Ok(found) => found,
-                Err(e) => {
+            let read =
+                tokio::time::timeout(PEER_READ_TIMEOUT, reader.sequences_elsewhere(chunk, schema));
+            let elsewhere = match read.await {
+                Ok(Ok(elsewhere)) => elsewhere,
+                Ok(Err(e)) => {
                     self.readers.remove(&peer.name);
                     return Err(format!("jobdb {}: {e}", peer.name));
                 }
+                Err(_) => {
+                    self.readers.remove(&peer.name);
+                    return Err(format!(
+                        "jobdb {}: no answer within {PEER_READ_TIMEOUT:?}",
+                        peer.name
+                    ));
+                }
             };
-            for (seq, id) in found {
-                let entry = oldest.entry(seq).or_insert(id);
-                *entry = (*entry).min(id);
+            for (seq, position) in elsewhere.oldest {
+                let entry = found.oldest.entry(seq).or_insert(position);
+                *entry = (*entry).min(position);
             }
+            found.blocked.extend(elsewhere.blocked);
         }
         Ok(())
     }
@@ -282,12 +509,71 @@ impl Sequencer {
         Ok(peers)
     }
 
-    async fn reader(&mut self, peer: &Peer) -> Result<JobDb, JobDbError> {
-        if let Some(reader) = self.readers.get(&peer.name) {
-            return Ok(reader.clone());
+    async fn reader(&mut self, peer: &Peer) -> Result<(JobDb, i64), JobDbError> {
+        if let Some((db, schema)) = self.readers.get_mut(&peer.name) {
+            // A JobDB below the schema of positions (a spare its new Director is still
+            // migrating, an older version's in a rolling upgrade) is asked again each time,
+            // so it is never taken for holding no ordered job once it can hold some.
+            if *schema < POSITIONS_SCHEMA {
+                *schema = db.schema_version().await?;
+            }
+            return Ok((db.clone(), *schema));
         }
-        let reader = JobDb::open_reader(&peer.url, 2).await?;
+        let reader = JobDb::open_peer(&peer.url, 2).await?;
         self.readers.insert(peer.name.clone(), reader.clone());
         Ok(reader)
+    }
+}
+
+/// The lowest position minted at or after `at − skew`: every position below it was minted
+/// before then.
+fn floor_of(at: DateTime<Utc>, skew: Duration) -> Ulid {
+    let skew = chrono::Duration::from_std(skew).unwrap_or(chrono::Duration::MAX);
+    let then = at
+        .checked_sub_signed(skew)
+        .unwrap_or(DateTime::<Utc>::UNIX_EPOCH);
+    let ms = u64::try_from(then.timestamp_millis()).unwrap_or(0);
+    Ulid::from_parts(ms, 0)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn positions_rise_above_their_floor_and_each_other() {
+        // A floor an hour ahead of this clock (the last owner's clock was ahead).
+        let ahead = Ulid::from_parts(
+            u64::try_from((Utc::now() + chrono::Duration::hours(1)).timestamp_millis()).unwrap(),
+            7,
+        );
+        let positions = Positions::above(Some(ahead));
+        let mut last = ahead;
+        for _ in 0..1000 {
+            let p = positions.next();
+            assert!(p > last);
+            last = p;
+        }
+        let fresh = Positions::above(None);
+        let (a, b) = (fresh.next(), fresh.next());
+        assert!(b > a);
+        assert!(a.timestamp_ms() + 1000 > u64::try_from(Utc::now().timestamp_millis()).unwrap());
+    }
+
+    #[test]
+    fn the_floor_is_below_every_position_minted_since() {
+        let now = Utc::now();
+        let floor = floor_of(now, Duration::from_secs(10));
+        let since = Ulid::from_parts(
+            u64::try_from((now - chrono::Duration::seconds(10)).timestamp_millis()).unwrap(),
+            0,
+        );
+        assert!(since >= floor);
+        let before = Ulid::from_parts(since.timestamp_ms() - 1, u128::MAX >> 48);
+        assert!(before < floor);
+        assert_eq!(
+            floor_of(DateTime::<Utc>::UNIX_EPOCH, Duration::from_secs(10)),
+            Ulid::nil()
+        );
     }
 }

@@ -5,11 +5,13 @@
 //! 1. finishes the moves a previous drainer planned (see below);
 //! 2. records attempts left `executing` as interrupted, and jobs past their expiry as
 //!    `archiving`;
-//! 3. archives expired jobs to the archive, S3 or a directory (the shared [`crate::archive::archiver`]);
+//! 3. archives expired jobs to the archive, S3 or a directory (the shared [`crate::archiver`]);
 //! 4. moves every job still awaiting a retry to a live Director through `POST /v1/import`,
 //!    in batches: the batch and its target JobDB are planned in this JobDB first, the import
 //!    is idempotent on job ids in the target, and the jobs are recorded `moved` after the
-//!    target confirmed;
+//!    target confirmed. A job a target refuses is parked only if no Director of this version
+//!    could import it; otherwise it waits for one that does (`parking.rs`), and steps 2–4
+//!    repeat until it is moved or expires;
 //! 5. archives the histories of the moved jobs (kind `history`), so each keeps its whole trace;
 //! 6. marks the JobDB `drained` when no job in it is unfinished; the manager drops it.
 //!
@@ -21,14 +23,18 @@
 //!
 //! # Files
 //! - `mod.rs`: taking retired JobDBs by their lock and the drain of one, step by step;
-//!   archiving goes through the shared [`crate::archive::archiver`].
+//!   archiving goes through the shared [`crate::archiver`].
 //! - `moves.rs`: moving jobs to live JobDBs: planning a batch, sending it through
 //!   `POST /v1/import`, resolving a plan after a crash, recording the jobs `moved`.
-//! - `parking.rs`: ending a job a live Director refuses for good (`import-refused`).
+//! - `parking.rs`: a job a live Director refuses: parked (`import-refused`) when no Director
+//!   of this version can import it, otherwise waiting for one that does (`move-refused`).
+//! - `blocks.rs`: carrying the keys blocked here to a live JobDB before the drain ends.
 
+mod blocks;
 mod moves;
 mod parking;
 
+use std::collections::{BTreeMap, BTreeSet, HashSet};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
@@ -36,12 +42,14 @@ use std::time::Duration;
 use chrono::Utc;
 use tokio_util::sync::CancellationToken;
 
-use crate::archive::archiver::{Archiver, ArchiverError, Recorder};
+use crate::archive::BatchKind;
 use crate::archive::{Archive, ArchiveError};
-use crate::director::OWNER_ID_GAP;
+use crate::archiver::{Archiver, ArchiverError, Direct};
+use crate::job::JobId;
 use crate::job::{AttemptRecord, ErrorType, State, Transition};
-use crate::jobdb::lifecycle::BatchKind;
+use crate::jobdb::owner::OWNER_ID_GAP;
 use crate::jobdb::{JobDb, JobDbError, JobDbUrl};
+use crate::metrics::JobDbLabels;
 use crate::metrics::Metrics;
 use crate::registry::consul::ConsulClient;
 use crate::registry::inventory::{Inventory, JobDbState, Listed};
@@ -49,6 +57,11 @@ use crate::registry::lease::{consul_lock, Lease, LockTiming};
 use crate::registry::RegistryError;
 use crate::rpc::import::MAX_IMPORT_JOBS;
 use moves::{import_batches, MAX_IMPORT_BYTES};
+use parking::Turn;
+
+/// The longest a drain whose only jobs left wait for a Director that takes them goes without
+/// looking again (each look reads every unfinished job).
+const WAITING_LOOK_EVERY: Duration = Duration::from_secs(60);
 
 /// Errors of a drain.
 #[derive(Debug, thiserror::Error)]
@@ -193,7 +206,9 @@ struct Owned {
     db: JobDb,
     token: u64,
     next_id: Arc<AtomicU64>,
-    archiver: Archiver,
+    archiver: Archiver<Direct>,
+    /// Jobs live Directors refused that a Director of this version could take.
+    waiting: parking::Waiting,
 }
 
 impl Drain {
@@ -248,6 +263,9 @@ impl Drain {
                 tracing::warn!(jobdb = name, error = %e, "drain failed; it resumes from its plans")
             }
         }
+        self.metrics
+            .jobs_waiting_for_target
+            .remove(&JobDbLabels { jobdb: name });
         lease.release().await;
     }
 
@@ -291,7 +309,7 @@ impl Drain {
             db: db.clone(),
             token,
             archive: self.archive.clone(),
-            recorder: Recorder::Direct(next_id.clone()),
+            recorder: Direct(next_id.clone()),
             metrics: self.metrics.clone(),
         };
         Ok(Owned {
@@ -299,6 +317,7 @@ impl Drain {
             token,
             next_id,
             archiver,
+            waiting: parking::Waiting::default(),
         })
     }
 
@@ -309,18 +328,31 @@ impl Drain {
     ) -> Result<usize, DrainerError> {
         let mut moved = 0;
         for plan in o.db.planned_moves().await? {
-            let missing = self.resolve(o, &plan, stop).await?;
-            moved += plan.jobs.len() - missing.len();
+            moved += self.resolve(o, &plan, stop).await?.moved;
         }
+        let gauge = self
+            .metrics
+            .jobs_waiting_for_target
+            .get_or_create(&JobDbLabels {
+                jobdb: o.db.name().to_owned(),
+            })
+            .clone();
+        // The count of waiting jobs last logged.
+        let mut told = None;
         loop {
             let unfinished = o.db.load_unfinished().await?;
             if unfinished.is_empty() {
                 break;
             }
             let now = Utc::now();
+            let instant = tokio::time::Instant::now();
             let mut rows = Vec::new();
             let mut expired = Vec::new();
             let mut to_move = Vec::new();
+            // Jobs refused before, by the JobDBs whose Directors refused them.
+            let mut again: BTreeMap<BTreeSet<String>, Vec<(JobId, usize)>> = BTreeMap::new();
+            let mut next_turn: Option<tokio::time::Instant> = None;
+            let mut open = HashSet::new();
             for (job, p) in unfinished {
                 match p.state {
                     State::Executing => rows.push(Transition::awaiting_retry(
@@ -339,19 +371,66 @@ impl Drain {
                         rows.push(Transition::archiving(job.id, p.attempts, now));
                         expired.push(job.id);
                     }
-                    // An import carries the payload in base64 (4/3 of its bytes).
-                    _ => to_move.push((job.id, crate::jobdb::job_row_bytes(&job) * 4 / 3)),
+                    _ => {
+                        open.insert(job.id);
+                        // An import carries the payload in base64 (4/3 of its bytes).
+                        let weight = crate::jobdb::job_row_bytes(&job) * 4 / 3;
+                        match o.waiting.turn(job.id, instant) {
+                            Turn::Fresh => to_move.push((job.id, weight)),
+                            Turn::Due(refused_by) => {
+                                again.entry(refused_by).or_default().push((job.id, weight))
+                            }
+                            Turn::Later(at) => {
+                                // Looked at again at its turn, or at its expiry if sooner.
+                                let expiry = instant
+                                    + (job.expire_at - now).to_std().unwrap_or(Duration::ZERO);
+                                let at = at.min(expiry);
+                                next_turn =
+                                    Some(next_turn.map_or(at, |n: tokio::time::Instant| n.min(at)))
+                            }
+                        }
+                    }
                 }
             }
+            let waiting = o.waiting.retain(|id| open.contains(id));
+            gauge.set(i64::try_from(waiting).unwrap_or(i64::MAX));
+            let idle =
+                rows.is_empty() && expired.is_empty() && to_move.is_empty() && again.is_empty();
             self.append(o, rows).await?;
             o.archiver
                 .archive(BatchKind::Expired, &expired, stop)
                 .await?;
             let batch = self.config.import_batch.clamp(1, MAX_IMPORT_JOBS);
+            let none = BTreeSet::new();
             for chunk in import_batches(&to_move, batch, MAX_IMPORT_BYTES) {
-                moved += self.move_jobs(o, chunk, stop).await?;
+                moved += self.move_jobs(o, chunk, &none, stop).await?;
+            }
+            for (refused_by, jobs) in &again {
+                for chunk in import_batches(jobs, batch, MAX_IMPORT_BYTES) {
+                    moved += self.move_jobs(o, chunk, refused_by, stop).await?;
+                }
+            }
+            // Only refused jobs are left, each waiting its turn: look again at the first turn or
+            // expiry, and at least every WAITING_LOOK_EVERY (the list is read whole each time).
+            if let (true, Some(at)) = (idle, next_turn) {
+                if told != Some(waiting) {
+                    tracing::warn!(
+                        jobdb = o.db.name(),
+                        waiting,
+                        "jobs refused by every live director wait for one that takes them; the \
+                         drain goes on when they are moved or expire"
+                    );
+                    told = Some(waiting);
+                }
+                let pause = at
+                    .saturating_duration_since(instant)
+                    .clamp(Duration::from_millis(100), WAITING_LOOK_EVERY);
+                self.pause(stop, pause).await?;
             }
         }
+        // Every job that could end here has: its key's blocks go to a live JobDB.
+        self.carry_blocks(o, stop).await?;
+        gauge.set(0);
         let histories = o.db.without_archived_history().await?;
         o.archiver
             .archive(BatchKind::History, &histories, stop)

@@ -4,6 +4,7 @@
 //! A plan found after a crash is resolved against the target: sent again while it is active,
 //! or read from its tables once a drainer of its own holds it.
 
+use std::collections::{BTreeSet, HashSet};
 use std::time::Duration;
 
 use chrono::Utc;
@@ -12,12 +13,12 @@ use tokio_util::sync::CancellationToken;
 use ulid::Ulid;
 
 use super::{Drain, DrainerError, Owned};
-use crate::job::{JobId, Transition};
+use crate::job::{JobId, State, Transition};
 use crate::jobdb::lifecycle::PlannedMove;
 use crate::jobdb::{JobDb, JobDbError, JobDbUrl};
 use crate::registry::catalog;
 use crate::registry::inventory::JobDbState;
-use crate::rpc::import::{import_job, ImportRequest, ImportResponse};
+use crate::rpc::import::{import_job, importable, ImportJob, ImportRequest, ImportResponse};
 
 /// Most bytes of jobs in one import request: well inside a Director's default 32 MiB request
 /// limit, whatever the batch size.
@@ -41,32 +42,64 @@ pub(super) fn import_batches(ids: &[(JobId, usize)], jobs: usize, bytes: usize) 
     batches
 }
 
+/// Whether a job in `state` waits here to be moved (not ended, not expired).
+fn waits(state: State) -> bool {
+    matches!(state, State::AwaitingScheduling | State::AwaitingRetry)
+}
+
 /// Why sending a planned move did not work.
 enum Sent {
-    /// The target refused this job for good (a 4xx naming it).
+    /// The target refused this job (a 4xx naming it): the same request will be refused again.
     Refused {
-        /// The job.
-        job: JobId,
+        /// The job as it was sent.
+        spec: Box<ImportJob>,
+        /// The answer's status.
+        status: u16,
         /// The target's answer.
-        reason: String,
+        answer: String,
     },
-    /// The target refused the request for good without naming a job.
-    BatchRefused(String),
+    /// The target refused the request without naming a job (400, 413, 422).
+    BatchRefused {
+        /// The jobs as they were sent.
+        specs: Vec<ImportJob>,
+        /// The target's answer.
+        answer: String,
+    },
     /// Anything that may pass (no connection, 5xx, 409, 429): send the batch again later.
     Failed(String),
 }
 
+/// How a planned move ended.
+pub(super) struct Resolved {
+    /// Jobs recorded `moved`.
+    pub(super) moved: usize,
+    /// Jobs that did not reach the target, still to move: they need a new plan.
+    pub(super) missing: Vec<JobId>,
+}
+
 impl Drain {
-    /// Plans and performs the move of `ids` to live JobDBs; returns how many were moved.
+    /// Plans and performs the move of `ids` to live JobDBs other than those of `refused_by`
+    /// (whose Directors refused some of them); returns how many were moved. Jobs for which no
+    /// live JobDB is left wait their turn in [`Owned::waiting`].
     pub(super) async fn move_jobs(
         &self,
         o: &Owned,
         mut ids: Vec<JobId>,
+        refused_by: &BTreeSet<String>,
         stop: &CancellationToken,
     ) -> Result<usize, DrainerError> {
-        let total = ids.len();
+        let mut moved = 0;
         while !ids.is_empty() {
-            let target = self.pick_target(o.db.name(), stop).await?;
+            let Some(target) = self.pick_target(o.db.name(), refused_by, stop).await? else {
+                tracing::debug!(
+                    jobdb = o.db.name(),
+                    jobs = ids.len(),
+                    refused_by = ?refused_by,
+                    "every live director refused these jobs; they wait and are sent again"
+                );
+                o.waiting.all_refused(&ids, tokio::time::Instant::now());
+                return Ok(moved);
+            };
             let plan = PlannedMove {
                 batch: Ulid::new(),
                 to_jobdb: target,
@@ -74,21 +107,30 @@ impl Drain {
             };
             o.db.plan_moves(o.token, plan.batch, &plan.to_jobdb, &plan.jobs)
                 .await?;
-            ids = self.resolve(o, &plan, stop).await?;
+            let resolved = self.resolve(o, &plan, stop).await?;
+            moved += resolved.moved;
+            ids = resolved.missing;
         }
-        Ok(total)
+        Ok(moved)
     }
 
-    /// A live JobDB served by a healthy Director, other than `this`.
+    /// A live JobDB served by a healthy Director, other than `this` and those of `refused_by`;
+    /// `None` when every live one is in `refused_by`. Waits while there is none at all.
     async fn pick_target(
         &self,
         this: &str,
+        refused_by: &BTreeSet<String>,
         stop: &CancellationToken,
-    ) -> Result<String, DrainerError> {
+    ) -> Result<Option<String>, DrainerError> {
         loop {
             let candidates = self.live_targets(this).await;
-            if let Some((jobdb, _)) = candidates.choose(&mut rand::rng()) {
-                return Ok(jobdb.clone());
+            if !candidates.is_empty() {
+                let open: Vec<&String> = candidates
+                    .iter()
+                    .map(|(jobdb, _)| jobdb)
+                    .filter(|jobdb| !refused_by.contains(*jobdb))
+                    .collect();
+                return Ok(open.choose(&mut rand::rng()).map(|j| (*j).clone()));
             }
             tracing::warn!(jobdb = this, "no live director to move jobs to; waiting");
             self.pause(stop, Duration::from_secs(1)).await?;
@@ -96,7 +138,7 @@ impl Drain {
     }
 
     /// `(jobdb, director base URL)` of every healthy Director serving an active JobDB.
-    async fn live_targets(&self, this: &str) -> Vec<(String, String)> {
+    pub(super) async fn live_targets(&self, this: &str) -> Vec<(String, String)> {
         let (Ok(directors), Ok(listed)) = (
             catalog::healthy_directors(&self.config.consul).await,
             self.inventory.list().await,
@@ -118,16 +160,32 @@ impl Drain {
             .collect()
     }
 
-    /// Sees a planned move through; returns the jobs that did not reach the target and need
-    /// a new plan.
+    /// Sees a planned move through: the jobs that reached the target are recorded `moved`,
+    /// those the target refused are parked or wait (see `parking.rs`), and the others are
+    /// returned to be planned again.
     pub(super) async fn resolve(
         &self,
         o: &Owned,
         plan: &PlannedMove,
         stop: &CancellationToken,
-    ) -> Result<Vec<JobId>, DrainerError> {
+    ) -> Result<Resolved, DrainerError> {
         let mut pause = Duration::from_millis(200);
+        let mut moved = 0;
+        // Jobs of the plan no longer sent with it: moved on their own, parked, or refused.
+        let mut settled: HashSet<JobId> = HashSet::new();
         loop {
+            let ids: Vec<JobId> = plan
+                .jobs
+                .iter()
+                .filter(|id| !settled.contains(id))
+                .copied()
+                .collect();
+            if ids.is_empty() {
+                return Ok(Resolved {
+                    moved,
+                    missing: Vec::new(),
+                });
+            }
             let record = self.inventory.get(&plan.to_jobdb).await?;
             match record.as_ref().map(|l| l.record.state) {
                 Some(JobDbState::Active) => {
@@ -137,9 +195,9 @@ impl Drain {
                         .into_iter()
                         .find(|(jobdb, _)| *jobdb == plan.to_jobdb);
                     if let Some((_, base)) = director {
-                        match self.send(o, plan, &plan.jobs, &base).await {
+                        match self.send(o, plan, &ids, &base).await {
                             Ok(response) => {
-                                self.record_moved(o, &plan.jobs).await?;
+                                moved += self.record_moved(o, &ids).await?;
                                 tracing::info!(
                                     from = o.db.name(),
                                     to = plan.to_jobdb,
@@ -148,36 +206,26 @@ impl Drain {
                                     already_present = response.already_present,
                                     "jobs moved"
                                 );
-                                return Ok(Vec::new());
+                                return Ok(Resolved {
+                                    moved,
+                                    missing: Vec::new(),
+                                });
                             }
-                            // The target will never take this job: it ends here, visibly, and
-                            // the rest of the batch goes on at once.
-                            Err(Sent::Refused { job, reason }) => {
-                                self.park_refused(o, job, &reason).await?;
+                            // Parked or set aside to wait; the rest of the batch goes on at once.
+                            Err(Sent::Refused {
+                                spec,
+                                status,
+                                answer,
+                            }) => {
+                                self.refused(o, &spec, &plan.to_jobdb, status, &answer)
+                                    .await?;
+                                settled.extend(spec.id.parse::<JobId>().ok());
                                 continue;
                             }
-                            // Refused without naming a job: one at a time finds which.
-                            Err(Sent::BatchRefused(reason)) => {
-                                tracing::warn!(
-                                    to = plan.to_jobdb,
-                                    reason,
-                                    "import batch refused; sending its jobs one by one"
-                                );
-                                for job in &plan.jobs {
-                                    match self.send(o, plan, &[*job], &base).await {
-                                        Ok(_) => {}
-                                        Err(Sent::Refused { job, reason }) => {
-                                            self.park_refused(o, job, &reason).await?
-                                        }
-                                        Err(Sent::BatchRefused(reason)) => {
-                                            self.park_refused(o, *job, &reason).await?
-                                        }
-                                        Err(Sent::Failed(e)) => {
-                                            tracing::warn!(to = plan.to_jobdb, error = %e, "import failed; retrying");
-                                            break;
-                                        }
-                                    }
-                                }
+                            Err(Sent::BatchRefused { specs, answer }) => {
+                                moved += self
+                                    .one_by_one(o, plan, specs, &answer, &base, &mut settled)
+                                    .await?;
                                 continue;
                             }
                             Err(Sent::Failed(e)) => {
@@ -191,12 +239,12 @@ impl Drain {
                     let Some(listed) = record else { continue };
                     let url: JobDbUrl = self.inventory.jobdb_url(&listed.record)?;
                     let target = JobDb::open(&url, false, 1).await?;
-                    let arrived = target.existing_jobs(&plan.jobs).await;
+                    let arrived = target.existing_jobs(&ids).await;
                     target.close().await;
                     let arrived = arrived?;
                     let (there, missing): (Vec<JobId>, Vec<JobId>) =
-                        plan.jobs.iter().partition(|id| arrived.contains(id));
-                    self.record_moved(o, &there).await?;
+                        ids.iter().partition(|id| arrived.contains(id));
+                    moved += self.record_moved(o, &there).await?;
                     tracing::info!(
                         from = o.db.name(),
                         to = plan.to_jobdb,
@@ -204,7 +252,7 @@ impl Drain {
                         replanned = missing.len(),
                         "planned move resolved against a retired target"
                     );
-                    return Ok(missing);
+                    return Ok(Resolved { moved, missing });
                 }
                 // Retiring (its Director may still be writing), or unknown: wait.
                 _ => {}
@@ -214,7 +262,66 @@ impl Drain {
         }
     }
 
-    /// Sends the jobs `ids` of a planned move that are still unfinished here to the target.
+    /// The target refused a batch without naming a job. Jobs no Director of this version can
+    /// import are parked first (the batch then goes again without them); when there is none,
+    /// the jobs go one request each to find which the target refuses (say, one larger than its
+    /// JobDB server takes), and those that go through are recorded `moved`. Every job dealt
+    /// with joins `settled`; returns how many were moved.
+    async fn one_by_one(
+        &self,
+        o: &Owned,
+        plan: &PlannedMove,
+        specs: Vec<ImportJob>,
+        answer: &str,
+        base: &str,
+        settled: &mut HashSet<JobId>,
+    ) -> Result<usize, DrainerError> {
+        let mut parked = false;
+        for spec in &specs {
+            if importable(spec).is_err() {
+                self.refused(o, spec, &plan.to_jobdb, 400, answer).await?;
+                settled.extend(spec.id.parse::<JobId>().ok());
+                parked = true;
+            }
+        }
+        if parked {
+            return Ok(0);
+        }
+        tracing::warn!(
+            to = plan.to_jobdb,
+            answer,
+            "import batch refused; sending its jobs one by one"
+        );
+        let mut moved = 0;
+        for spec in specs {
+            let Ok(id) = spec.id.parse::<JobId>() else {
+                continue;
+            };
+            match self.send(o, plan, &[id], base).await {
+                Ok(_) => moved += self.record_moved(o, &[id]).await?,
+                Err(Sent::Refused {
+                    spec,
+                    status,
+                    answer,
+                }) => {
+                    self.refused(o, &spec, &plan.to_jobdb, status, &answer)
+                        .await?
+                }
+                // One job is always named (see `send`).
+                Err(Sent::BatchRefused { answer, .. }) => {
+                    self.refused(o, &spec, &plan.to_jobdb, 400, &answer).await?
+                }
+                Err(Sent::Failed(e)) => {
+                    tracing::warn!(to = plan.to_jobdb, error = %e, "import failed; retrying");
+                    break;
+                }
+            }
+            settled.insert(id);
+        }
+        Ok(moved)
+    }
+
+    /// Sends the jobs `ids` of a planned move that still wait here to the target.
     async fn send(
         &self,
         o: &Owned,
@@ -224,10 +331,10 @@ impl Drain {
     ) -> Result<ImportResponse, Sent> {
         let failed = |e: JobDbError| Sent::Failed(e.to_string());
         let latest = o.db.latest_of(ids).await.map_err(failed)?;
-        // A job parked as refused (or otherwise ended) is not sent again.
+        // A job parked as refused, moved, or expired meanwhile is not sent.
         let live: Vec<JobId> = ids
             .iter()
-            .filter(|id| latest.get(id).is_some_and(|t| !t.state.is_terminal()))
+            .filter(|id| latest.get(id).is_some_and(|t| waits(t.state)))
             .copied()
             .collect();
         if live.is_empty() {
@@ -243,6 +350,7 @@ impl Drain {
             jobdb: plan.to_jobdb.clone(),
             from_jobdb: Some(o.db.name().to_owned()),
             not_after: None,
+            blocked_keys: Vec::new(),
             jobs: jobs
                 .iter()
                 .map(|job| {
@@ -275,27 +383,30 @@ impl Drain {
                     .and_then(|f| f.strip_prefix("jobs["))
                     .and_then(|f| f.split(']').next())
                     .and_then(|i| i.parse::<usize>().ok())
-                    .and_then(|i| jobs.get(i));
+                    .filter(|i| *i < request.jobs.len())
+                    .or((request.jobs.len() == 1).then_some(0));
+                let mut specs = request.jobs;
                 match named {
-                    Some(job) => Err(Sent::Refused {
-                        job: job.id,
-                        reason: api.to_string(),
+                    Some(i) => Err(Sent::Refused {
+                        spec: Box::new(specs.swap_remove(i)),
+                        status: api.status,
+                        answer: api.to_string(),
                     }),
-                    None if jobs.len() == 1 => Err(Sent::Refused {
-                        job: jobs[0].id,
-                        reason: api.to_string(),
+                    None => Err(Sent::BatchRefused {
+                        specs,
+                        answer: api.to_string(),
                     }),
-                    None => Err(Sent::BatchRefused(api.to_string())),
                 }
             }
             Err(e) => Err(Sent::Failed(e.to_string())),
         }
     }
 
-    /// Records `moved` the jobs of `ids` that reached their target (those not ended here).
-    async fn record_moved(&self, o: &Owned, ids: &[JobId]) -> Result<(), DrainerError> {
+    /// Records `moved` the jobs of `ids` that reached their target (those still waiting here:
+    /// `send` sent no other); returns how many.
+    async fn record_moved(&self, o: &Owned, ids: &[JobId]) -> Result<usize, DrainerError> {
         if ids.is_empty() {
-            return Ok(());
+            return Ok(0);
         }
         let latest = o.db.latest_of(ids).await?;
         let now = Utc::now();
@@ -303,14 +414,14 @@ impl Drain {
             .iter()
             .filter_map(|id| {
                 let last = latest.get(id)?;
-                // A job parked as refused ended here already.
-                (!last.state.is_terminal()).then(|| Transition::moved(*id, last.attempts, now))
+                // A job parked as refused ended here already; one that expired was not sent.
+                waits(last.state).then(|| Transition::moved(*id, last.attempts, now))
             })
             .collect();
-        let moved = rows.len() as u64;
+        let moved = rows.len();
         self.append(o, rows).await?;
-        self.metrics.jobs_moved.inc_by(moved);
-        Ok(())
+        self.metrics.jobs_moved.inc_by(moved as u64);
+        Ok(moved)
     }
 }
 

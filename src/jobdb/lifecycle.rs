@@ -13,34 +13,9 @@ use ulid::Ulid;
 use super::{with_pool, JobDb, JobDbError, MAX_IDS_PER_SELECT, MAX_ROWS_PER_INSERT};
 use crate::job::{JobId, State, Transition};
 
-/// Why a batch of jobs left its JobDB: the `kind` of an `archive_batches` row, and a segment
-/// of the batch's object keys in the archive (which uses this type, see [`crate::archive`]).
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize)]
-#[serde(rename_all = "lowercase")]
-pub enum BatchKind {
-    /// Jobs that expired before delivery (their terminal state is `archived`).
-    Expired,
-    /// The whole trace of every other job of a drained JobDB (succeeded, discarded, or moved
-    /// to another JobDB: see [`crate::archive::ArchivedJob::moved_to`]), kept before the JobDB
-    /// is dropped.
-    History,
-}
-
-impl BatchKind {
-    /// The spelling used in the `kind` column, object keys and manifests.
-    pub const fn as_str(self) -> &'static str {
-        match self {
-            BatchKind::Expired => "expired",
-            BatchKind::History => "history",
-        }
-    }
-}
-
-impl std::fmt::Display for BatchKind {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(self.as_str())
-    }
-}
+/// Why a batch of jobs left its JobDB: the `kind` of an `archive_batches` row. The archive's
+/// format defines it (a segment of its object keys), below the store.
+pub use crate::archive::BatchKind;
 
 /// Where an imported job came from.
 #[derive(Clone, Debug, PartialEq, Eq)]

@@ -5,6 +5,62 @@
 //! over either. Its owner appends jobs and state transitions in fenced transactions
 //! ([`JobDb::append`]); readers trace jobs and count states.
 //!
+//! # What the store can do
+//! Every operation [`JobDb`] offers, by what it is for, with the file it lives in (all under
+//! `src/jobdb/`). The SQL of each sits beside it, as a constant or a literal; what an engine
+//! spells its own way is a constant of [`engine::mysql`] and [`engine::sqlite`].
+//!
+//! | Group      | Operation                                                     | File           |
+//! |------------|---------------------------------------------------------------|----------------|
+//! | open       | [`JobDb::open`], [`JobDb::open_with_lock_wait`] (migrating)   | `mod.rs`       |
+//! | open       | [`JobDb::open_reader`], [`JobDb::open_peer`] (as is)          | `mod.rs`       |
+//! | open       | [`JobDb::close`], [`JobDb::url`], [`JobDb::name`]             | `mod.rs`       |
+//! | open       | [`JobDb::schema_version`] (the highest migration applied)     | `mod.rs`       |
+//! | database   | [`create_database`], [`drop_database`]                        | `mod.rs`       |
+//! | database   | [`probe`], [`databases_like`]                                 | `mod.rs`       |
+//! | write path | [`JobDb::append`], [`JobDb::append_all`]                      | `write.rs`     |
+//! | write path | [`JobDb::append_bounded`], [`JobDb::settle`]                  | `write.rs`     |
+//! | write path | [`JobDb::commit_exists`], [`JobDb::transition_exists`]        | `write.rs`     |
+//! | write path | [`JobDb::max_transition_id`], [`JobDb::max_row_bytes`]        | `write.rs`     |
+//! | write path | what a write changes in `open_jobs` ([`OpenRow`], [`Fresh`])  | `open_jobs.rs` |
+//! | reads      | [`JobDb::load_unfinished`], [`JobDb::open_work`]              | `mod.rs`       |
+//! | reads      | [`JobDb::load_stranded`]                                      | `mod.rs`       |
+//! | reads      | [`JobDb::backlog_page`], [`JobDb::next_due_after`]            | `mod.rs`       |
+//! | reads      | [`JobDb::get_jobs`], [`JobDb::get_transitions`]               | `mod.rs`       |
+//! | reads      | [`JobDb::all_transitions`], [`JobDb::count_jobs`]             | `mod.rs`       |
+//! | reads      | [`JobDb::count_by_state`], [`JobDb::count_transitions_into`]  | `mod.rs`       |
+//! | reads      | [`JobDb::existing_jobs`], [`JobDb::histories_of`]             | `lifecycle.rs` |
+//! | reads      | [`JobDb::latest_of`]                                          | `lifecycle.rs` |
+//! | ordering   | heads released, keys blocked in every write (`ordering_sql!`) | `ordering.rs`  |
+//! | ordering   | [`JobDb::sequence_heads`], [`JobDb::sequences_elsewhere`]     | `ordering.rs`  |
+//! | ordering   | [`JobDb::expired_held`], [`JobDb::max_open_position`]         | `ordering.rs`  |
+//! | ordering   | [`JobDb::blocked_keys`], [`JobDb::forget_blocks`]             | `ordering.rs`  |
+//! | notices    | owed and written in every write (`notices_sql!`)              | `notices.rs`   |
+//! | notices    | [`JobDb::notices_owed`] (how many are owed)                   | `stats.rs`     |
+//! | lifecycle  | [`JobDb::plan_moves`], [`JobDb::planned_moves`]               | `lifecycle.rs` |
+//! | lifecycle  | [`JobDb::move_targets`], [`JobDb::origin_of`]                 | `lifecycle.rs` |
+//! | lifecycle  | [`JobDb::plan_archive_batch`], [`JobDb::archive_batches_of`]  | `lifecycle.rs` |
+//! | lifecycle  | [`JobDb::archive_batch`], [`JobDb::confirm_archive_batch`]    | `lifecycle.rs` |
+//! | lifecycle  | [`JobDb::without_archived_history`]                           | `lifecycle.rs` |
+//! | lifecycle  | [`JobDb::unfinished_count`], [`JobDb::data_bytes`]            | `lifecycle.rs` |
+//! | lifecycle  | [`JobDb::delete_all_in_chunks`], [`JobDb::databases_like`]    | `lifecycle.rs` |
+//! | owner      | [`JobDb::take_ownership`], [`JobDb::take_ownership_at`]       | `owner.rs`     |
+//! | owner      | [`JobDb::owner`], [`JobDb::kill_stalled_transactions`]        | `owner.rs`     |
+//! | owner      | [`JobDb::lock_connection`], [`JobDb::kill_connection`]        | `owner.rs`     |
+//! | locks      | [`lock::ServerLock`]: `try_acquire`, `check`, `release`       | `lock.rs`      |
+//! | commands   | [`JobDb::commands_after`], [`JobDb::unapplied_commands`]      | `commands.rs`  |
+//! | commands   | [`JobDb::last_applied_command`]                               | `commands.rs`  |
+//! | commands   | [`JobDb::record_command_result`], [`JobDb::command_targets`]  | `commands.rs`  |
+//! | stats      | [`JobDb::transitions_per_slot`], [`JobDb::lane_backlog`]      | `stats.rs`     |
+//! | stats      | [`JobDb::lane_attempts`], [`JobDb::lane_slots`]               | `stats.rs`     |
+//! | stats      | [`JobDb::lane_errors`], [`JobDb::succeeded_by_attempts`]      | `stats.rs`     |
+//! | stats      | [`JobDb::size`], [`JobDb::created_at`]                        | `stats.rs`     |
+//! | stats      | [`JobDb::owner_record`], [`JobDb::ordering_counts`]           | `stats.rs`     |
+//! | stats      | [`JobDb::jobs_with_idempotency_key`]                          | `stats.rs`     |
+//! | stats      | [`JobDb::job_summaries`]                                      | `stats.rs`     |
+//! | stats      | [`JobDb::server_writes`] (a benchmark's disk cost)            | `stats.rs`     |
+//! | replay     | [`JobDb::ended_jobs`]                                         | `replay.rs`    |
+//!
 //! # Layout
 //! - this module: [`JobDb`] (open, close, the reads of jobs and their progress), the errors,
 //!   and the operations on a database as a whole (create, probe, list, drop);
@@ -12,18 +68,26 @@
 //! - [`engine`]: one module per engine ([`engine::mysql`], [`engine::sqlite`]) holding
 //!   everything that engine does its own way, and the macros that write each statement once
 //!   over both (its module doc explains how);
-//! - [`write`](mod@write): the write path, [`JobDb::append`] and the one function through which rows
-//!   enter a JobDB;
+//! - [`write`](mod@write): the write path, [`JobDb::append`] and the one function through which
+//!   rows enter a JobDB; [`open_jobs`]: what a write changes in `open_jobs`;
+//! - [`ordering`]: ordered keys: heads, releases, blocks, and what other JobDBs hold;
+//! - [`notices`]: completion notices: owed, written with the row that ends a job;
 //! - [`owner`]: the fencing token, and evicting a stalled previous owner;
 //! - [`lock`]: exclusive ownership without Consul ([`lock::ServerLock`]: MySQL `GET_LOCK`, or
 //!   a file lock beside a SQLite JobDB);
 //! - [`commands`], [`lifecycle`], [`replay`], [`stats`]: the statements of operator commands,
 //!   of the JobDB lifecycle (imports, moves, archive batches), of replay, and of the dashboard.
+//!
+//! The store names nothing above it: the Director's writer (which owns the requests it
+//! takes), the archiver and the drainer use it.
 
 pub mod commands;
 pub mod engine;
 pub mod lifecycle;
 pub mod lock;
+pub mod notices;
+pub mod open_jobs;
+pub mod ordering;
 pub mod owner;
 pub mod replay;
 pub mod stats;
@@ -39,12 +103,11 @@ pub use engine::mysql::MIGRATOR;
 pub use engine::sqlite::{MIGRATOR as SQLITE_MIGRATOR, SQLITE_SUFFIX};
 pub(crate) use engine::with_pool;
 use engine::{mysql, sqlite, Pool};
+pub use open_jobs::{Fresh, OpenRow};
+pub use ordering::{BlockedKey, Elsewhere, Head};
 pub use url::{JobDbUrl, Server};
 pub(crate) use write::MAX_ROWS_PER_INSERT;
-pub use write::{
-    job_row_bytes, transition_row_bytes, Accepted, Append, CommitLog, Fresh, OpenRow, WriteOp,
-    WriteRejected,
-};
+pub use write::{job_row_bytes, transition_row_bytes, Append, Bounds, CommitLog, Stalled, Written};
 
 use crate::job::{Job, JobId, Progress, State, Transition};
 
@@ -55,7 +118,7 @@ pub(crate) const MAX_IDS_PER_SELECT: usize = 1000;
 pub(crate) const SELECT_JOBS: &str =
     "SELECT id, bucket, endpoint, method, headers, payload, execution_timeout_ms, \
      backoff_min_delay_ms, backoff_coefficient, created_at, expire_at, idempotency_key, \
-     on_complete, ordering_key, ordering_blocks FROM jobs WHERE id IN (";
+     on_complete, ordering_key, ordering_blocks, ordering_position FROM jobs WHERE id IN (";
 
 /// Errors of the JobDB store.
 #[derive(Debug, thiserror::Error)]
@@ -97,6 +160,20 @@ pub enum JobDbError {
     /// committed. Only reading the JobDB tells.
     #[error("the commit's outcome is unknown")]
     CommitUnknown(#[source] sqlx::Error),
+    /// The work before a bounded write's COMMIT ([`write::Bounds::work`]) did not finish in
+    /// time: nothing was stored, and its connection was closed (not returned to the pool with
+    /// a statement still running on the server).
+    #[error("the jobdb did not finish the write in time; nothing was stored")]
+    TimedOut,
+    /// A bounded write's COMMIT got no answer in time ([`write::Bounds::commit`]): its
+    /// connection was closed, and the outcome is unknown until [`JobDb::settle`] has made sure
+    /// the server is done with that connection. Only then does reading the JobDB tell.
+    #[error("the commit got no answer in time; its outcome is unknown")]
+    CommitStalled(write::Stalled),
+    /// A bounded write's `not_after` ([`write::Bounds::not_after`]) passed before its COMMIT:
+    /// it was rolled back, nothing was stored.
+    #[error("the write's not_after passed before its commit; nothing was stored")]
+    Expired,
     /// A row the JobDB returned breaks an invariant.
     #[error("corrupt jobdb row: {0}")]
     Corrupt(String),
@@ -121,6 +198,8 @@ impl JobDbError {
         matches!(
             self,
             JobDbError::CommitUnknown(_)
+                | JobDbError::TimedOut
+                | JobDbError::CommitStalled(_)
                 | JobDbError::Sql(
                     sqlx::Error::Io(_)
                         | sqlx::Error::PoolTimedOut
@@ -190,10 +269,25 @@ impl JobDb {
         create: bool,
         max_connections: u32,
     ) -> Result<Self, JobDbError> {
+        Self::open_with_lock_wait(url, create, max_connections, None).await
+    }
+
+    /// [`JobDb::open`], with every lock wait of its connections bounded by `lock_wait` (MySQL:
+    /// `lock_wait_timeout` and `innodb_lock_wait_timeout`, whole seconds, at least one; SQLite:
+    /// the busy timeout): a statement that waits longer for a lock (a global read lock, an
+    /// `ALTER TABLE`'s metadata lock, a row lock, another writer of the file) fails, and the
+    /// server rolls it back, instead of waiting a day. For a Director's own pool, whose writes
+    /// must end in a bounded time.
+    pub async fn open_with_lock_wait(
+        url: &JobDbUrl,
+        create: bool,
+        max_connections: u32,
+        lock_wait: Option<std::time::Duration>,
+    ) -> Result<Self, JobDbError> {
         if create {
             create_database(url).await?;
         }
-        let db = Self::connect(url, max_connections).await?;
+        let db = Self::connect(url, max_connections, lock_wait).await?;
         let migrated = with_pool!(db, |p, q| q::MIGRATOR.run(p).await);
         if let Err(e) = migrated {
             db.close().await;
@@ -203,14 +297,18 @@ impl JobDb {
     }
 
     /// A pool to the JobDB, with its server's packet limit.
-    async fn connect(url: &JobDbUrl, max_connections: u32) -> Result<Self, JobDbError> {
+    async fn connect(
+        url: &JobDbUrl,
+        max_connections: u32,
+        lock_wait: Option<std::time::Duration>,
+    ) -> Result<Self, JobDbError> {
         let (pool, max_packet) = match &url.server {
             Server::MySql(_) => {
-                let (pool, max_packet) = mysql::connect(url, max_connections).await?;
+                let (pool, max_packet) = mysql::connect(url, max_connections, lock_wait).await?;
                 (Pool::MySql(pool), max_packet)
             }
             Server::Sqlite(_) => {
-                let (pool, max_packet) = sqlite::connect(url, max_connections).await?;
+                let (pool, max_packet) = sqlite::connect(url, max_connections, lock_wait).await?;
                 (Pool::Sqlite(pool), max_packet)
             }
         };
@@ -225,7 +323,7 @@ impl JobDb {
     /// reader of another release never changes the schema under the Directors; the schema must
     /// be at least this binary's (every migration it knows applied), or it is refused.
     pub async fn open_reader(url: &JobDbUrl, max_connections: u32) -> Result<Self, JobDbError> {
-        let db = Self::connect(url, max_connections).await?;
+        let db = Self::connect(url, max_connections, None).await?;
         let (applied, migrator) = with_pool!(db, |p, q| {
             let applied: Result<Vec<i64>, _> =
                 sqlx::query_scalar("SELECT version FROM _sqlx_migrations WHERE success")
@@ -248,6 +346,33 @@ impl JobDb {
             )));
         }
         Ok(db)
+    }
+
+    /// A reader of another Director's JobDB whatever its schema (a rolling upgrade leaves
+    /// some a version behind), with its schema version (the highest migration applied):
+    /// callers choose what they may ask of it (see [`JobDb::sequences_elsewhere`]).
+    pub async fn open_peer(
+        url: &JobDbUrl,
+        max_connections: u32,
+    ) -> Result<(Self, i64), JobDbError> {
+        let db = Self::connect(url, max_connections, None).await?;
+        match db.schema_version().await {
+            Ok(version) => Ok((db, version)),
+            Err(e) => {
+                db.close().await;
+                Err(e)
+            }
+        }
+    }
+
+    /// The highest migration applied to this JobDB (0 before the first).
+    pub async fn schema_version(&self) -> Result<i64, JobDbError> {
+        let version: Option<i64> = with_pool!(self, |p, q| {
+            sqlx::query_scalar("SELECT MAX(version) FROM _sqlx_migrations WHERE success")
+                .fetch_one(p)
+                .await
+        })?;
+        Ok(version.unwrap_or(0))
     }
 
     /// Where this JobDB lives.
@@ -465,29 +590,6 @@ impl JobDb {
         }
         out.sort_by_key(|(job, _)| job.id);
         Ok(out)
-    }
-
-    /// The head of each of `seqs` (every sequence with `None`) that may go now: its oldest
-    /// held job, when none of its jobs is released and no `ordering_blocked` row stops it.
-    pub async fn sequence_heads(
-        &self,
-        seqs: Option<&[crate::job::Seq]>,
-    ) -> Result<HashMap<crate::job::Seq, JobId>, JobDbError> {
-        with_pool!(self, |p, q| {
-            let mut conn = p.acquire().await?;
-            q::sequence_heads(&mut conn, seqs).await
-        })
-    }
-
-    /// The oldest open job of each of `seqs` here, released or not.
-    pub async fn sequence_oldest(
-        &self,
-        seqs: &[crate::job::Seq],
-    ) -> Result<HashMap<crate::job::Seq, JobId>, JobDbError> {
-        with_pool!(self, |p, q| {
-            let mut conn = p.acquire().await?;
-            q::sequence_oldest(&mut conn, seqs).await
-        })
     }
 
     /// The jobs with these ids (those that exist).

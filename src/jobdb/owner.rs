@@ -10,6 +10,10 @@ use sqlx::{Connection, Row};
 
 use super::{int, with_pool, JobDb, JobDbError};
 
+/// How far above the JobDB's highest transition id a new owner starts numbering: a paused
+/// predecessor's uncommitted rows can then never collide with the new owner's.
+pub const OWNER_ID_GAP: u64 = 1 << 32;
+
 impl JobDb {
     /// Takes ownership: bumps the fencing token and returns it. From now on every transaction
     /// of an earlier owner fails its fence check.

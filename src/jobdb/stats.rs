@@ -1,6 +1,7 @@
 //! The dashboard's read queries over a JobDB: transitions by state over time, per-lane
 //! outcomes, latencies, backlog and errors, attempts per success, the JobDB's size, age and
-//! owner, and job look-ups for traces.
+//! owner, and job look-ups for traces; and the server's write counters a benchmark divides
+//! by its jobs ([`JobDb::server_writes`]).
 //!
 //! All of them only read, and every value comes in through a bind parameter. The JobDB indexes
 //! nothing but its primary keys (the write path pays for no index a dashboard would like), so
@@ -16,6 +17,44 @@ use sqlx::Row;
 
 use super::{with_pool, JobDb, JobDbError};
 use crate::job::{Job, JobId, State};
+
+/// The server's write counters: COMMIT statements, fsyncs, bytes written to data files and to
+/// the redo log, rows written (MariaDB and MySQL spell them alike).
+const SERVER_WRITES: &str = "SHOW GLOBAL STATUS WHERE Variable_name IN ('Com_commit', \
+     'Innodb_data_fsyncs', 'Innodb_data_written', 'Innodb_os_log_written', \
+     'Handler_write', 'Handler_update', 'Handler_delete')";
+
+/// What a MySQL server has written since it started: read before and after a benchmark, the
+/// difference per job says what a job costs the disk, so a reader with another disk can
+/// predict their own figure.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct ServerWrites {
+    /// `COMMIT` statements (`Com_commit`).
+    pub commits: u64,
+    /// fsyncs of InnoDB's files, redo log included (`Innodb_data_fsyncs`).
+    pub fsyncs: u64,
+    /// Bytes written to InnoDB's data files (`Innodb_data_written`; pages are flushed after
+    /// their commits, so a short run shows less than it caused).
+    pub data_bytes: u64,
+    /// Bytes written to the redo log (`Innodb_os_log_written`).
+    pub log_bytes: u64,
+    /// Rows inserted, updated and deleted (`Handler_write`, `_update`, `_delete`: MariaDB has
+    /// no `Innodb_rows_*`).
+    pub rows: u64,
+}
+
+impl ServerWrites {
+    /// What was written from `earlier` to `self` (a restart in between counts from zero).
+    pub fn since(&self, earlier: &ServerWrites) -> ServerWrites {
+        ServerWrites {
+            commits: self.commits.saturating_sub(earlier.commits),
+            fsyncs: self.fsyncs.saturating_sub(earlier.fsyncs),
+            data_bytes: self.data_bytes.saturating_sub(earlier.data_bytes),
+            log_bytes: self.log_bytes.saturating_sub(earlier.log_bytes),
+            rows: self.rows.saturating_sub(earlier.rows),
+        }
+    }
+}
 
 /// Durations below this many ms have a latency bucket each.
 pub const LATENCY_EXACT_BELOW_MS: u32 = 64;
@@ -147,6 +186,9 @@ pub struct OrderingCounts {
     pub held: u64,
     /// Sequences stopped by a job that ended without success and asked to block.
     pub blocked: u64,
+    /// Of `held`, those whose key waits for a job scheduled for later (`deliver_at`,
+    /// `delay_ms`): its turn came, and it holds the key until its time.
+    pub behind_scheduled: u64,
 }
 
 impl JobDb {
@@ -319,6 +361,27 @@ impl JobDb {
         })
     }
 
+    /// The server's write counters ([`ServerWrites`]); `None` for SQLite, which has none.
+    pub async fn server_writes(&self) -> Result<Option<ServerWrites>, JobDbError> {
+        let super::engine::Pool::MySql(pool) = &self.pool else {
+            return Ok(None);
+        };
+        let mut writes = ServerWrites::default();
+        for row in sqlx::query(SERVER_WRITES).fetch_all(pool).await? {
+            let name: String = row.try_get(0)?;
+            let value: String = row.try_get(1)?;
+            let value: u64 = value.parse().unwrap_or(0);
+            match name.as_str() {
+                "Com_commit" => writes.commits = value,
+                "Innodb_data_fsyncs" => writes.fsyncs = value,
+                "Innodb_data_written" => writes.data_bytes = value,
+                "Innodb_os_log_written" => writes.log_bytes = value,
+                _ => writes.rows = writes.rows.saturating_add(value),
+            }
+        }
+        Ok(Some(writes))
+    }
+
     /// When the JobDB was created: when its first migration was applied.
     pub async fn created_at(&self) -> Result<Option<DateTime<Utc>>, JobDbError> {
         with_pool!(self, |p, q| {
@@ -375,20 +438,33 @@ impl JobDb {
         Ok(u64::try_from(n).unwrap_or(0))
     }
 
-    /// Ordered jobs waiting for their turn (held), and sequences blocked by a failure
-    /// (`ordering_blocked`, until an operator deletes the row).
+    /// Ordered jobs waiting for their turn (held), sequences blocked by a failure
+    /// (`ordering_blocked`, until an operator deletes the row), and the held jobs whose
+    /// sequence's released job is scheduled for later: it was never tried, is due after now,
+    /// and no row followed its `open_jobs` entry (one postponed since is not counted).
     pub async fn ordering_counts(&self) -> Result<OrderingCounts, JobDbError> {
-        let (held, blocked): (i64, i64) = with_pool!(self, |p, q| {
+        let now = Utc::now().naive_utc();
+        let (held, blocked, behind_scheduled): (i64, i64, i64) = with_pool!(self, |p, q| {
             sqlx::query_as(
                 "SELECT (SELECT COUNT(*) FROM open_jobs WHERE seq IS NOT NULL AND held = 1), \
-                        (SELECT COUNT(*) FROM ordering_blocked)",
+                        (SELECT COUNT(*) FROM ordering_blocked), \
+                        (SELECT COUNT(*) FROM open_jobs h \
+                         WHERE h.seq IS NOT NULL AND h.held = 1 AND h.seq IN ( \
+                           SELECT r.seq FROM open_jobs r \
+                           WHERE r.seq IS NOT NULL AND r.held = 0 AND r.attempts = 0 \
+                             AND r.state = 'awaiting-retry' AND r.retry_at > ? \
+                             AND NOT EXISTS (SELECT 1 FROM job_state_transitions t \
+                                             WHERE t.job_id = r.job_id \
+                                               AND t.id > r.transition_id)))",
             )
+            .bind(now)
             .fetch_one(p)
             .await?
         });
         Ok(OrderingCounts {
             held: u64::try_from(held).unwrap_or(0),
             blocked: u64::try_from(blocked).unwrap_or(0),
+            behind_scheduled: u64::try_from(behind_scheduled).unwrap_or(0),
         })
     }
 

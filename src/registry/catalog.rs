@@ -1,9 +1,11 @@
-//! Directors in the Consul catalog: register with a TTL health check kept passing by a
-//! heartbeat, deregister on shutdown, and list the healthy ones.
+//! Directors in the Consul catalog: register with a TTL health check that a heartbeat keeps
+//! passing while the Director is ready and fails while it is not (so routers stop sending to it
+//! and come back when it is ready again), deregister on shutdown, and list the healthy ones.
 
 use std::collections::HashMap;
 use std::time::Duration;
 
+use tokio::sync::watch;
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 
@@ -22,7 +24,9 @@ pub struct Registration {
 }
 
 /// Registers a Director serving `address:port` for `jobdb`, and keeps its TTL check passing
-/// (every TTL/3; a refused pass re-registers, as Consul forgets checks across agent restarts).
+/// while `ready` says it is ready (`None`) and critical, with the reason as its note, while
+/// not: on every change at once, and every TTL/3 (a refused update re-registers, as Consul
+/// forgets checks across agent restarts).
 pub async fn register_director(
     client: &ConsulClient,
     id: &str,
@@ -30,9 +34,10 @@ pub async fn register_director(
     port: u16,
     jobdb: &str,
     ttl: Duration,
+    mut ready: watch::Receiver<Option<String>>,
 ) -> Result<Registration, RegistryError> {
     let check_id = format!("service:{id}");
-    let registration = ServiceRegistration {
+    let mut registration = ServiceRegistration {
         id: id.to_owned(),
         name: DIRECTOR_SERVICE.to_owned(),
         tags: vec![format!("jobdb-{jobdb}")],
@@ -43,7 +48,7 @@ pub async fn register_director(
             check_id: check_id.clone(),
             name: "director ttl".to_owned(),
             ttl: super::consul::consul_seconds(ttl),
-            status: "passing".to_owned(),
+            status: status_of(ready.borrow_and_update().as_ref()).to_owned(),
             deregister_critical_service_after: "1m".to_owned(),
         },
     };
@@ -52,17 +57,28 @@ pub async fn register_director(
     let heartbeat = {
         let (client, stop) = (client.clone(), stop.clone());
         tokio::spawn(async move {
+            // Off once the Director's readiness is gone (it stopped): the check then keeps
+            // saying what it said last, until deregistered.
+            let mut watching = true;
             loop {
                 tokio::select! {
                     _ = stop.cancelled() => return,
                     _ = tokio::time::sleep(ttl / 3) => {}
+                    changed = ready.changed(), if watching => watching = changed.is_ok(),
                 }
-                let passed = tokio::select! {
+                let why_not = ready.borrow_and_update().clone();
+                let told = tokio::select! {
                     _ = stop.cancelled() => return,
-                    passed = client.check_pass(&check_id) => passed,
+                    told = async {
+                        match &why_not {
+                            None => client.check_pass(&check_id).await,
+                            Some(why) => client.check_fail(&check_id, why).await,
+                        }
+                    } => told,
                 };
-                if let Err(e) = passed {
-                    tracing::warn!(error = %e, "ttl check pass failed; registering again");
+                if let Err(e) = told {
+                    tracing::warn!(error = %e, "ttl check update failed; registering again");
+                    registration.check.status = status_of(why_not.as_ref()).to_owned();
                     if let Err(e) = client.service_register(&registration).await {
                         tracing::warn!(error = %e, "service registration failed");
                     }
@@ -76,6 +92,14 @@ pub async fn register_director(
         stop,
         heartbeat,
     })
+}
+
+/// The check's status for a readiness: `passing` when ready, else `critical`.
+fn status_of(why_not: Option<&String>) -> &'static str {
+    match why_not {
+        None => "passing",
+        Some(_) => "critical",
+    }
 }
 
 impl Registration {

@@ -549,6 +549,22 @@ impl ConsulClient {
         Ok(())
     }
 
+    /// `PUT /v1/agent/check/fail/:id?note=`: the check is critical (the instance leaves the
+    /// healthy list) until passed again. Any failure means "register the service again".
+    pub async fn check_fail(&self, check_id: &str, note: &str) -> Result<(), RegistryError> {
+        self.send(
+            self.request(
+                Method::PUT,
+                &format!("/v1/agent/check/fail/{check_id}"),
+                Duration::from_secs(10),
+            )
+            .query(&[("note", note)]),
+            &[],
+        )
+        .await?;
+        Ok(())
+    }
+
     /// `GET /v1/health/service/:name?passing`: instances whose checks all pass.
     pub async fn healthy(
         &self,

@@ -96,7 +96,8 @@ impl Directors {
             .insert(id.to_owned(), Instant::now() + self.suspect_for);
     }
 
-    fn is_suspect(&self, id: &str) -> bool {
+    /// Whether a Director failed a forward within `suspect_for`.
+    pub fn is_suspect(&self, id: &str) -> bool {
         let mut suspects = self.suspects.lock().unwrap_or_else(|p| p.into_inner());
         match suspects.get(id) {
             Some(until) if *until > Instant::now() => true,

@@ -63,40 +63,22 @@ pub enum ApiError {
     /// The Director is stopping and takes no new work.
     #[error("the director is shutting down; submit to another one")]
     ShuttingDown,
+    /// The request was being written when its time ran out (or the writer could not find
+    /// out whether it committed): it may or may not be stored.
+    #[error("{0}")]
+    OutcomeUnknown(String),
     /// A bug or an unexpected failure; details are in the log.
     #[error("internal error")]
     Internal,
 }
 
-impl From<crate::jobdb::write::WriteRejected> for ApiError {
-    /// What a producer hears when the writer did not store its request.
-    fn from(why: crate::jobdb::write::WriteRejected) -> Self {
-        use crate::jobdb::write::WriteRejected;
-        match why {
-            WriteRejected::Unavailable => {
-                ApiError::Unavailable("the jobdb is unavailable; nothing was stored".into())
-            }
-            WriteRejected::LockLost => ApiError::ShuttingDown,
-            WriteRejected::Refused { too_large: true } => {
-                ApiError::InvalidField(FieldError::too_large(
-                    "jobs",
-                    "a job is larger than this director's jobdb server accepts \
-                     (max_allowed_packet); nothing was stored",
-                ))
-            }
-            WriteRejected::Refused { too_large: false } => ApiError::InvalidField(FieldError::new(
-                "jobs",
-                "the jobdb refused a value of this batch; nothing was stored",
-            )),
-            WriteRejected::Expired => ApiError::Conflict {
-                message: "not_after passed before the jobs were written: the claim may have \
-                          been taken over; nothing was stored"
-                    .into(),
-                field: Some("not_after".to_owned()),
-            },
-        }
-    }
-}
+/// What a 504 says.
+pub const OUTCOME_UNKNOWN: &str = "the jobs were being written when the time to answer ran \
+     out; they may or may not be stored: submit again with the same idempotency keys";
+
+/// The `Retry-After` of a 503 (nothing stored): when the JobDB or a Director may take the
+/// request again, in seconds.
+const RETRY_AFTER_UNAVAILABLE_S: u64 = 1;
 
 impl From<FieldError> for ApiError {
     fn from(e: FieldError) -> Self {
@@ -165,16 +147,14 @@ impl IntoResponse for ApiError {
                     .into_response();
             }
             ApiError::NotFound(m) => (StatusCode::NOT_FOUND, "not_found", m, None),
-            ApiError::Unavailable(m) => (StatusCode::SERVICE_UNAVAILABLE, "unavailable", m, None),
+            ApiError::Unavailable(m) => return unavailable("unavailable", m),
             ApiError::Conflict { message, field } => {
                 (StatusCode::CONFLICT, "conflict", message, field)
             }
-            e @ ApiError::ShuttingDown => (
-                StatusCode::SERVICE_UNAVAILABLE,
-                "shutting_down",
-                e.to_string(),
-                None,
-            ),
+            e @ ApiError::ShuttingDown => return unavailable("shutting_down", e.to_string()),
+            ApiError::OutcomeUnknown(m) => {
+                (StatusCode::GATEWAY_TIMEOUT, "outcome_unknown", m, None)
+            }
             e @ ApiError::Internal => (
                 StatusCode::INTERNAL_SERVER_ERROR,
                 "internal",
@@ -191,4 +171,24 @@ impl IntoResponse for ApiError {
         };
         (status, Json(body)).into_response()
     }
+}
+
+/// A 503: nothing was stored; `Retry-After` says when to try again (here or elsewhere).
+fn unavailable(code: &str, message: String) -> Response {
+    let body = ErrorBody {
+        error: ErrorDetail {
+            code: code.to_owned(),
+            message,
+            field: None,
+        },
+    };
+    (
+        StatusCode::SERVICE_UNAVAILABLE,
+        [(
+            axum::http::header::RETRY_AFTER,
+            RETRY_AFTER_UNAVAILABLE_S.to_string(),
+        )],
+        Json(body),
+    )
+        .into_response()
 }

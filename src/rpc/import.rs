@@ -23,35 +23,14 @@ use bytes::Bytes;
 use chrono::{DateTime, Utc};
 use tokio::sync::Notify;
 
-use super::api::{self, FieldError, IntakeLimits};
+use super::api::{FieldError, IntakeLimits};
+use super::validate;
 use crate::job::{Job, JobId, RetryPolicy};
 
+pub use super::views::import_job;
 pub use spindle_client::api::{ImportJob, ImportRequest, ImportResponse, MAX_IMPORT_JOBS};
 
-/// The import form of a stored job and its progress.
-pub fn import_job(job: &Job, attempts: u16, retry_at: DateTime<Utc>) -> ImportJob {
-    ImportJob {
-        id: job.id.to_string(),
-        bucket: job.bucket.to_string(),
-        endpoint: job.endpoint.to_string(),
-        method: job.method.to_string(),
-        headers: job.headers.clone(),
-        payload_base64: base64::engine::general_purpose::STANDARD.encode(&job.payload),
-        execution_timeout_ms: u32::try_from(job.execution_timeout.as_millis()).unwrap_or(u32::MAX),
-        backoff_min_delay_ms: u32::try_from(job.retry.min_delay.as_millis()).unwrap_or(u32::MAX),
-        backoff_coefficient: job.retry.coefficient,
-        created_at: job.created_at,
-        expire_at: job.expire_at,
-        idempotency_key: job.idempotency_key.clone(),
-        on_complete: job.on_complete.as_deref().map(str::to_owned),
-        ordering_key: job.ordering.as_ref().map(|o| o.key.to_string()),
-        ordering_failure: job.ordering.as_ref().map(crate::job::Ordering::failure),
-        attempts,
-        retry_at,
-    }
-}
-
-/// The job of an import, checked by the same rules as a submitted job (`api::check_*`, with
+/// The job of an import, checked by the same rules as a submitted job (`validate::check_*`, with
 /// this Director's `limits`), plus the times an import carries (`i` is its index, for error
 /// paths): what a Director accepted directly, another accepts as an import.
 pub fn job_of(spec: &ImportJob, i: usize, limits: &IntakeLimits) -> Result<Job, FieldError> {
@@ -60,38 +39,45 @@ pub fn job_of(spec: &ImportJob, i: usize, limits: &IntakeLimits) -> Result<Job, 
         .id
         .parse()
         .map_err(|_| FieldError::new(field("id"), "is not a ULID"))?;
-    api::check_bucket(&spec.bucket, &field("bucket"))?;
-    api::check_endpoint(&spec.endpoint, &field("endpoint"))?;
-    api::check_method(&spec.method, &field("method"))?;
-    let headers = api::check_headers(&spec.headers, &field("headers"))?;
+    validate::check_bucket(&spec.bucket, &field("bucket"))?;
+    validate::check_endpoint(&spec.endpoint, &field("endpoint"))?;
+    validate::check_method(&spec.method, &field("method"))?;
+    let headers = validate::check_headers(&spec.headers, &field("headers"))?;
     let payload = base64::engine::general_purpose::STANDARD
         .decode(&spec.payload_base64)
         .map_err(|_| FieldError::new(field("payload_base64"), "is not base64"))?;
-    api::check_payload(payload.len(), limits, &field("payload_base64"))?;
-    let timeout = api::check_timeout(
+    validate::check_payload(payload.len(), limits, &field("payload_base64"))?;
+    let timeout = validate::check_timeout(
         spec.execution_timeout_ms.into(),
         limits,
         &field("execution_timeout_ms"),
     )?;
-    let min_delay = api::check_min_delay(
+    let min_delay = validate::check_min_delay(
         spec.backoff_min_delay_ms.into(),
         limits,
         &field("backoff_min_delay_ms"),
     )?;
-    api::check_coefficient(
+    validate::check_coefficient(
         spec.backoff_coefficient,
         limits,
         &field("backoff_coefficient"),
     )?;
     if let Some(key) = &spec.idempotency_key {
-        api::check_idempotency_key(key, &field("idempotency_key"))?;
+        validate::check_idempotency_key(key, &field("idempotency_key"))?;
     }
     if let Some(url) = &spec.on_complete {
-        api::check_endpoint(url, &field("on_complete"))?;
+        validate::check_endpoint(url, &field("on_complete"))?;
     }
-    let ordering = api::check_ordering(
+    let position = match &spec.ordering_position {
+        Some(p) => p
+            .parse::<ulid::Ulid>()
+            .map_err(|_| FieldError::new(field("ordering_position"), "is not a ULID"))?,
+        None => id.0,
+    };
+    let ordering = validate::check_ordering(
         spec.ordering_key.as_deref(),
         spec.ordering_failure,
+        position,
         &field("ordering_key"),
         &field("ordering_failure"),
     )?;
@@ -125,6 +111,73 @@ pub fn job_of(spec: &ImportJob, i: usize, limits: &IntakeLimits) -> Result<Job, 
     })
 }
 
+/// A key blocked in a retired JobDB, carried by a move (`i` is its index, for error paths),
+/// checked by the rules of the jobs it blocks.
+pub fn blocked_key_of(
+    spec: &spindle_client::BlockedKey,
+    i: usize,
+) -> Result<crate::jobdb::BlockedKey, FieldError> {
+    let field = |name: &str| format!("blocked_keys[{i}].{name}");
+    let job_id: JobId = spec
+        .job_id
+        .parse()
+        .map_err(|_| FieldError::new(field("job_id"), "is not a ULID"))?;
+    validate::check_bucket(&spec.bucket, &field("bucket"))?;
+    validate::check_endpoint(&spec.endpoint, &field("endpoint"))?;
+    validate::check_ordering(
+        Some(&spec.ordering_key),
+        None,
+        job_id.0,
+        &field("ordering_key"),
+        &field("ordering_key"),
+    )?;
+    if !matches!(spec.state.as_str(), "discarded" | "archiving" | "archived") {
+        return Err(FieldError::new(
+            field("state"),
+            "must be discarded, archiving or archived",
+        ));
+    }
+    check_stored_time(spec.blocked_at, &field("blocked_at"))?;
+    Ok(crate::jobdb::BlockedKey {
+        job_id,
+        state: spec.state.clone(),
+        blocked_at: spec.blocked_at,
+        bucket: spec.bucket.clone(),
+        endpoint: spec.endpoint.clone(),
+        ordering_key: spec.ordering_key.clone(),
+    })
+}
+
+/// The wire form of a blocked key, for a move.
+pub fn blocked_key(key: &crate::jobdb::BlockedKey) -> spindle_client::BlockedKey {
+    spindle_client::BlockedKey {
+        bucket: key.bucket.clone(),
+        endpoint: key.endpoint.clone(),
+        ordering_key: key.ordering_key.clone(),
+        job_id: key.job_id.to_string(),
+        state: key.state.clone(),
+        blocked_at: key.blocked_at,
+    }
+}
+
+/// The widest limits a Director of this version can be configured with: the size limits
+/// (`--max-payload-bytes`, `--max-request-bytes`) have no ceiling, the others are fixed.
+pub fn widest_limits() -> IntakeLimits {
+    IntakeLimits {
+        max_payload_bytes: usize::MAX,
+        max_request_bytes: usize::MAX,
+        ..IntakeLimits::default()
+    }
+}
+
+/// Whether some Director of this version could import `spec`: the checks of [`job_of`] under
+/// [`widest_limits`]. A job that passes and is refused anyway was refused for where it was
+/// sent (that Director's smaller limits, its JobDB server's packet size, an older version);
+/// one that fails can never be imported by this version, and the error says why.
+pub fn importable(spec: &ImportJob) -> Result<(), FieldError> {
+    job_of(spec, 0, &widest_limits()).map(|_| ())
+}
+
 /// A time a JobDB can store: from 1970 to the end of year 9999 (MySQL's DATETIME).
 fn check_stored_time(at: DateTime<Utc>, field: &str) -> Result<(), FieldError> {
     if at < DateTime::<Utc>::UNIX_EPOCH || at > crate::jobdb::latest_time() {
@@ -143,15 +196,16 @@ pub struct InFlight {
     released: Notify,
 }
 
-/// Holds ids in an [`InFlight`] set until dropped.
-pub struct Held<'a> {
-    set: &'a InFlight,
+/// Holds ids in an [`InFlight`] set until dropped (it may outlive the request: a request
+/// answered before the writer is done with it keeps its ids until it is).
+pub struct Held {
+    set: std::sync::Arc<InFlight>,
     ids: Vec<JobId>,
 }
 
 impl InFlight {
     /// Waits until none of `ids` is held by another request, then holds them.
-    pub async fn hold(&self, ids: &[JobId]) -> Held<'_> {
+    pub async fn hold(self: &std::sync::Arc<Self>, ids: &[JobId]) -> Held {
         loop {
             let released = self.released.notified();
             tokio::pin!(released);
@@ -161,7 +215,7 @@ impl InFlight {
                 if !ids.iter().any(|id| held.contains(id)) {
                     held.extend(ids.iter().copied());
                     return Held {
-                        set: self,
+                        set: self.clone(),
                         ids: ids.to_vec(),
                     };
                 }
@@ -171,7 +225,7 @@ impl InFlight {
     }
 }
 
-impl Drop for Held<'_> {
+impl Drop for Held {
     fn drop(&mut self) {
         let mut held = self.set.ids.lock().unwrap_or_else(|p| p.into_inner());
         for id in &self.ids {
@@ -179,5 +233,56 @@ impl Drop for Held<'_> {
         }
         drop(held);
         self.set.released.notify_waiters();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn spec(payload: usize) -> ImportJob {
+        let now = Utc::now();
+        ImportJob {
+            id: ulid::Ulid::new().to_string(),
+            bucket: "b".into(),
+            endpoint: "https://example.test/hook".into(),
+            method: "POST".into(),
+            headers: vec![],
+            payload_base64: base64::engine::general_purpose::STANDARD.encode(vec![b'x'; payload]),
+            execution_timeout_ms: 10_000,
+            backoff_min_delay_ms: 1_000,
+            backoff_coefficient: 2.0,
+            created_at: now,
+            expire_at: now + chrono::Duration::hours(1),
+            idempotency_key: None,
+            on_complete: Some("https://example.test/told".into()),
+            ordering_key: Some("k".into()),
+            ordering_failure: None,
+            ordering_position: None,
+            attempts: 3,
+            retry_at: now,
+        }
+    }
+
+    /// What one Director's limits refuse another's may take; what this version's rules refuse
+    /// no Director of it takes.
+    #[test]
+    fn importable_means_some_director_of_this_version_takes_it() {
+        let big = spec(4 * 1024 * 1024);
+        assert!(job_of(&big, 0, &IntakeLimits::default()).is_err());
+        assert!(importable(&big).is_ok());
+        let mut ftp = spec(2);
+        ftp.endpoint = "ftp://example.test/x".into();
+        let why = importable(&ftp).unwrap_err();
+        assert_eq!(why.field, "jobs[0].endpoint");
+        let mut backwards = spec(2);
+        backwards.expire_at = backwards.created_at - chrono::Duration::seconds(1);
+        assert_eq!(
+            importable(&backwards).unwrap_err().field,
+            "jobs[0].expire_at"
+        );
+        let mut slow = spec(2);
+        slow.execution_timeout_ms = 3_600_000;
+        assert!(importable(&slow).is_err(), "timeouts have a fixed ceiling");
     }
 }

@@ -1,5 +1,6 @@
 //! The intake toolkit: what every HTTP front of spindle (the Director's API in
-//! `director::http`, the router) shares — the RPC's types and validation (`api`, `import`),
+//! `director::http`, the router) shares — the RPC's types (`api`, `import`), request
+//! validation (`validate`), what answers show (`views`), the OpenAPI document (`openapi`),
 //! bearer tokens and their rate limits (`auth`), error bodies (`error`), request parsing, job
 //! ids, and the metrics endpoint of processes that only report. It imports nothing above it.
 
@@ -7,6 +8,9 @@ pub mod api;
 pub mod auth;
 pub mod error;
 pub mod import;
+pub mod openapi;
+pub mod validate;
+pub mod views;
 
 use std::sync::{Arc, Mutex};
 
@@ -153,7 +157,34 @@ pub fn check_submission(
     next_id: impl FnMut() -> JobId,
 ) -> Result<(Vec<Arc<crate::job::Job>>, crate::job::Scheduled), ApiError> {
     let request: SubmitRequest = parse_json(body)?;
-    Ok(api::validate_request(request, limits, Utc::now(), next_id)?)
+    Ok(api::validate_request(
+        request,
+        limits,
+        Utc::now(),
+        chrono::Duration::zero(),
+        next_id,
+    )?)
+}
+
+/// [`check_submission`] for a router, whose clock may run up to `max_skew` ahead of the
+/// Director that stores the job: a requested first attempt time this clock has passed by less
+/// than that is kept, for the Director to judge by its own (so a router's clock running ahead
+/// cannot make a job early); one passed longer ago means now.
+pub fn check_forward(
+    body: &[u8],
+    limits: &IntakeLimits,
+    max_skew: std::time::Duration,
+    next_id: impl FnMut() -> JobId,
+) -> Result<(Vec<Arc<crate::job::Job>>, crate::job::Scheduled), ApiError> {
+    let request: SubmitRequest = parse_json(body)?;
+    let skew = chrono::Duration::from_std(max_skew).unwrap_or(chrono::Duration::zero());
+    Ok(api::validate_request(
+        request,
+        limits,
+        Utc::now(),
+        skew,
+        next_id,
+    )?)
 }
 
 /// Parses a JSON body, naming the path of the first error (`jobs[2].bucket`).

@@ -13,6 +13,11 @@ pub struct PrivateMariaDb {
 impl PrivateMariaDb {
     pub fn start() -> PrivateMariaDb {
         let dir = tempfile::tempdir().unwrap();
+        let tmp = dir.path().join("tmp");
+        std::fs::create_dir_all(&tmp).expect("private tmpdir");
+        // The bootstrap is a mariadbd too: in the shared /tmp it would clear other servers'
+        // (and other bootstraps') `#sql*` temporary tables, failing with "Unknown table
+        // 'mysql.tmp_user_sys'" when two tests start servers at once.
         let installed = std::process::Command::new("mariadb-install-db")
             .args([
                 "--no-defaults",
@@ -21,6 +26,7 @@ impl PrivateMariaDb {
                 "--skip-test-db",
             ])
             .arg(format!("--datadir={}", dir.path().join("data").display()))
+            .arg(format!("--tmpdir={}", tmp.display()))
             .output()
             .expect("mariadb-install-db");
         assert!(

@@ -1,6 +1,6 @@
 //! Test harness: a uniquely named JobDB per test (dropped afterwards), Directors and sinks on
-//! free loopback ports, waits on conditions instead of sleeps, and ([`s3`]) an S3 server
-//! behind a fault proxy.
+//! free loopback ports, waits on conditions instead of sleeps, ([`s3`]) an S3 server behind a
+//! fault proxy, and ([`cluster`]) a cluster of `spindle` processes on Consul.
 #![allow(dead_code)]
 
 use std::collections::BTreeMap;
@@ -14,6 +14,7 @@ use spindle::jobdb::{self, JobDb, JobDbUrl};
 use spindle::rpc::api::SubmitReply;
 
 pub mod browser;
+pub mod cluster;
 pub mod mariadb;
 pub mod procs;
 pub mod redis_server;
@@ -311,7 +312,7 @@ impl ConsulUnderTest {
 /// One Director on its own JobDB, a recording endpoint, an HTTP client and a JobDB reader.
 pub struct Rig {
     pub db: TestDb,
-    pub sink: spindle::sink::Sink,
+    pub sink: spindle::cli::sink::Sink,
     pub client: reqwest::Client,
     pub reader: JobDb,
     director: Option<Director>,
@@ -329,7 +330,7 @@ impl Rig {
         tweak: impl FnOnce(&mut DirectorConfig),
     ) -> Rig {
         let db = TestDb::on(engine, tag);
-        let sink = spindle::sink::Sink::start("127.0.0.1:0".parse().unwrap())
+        let sink = spindle::cli::sink::Sink::start("127.0.0.1:0".parse().unwrap())
             .await
             .expect("sink");
         let director = start_director(&db, tweak).await;
@@ -431,7 +432,7 @@ impl Rig {
 pub async fn steady_latencies(
     client: &reqwest::Client,
     base: &str,
-    sink: &spindle::sink::Sink,
+    sink: &spindle::cli::sink::Sink,
     every: Duration,
     run: Duration,
     jobs: impl Fn() -> Vec<Value>,
@@ -453,7 +454,7 @@ pub async fn steady_latencies(
 /// Waits until the sink received every submitted job (id → submit instant), then returns each
 /// job's submit-to-delivery latency (first arrival at `/ok`).
 pub async fn delivery_latencies(
-    sink: &spindle::sink::Sink,
+    sink: &spindle::cli::sink::Sink,
     submitted: &std::collections::HashMap<String, std::time::Instant>,
     timeout: Duration,
 ) -> Vec<Duration> {
@@ -659,6 +660,7 @@ pub fn import_form(
         on_complete: None,
         ordering_key: None,
         ordering_failure: None,
+        ordering_position: None,
         attempts,
         retry_at: now,
     }

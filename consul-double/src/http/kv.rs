@@ -192,6 +192,9 @@ pub(crate) async fn put_key(
     if key.is_empty() {
         return Err(ApiError::BadRequest("Missing key name".into()));
     }
+    if let Some(delay) = shared.faults.kv_write_delay(&key) {
+        tokio::time::sleep(delay).await;
+    }
     let present: Vec<&str> = ["cas", "acquire", "release"]
         .into_iter()
         .filter(|f| params.has(f))

@@ -20,13 +20,14 @@ use super::cache::Phase;
 use super::gates::Recorded;
 use super::{wait_until, Event, Scheduler, SchedulerLimits, WriteOp, WriteRejected};
 
-/// How long a job waits before it is tried again when its `executing` row was refused by the
-/// JobDB (a bug, not a condition that passes by itself): long enough not to loop.
+/// How long a job waits before it is tried again when the commit that would begin its attempt
+/// was refused by the JobDB (a bug, not a condition that passes by itself): long enough not to loop.
 const REFUSED_START_PAUSE: Duration = Duration::from_secs(60);
 
 impl Scheduler {
     /// Starts as many attempts as the limits allow, fairly across lanes and buckets: their
-    /// `executing` rows go to the writer, and delivery begins once those are durable.
+    /// starts go to the writer (listed in its next commit), and delivery begins once that is
+    /// durable.
     pub(super) async fn pump(&mut self) {
         let now = Utc::now();
         let mut starts = Vec::new();
@@ -164,7 +165,8 @@ impl Scheduler {
         }
     }
 
-    /// The `executing` rows of these jobs could not be written: they did not start.
+    /// The commit that would begin these jobs' attempts could not be written: they did not
+    /// start.
     pub(super) fn start_failed(&mut self, ids: Vec<JobId>, why: WriteRejected) {
         let refused = matches!(why, WriteRejected::Refused { .. });
         if refused {
@@ -213,7 +215,7 @@ impl Scheduler {
         let per_endpoint = self.gates.concurrency(key);
         let hold = self.gates.holds_back(key);
         let mut ready = Vec::new();
-        let mut held = Vec::new();
+        let mut withdrawn = Vec::new();
         let (queues, cache) = (&mut self.queues, &self.cache);
         if let Some(lane) = queues.lane_mut(key) {
             if hold {
@@ -223,7 +225,7 @@ impl Scheduler {
                         lane.in_flight += 1;
                         ready.push(id);
                     } else {
-                        held.push(id);
+                        withdrawn.push(id);
                     }
                 }
             } else {
@@ -239,8 +241,8 @@ impl Scheduler {
         for id in ready {
             self.deliver(id);
         }
-        if !held.is_empty() {
-            self.hold_back(held);
+        if !withdrawn.is_empty() {
+            self.hold_back(withdrawn);
         }
         self.relist(key);
     }

@@ -88,10 +88,10 @@ impl Backlog {
         self.wake = None;
     }
 
-    /// A job of the hog rests instead of coming in: the backlog is not done, and a pass under
-    /// way (which may have read past it) goes round again, but none need start for it now
-    /// (it would leave that lane out).
-    pub(super) fn hog_rests(&mut self) {
+    /// A job of the hog stays in the backlog instead of coming in: the backlog is not done,
+    /// and a pass under way (which may have read past it) goes round again, but none need
+    /// start for it now (it would leave that lane out).
+    pub(super) fn hog_stays_in_backlog(&mut self) {
         self.pending = true;
         self.again = true;
     }
@@ -440,7 +440,7 @@ mod tests {
         // pass does not end the backlog, it goes round again.
         let mut b = Backlog::pending();
         b.begin_page(true);
-        b.hog_rests();
+        b.hog_stays_in_backlog();
         b.end_read(true, Instant::now());
         b.page_taken(5, 1000, Some(id(5)), true, None, HORIZON);
         assert!(b.pending && b.wanted(Instant::now()));

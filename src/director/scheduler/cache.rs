@@ -30,7 +30,7 @@ pub(super) enum Phase {
     Ready,
     /// Waiting for its timer.
     Waiting { due: Instant },
-    /// Its `executing` row is being written.
+    /// The commit that begins its attempt (its `commit_log` row) is being written.
     Starting,
     /// Its attempt is in flight.
     InFlight,
@@ -303,7 +303,7 @@ impl Cache {
             return None;
         }
         let soon = now + horizon;
-        let mut held: HashMap<&Arc<str>, usize> = HashMap::new();
+        let mut cached: HashMap<&Arc<str>, usize> = HashMap::new();
         for entry in self.jobs.values() {
             let due_soon = match entry.phase {
                 Phase::Ready | Phase::Parked => true,
@@ -311,10 +311,10 @@ impl Cache {
                 _ => false,
             };
             if due_soon {
-                *held.entry(&entry.lane).or_default() += 1;
+                *cached.entry(&entry.lane).or_default() += 1;
             }
         }
-        let (lane, n) = held.into_iter().max_by_key(|(_, n)| *n)?;
+        let (lane, n) = cached.into_iter().max_by_key(|(_, n)| *n)?;
         (n > threshold).then(|| (lane.clone(), n.saturating_sub(half)))
     }
 

@@ -1,13 +1,13 @@
 //! The gates: what may hold a lane or a bucket back. Circuit breakers (an endpoint that mostly
 //! fails gets one probe at a time), request-rate limits (governor token buckets), operator
 //! controls (pauses, concurrency caps), jobs parked behind a paused bucket, and the lane timers
-//! that look at a held lane again when it may go on.
+//! that look at a gated lane again when it may go on.
 //!
 //! [`Gates::limit`] is the one answer the queues need: how many attempts a lane may have under
 //! way now, or until when it must wait.
 
 use std::cmp::Reverse;
-use std::collections::{BinaryHeap, HashMap};
+use std::collections::{BinaryHeap, HashMap, HashSet};
 use std::num::NonZeroU32;
 use std::sync::Arc;
 use std::time::Duration;
@@ -53,6 +53,9 @@ struct Rate {
     until: Option<Instant>,
 }
 
+/// Former places a paused bucket's list may hold beyond its parked jobs before it is pruned.
+pub(super) const PRUNE_AFTER: usize = 64;
+
 /// Breakers, rate limits, controls, parked jobs and lane timers.
 pub(super) struct Gates {
     /// `--endpoint-concurrency`: requests in flight per endpoint unless a control lowers it.
@@ -78,6 +81,8 @@ pub(super) struct Gates {
     parked: HashMap<Arc<str>, Vec<JobId>>,
     /// Jobs parked.
     parked_count: usize,
+    /// Ids in `parked`, former places included.
+    parked_places: usize,
 }
 
 impl Gates {
@@ -95,6 +100,7 @@ impl Gates {
             wakes: HashMap::new(),
             parked: HashMap::new(),
             parked_count: 0,
+            parked_places: 0,
         }
     }
 
@@ -262,12 +268,26 @@ impl Gates {
     /// Parks a due job of a paused bucket.
     pub(super) fn park(&mut self, bucket: Arc<str>, id: JobId) {
         self.parked_count += 1;
+        self.parked_places += 1;
         self.parked.entry(bucket).or_default().push(id);
     }
 
-    /// A parked job left its place (queued again, or gone).
-    pub(super) fn unparked(&mut self) {
+    /// A parked job left its place (queued again, or gone). Its id stays listed until a
+    /// bucket resumes, unless former places outnumber parked jobs and [`PRUNE_AFTER`]: then
+    /// the lists keep only jobs `still_parked` says are, once each (a job parked again is
+    /// listed again), so a long pause with jobs coming and going stays bounded.
+    pub(super) fn unparked(&mut self, still_parked: impl Fn(JobId) -> bool) {
         self.parked_count = self.parked_count.saturating_sub(1);
+        let former = self.parked_places.saturating_sub(self.parked_count);
+        if former > self.parked_count.max(PRUNE_AFTER) {
+            self.prune_parked(still_parked);
+        }
+    }
+
+    /// Ids in the parked lists, former places included.
+    #[cfg(test)]
+    pub(super) fn parked_places(&self) -> usize {
+        self.parked_places
     }
 
     /// Jobs parked now.
@@ -284,18 +304,24 @@ impl Gates {
             .filter(|b| !controls.bucket_paused(b))
             .cloned()
             .collect();
-        resumed
+        let ids: Vec<JobId> = resumed
             .into_iter()
             .flat_map(|b| self.parked.remove(&b).unwrap_or_default())
-            .collect()
+            .collect();
+        self.parked_places = self.parked_places.saturating_sub(ids.len());
+        ids
     }
 
-    /// Forgets ids that are no longer parked.
+    /// Forgets ids that are no longer parked, and former places of jobs parked again.
     pub(super) fn prune_parked(&mut self, still_parked: impl Fn(JobId) -> bool) {
+        let mut seen = HashSet::new();
+        let mut places = 0;
         self.parked.retain(|_, ids| {
-            ids.retain(|id| still_parked(*id));
+            ids.retain(|id| still_parked(*id) && seen.insert(*id));
+            places += ids.len();
             !ids.is_empty()
         });
+        self.parked_places = places;
     }
 
     /// Looks at the lane again at `at` (once per lane and instant).
@@ -518,6 +544,50 @@ mod tests {
         assert_eq!(gates.pop_wake(later), None);
     }
 
+    /// A job of a paused bucket that leaves its place and is parked again (postponed, then
+    /// due again; evicted and read back) is listed again: the bucket's list must not keep
+    /// every one of its former places while the pause lasts.
+    #[test]
+    fn a_paused_bucket_does_not_pile_up_former_places() {
+        let mut gates = gates_with(vec![]);
+        let mut paused = Controls::default();
+        paused.buckets.insert(
+            "x".into(),
+            crate::registry::controls::BucketControl {
+                bucket: "x".into(),
+                paused: true,
+                updated_by: "test".into(),
+                updated_at: chrono::Utc::now(),
+            },
+        );
+        gates.set_controls(Arc::new(paused));
+        let id = |n: u128| JobId(ulid::Ulid::from(n));
+        let mut parked: HashSet<JobId> = HashSet::new();
+        for n in 0..10 {
+            gates.park("x".into(), id(n));
+            parked.insert(id(n));
+        }
+        for round in 0..100_000u128 {
+            let job = id(round % 10);
+            parked.remove(&job);
+            gates.unparked(|j| parked.contains(&j));
+            gates.park("x".into(), job);
+            parked.insert(job);
+            assert_eq!(gates.parked_count(), 10);
+            assert!(
+                gates.parked_places() <= 2 * 10 + PRUNE_AFTER + 1,
+                "round {round}: {} places for 10 parked jobs",
+                gates.parked_places()
+            );
+        }
+        gates.set_controls(Arc::new(Controls::default()));
+        let mut back = gates.take_resumed();
+        back.sort();
+        back.dedup();
+        assert_eq!(back, (0..10).map(id).collect::<Vec<_>>());
+        assert_eq!(gates.parked_places(), 0);
+    }
+
     #[test]
     fn parked_jobs_come_back_when_their_bucket_resumes() {
         let mut gates = gates_with(vec![]);
@@ -539,7 +609,7 @@ mod tests {
         assert!(gates.take_resumed().is_empty());
         gates.set_controls(Arc::new(Controls::default()));
         assert_eq!(gates.take_resumed(), vec![id]);
-        gates.unparked();
+        gates.unparked(|_| false);
         assert_eq!(gates.parked_count(), 0);
     }
 }

@@ -1,11 +1,12 @@
-//! The scheduler: the Director's in-memory cache of unfinished jobs and its virtual queues,
-//! after Centrifuge's "virtual queues".
+//! The scheduler: the Director's in-memory cache of unfinished jobs and its lanes (what
+//! Centrifuge calls "virtual queues").
 //!
 //! Every unfinished job of the JobDB is cached here (or waits in the JobDB for a backlog pass
 //! to read it in); a job leaves the cache when it reaches a terminal state (or `archiving`,
-//! which the archive takes over). Before an attempt starts its `executing` row is committed
-//! (batched with the others picked at the same time), so a fenced-out Director cannot start
-//! deliveries and after a crash the attempts that were in flight are known.
+//! which the archive takes over). An attempt starts only once the commit that lists it
+//! (`commit_log`, batched with the others picked at the same time) is durable, so a fenced-out
+//! Director cannot start deliveries and after a crash the attempts that were in flight are
+//! known.
 //!
 //! The parts, each owning its state:
 //! - `cache`: the jobs, their memory (spill/reload, eviction) and retry timers;
@@ -31,7 +32,7 @@ mod operator;
 mod queues;
 mod reads;
 
-use std::collections::{BTreeSet, HashSet, VecDeque};
+use std::collections::{BTreeSet, HashMap, HashSet, VecDeque};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -55,13 +56,18 @@ use cache::{Admitted, Cache, Entry, Phase};
 use gates::{Gates, Limit};
 use queues::Queues;
 
+/// How long a command planned over jobs only in the JobDB is remembered against commits read
+/// before it (a release hands its jobs over within moments of its commit).
+const PLANNED_IN_DB_KEEP: Duration = Duration::from_secs(60);
+
 /// Something the scheduler must react to.
 #[derive(Debug)]
 pub enum Event {
     /// New jobs, durable in the JobDB.
     Accepted(Vec<Arc<Job>>),
-    /// Jobs imported from a retired JobDB, durable in this one.
-    Imported(Vec<Recovered>),
+    /// Jobs a commit hands over with a past (attempts, a due time): imports from a retired
+    /// JobDB, ordered jobs released for their turn (or to be expired), completion notices.
+    HandedOver(Vec<Recovered>),
     /// The commit that begins these jobs' attempts is durable: deliver them now.
     Started(Vec<JobId>, AttemptStart),
     /// The commit that would begin these jobs' attempts could not be written.
@@ -154,7 +160,7 @@ pub struct Scheduler {
     queues: Queues,
     gates: Gates,
     backlog: Backlog,
-    /// Ready and parked jobs by deadline: held queues (paused, breaker open, rate-limited)
+    /// Ready and parked jobs by deadline: gated queues (paused, breaker open, rate-limited)
     /// expire their jobs on time without being walked.
     queued_by_deadline: BTreeSet<(Instant, JobId)>,
     /// Attempts under way (starting or in flight), across all lanes.
@@ -179,6 +185,9 @@ pub struct Scheduler {
     commands: VecDeque<Command>,
     /// Commands applied whose transitions are on their way to the JobDB: (id, jobs changed).
     applied: Vec<(u64, u64)>,
+    /// Jobs a command changed while they were only in the JobDB, when (and their new due
+    /// time; `None`: ended): a commit read before the command's may still hand one over.
+    planned_in_db: HashMap<JobId, (Instant, Option<DateTime<Utc>>)>,
     /// Who applies commands (the Director's holder name), for their results.
     holder: Arc<str>,
     /// When the queue-depth gauges were last computed.
@@ -187,6 +196,8 @@ pub struct Scheduler {
     gauges_stale: bool,
     /// Endpoint health for `GET /v1/endpoints`, refreshed with the gauges.
     health: Arc<std::sync::Mutex<Vec<crate::rpc::api::EndpointHealth>>>,
+    /// Busy during each step of its loop: the watchdog's view of it.
+    progress: crate::director::supervise::Progress,
 }
 
 impl Scheduler {
@@ -224,11 +235,18 @@ impl Scheduler {
             expired_tx: None,
             commands: VecDeque::new(),
             applied: Vec::new(),
+            planned_in_db: HashMap::new(),
             holder: "director".into(),
             gauges_at: Instant::now(),
             gauges_stale: true,
             health: Arc::default(),
+            progress: Default::default(),
         }
+    }
+
+    /// Reports each step of its loop to `progress` (the watchdog's handle).
+    pub fn watched(&mut self, progress: crate::director::supervise::Progress) {
+        self.progress = progress;
     }
 
     /// Where the scheduler publishes its endpoints' health (once a second).
@@ -271,6 +289,30 @@ impl Scheduler {
         self.cache.gauge();
     }
 
+    /// Jobs a commit hands over (released ordered jobs, imports, notices) as the operator
+    /// commands planned over the JobDB since have left them. A command reads its targets
+    /// from the JobDB, and a release committed after that read but before the command's rows
+    /// reaches this task after the command was applied: a job the command ended must not be
+    /// tried (its end is written), and one it expedited or postponed keeps the new time.
+    fn after_commands(&mut self, jobs: Vec<Recovered>) -> Vec<Recovered> {
+        if self.planned_in_db.is_empty() {
+            return jobs;
+        }
+        if let Some(cutoff) = Instant::now().checked_sub(PLANNED_IN_DB_KEEP) {
+            self.planned_in_db.retain(|_, (at, _)| *at >= cutoff);
+        }
+        jobs.into_iter()
+            .filter_map(|mut r| match self.planned_in_db.get(&r.job.id) {
+                None => Some(r),
+                Some((_, None)) => None,
+                Some((_, Some(due))) => {
+                    r.retry_at = Some(*due);
+                    Some(r)
+                }
+            })
+            .collect()
+    }
+
     /// Runs until `shutdown`, then lets attempts in flight finish (up to the grace period) and
     /// hands their outcomes to the writer before returning.
     pub async fn run(mut self, shutdown: CancellationToken) {
@@ -279,6 +321,7 @@ impl Scheduler {
         self.pump().await;
         self.flush().await;
         self.load_backlog().await;
+        let progress = self.progress.clone();
         loop {
             let next_timer = [
                 self.cache.next_timer(),
@@ -317,6 +360,9 @@ impl Scheduler {
                     break;
                 }
             }
+            // One step: whatever woke it, handled, and what follows (starts, the writer, the
+            // backlog). A step that never ends is a stall the watchdog sees.
+            let _step = progress.step();
             if stopping_at.is_none() {
                 self.pump().await;
             }
@@ -388,7 +434,10 @@ impl Scheduler {
                 }
                 self.cache.gauge();
             }
-            Event::Imported(jobs) => self.recover(jobs),
+            Event::HandedOver(jobs) => {
+                let jobs = self.after_commands(jobs);
+                self.recover(jobs);
+            }
             Event::Started(ids, start) => self.started(ids, start),
             Event::StartFailed(ids, why) => self.start_failed(ids, why),
             Event::Reloaded(jobs, asked) => self.reloaded(jobs, asked),
@@ -432,20 +481,27 @@ impl Scheduler {
                 self.queued_by_deadline.remove(&(entry.deadline, id));
                 entry.phase = Phase::Unplaced;
                 let key = entry.lane.clone();
-                self.queues.left(&key);
+                let cache = &self.cache;
+                self.queues.left(&key, |(id, ticket)| {
+                    cache
+                        .get(&id)
+                        .is_some_and(|e| e.phase == Phase::Ready && e.ticket == ticket)
+                });
                 self.relist(&key);
             }
             Phase::Parked => {
                 self.queued_by_deadline.remove(&(entry.deadline, id));
                 entry.phase = Phase::Unplaced;
-                self.gates.unparked();
+                let cache = &self.cache;
+                self.gates
+                    .unparked(|id| cache.get(&id).is_some_and(|e| e.phase == Phase::Parked));
             }
             _ => {}
         }
     }
 
     /// Puts a lane back in the ring if its gates let it start something, or forgets an idle
-    /// lane; a lane held until an instant gets a timer for it.
+    /// lane; a lane gated until an instant gets a timer for it.
     fn relist(&mut self, key: &Arc<str>) {
         let Some(lane) = self.queues.lane(key) else {
             return;
@@ -507,8 +563,8 @@ impl Scheduler {
     fn fire_timers(&mut self) {
         let now = Instant::now();
         let wall = Utc::now();
-        // Queued jobs whose time ran out while their queue was held (paused, breaker open,
-        // rate-limited, bucket paused): a held queue is not picked from, where expiry is
+        // Queued jobs whose time ran out while their queue was gated (paused, breaker open,
+        // rate-limited, bucket paused): a gated queue is not picked from, where expiry is
         // usually noticed. Each is found through the deadline index, never by a walk.
         while let Some(&(deadline, id)) = self.queued_by_deadline.first() {
             if deadline > now {
@@ -595,7 +651,7 @@ impl Scheduler {
             // The lane is the hog already (more than half the cache ready): the job rests
             // now, where pages that leave the hog out do not read it, instead of filling the
             // rest of the cache to be evicted, one write each, as other lanes' jobs come.
-            self.backlog.hog_rests();
+            self.backlog.hog_stays_in_backlog();
             return false;
         }
         self.make_room(&entry);
@@ -641,12 +697,12 @@ impl Scheduler {
                 .is_some_and(|e| e.phase == Phase::Ready && e.ticket == ticket)
         });
         if let Some(victim) = victim {
-            self.give_way(vec![victim]);
+            self.evict(vec![victim]);
         }
     }
 
     /// Waiting jobs leave the cache to rest in the JobDB, where a later pass finds them.
-    fn give_way(&mut self, ids: Vec<JobId>) {
+    fn evict(&mut self, ids: Vec<JobId>) {
         for id in &ids {
             self.forget(*id);
         }

@@ -28,6 +28,8 @@ pub(super) struct Named {
     pub(super) attempts: u16,
     pub(super) expire_at: DateTime<Utc>,
     pub(super) standing: Standing,
+    /// When a waiting job's next attempt is due (`None`: now).
+    pub(super) due: Option<DateTime<Utc>>,
 }
 
 /// What becomes of a cached job.
@@ -55,6 +57,8 @@ pub(super) struct Plan {
     pub(super) steps: Vec<Step>,
     /// Jobs flushed: the archive takes them.
     pub(super) flushed: Vec<JobId>,
+    /// Jobs only in the JobDB the command changed, with their new due time (`None`: ended).
+    pub(super) in_db: Vec<(JobId, Option<DateTime<Utc>>)>,
     /// Rows changed the due times of jobs only in the JobDB: a backlog pass must look again.
     pub(super) due_now: bool,
     /// Jobs the command changed (its result).
@@ -92,6 +96,10 @@ pub(super) fn plan(
             Action::Expedite => continue,
             Action::Postpone => {
                 let until = command.postpone_until.unwrap_or(now);
+                // "Due later", never sooner: a job due after `until` keeps its time.
+                if job.due.is_some_and(|due| due >= until) {
+                    continue;
+                }
                 plan.rows.push(retry(id, job.attempts, now, until, command));
                 plan.steps.push(Step::Wait {
                     id,
@@ -113,26 +121,30 @@ pub(super) fn plan(
         if skip(id) {
             continue;
         }
-        let row = match command.action {
+        let (row, due) = match command.action {
             // Due now: a backlog pass reads it in.
             Action::Expedite if progress.state == State::AwaitingRetry => {
-                retry(id, progress.attempts, now, now, command)
+                (retry(id, progress.attempts, now, now, command), Some(now))
             }
             Action::Expedite => continue,
-            Action::Postpone => retry(
-                id,
-                progress.attempts,
-                now,
-                command.postpone_until.unwrap_or(now),
-                command,
-            ),
+            Action::Postpone => {
+                let until = command.postpone_until.unwrap_or(now);
+                if progress.retry_at.is_some_and(|due| due >= until) {
+                    continue;
+                }
+                (
+                    retry(id, progress.attempts, now, until, command),
+                    Some(until),
+                )
+            }
             Action::Flush => {
                 plan.flushed.push(id);
-                end(command, id, progress.attempts, now)
+                (end(command, id, progress.attempts, now), None)
             }
-            Action::Discard => end(command, id, progress.attempts, now),
+            Action::Discard => (end(command, id, progress.attempts, now), None),
         };
         plan.rows.push(row);
+        plan.in_db.push((id, due));
         plan.changed += 1;
         // Its due time changed (a postpone may bring it closer), and its new row may be newer
         // than a pass in progress can see: a pass after this one plans from the new times.
@@ -204,6 +216,7 @@ mod tests {
             attempts: 2,
             expire_at,
             standing,
+            due: None,
         }
     }
 
@@ -238,6 +251,7 @@ mod tests {
             ),
         ];
         let plan = plan(&command(Action::Expedite), &cached, targets, |_| false, now);
+        assert_eq!(plan.in_db, [(id(10), Some(now))], "due now, not ended");
         assert_eq!(
             plan.steps,
             [Step::Wait {
@@ -285,6 +299,43 @@ mod tests {
         assert!(!plan.due_now);
     }
 
+    /// Found by the history checker: a job scheduled 4 s ahead, postponed "until 1 s from
+    /// now", was sent at 1 s. A postpone makes a job due later, never sooner.
+    #[test]
+    fn postpone_never_brings_a_job_forward() {
+        let now = Utc::now();
+        let later = now + chrono::Duration::hours(1);
+        let mut cmd = command(Action::Postpone);
+        cmd.postpone_until = Some(now + chrono::Duration::seconds(1));
+        let waits_longer = Named {
+            due: Some(now + chrono::Duration::seconds(4)),
+            ..named(1, Standing::Waiting, later)
+        };
+        let waits_less = Named {
+            due: Some(now + chrono::Duration::milliseconds(500)),
+            ..named(2, Standing::Waiting, later)
+        };
+        let stored_later = Progress {
+            retry_at: Some(now + chrono::Duration::seconds(4)),
+            ..waiting_progress(0)
+        };
+        let stored_sooner = Progress {
+            retry_at: Some(now),
+            ..waiting_progress(0)
+        };
+        let plan = plan(
+            &cmd,
+            &[waits_longer, waits_less],
+            vec![(id(3), stored_later), (id(4), stored_sooner)],
+            |_| false,
+            now,
+        );
+        let moved: Vec<JobId> = plan.rows.iter().map(|t| t.job_id).collect();
+        assert_eq!(moved, [id(2), id(4)]);
+        assert_eq!(plan.changed, 2);
+        assert!(plan.rows.iter().all(|t| t.retry_at == cmd.postpone_until));
+    }
+
     #[test]
     fn discard_ends_idle_jobs_and_dooms_busy_ones() {
         let now = Utc::now();
@@ -306,6 +357,9 @@ mod tests {
         assert_eq!(plan.rows[1].attempts, 4);
         assert!(plan.flushed.is_empty());
         assert_eq!(plan.changed, 2);
+        // The job only in the JobDB is reported ended: a release read before the command
+        // must not hand it to the scheduler afterwards.
+        assert_eq!(plan.in_db, [(id(3), None)]);
     }
 
     #[test]
@@ -320,6 +374,11 @@ mod tests {
             now,
         );
         assert_eq!(plan.flushed, [id(1), id(2)]);
+        assert_eq!(
+            plan.in_db,
+            [(id(2), None)],
+            "only the JobDB's own target, ended"
+        );
         assert!(plan.rows.iter().all(|t| t.state == State::Archiving));
         assert!(plan.rows[0]
             .error_response

@@ -1,12 +1,15 @@
-//! The virtual queues: ready jobs wait in a FIFO per (endpoint, bucket); each endpoint is a
-//! *lane*, and lanes with a ready job and room to start one sit in a ring.
+//! The lanes (Centrifuge's "virtual queues"): ready jobs wait in a FIFO per (endpoint,
+//! bucket); each endpoint is a *lane*, and lanes with a ready job and room to start one sit in
+//! a ring.
 //!
 //! Picking takes one job from the lane at the head of the ring, from the lane's next bucket
 //! (round-robin), and the lane leaves the ring until it is relisted: endpoints share the
 //! Director fairly, and buckets share an endpoint fairly. A hanging endpoint only fills its
 //! own slots. A job that leaves its queue other than by being picked leaves its slot behind
 //! (a tombstone, recognised by its ticket), skipped when reached: removal from the middle is
-//! O(1).
+//! O(1). A lane that is not picked (paused, gated, down) never reaches its tombstones, so once
+//! they outnumber its live slots (and [`COMPACT_AFTER`]) its queues are swept: a lane holds at
+//! most about twice as many slots as ready jobs, at amortised O(1) per departure.
 //!
 //! This part knows nothing of jobs beyond their ids: whether a slot is still live, and how
 //! many attempts a lane may have under way, are the caller's to say.
@@ -15,6 +18,10 @@ use std::collections::{HashMap, HashSet, VecDeque};
 use std::sync::Arc;
 
 use crate::job::JobId;
+
+/// Dead slots a lane may hold beyond its live ones before its queues are swept (a small lane
+/// is not swept for every departure).
+pub(super) const COMPACT_AFTER: usize = 64;
 
 /// A queue slot: a job and the ticket it was queued with.
 pub(super) type Slot = (JobId, u32);
@@ -35,6 +42,8 @@ pub(super) struct Lane {
     pub(super) fetching: usize,
     /// Live slots in the queues (slots of jobs that left are not counted).
     pub(super) ready: usize,
+    /// Every slot in the queues, dead ones included.
+    slots: usize,
     /// A queue per bucket.
     queues: HashMap<Arc<str>, VecDeque<Slot>>,
     /// Buckets with a queue, in round-robin order.
@@ -44,6 +53,12 @@ pub(super) struct Lane {
 }
 
 impl Lane {
+    /// Slots in the lane's queues, dead ones included.
+    #[cfg(test)]
+    pub(super) fn slots(&self) -> usize {
+        self.slots
+    }
+
     /// Attempts under way that do not hold an HTTP slot yet.
     pub(super) fn pending(&self) -> usize {
         self.starting + self.started.len() + self.fetching
@@ -115,6 +130,7 @@ impl Queues {
             queue.push_back(slot);
         }
         lane.ready += 1;
+        lane.slots += 1;
     }
 
     /// Puts a picked slot back exactly where it was: the head of its bucket's queue, and that
@@ -130,6 +146,7 @@ impl Queues {
         lane.buckets.push_front(bucket.clone());
         queue.push_front(slot);
         lane.ready += 1;
+        lane.slots += 1;
     }
 
     /// Moves the slots `first` picks to the front of their buckets' queues (each queue's
@@ -156,10 +173,26 @@ impl Queues {
     }
 
     /// A live slot of the lane was abandoned (its job left the queue without being picked).
-    pub(super) fn left(&mut self, key: &str) {
-        if let Some(lane) = self.lanes.get_mut(key) {
-            lane.ready = lane.ready.saturating_sub(1);
+    /// When the lane's dead slots outnumber its live ones and [`COMPACT_AFTER`], its queues
+    /// are swept, keeping the slots `live` says still stand for a queued job, in order.
+    pub(super) fn left(&mut self, key: &str, mut live: impl FnMut(Slot) -> bool) {
+        let Some(lane) = self.lanes.get_mut(key) else {
+            return;
+        };
+        lane.ready = lane.ready.saturating_sub(1);
+        let dead = lane.slots.saturating_sub(lane.ready);
+        if dead <= lane.ready.max(COMPACT_AFTER) {
+            return;
         }
+        let mut slots = 0;
+        lane.queues.retain(|_, queue| {
+            queue.retain(|slot| live(*slot));
+            slots += queue.len();
+            !queue.is_empty()
+        });
+        let queues = &lane.queues;
+        lane.buckets.retain(|b| queues.contains_key(b));
+        lane.slots = slots;
     }
 
     /// Takes the next live slot of the head lane (its next bucket, round-robin) and unlists
@@ -181,6 +214,7 @@ impl Queues {
             };
             let mut found = None;
             while let Some(slot) = queue.pop_front() {
+                lane.slots = lane.slots.saturating_sub(1);
                 if live(slot) {
                     found = Some(slot.0);
                     break;
@@ -233,6 +267,7 @@ impl Queues {
             .filter(|lane| lane.ready > fewer.saturating_add(1))?;
         let queue = lane.queues.values_mut().max_by_key(|q| q.len())?;
         while let Some(slot) = queue.pop_back() {
+            lane.slots = lane.slots.saturating_sub(1);
             if live(slot) {
                 return Some(slot.0);
             }
@@ -358,7 +393,7 @@ mod tests {
         let mut q = Queues::default();
         fill(&mut q, "a", "x", 0, 3);
         // Job 1 left its queue: its slot stays behind, the lane counts one fewer ready.
-        q.left("a");
+        q.left("a", |(job, _)| job != id(1));
         let picked: Vec<JobId> = std::iter::from_fn(|| {
             let got = q.pick(|(job, _)| job != id(1));
             if let Some((_, lane, _)) = &got {
@@ -370,6 +405,48 @@ mod tests {
         assert_eq!(picked, [id(0), id(2)]);
         // Nothing ready, nothing pending: the lane is forgotten.
         assert!(q.lane("a").is_none());
+    }
+
+    /// A paused lane is never picked, so nothing walks its queues: jobs that leave and come
+    /// back (expedited, postponed, expired, evicted and reloaded while it is paused) each
+    /// leave a dead slot behind. They must not pile up without bound.
+    #[test]
+    fn a_paused_lane_does_not_pile_up_dead_slots() {
+        let mut q = Queues::default();
+        let mut tickets: HashMap<JobId, u32> = HashMap::new();
+        for i in 0..10 {
+            q.push(&key("a"), &key("x"), (id(i), 0), false);
+            tickets.insert(id(i), 0);
+        }
+        // Paused: relisted with no room, never picked.
+        q.relist(&key("a"), 0);
+        for round in 1..=100_000u32 {
+            let job = id(u128::from(round % 10));
+            // It leaves (its ticket moves on, so its old slot is dead) and comes back.
+            tickets.insert(job, round);
+            q.left("a", |(job, ticket)| tickets.get(&job) == Some(&ticket));
+            q.push(&key("a"), &key("x"), (job, round), false);
+            q.relist(&key("a"), 0);
+            let lane = q.lane("a").expect("lane");
+            assert_eq!(lane.ready, 10);
+            assert!(
+                lane.slots() <= 2 * lane.ready + COMPACT_AFTER + 1,
+                "round {round}: {} slots for {} ready jobs",
+                lane.slots(),
+                lane.ready
+            );
+        }
+        // Resumed: each job is picked once, from its latest slot.
+        q.relist(&key("a"), usize::MAX);
+        let mut picked = Vec::new();
+        while let Some((job, lane, _)) = q.pick(|(job, ticket)| tickets.get(&job) == Some(&ticket))
+        {
+            picked.push(job);
+            tickets.remove(&job);
+            q.relist(&lane, usize::MAX);
+        }
+        picked.sort();
+        assert_eq!(picked, (0..10).map(id).collect::<Vec<_>>());
     }
 
     #[test]
@@ -418,7 +495,7 @@ mod tests {
         // The newest of the big lane's longest queue; a dead slot on the way is dropped.
         let dead = id(5);
         assert_eq!(q.newest_of_largest(2, |(job, _)| job != dead), Some(id(4)));
-        q.left("big");
+        q.left("big", |(job, _)| job != dead && job != id(4));
         assert_eq!(q.lane("big").unwrap().ready, 7);
         assert_eq!(q.newest_of_largest(2, |_| true), Some(id(3)));
     }

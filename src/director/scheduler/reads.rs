@@ -235,7 +235,7 @@ impl Scheduler {
         let short = jobs.len().saturating_sub(self.cache.room());
         if short > 0 {
             let newest = self.cache.newest_waiting_of(lane, short);
-            self.give_way(newest);
+            self.evict(newest);
         }
         self.take_in(jobs, &left);
     }
@@ -253,7 +253,7 @@ impl Scheduler {
             return;
         };
         let command = Arc::new(command);
-        let now = Utc::now();
+        let (now, instant) = (Utc::now(), Instant::now());
         let named: Vec<operator::Named> = self
             .cache
             .iter()
@@ -267,6 +267,12 @@ impl Scheduler {
                     Phase::Ready => operator::Standing::Ready,
                     _ => operator::Standing::Busy,
                 },
+                due: match e.phase {
+                    Phase::Waiting { due } => chrono::Duration::from_std(due - instant)
+                        .ok()
+                        .and_then(|left| now.checked_add_signed(left)),
+                    _ => None,
+                },
             })
             .collect();
         let cache = &self.cache;
@@ -278,6 +284,13 @@ impl Scheduler {
             now,
         );
         self.outbox.extend(plan.rows);
+        let at = Instant::now();
+        if let Some(cutoff) = at.checked_sub(super::PLANNED_IN_DB_KEEP) {
+            self.planned_in_db
+                .retain(|_, (planned, _)| *planned >= cutoff);
+        }
+        self.planned_in_db
+            .extend(plan.in_db.into_iter().map(|(id, due)| (id, (at, due))));
         for step in plan.steps {
             match step {
                 operator::Step::Wait {

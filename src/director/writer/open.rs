@@ -157,7 +157,7 @@ mod tests {
         Fresh {
             expire_at,
             endpoint: "http://a/".into(),
-            seq: None,
+            place: None,
         }
     }
 

@@ -13,8 +13,10 @@
 //!   `spelled_sql!` and `stats_sql!`, from each engine's spelling of those words (each a
 //!   whole SQL expression or keyword, never a fragment opened here and closed elsewhere);
 //! - rows are decoded and written by functions generated for each engine's sqlx types from one
-//!   text: `engine_common!` (decoders, id lists) and `write::write_path!` (INSERT
-//!   builders, the fenced commit, what a refusal is);
+//!   text: `engine_common!` (decoders, id lists), `write::write_path!` (INSERT builders, the
+//!   fenced commit, what a refusal is), `ordering::ordering_sql!` (heads, releases, blocks)
+//!   and `notices::notices_sql!` (completion notices). These bind and run statements kept as
+//!   named constants beside them, so the SQL reads as SQL;
 //! - what only one engine has (a connection id to `KILL`, a file lock, a busy timeout) is a
 //!   function of the same name and signature in both modules, and the engine without it says
 //!   so (`Ok(0)`, or [`super::JobDbError::Unsupported`]).
@@ -225,9 +227,14 @@ macro_rules! engine_common {
                 idempotency_key: text_opt(row, "idempotency_key")?,
                 on_complete: text_opt(row, "on_complete")?.map(Into::into),
                 ordering: match text_opt(row, "ordering_key")? {
-                    Some(key) => Some($crate::job::Ordering {
+                    Some(key) => Some($crate::job::OrderedKey {
                         key: key.into(),
                         blocks: row.try_get("ordering_blocks")?,
+                        // Jobs of schema 8 have none: their id was their position.
+                        position: match row.try_get::<Option<Vec<u8>>, _>("ordering_position")? {
+                            Some(_) => ulid_of(row, "ordering_position")?,
+                            None => id.0,
+                        },
                     }),
                     None => None,
                 },
@@ -239,8 +246,9 @@ macro_rules! engine_common {
             row: &$row,
         ) -> Result<(u64, $crate::job::Transition), $crate::jobdb::JobDbError> {
             use sqlx::Row as _;
-            let encoding = text_opt(row, "error_response_encoding")?;
             let error_response: Option<Vec<u8>> = row.try_get("error_response")?;
+            // The bytes decide, not the tag: an operator's SQL may have written either.
+            let encoding = error_response.as_deref().map($crate::job::stored_encoding);
             Ok((
                 row.try_get("id")?,
                 $crate::job::Transition {
@@ -251,11 +259,7 @@ macro_rules! engine_common {
                     retry_at: time_opt(row, "retry_at")?,
                     error_type: text_opt(row, "error_type")?,
                     error_response: error_response.map(bytes::Bytes::from),
-                    error_response_encoding: match encoding.as_deref() {
-                        Some("utf-8") => Some("utf-8"),
-                        Some(_) => Some("binary"),
-                        None => None,
-                    },
+                    error_response_encoding: encoding,
                     response_status: row.try_get("response_status")?,
                     duration_ms: row.try_get("duration_ms")?,
                     started: started_of(row)?,
@@ -483,7 +487,8 @@ macro_rules! spelled_sql {
         /// its first blocker.
         pub const INSERT_ORDERING_BLOCKED: &str = concat!(
             $ignore,
-            " INTO ordering_blocked (seq, job_id, state, blocked_at) "
+            " INTO ordering_blocked (seq, job_id, state, blocked_at, bucket, endpoint, \
+             ordering_key) "
         );
         /// Origins of imported jobs; a repeat is ignored.
         pub const INSERT_ORIGINS: &str =
@@ -504,8 +509,8 @@ macro_rules! spelled_sql {
             "SELECT id, bucket, endpoint, method, '{}' AS headers, ",
             $empty_blob,
             " AS payload, execution_timeout_ms, backoff_min_delay_ms, backoff_coefficient, \
-             created_at, expire_at, idempotency_key, on_complete, ordering_key, ordering_blocks \
-             FROM jobs WHERE id IN ("
+             created_at, expire_at, idempotency_key, on_complete, ordering_key, ordering_blocks, \
+             ordering_position FROM jobs WHERE id IN ("
         );
         /// Job summaries (no payload, its size).
         pub const SELECT_JOB_SUMMARIES: &str = concat!(
@@ -513,7 +518,7 @@ macro_rules! spelled_sql {
             $empty_blob,
             " AS payload, execution_timeout_ms, backoff_min_delay_ms, backoff_coefficient, \
              created_at, expire_at, idempotency_key, on_complete, ordering_key, ordering_blocks, \
-             CAST(LENGTH(payload) AS ",
+             ordering_position, CAST(LENGTH(payload) AS ",
             $int,
             ") AS payload_bytes FROM jobs WHERE id IN ("
         );
@@ -540,7 +545,7 @@ macro_rules! spelled_sql {
             "SELECT j.id, j.bucket, j.endpoint, j.method, j.headers, j.payload, \
              j.execution_timeout_ms, j.backoff_min_delay_ms, j.backoff_coefficient, \
              j.created_at, j.expire_at, j.idempotency_key, j.on_complete, j.ordering_key, \
-             j.ordering_blocks, t.state \
+             j.ordering_blocks, j.ordering_position, t.state \
              FROM jobs j JOIN job_state_transitions t ON t.job_id = j.id \
              WHERE j.id > ? \
                AND t.id = (SELECT MAX(l.id) FROM job_state_transitions l WHERE l.job_id = j.id) \

@@ -17,6 +17,8 @@ use crate::jobdb::{JobDbError, JobDbUrl};
 
 super::engine_common!(sqlx::MySql, sqlx::mysql::MySqlRow);
 crate::jobdb::write::write_path!(sqlx::MySql);
+crate::jobdb::ordering::ordering_sql!(sqlx::MySql);
+crate::jobdb::notices::notices_sql!(sqlx::MySql);
 
 /// This engine's schema migrations (`migrations/`), embedded at build time.
 pub static MIGRATOR: sqlx::migrate::Migrator = sqlx::migrate!("./migrations");
@@ -35,12 +37,26 @@ pub(crate) fn server_options(url: &str) -> Result<MySqlConnectOptions, JobDbErro
 pub(crate) async fn connect(
     url: &JobDbUrl,
     max_connections: u32,
+    lock_wait: Option<Duration>,
 ) -> Result<(MySqlPool, usize), JobDbError> {
-    let pool = MySqlPoolOptions::new()
+    let mut options = MySqlPoolOptions::new()
         .max_connections(max_connections)
-        .acquire_timeout(Duration::from_secs(10))
-        .connect_with(url.mysql_options()?)
-        .await?;
+        .acquire_timeout(Duration::from_secs(10));
+    if let Some(wait) = lock_wait {
+        // Whole seconds (the server takes no fractions), at least one.
+        let seconds = wait.as_secs().max(1);
+        options = options.after_connect(move |conn, _| {
+            Box::pin(async move {
+                sqlx::query("SET SESSION lock_wait_timeout = ?, innodb_lock_wait_timeout = ?")
+                    .bind(seconds)
+                    .bind(seconds)
+                    .execute(conn)
+                    .await
+                    .map(drop)
+            })
+        });
+    }
+    let pool = options.connect_with(url.mysql_options()?).await?;
     let packet: u64 = sqlx::query_scalar("SELECT @@max_allowed_packet")
         .fetch_one(&pool)
         .await?;
@@ -222,6 +238,44 @@ pub(crate) async fn takeover_connection(
     Ok(conn)
 }
 
+/// Makes sure the server is done with a connection whose COMMIT got no answer in time
+/// (closed on our side): ends it (`KILL CONNECTION`; a connection already gone is fine) and
+/// waits until the server no longer lists it. Only then can a read tell whether the COMMIT
+/// happened: a thread the server still runs may commit later.
+pub(crate) async fn end_connection(pool: &MySqlPool, id: u64) -> Result<(), JobDbError> {
+    // A server-given thread id (an integer), not input: KILL takes no placeholder.
+    match sqlx::raw_sql(&format!("KILL CONNECTION {id}"))
+        .execute(pool)
+        .await
+    {
+        Ok(_) => {}
+        // ER_NO_SUCH_THREAD: it ended already.
+        Err(sqlx::Error::Database(e))
+            if e.try_downcast_ref::<sqlx::mysql::MySqlDatabaseError>()
+                .is_some_and(|e| e.number() == 1094) => {}
+        Err(e) => return Err(e.into()),
+    }
+    let mut pause = Duration::from_millis(10);
+    loop {
+        let listed: i64 =
+            sqlx::query_scalar("SELECT COUNT(*) FROM information_schema.PROCESSLIST WHERE ID = ?")
+                .bind(id)
+                .fetch_one(pool)
+                .await?;
+        if listed == 0 {
+            return Ok(());
+        }
+        tokio::time::sleep(pause).await;
+        pause = (pause * 2).min(Duration::from_millis(500));
+    }
+}
+
+/// A connection whose COMMIT got no answer in time, closed: what [`end_connection`] needs.
+pub(crate) fn stalled(conn: MySqlConnection, id: u64) -> crate::jobdb::write::Stalled {
+    drop(conn);
+    crate::jobdb::write::Stalled::MySql(id)
+}
+
 /// Whether an error is a row-lock wait that timed out: a previous owner still holds the row.
 pub(crate) fn is_lock_wait(e: &dyn sqlx::error::DatabaseError) -> bool {
     e.code().as_deref() == Some("HY000") && e.message().contains("Lock wait timeout")
@@ -232,15 +286,20 @@ pub fn installed_on(row: &DbRow, column: &str) -> Result<Option<DateTime<Utc>>, 
     Ok(row.try_get(column)?)
 }
 
-/// The fence check: a shared lock on the owner row, so a takeover waits for this commit.
+/// The fence check: a shared lock on the owner row, so a takeover waits for this commit; with
+/// the connection's id, by which a COMMIT that gets no answer is ended ([`end_connection`]).
 pub const FENCE_CHECK: &str =
-    "SELECT fencing_token FROM jobdb_owner WHERE id = 1 LOCK IN SHARE MODE";
+    "SELECT fencing_token, CAST(CONNECTION_ID() AS UNSIGNED) FROM jobdb_owner WHERE id = 1 \
+     LOCK IN SHARE MODE";
 
-/// Replaces an existing `open_jobs` row (MariaDB and MySQL both take `VALUES()`).
+/// Replaces an existing `open_jobs` row (MariaDB and MySQL both take `VALUES()`); an entry
+/// that moves to `archiving` leaves its sequence (its turn is over).
 pub const UPSERT_OPEN_JOBS: &str = " ON DUPLICATE KEY UPDATE \
      transition_id = VALUES(transition_id), state = VALUES(state), \
      attempts = VALUES(attempts), retry_at = VALUES(retry_at), \
-     expire_at = COALESCE(VALUES(expire_at), expire_at)";
+     expire_at = COALESCE(VALUES(expire_at), expire_at), \
+     seq = IF(VALUES(state) = 'archiving', NULL, seq), \
+     held = IF(VALUES(state) = 'archiving', 0, held)";
 
 /// MySQL error numbers that refuse the data itself: out of range, bad value, too long,
 /// NULL where not allowed, packet or row too large, truncated, duplicate or constraint.

@@ -24,6 +24,8 @@ use crate::jobdb::{JobDbError, JobDbUrl};
 
 super::engine_common!(sqlx::Sqlite, sqlx::sqlite::SqliteRow);
 crate::jobdb::write::write_path!(sqlx::Sqlite);
+crate::jobdb::ordering::ordering_sql!(sqlx::Sqlite);
+crate::jobdb::notices::notices_sql!(sqlx::Sqlite);
 
 /// This engine's schema migrations (`migrations/sqlite/`: the same versions as MySQL's, in
 /// SQLite's types), embedded at build time.
@@ -74,11 +76,16 @@ fn options(url: &JobDbUrl, create: bool) -> Result<SqliteConnectOptions, JobDbEr
 pub(crate) async fn connect(
     url: &JobDbUrl,
     max_connections: u32,
+    lock_wait: Option<Duration>,
 ) -> Result<(SqlitePool, usize), JobDbError> {
+    let mut options = options(url, false)?;
+    if let Some(wait) = lock_wait {
+        options = options.busy_timeout(wait.max(Duration::from_millis(1)));
+    }
     let pool = SqlitePoolOptions::new()
         .max_connections(max_connections)
         .acquire_timeout(Duration::from_secs(10))
-        .connect_with(options(url, false)?)
+        .connect_with(options)
         .await?;
     Ok((pool, MAX_PACKET))
 }
@@ -231,6 +238,12 @@ pub(crate) async fn takeover_connection(
         .await?)
 }
 
+/// A connection whose COMMIT got no answer in time: kept, so that closing it
+/// ([`crate::jobdb::JobDb::settle`]) waits for the COMMIT its worker thread is still running.
+pub(crate) fn stalled(conn: SqliteConnection, _id: u64) -> crate::jobdb::write::Stalled {
+    crate::jobdb::write::Stalled::Sqlite(conn)
+}
+
 /// Whether an error is the busy timeout running out: another writer still holds the lock.
 pub(crate) fn is_lock_wait(e: &dyn sqlx::error::DatabaseError) -> bool {
     e.message().contains("locked")
@@ -243,13 +256,16 @@ pub fn installed_on(row: &DbRow, column: &str) -> Result<Option<DateTime<Utc>>, 
 
 /// The fence check. SQLite has one writer at a time: by this statement the transaction
 /// holds the write lock (its first INSERT took it), so a takeover waits for the commit.
-pub const FENCE_CHECK: &str = "SELECT fencing_token FROM jobdb_owner WHERE id = 1";
+/// SQLite has no connection ids (0 stands in).
+pub const FENCE_CHECK: &str = "SELECT fencing_token, 0 AS connection FROM jobdb_owner WHERE id = 1";
 
 /// Replaces an existing `open_jobs` row.
 pub const UPSERT_OPEN_JOBS: &str = " ON CONFLICT (job_id) DO UPDATE SET \
      transition_id = excluded.transition_id, state = excluded.state, \
      attempts = excluded.attempts, retry_at = excluded.retry_at, \
-     expire_at = COALESCE(excluded.expire_at, open_jobs.expire_at)";
+     expire_at = COALESCE(excluded.expire_at, open_jobs.expire_at), \
+     seq = CASE WHEN excluded.state = 'archiving' THEN NULL ELSE open_jobs.seq END, \
+     held = CASE WHEN excluded.state = 'archiving' THEN 0 ELSE open_jobs.held END";
 
 /// SQLite result codes that refuse the data itself: too big, constraint, type mismatch,
 /// parameter out of range (the primary code is the low byte of an extended one).

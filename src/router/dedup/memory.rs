@@ -34,7 +34,7 @@ use std::sync::{Arc, Mutex, MutexGuard, OnceLock, Weak};
 
 use chrono::Utc;
 
-use super::{DedupError, DedupKey, Found, Mode};
+use super::{DedupError, DedupKey, Found, Mode, Op, Timing};
 use crate::job::JobId;
 
 /// Locks per store. Keys spread evenly (they are hashes), so a small batch takes few locks.
@@ -42,30 +42,6 @@ pub const LOCK_SHARDS: usize = 64;
 
 /// Most time between two sweeps of expired slots, in ms.
 pub const SWEEP_EVERY_MS: i64 = 1_000;
-
-/// One claim sent to a store: the key, its owner, its own slot and the slots it checks.
-pub(super) struct Op {
-    /// The key.
-    pub key: DedupKey,
-    /// The owner's 16 bytes.
-    pub owner: [u8; 16],
-    /// The claim's own slot.
-    pub slot: i64,
-    /// First slot checked.
-    pub first: i64,
-    /// Last slot checked.
-    pub last: i64,
-}
-
-/// The timing of one batch of claims (the claim script's arguments).
-pub(super) struct Timing {
-    /// How long a pending claim holds its key, in ms.
-    pub pending_ttl_ms: i64,
-    /// The slot length, in ms.
-    pub slot_ms: i64,
-    /// How long a slot is kept after its end, in ms.
-    pub keep_ms: i64,
-}
 
 /// One stored claim, as [`MemoryStore::entry`] shows it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

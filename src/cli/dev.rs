@@ -141,6 +141,9 @@ pub fn commands(args: &DevArgs, data: &Path, registry: &str) -> Vec<Vec<String>>
         .collect()
 }
 
+/// How long the front (router, demo) may take to stop before the parts behind it stop anyway.
+const FRONT_DRAIN: Duration = Duration::from_secs(15);
+
 /// Runs everything until Ctrl-C (or `--exit-after-s`).
 pub async fn run(args: DevArgs, stop: CancellationToken) -> anyhow::Result<()> {
     let started = Instant::now();
@@ -160,14 +163,23 @@ pub async fn run(args: DevArgs, stop: CancellationToken) -> anyhow::Result<()> {
     let registry_url = registry.url();
     readopt_jobdbs(&data, &registry_url).await?;
 
+    // The front (router, demo) stops before the parts behind it, so a request it is still
+    // forwarding finds its Director alive and the producer hears how it ended.
+    let front = CancellationToken::new();
+    let back = CancellationToken::new();
+    let mut front_running = 1 + usize::from(args.demo);
     let mut tasks = tokio::task::JoinSet::new();
     let lines = commands(&args, &data, &registry_url);
     for line in &lines {
         let cli = Cli::try_parse_from(std::iter::once("spindle".to_owned()).chain(line.clone()))
             .with_context(|| format!("spindle {}", line.join(" ")))?;
         let name = line[0].clone();
-        let stop = stop.clone();
-        tasks.spawn(async move { (name, run_service(cli.command, stop).await) });
+        let part_stop = if name == "router" {
+            front.clone()
+        } else {
+            back.clone()
+        };
+        tasks.spawn(async move { (name, run_service(cli.command, part_stop).await) });
     }
     println!("spindle dev: data in {}", data.display());
     println!("  producers' API (router):  http://{}/v1/jobs", args.listen);
@@ -186,7 +198,7 @@ pub async fn run(args: DevArgs, stop: CancellationToken) -> anyhow::Result<()> {
     }
 
     if args.demo {
-        let demo_stop = stop.clone();
+        let demo_stop = front.clone();
         let api = format!("http://{}", args.listen);
         let director = format!("http://{}", args.director_listen);
         let rate = args.demo_rate.max(1);
@@ -204,14 +216,36 @@ pub async fn run(args: DevArgs, stop: CancellationToken) -> anyhow::Result<()> {
     }
 
     let mut failure = None;
-    while let Some(done) = tasks.join_next().await {
+    let back_deadline = tokio::time::sleep(Duration::MAX);
+    tokio::pin!(back_deadline);
+    loop {
+        let done = tokio::select! {
+            done = tasks.join_next() => done,
+            () = stop.cancelled(), if !front.is_cancelled() => {
+                front.cancel();
+                back_deadline.as_mut().reset(tokio::time::Instant::now() + FRONT_DRAIN);
+                continue;
+            }
+            () = &mut back_deadline, if !back.is_cancelled() => {
+                tracing::warn!("spindle dev: the router is still draining; stopping the rest");
+                back.cancel();
+                continue;
+            }
+        };
+        let Some(done) = done else { break };
         let (name, ended) = done.context("a part of spindle dev panicked")?;
         if let Err(e) = ended {
             tracing::error!(part = %name, error = format!("{e:#}"), "spindle dev part failed");
-            failure.get_or_insert(e.context(name));
+            failure.get_or_insert(e.context(name.clone()));
+        }
+        if name == "router" || name == "demo" {
+            front_running = front_running.saturating_sub(1);
         }
         // One part ending ends them all: a half-running system would only confuse.
         stop.cancel();
+        if front_running == 0 {
+            back.cancel();
+        }
     }
     registry.stop().await;
     match failure {
@@ -263,7 +297,7 @@ async fn demo(
     stop: CancellationToken,
 ) -> anyhow::Result<()> {
     use spindle_client::{Client, NewJob};
-    let sink = crate::sink::Sink::start("127.0.0.1:0".parse()?).await?;
+    let sink = crate::cli::sink::Sink::start("127.0.0.1:0".parse()?).await?;
     let client = Client::new(&api, None)?;
     let director = Client::new(&director, None)?;
     // Start producing once the Director serves a JobDB (the router finds it in the catalog

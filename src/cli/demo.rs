@@ -10,10 +10,10 @@ use clap::Args;
 use serde_json::json;
 use spindle_client::NewJob;
 
+use crate::cli::sink::Sink;
 use crate::director::{self, DirectorConfig};
 use crate::job::State;
 use crate::jobdb::{self, JobDb, JobDbUrl};
-use crate::sink::Sink;
 
 /// Options of `spindle demo`.
 #[derive(Debug, Args)]
@@ -25,6 +25,7 @@ pub struct DemoArgs {
     #[arg(
         long,
         env = "SPINDLE_DEMO_JOBDB",
+        hide_env_values = true,
         default_value = "mysql://root@127.0.0.1:3306/spindle_demo"
     )]
     pub jobdb: crate::secret::SecretUrl,

@@ -1,5 +1,8 @@
-//! Archiving jobs of a JobDB to S3, shared by the Director (its own expired jobs) and the
-//! drainer (expired jobs and the histories of moved ones).
+//! The archiver: moving jobs of an owned JobDB into the archive, exactly once, as a service
+//! above the store and the archive. The Director archives its own expired jobs with it, the
+//! drainer the expired jobs and the histories of moved ones of a JobDB it drains; each says
+//! where the `archived` rows go ([`Recorder`]: a drainer commits them itself, [`Direct`]; a
+//! Director sends them through its writer).
 //!
 //! Exactly once, across crashes: a batch is planned in the JobDB first (fenced: only the
 //! owner plans; a job joins at most one batch of a kind), then uploaded under a key derived
@@ -8,19 +11,18 @@
 //! key again; a job is never in two objects and never `archived` without a confirmed object.
 
 use std::collections::HashMap;
+use std::future::Future;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
 use chrono::Utc;
-use tokio::sync::{mpsc, oneshot};
 use tokio_util::sync::CancellationToken;
 use ulid::Ulid;
 
-use super::{Archive, ArchiveError, ArchivedJob};
+use crate::archive::{Archive, ArchiveError, ArchivedJob, BatchKind, Manifest};
 use crate::job::{JobId, State, Transition};
-use crate::jobdb::lifecycle::{BatchKind, PlannedBatch};
-use crate::jobdb::write::WriteOp;
+use crate::jobdb::lifecycle::PlannedBatch;
 use crate::jobdb::{JobDb, JobDbError};
 use crate::metrics::Metrics;
 
@@ -36,23 +38,54 @@ pub enum ArchiverError {
     /// Asked to stop before the work was done (the plan stays for the next owner).
     #[error("stopped before the archive was confirmed")]
     Stopped,
-    /// The Director's writer is gone.
+    /// The writer that records the rows (a Director's) is gone.
     #[error("the director's writer is gone")]
     WriterGone,
 }
 
-/// Where the `archived` rows go.
-#[derive(Clone, Debug)]
-pub enum Recorder {
-    /// Through the Director's writer (it numbers rows).
-    Writer(mpsc::Sender<WriteOp>),
-    /// Committed directly by a drainer, numbered from this counter.
-    Direct(Arc<AtomicU64>),
+/// Where the `archived` rows of a confirmed batch go: whoever owns the JobDB's row numbering
+/// writes them.
+pub trait Recorder: Send + Sync {
+    /// Confirms `batch` (its data object's SHA-256 is `sha256`) in `db`, fenced by `token`,
+    /// and records `rows` (the `archived` rows of its expired jobs; none for a history
+    /// batch). Returns once both are durable.
+    fn confirm(
+        &self,
+        db: &JobDb,
+        token: u64,
+        batch: Ulid,
+        sha256: &str,
+        rows: Vec<Transition>,
+    ) -> impl Future<Output = Result<(), ArchiverError>> + Send;
 }
 
-/// Archives jobs of one owned JobDB.
+/// Rows committed directly with the confirmation, numbered from this counter: a drainer's,
+/// which owns the numbering of the JobDB it drains.
+#[derive(Clone, Debug)]
+pub struct Direct(pub Arc<AtomicU64>);
+
+impl Recorder for Direct {
+    async fn confirm(
+        &self,
+        db: &JobDb,
+        token: u64,
+        batch: Ulid,
+        sha256: &str,
+        rows: Vec<Transition>,
+    ) -> Result<(), ArchiverError> {
+        let numbered: Vec<(u64, Transition)> = rows
+            .into_iter()
+            .map(|t| (self.0.fetch_add(1, Ordering::SeqCst), t))
+            .collect();
+        db.confirm_archive_batch(token, batch, sha256, &numbered)
+            .await?;
+        Ok(())
+    }
+}
+
+/// Archives jobs of one owned JobDB, recording their `archived` rows with `R`.
 #[derive(Clone)]
-pub struct Archiver {
+pub struct Archiver<R> {
     /// The JobDB.
     pub db: JobDb,
     /// Our fencing token.
@@ -60,12 +93,12 @@ pub struct Archiver {
     /// The S3 archive.
     pub archive: Archive,
     /// Where `archived` rows go.
-    pub recorder: Recorder,
+    pub recorder: R,
     /// Counters.
     pub metrics: Arc<Metrics>,
 }
 
-impl Archiver {
+impl<R: Recorder> Archiver<R> {
     /// Archives `ids` (jobs in `archiving`, or moved jobs for [`BatchKind::History`]): plans the
     /// batches they are not yet in, finishes every batch they are in. Returns the number of
     /// jobs archived by this call; S3 failures are retried until `stop`.
@@ -148,36 +181,9 @@ impl Archiver {
             .iter()
             .map(|(id, attempts)| Transition::archived(*id, *attempts, now))
             .collect();
-        match &self.recorder {
-            Recorder::Direct(next_id) => {
-                let numbered: Vec<(u64, Transition)> = rows
-                    .into_iter()
-                    .map(|t| (next_id.fetch_add(1, Ordering::SeqCst), t))
-                    .collect();
-                self.db
-                    .confirm_archive_batch(self.token, batch.batch, &manifest.sha256, &numbered)
-                    .await?;
-            }
-            Recorder::Writer(writer) => {
-                self.db
-                    .confirm_archive_batch(self.token, batch.batch, &manifest.sha256, &[])
-                    .await?;
-                if !rows.is_empty() {
-                    let (done, committed) = oneshot::channel();
-                    writer
-                        .send(WriteOp::Transitions {
-                            rows,
-                            done: Some(done),
-                        })
-                        .await
-                        .map_err(|_| ArchiverError::WriterGone)?;
-                    match committed.await {
-                        Ok(Ok(())) => {}
-                        _ => return Err(ArchiverError::WriterGone),
-                    }
-                }
-            }
-        }
+        self.recorder
+            .confirm(&self.db, self.token, batch.batch, &manifest.sha256, rows)
+            .await?;
         self.metrics.jobs_archived.inc_by(pending.len() as u64);
         tracing::info!(
             jobdb = self.db.name(),
@@ -199,7 +205,7 @@ impl Archiver {
         batch: &PlannedBatch,
         records: &[ArchivedJob],
         stop: &CancellationToken,
-    ) -> Result<super::Manifest, ArchiverError> {
+    ) -> Result<Manifest, ArchiverError> {
         let mut pause = Duration::from_millis(200);
         loop {
             match self
@@ -227,61 +233,5 @@ fn log_failure(e: &ArchiveError, batch: Ulid, pause: Duration) {
         tracing::warn!(error = %e, %batch, retry_in_ms = pause.as_millis() as u64, "archive upload failed; retrying");
     } else {
         tracing::error!(error = %e, %batch, retry_in_ms = pause.as_millis() as u64, "archive upload refused; retrying (check the archive configuration)");
-    }
-}
-
-/// The Director's archiving task: receives ids of jobs it moved to `archiving`, waits until
-/// those rows are durable, and archives them in batches, until `stop`.
-pub async fn run_for_director(
-    archiver: Archiver,
-    mut expired: mpsc::UnboundedReceiver<Vec<JobId>>,
-    mut pending: Vec<JobId>,
-    stop: CancellationToken,
-) {
-    let tick = Duration::from_millis(500);
-    let mut open = true;
-    loop {
-        if !pending.is_empty() {
-            match archiver.db.latest_of(&pending).await {
-                Ok(latest) => {
-                    let ready: Vec<JobId> = pending
-                        .iter()
-                        .filter(|id| latest.get(id).is_some_and(|t| t.state == State::Archiving))
-                        .copied()
-                        .collect();
-                    // Rows not yet committed stay pending; archived ones are done.
-                    pending.retain(|id| {
-                        latest
-                            .get(id)
-                            .is_none_or(|t| !t.state.is_terminal() && t.state != State::Archiving)
-                    });
-                    for chunk in ready.chunks(MAX_BATCH_JOBS) {
-                        match archiver.archive(BatchKind::Expired, chunk, &stop).await {
-                            Ok(_) => {}
-                            Err(ArchiverError::Stopped) => return,
-                            Err(e) => {
-                                tracing::warn!(error = %e, "archiving expired jobs failed; trying again");
-                                pending.extend_from_slice(chunk);
-                            }
-                        }
-                    }
-                }
-                Err(e) => tracing::warn!(error = %e, "reading expired jobs failed; trying again"),
-            }
-        }
-        if !open && pending.is_empty() {
-            return;
-        }
-        tokio::select! {
-            _ = stop.cancelled() => return,
-            more = expired.recv(), if open => match more {
-                Some(ids) => pending.extend(ids),
-                None => open = false,
-            },
-            _ = tokio::time::sleep(tick), if !pending.is_empty() || !open => {}
-        }
-        while let Ok(ids) = expired.try_recv() {
-            pending.extend(ids);
-        }
     }
 }

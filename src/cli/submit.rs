@@ -41,7 +41,12 @@ is invalid (nothing is sent), a request fails, or any job was not stored.";
 #[command(after_long_help = EXAMPLES)]
 pub struct SubmitArgs {
     /// The RPC API: a Director (`spindle director`) or a router (`spindle router`).
-    #[arg(long, env = "SPINDLE_API", default_value = "http://127.0.0.1:8080")]
+    #[arg(
+        long,
+        env = "SPINDLE_API",
+        hide_env_values = true,
+        default_value = "http://127.0.0.1:8080"
+    )]
     pub url: String,
     /// An API token (bucket scope for the jobs' buckets, or admin), when the API has
     /// `--tokens`.

@@ -198,7 +198,7 @@ pub fn new_job(original: &Job, ttl_ms: Option<u64>) -> NewJob {
         ordering_failure: original
             .ordering
             .as_ref()
-            .map(crate::job::Ordering::failure),
+            .map(crate::job::OrderedKey::failure),
         ttl_ms,
         ..NewJob::new(&*original.bucket, &*original.endpoint)
     }

@@ -24,9 +24,10 @@ use anyhow::Context;
 use clap::Args;
 use serde_json::json;
 
+use crate::cli::sink::Sink;
 use crate::job::State;
+use crate::jobdb::stats::ServerWrites;
 use crate::jobdb::JobDb;
-use crate::sink::Sink;
 use procs::Measured;
 use topology::Topology;
 
@@ -37,6 +38,7 @@ pub struct BenchArgs {
     #[arg(
         long,
         env = "SPINDLE_BENCH_MYSQL",
+        hide_env_values = true,
         default_value = "mysql://root@127.0.0.1:3306"
     )]
     pub mysql: crate::secret::SecretUrl,
@@ -128,6 +130,43 @@ pub struct BenchReport {
     pub cpu_ms_per_1000_jobs: BTreeMap<String, f64>,
     /// CPU µs per delivered job of spindle's parts: routers, Redis, Directors and MariaDB.
     pub spindle_cpu_us_per_job: f64,
+    /// What the MySQL server wrote while the measured jobs went (server-wide counters, so
+    /// only meaningful on a server nothing else writes to).
+    pub mariadb_writes: Option<WriteCost>,
+}
+
+/// What the measured jobs cost the MySQL server's disk: the figures that map a run to other
+/// hardware (a disk with a slower fsync lowers commits per second; jobs per commit say how
+/// many jobs share each).
+#[derive(Debug, serde::Serialize)]
+pub struct WriteCost {
+    /// Jobs per `COMMIT` statement.
+    pub jobs_per_commit: f64,
+    /// `COMMIT` statements per second.
+    pub commits_per_sec: f64,
+    /// InnoDB fsyncs per second (redo log included).
+    pub fsyncs_per_sec: f64,
+    /// Rows inserted, updated or deleted per job.
+    pub rows_per_job: f64,
+    /// Bytes written to InnoDB's data files per job.
+    pub data_bytes_per_job: f64,
+    /// Bytes written to the redo log per job.
+    pub log_bytes_per_job: f64,
+}
+
+impl WriteCost {
+    fn of(writes: &ServerWrites, jobs: usize, seconds: f64) -> WriteCost {
+        let jobs = jobs.max(1) as f64;
+        let seconds = seconds.max(f64::MIN_POSITIVE);
+        WriteCost {
+            jobs_per_commit: jobs / writes.commits.max(1) as f64,
+            commits_per_sec: writes.commits as f64 / seconds,
+            fsyncs_per_sec: writes.fsyncs as f64 / seconds,
+            rows_per_job: writes.rows as f64 / jobs,
+            data_bytes_per_job: writes.data_bytes as f64 / jobs,
+            log_bytes_per_job: writes.log_bytes as f64 / jobs,
+        }
+    }
 }
 
 /// Runs the benchmark and prints its report.
@@ -206,6 +245,17 @@ fn print(report: &BenchReport) -> anyhow::Result<()> {
         "spindle cpu     {:.1} µs per job (routers, Redis, Directors, MariaDB)",
         report.spindle_cpu_us_per_job
     );
+    if let Some(w) = &report.mariadb_writes {
+        println!(
+            "mariadb writes  {:.1} jobs per commit, {:.0} commits/s, {:.0} fsyncs/s; per job {:.1} rows, {:.0} B data, {:.0} B redo",
+            w.jobs_per_commit,
+            w.commits_per_sec,
+            w.fsyncs_per_sec,
+            w.rows_per_job,
+            w.data_bytes_per_job,
+            w.log_bytes_per_job
+        );
+    }
     println!("{}", serde_json::to_string(report)?);
     Ok(())
 }
@@ -368,6 +418,16 @@ async fn measure(
         args.jobs,
         json!({}),
     );
+    // Readers of the JobDBs: the server's write counters (read before and after, not per
+    // job), and the count of outcomes once the endpoint has them all.
+    let mut dbs = Vec::new();
+    for url in &topology.jobdbs {
+        dbs.push(JobDb::open(url, false, 1).await?);
+    }
+    let writes_before = match dbs.first() {
+        Some(db) => db.server_writes().await?,
+        None => None,
+    };
     let started = Instant::now();
     let mut latencies = produce(args, &topology.targets, work).await?;
     let accepted_in = started.elapsed();
@@ -375,10 +435,6 @@ async fn measure(
     // The endpoint's count is free to read; the JobDBs are asked once it is reached (a
     // count of outcome rows scans a table, which would load the database being measured).
     let deadline = Instant::now() + Duration::from_secs(600);
-    let mut dbs = Vec::new();
-    for url in &topology.jobdbs {
-        dbs.push(JobDb::open(url, false, 1).await?);
-    }
     loop {
         if sink.ok_total() as usize >= args.jobs {
             let mut succeeded = 0;
@@ -402,6 +458,16 @@ async fn measure(
     let delivered_in = started.elapsed();
     for m in &mut measured {
         m.sample();
+    }
+    let mut mariadb_writes = None;
+    if let (Some(before), Some(db)) = (writes_before, dbs.first()) {
+        if let Some(after) = db.server_writes().await? {
+            mariadb_writes = Some(WriteCost::of(
+                &after.since(&before),
+                args.jobs,
+                delivered_in.as_secs_f64(),
+            ));
+        }
     }
     if args.backlog > 0 {
         // What the backlog cost the cache: jobs evicted, rested and read back.
@@ -451,6 +517,7 @@ async fn measure(
         endpoint_requests: sink.ok_total(),
         cpu_ms_per_1000_jobs: cpu.iter().map(|(c, s)| (c.clone(), per_1000(*s))).collect(),
         spindle_cpu_us_per_job: spindle_seconds * 1e6 / args.jobs as f64,
+        mariadb_writes,
     })
 }
 

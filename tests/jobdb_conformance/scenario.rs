@@ -1,90 +1,62 @@
-//! The JobDB store's conformance suite: every store operation, run against both engines
-//! (`NAME::mysql` on the machine's MariaDB, `NAME::sqlite` on a file), with the same
-//! expectations; and one test that runs the whole scenario on both and requires the two
-//! transcripts to be equal, so an engine cannot drift even where a check is loose.
-
-mod common;
+//! The whole store in one scenario: every operation, written and read back through every
+//! read (appends and counts, reads of jobs and histories, what a new owner loads and the
+//! backlog's pages, operator commands, imports and planned moves, archive batches, replay's
+//! reader, the dashboard's reads, a reader and the purge), and schema 5's write path through
+//! the commit log. Each runs on both engines, and both engines' transcripts of the two must be
+//! equal, so an engine cannot drift even where a check is loose.
 
 use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Duration;
 
-use bytes::Bytes;
-use chrono::{DateTime, DurationRound, TimeDelta, Utc};
-use common::*;
-use spindle::job::{Job, JobId, Progress, RetryPolicy, State, Transition};
+use chrono::{DateTime, TimeDelta, Utc};
+use spindle::job::{Job, JobId, Progress, State, Transition};
 use spindle::jobdb::lifecycle::{BatchKind, Origin, PlannedBatch};
-use spindle::jobdb::lock::ServerLock;
 use spindle::jobdb::replay::EndedFilter;
-use spindle::jobdb::{self, JobDb, JobDbError};
+use spindle::jobdb::{self, JobDb};
 use sqlx::{ConnectOptions, Connection};
 
-on_both_engines!(
+use crate::common::*;
+use crate::{attempt, base_time, job, row};
+
+crate::on_both_engines!(
     every_store_operation_behaves_as_specified,
     the_commit_log_holds_what_has_no_row_yet,
-    fencing_refuses_a_stale_owner,
-    a_jobdb_is_created_listed_locked_and_dropped,
-    scheduled_jobs_wait_by_their_time,
-    completion_notices_are_written_with_the_row_that_ends_a_job,
-    ordered_jobs_wait_held_and_are_released_one_at_a_time,
 );
-
-fn job(n: u8, bucket: &str, endpoint: &str, at: DateTime<Utc>) -> Arc<Job> {
-    let mut id = [0u8; 16];
-    id[0] = 1;
-    id[15] = n;
-    Arc::new(Job {
-        id: JobId::from_bytes(id),
-        bucket: bucket.into(),
-        endpoint: endpoint.into(),
-        method: "POST".into(),
-        headers: vec![("content-type".into(), "application/json".into())],
-        payload: Bytes::from(format!("{{\"n\":{n}}}")),
-        execution_timeout: Duration::from_millis(5000),
-        retry: RetryPolicy {
-            min_delay: Duration::from_millis(250),
-            coefficient: 1.5,
-        },
-        created_at: at,
-        expire_at: at + TimeDelta::hours(4),
-        idempotency_key: n.is_multiple_of(2).then(|| format!("key-{n}")),
-        on_complete: None,
-        ordering: None,
-    })
-}
-
-fn row(job: &Job, state: State, attempts: u16, time: DateTime<Utc>) -> Transition {
-    Transition {
-        job_id: job.id,
-        state,
-        attempts,
-        time,
-        retry_at: None,
-        error_type: None,
-        error_response: None,
-        error_response_encoding: None,
-        response_status: None,
-        duration_ms: None,
-        started: None,
-    }
-}
-
-fn attempt(t: Transition, status: u16, ms: u32, error: Option<&str>) -> Transition {
-    Transition {
-        response_status: Some(status),
-        duration_ms: Some(ms),
-        error_type: error.map(str::to_owned),
-        error_response: error.map(|e| Bytes::from(format!("said {e}"))),
-        error_response_encoding: error.map(|_| "utf-8"),
-        ..t
-    }
-}
 
 /// The scenario: writes a small JobDB through the store and reads it back through every read.
 /// Returns a transcript of every answer that does not depend on the clock or the engine's
-/// storage layout, for the cross-engine comparison.
+/// storage layout, for the cross-engine comparison. Each step covers one group of the store's
+/// operations on what the steps before it wrote.
 async fn scenario(db: &JobDb, t0: DateTime<Utc>) -> Vec<String> {
     let mut log = Vec::new();
+    let written = appends_and_counts(db, t0, &mut log).await;
+    reads_of_jobs_and_histories(db, &written, &mut log).await;
+    what_a_new_owner_loads(db, &written).await;
+    operator_commands(db, &written, &mut log).await;
+    imports_and_planned_moves(db, &written).await;
+    archive_batches(db, &written).await;
+    replays_reader(db, &written).await;
+    the_dashboards_reads(db, &written, &mut log).await;
+    a_reader_and_the_purge(db).await;
+    log
+}
+
+/// What the scenario's first step wrote, for the steps after it.
+struct Written {
+    t0: DateTime<Utc>,
+    token: u64,
+    /// `a` succeeded, `b` awaits its retry at `retry_at`, `c` was discarded, `d` is executing,
+    /// `e` was never tried.
+    jobs: [Arc<Job>; 5],
+    retry_at: DateTime<Utc>,
+    /// The rows of their attempts (ids 10 to 16).
+    more: Vec<(u64, Transition)>,
+}
+
+/// Takes the JobDB's ownership, writes five jobs in two buckets and three lanes, in each
+/// interesting state, and counts them.
+async fn appends_and_counts(db: &JobDb, t0: DateTime<Utc>, log: &mut Vec<String>) -> Written {
     let ms = |n: i64| t0 + TimeDelta::milliseconds(n);
     let token = db.take_ownership("conformance").await.unwrap();
     assert_eq!(token, 1);
@@ -156,8 +128,19 @@ async fn scenario(db: &JobDb, t0: DateTime<Utc>) -> Vec<String> {
     .into();
     assert_eq!(counts, expected);
     log.push(format!("{:?}", sorted(counts)));
+    Written {
+        t0,
+        token,
+        jobs: [a, b, c, d, e],
+        retry_at,
+        more,
+    }
+}
 
-    // Reads of jobs and histories give back exactly what was written.
+/// Reads of jobs and histories give back exactly what was written.
+async fn reads_of_jobs_and_histories(db: &JobDb, written: &Written, log: &mut Vec<String>) {
+    let [a, b, c, d, e] = written.jobs.clone();
+    let more = &written.more;
     let got = db.get_jobs(&[a.id, e.id]).await.unwrap();
     assert_eq!(got.len(), 2);
     assert_eq!(got.iter().find(|j| j.id == a.id).unwrap(), &*a);
@@ -182,8 +165,13 @@ async fn scenario(db: &JobDb, t0: DateTime<Utc>) -> Vec<String> {
             .unwrap(),
         [a.id].into()
     );
+}
 
-    // What a new owner loads: unfinished jobs, stranded attempts, the backlog by pages.
+/// What a new owner loads: unfinished jobs, stranded attempts, the backlog by pages.
+async fn what_a_new_owner_loads(db: &JobDb, written: &Written) {
+    let [_, b, _, d, e] = written.jobs.clone();
+    let ms = |n: i64| written.t0 + TimeDelta::milliseconds(n);
+    let retry_at = written.retry_at;
     let unfinished = db.load_unfinished().await.unwrap();
     assert_eq!(
         unfinished.iter().map(|(j, _)| j.id).collect::<Vec<_>>(),
@@ -282,8 +270,11 @@ async fn scenario(db: &JobDb, t0: DateTime<Utc>) -> Vec<String> {
         page.iter().map(|(j, _)| j.id).collect::<Vec<_>>(),
         vec![e.id]
     );
+}
 
-    // Operator commands: appended with plain SQL (the same statement on both engines).
+/// Operator commands: appended with plain SQL (the same statement on both engines).
+async fn operator_commands(db: &JobDb, written: &Written, log: &mut Vec<String>) {
+    let [_, b, ..] = written.jobs.clone();
     assert!(db.commands_after(0).await.unwrap().is_empty());
     operator_sql(
         db,
@@ -313,8 +304,13 @@ async fn scenario(db: &JobDb, t0: DateTime<Utc>) -> Vec<String> {
         .unwrap();
     assert_eq!(db.last_applied_command().await.unwrap(), command.id);
     log.push(format!("{:?} {:?}", command.action, targets));
+}
 
-    // Lifecycle: imports with origins, planned moves, archive batches.
+/// Lifecycle: imports with origins, planned moves.
+async fn imports_and_planned_moves(db: &JobDb, written: &Written) {
+    let [a, b, _, _, e] = written.jobs.clone();
+    let ms = |n: i64| written.t0 + TimeDelta::milliseconds(n);
+    let token = written.token;
     let f = job(6, "b3", "https://c.example/x", ms(5));
     let origin = Origin {
         job_id: f.id,
@@ -350,7 +346,12 @@ async fn scenario(db: &JobDb, t0: DateTime<Utc>) -> Vec<String> {
         .unwrap();
     assert_eq!(db.planned_moves().await.unwrap()[0].jobs, vec![b.id]);
     assert_eq!(db.move_targets(&[e.id]).await.unwrap()[&e.id], "live_jobdb");
+}
 
+/// Lifecycle: archive batches, planned and confirmed.
+async fn archive_batches(db: &JobDb, written: &Written) {
+    let [a, _, c, _, e] = written.jobs.clone();
+    let token = written.token;
     let history_batch = PlannedBatch {
         batch: ulid::Ulid::from_parts(2, 9),
         kind: BatchKind::History,
@@ -396,8 +397,11 @@ async fn scenario(db: &JobDb, t0: DateTime<Utc>) -> Vec<String> {
         .await
         .unwrap();
     assert_eq!(db.without_archived_history().await.unwrap(), vec![e.id]);
+}
 
-    // Replay's reader: ended jobs by filter, with payloads.
+/// Replay's reader: ended jobs by filter, with payloads.
+async fn replays_reader(db: &JobDb, written: &Written) {
+    let [_, _, c, ..] = written.jobs.clone();
     let filter = EndedFilter {
         discarded: true,
         archived: true,
@@ -413,8 +417,12 @@ async fn scenario(db: &JobDb, t0: DateTime<Utc>) -> Vec<String> {
         ..filter.clone()
     };
     assert!(db.ended_jobs(&none, None, 10).await.unwrap().is_empty());
+}
 
-    // The dashboard's reads.
+/// The dashboard's reads.
+async fn the_dashboards_reads(db: &JobDb, written: &Written, log: &mut Vec<String>) {
+    let [a, b, c, ..] = written.jobs.clone();
+    let t0 = written.t0;
     let slots = db.transitions_per_slot(t0, 1).await.unwrap();
     let slotted: u64 = slots.iter().map(|s| s.count).sum();
     assert_eq!(slotted, 14, "every row since t0: {slots:?}");
@@ -476,14 +484,15 @@ async fn scenario(db: &JobDb, t0: DateTime<Utc>) -> Vec<String> {
     assert!((Utc::now() - created).num_seconds().abs() < 3600);
     let size = db.size().await.unwrap();
     assert!(size.bytes > 0 && db.data_bytes().await.unwrap() > 0);
+}
 
-    // A reader of the same release opens it without migrating; the purge empties it.
+/// A reader of the same release opens it without migrating; the purge empties it.
+async fn a_reader_and_the_purge(db: &JobDb) {
     let reader = JobDb::open_reader(db.url(), 1).await.unwrap();
     assert_eq!(reader.count_jobs().await.unwrap(), 6);
     reader.close().await;
     assert_eq!(db.delete_all_in_chunks(4).await.unwrap(), 6 + 14);
     assert_eq!(db.count_jobs().await.unwrap(), 0);
-    log
 }
 
 fn sorted<K: std::fmt::Debug, V: std::fmt::Debug>(map: HashMap<K, V>) -> Vec<String> {
@@ -496,13 +505,6 @@ fn sorted_debug<T: std::fmt::Debug>(items: &[T]) -> Vec<String> {
     let mut out: Vec<String> = items.iter().map(|e| format!("{e:?}")).collect();
     out.sort();
     out
-}
-
-/// Whole milliseconds (both engines keep microseconds; this keeps sums exact too).
-fn base_time() -> DateTime<Utc> {
-    (Utc::now() - TimeDelta::minutes(10))
-        .duration_trunc(TimeDelta::seconds(1))
-        .unwrap()
 }
 
 async fn every_store_operation_behaves_as_specified(engine: Engine) {
@@ -815,475 +817,6 @@ async fn the_commit_log_holds_what_has_no_row_yet(engine: Engine) {
     let db = JobDb::open(&test.url, true, 2).await.unwrap();
     commit_log_scenario(&db, base_time()).await;
     db.close().await;
-}
-
-/// A job scheduled for later rests in `open_jobs` by its time: a pass of every waiting retry
-/// leaves it in the JobDB until it is due within the horizon (`scheduled_by`), a retry does
-/// not wait for that, and `next_due_after` finds the first such job.
-async fn scheduled_jobs_wait_by_their_time(engine: Engine) {
-    let test = TestDb::on(engine, "schedconf");
-    let db = JobDb::open(&test.url, true, 2).await.unwrap();
-    let token = db.take_ownership("test").await.unwrap();
-    let t0 = base_time();
-    let tomorrow = t0 + TimeDelta::days(1);
-    // Its time to live counts from its time, as intake sets it.
-    let later = Arc::new(Job {
-        expire_at: tomorrow + TimeDelta::hours(4),
-        ..(*job(1, "b", "http://x/a", t0)).clone()
-    });
-    let retried = job(2, "b", "http://x/a", t0);
-    let in_an_hour = t0 + TimeDelta::hours(1);
-    let rows = vec![
-        (1, Transition::scheduled(later.id, t0, tomorrow)),
-        (2, Transition::executing(retried.id, 1, t0)),
-        (
-            3,
-            Transition {
-                retry_at: Some(in_an_hour),
-                ..row(&retried, State::AwaitingRetry, 1, t0)
-            },
-        ),
-    ];
-    db.append(token, &[later.clone(), retried.clone()], &rows)
-        .await
-        .unwrap();
-    let ids = |page: Vec<(Job, Progress)>| page.into_iter().map(|(j, _)| j.id).collect::<Vec<_>>();
-    let whenever = jobdb::latest_time();
-    let soon = t0 + TimeDelta::minutes(1);
-    // A whole pass (every retry, whenever due) with a one-minute horizon for jobs never tried.
-    assert_eq!(
-        ids(db
-            .backlog_page(None, whenever, soon, 100, 10, None)
-            .await
-            .unwrap()),
-        vec![retried.id]
-    );
-    // Once tomorrow is within the horizon, the scheduled job is read too, untried.
-    let page = db
-        .backlog_page(None, whenever, tomorrow, 100, 10, None)
-        .await
-        .unwrap();
-    assert_eq!(page[0].0.id, later.id);
-    assert_eq!(
-        (page[0].1.state, page[0].1.attempts, page[0].1.retry_at),
-        (State::AwaitingRetry, 0, Some(tomorrow))
-    );
-    // The first job beyond the horizon: any (the retry), or only those never tried.
-    assert_eq!(
-        db.next_due_after(soon, false).await.unwrap(),
-        Some(in_an_hour)
-    );
-    assert_eq!(db.next_due_after(soon, true).await.unwrap(), Some(tomorrow));
-    // It is waiting work, and the takeover has nothing of it to settle.
-    let stranded = db.load_stranded().await.unwrap();
-    assert!(
-        stranded.settle.is_empty() && stranded.unlisted.is_empty(),
-        "{stranded:?}"
-    );
-    let history = &histories(&db).await[&later.id];
-    assert_legal(history);
-    assert_eq!(history[1].error_type.as_deref(), Some("scheduled"));
-    db.close().await;
-}
-
-async fn completion_notices_are_written_with_the_row_that_ends_a_job(engine: Engine) {
-    use spindle::jobdb::Append;
-    let test = TestDb::on(engine, "noticeconf");
-    let db = JobDb::open(&test.url, true, 2).await.unwrap();
-    let token = db.take_ownership("test").await.unwrap();
-    let t0 = base_time();
-    let with = |n: u8, url: &str| {
-        Arc::new(Job {
-            on_complete: Some(url.into()),
-            ..(*job(n, "b", "https://x.example/a?q=1", t0)).clone()
-        })
-    };
-    let done = with(1, "https://n.example/told");
-    let refused = with(2, "https://n.example/told#f");
-    let moved = with(3, "https://n.example/told");
-    let quiet = job(4, "b", "https://x.example/a", t0);
-    let jobs = [done.clone(), refused.clone(), moved.clone(), quiet.clone()];
-    let rows: Vec<(u64, Transition)> = jobs
-        .iter()
-        .enumerate()
-        .map(|(i, j)| (i as u64 + 1, row(j, State::AwaitingScheduling, 0, t0)))
-        .collect();
-    db.append(token, &jobs, &rows).await.unwrap();
-    assert_eq!(db.notices_owed().await.unwrap(), 3);
-    assert_eq!(
-        db.get_jobs(&[done.id]).await.unwrap()[0]
-            .on_complete
-            .as_deref(),
-        Some("https://n.example/told"),
-        "the URL is stored with its job"
-    );
-    let end = t0 + TimeDelta::seconds(2);
-    let ends = [
-        (
-            10,
-            attempt(row(&done, State::Succeeded, 1, end), 200, 5, None),
-        ),
-        (
-            11,
-            attempt(
-                row(&refused, State::Discarded, 2, end),
-                400,
-                5,
-                Some("http-4xx"),
-            ),
-        ),
-        (12, row(&moved, State::Moved, 0, end)),
-        (
-            13,
-            attempt(row(&quiet, State::Succeeded, 1, end), 200, 5, None),
-        ),
-    ];
-    let notices = db
-        .append_all(
-            token,
-            &Append {
-                transitions: &ends,
-                ..Append::default()
-            },
-        )
-        .await
-        .unwrap()
-        .notices;
-    // Two notices: a moved job goes on in another JobDB (its copy there tells), and the quiet
-    // one asked for none.
-    assert_eq!(notices.len(), 2);
-    assert_eq!(db.notices_owed().await.unwrap(), 1, "the moved job's");
-    let ids: Vec<JobId> = notices.iter().map(|n| n.id).collect();
-    let stored = db.get_jobs(&ids).await.unwrap();
-    assert_eq!(stored.len(), 2);
-    for notice in &stored {
-        assert!(notice.endpoint.starts_with("https://n.example/told"));
-        assert!(notice.on_complete.is_none(), "a notice has no notice");
-        assert_eq!(&*notice.bucket, "b");
-        let body: serde_json::Value = serde_json::from_slice(&notice.payload).unwrap();
-        assert_eq!(body["type"], "job.completed");
-        assert_eq!(body["bucket"], "b");
-        assert_eq!(body["endpoint"], "https://x.example/a?q=1");
-        let told = body["job_id"].as_str().unwrap().to_owned();
-        assert_eq!(notice.idempotency_key, Some(format!("notice:{told}")));
-        let (state, attempts, status) = if told == done.id.to_string() {
-            ("succeeded", 1, 200)
-        } else {
-            assert_eq!(told, refused.id.to_string());
-            assert_eq!(body["error_type"], "http-4xx");
-            ("discarded", 2, 400)
-        };
-        assert_eq!(body["state"], state);
-        assert_eq!(body["attempts"], attempts);
-        assert_eq!(body["response_status"], status);
-        let at = |field: &str| {
-            body[field]
-                .as_str()
-                .unwrap()
-                .parse::<DateTime<Utc>>()
-                .unwrap()
-        };
-        assert_eq!((at("created_at"), at("ended_at")), (t0, end));
-    }
-    // They rest in `open_jobs`, due now, in their URL's lane.
-    let mut page: Vec<JobId> = db
-        .backlog_page(None, end, end, 100, 10, None)
-        .await
-        .unwrap()
-        .into_iter()
-        .map(|(j, _)| j.id)
-        .collect();
-    page.sort();
-    let mut expected = ids.clone();
-    expected.sort();
-    assert_eq!(page, expected);
-    assert!(db
-        .backlog_page(None, end, end, 100, 10, Some("https://n.example/told"))
-        .await
-        .unwrap()
-        .is_empty());
-    // A job tells once: another row ending it writes no second notice.
-    let again = [(14, row(&done, State::Succeeded, 1, end))];
-    let notices = db
-        .append_all(
-            token,
-            &Append {
-                transitions: &again,
-                ..Append::default()
-            },
-        )
-        .await
-        .unwrap()
-        .notices;
-    assert!(notices.is_empty());
-    db.close().await;
-}
-
-/// Writes `jobs` and `rows` as a JobDB with no other live one does (releasing the heads it
-/// makes in the same commit), and returns the jobs released.
-async fn released_alone(
-    db: &JobDb,
-    token: u64,
-    jobs: &[Arc<Job>],
-    rows: &[(u64, Transition)],
-) -> Vec<JobId> {
-    let append = jobdb::Append {
-        jobs,
-        transitions: rows,
-        release_touched: true,
-        ..jobdb::Append::default()
-    };
-    let written = db.append_all(token, &append).await.unwrap();
-    written.released.into_iter().map(|r| r.job.id).collect()
-}
-
-async fn ordered_jobs_wait_held_and_are_released_one_at_a_time(engine: Engine) {
-    use spindle::job::Ordering;
-    use spindle::jobdb::Append;
-    let test = TestDb::on(engine, "seqconf");
-    let db = JobDb::open(&test.url, true, 2).await.unwrap();
-    let token = db.take_ownership("test").await.unwrap();
-    let t0 = base_time();
-    let ordered = |n: u8, key: &str, blocks: bool| {
-        Arc::new(Job {
-            ordering: Some(Ordering {
-                key: key.into(),
-                blocks,
-            }),
-            ..(*job(n, "b", "https://x.example/a", t0)).clone()
-        })
-    };
-    let (a1, a2, a3) = (
-        ordered(1, "k", false),
-        ordered(2, "k", true),
-        ordered(3, "k", false),
-    );
-    // Same key, other endpoint: another sequence.
-    let b1 = Arc::new(Job {
-        endpoint: "https://x.example/b".into(),
-        ..(*ordered(4, "k", false)).clone()
-    });
-    let free = job(5, "b", "https://x.example/a", t0);
-    let seq_a = a1.seq().unwrap();
-    let seq_b = b1.seq().unwrap();
-    assert_ne!(seq_a, seq_b);
-    assert_eq!(a2.seq(), Some(seq_a));
-    let jobs = [a3.clone(), a1.clone(), b1.clone(), a2.clone(), free.clone()];
-    let rows: Vec<(u64, Transition)> = jobs
-        .iter()
-        .enumerate()
-        .map(|(i, j)| (i as u64 + 1, row(j, State::AwaitingScheduling, 0, t0)))
-        .collect();
-    let written = db
-        .append_all(
-            token,
-            &Append {
-                jobs: &jobs,
-                transitions: &rows,
-                ..Append::default()
-            },
-        )
-        .await
-        .unwrap();
-    let mut expected = vec![seq_a, seq_b];
-    expected.sort();
-    assert_eq!(written.touched, expected, "both sequences gained jobs");
-    assert!(written.released.is_empty());
-    let stored = db.get_jobs(&[a2.id]).await.unwrap();
-    assert_eq!(
-        stored[0].ordering, a2.ordering,
-        "the key is stored with its job"
-    );
-    // Held jobs are not read by backlog pages: only the unordered job is due.
-    let page = |db: &JobDb| {
-        let db = db.clone();
-        async move {
-            db.backlog_page(None, t0, t0, 1000, 100, None)
-                .await
-                .unwrap()
-                .into_iter()
-                .map(|(j, _)| j.id)
-                .collect::<Vec<_>>()
-        }
-    };
-    assert_eq!(page(&db).await, vec![free.id]);
-    let heads = db.sequence_heads(None).await.unwrap();
-    assert_eq!(heads, HashMap::from([(seq_a, a1.id), (seq_b, b1.id)]));
-    // A release of a job that is not its sequence's head releases nothing.
-    let release = |db: &JobDb, heads: Vec<(spindle::job::Seq, JobId)>| {
-        let db = db.clone();
-        async move {
-            db.append_all(
-                token,
-                &Append {
-                    release: &heads,
-                    ..Append::default()
-                },
-            )
-            .await
-            .unwrap()
-            .released
-        }
-    };
-    let released = release(&db, vec![(seq_a, a2.id), (seq_a, a1.id)]).await;
-    assert_eq!(released.len(), 1);
-    assert_eq!(released[0].job.id, a1.id);
-    assert_eq!(released[0].job.payload, a1.payload, "released whole");
-    assert_eq!(released[0].attempts, 0);
-    // One job of a sequence at a time: a is under way, b still waits.
-    assert_eq!(
-        db.sequence_heads(None).await.unwrap(),
-        HashMap::from([(seq_b, b1.id)])
-    );
-    assert!(release(&db, vec![(seq_a, a2.id)]).await.is_empty());
-    let mut due = page(&db).await;
-    due.sort();
-    assert_eq!(due, vec![a1.id, free.id], "a released job is read like any");
-    // Its end moves the sequence on.
-    let end = t0 + TimeDelta::seconds(1);
-    let ends = [(
-        20,
-        attempt(row(&a1, State::Succeeded, 1, end), 200, 5, None),
-    )];
-    let written = db
-        .append_all(
-            token,
-            &Append {
-                transitions: &ends,
-                ..Append::default()
-            },
-        )
-        .await
-        .unwrap();
-    assert_eq!(written.touched, vec![seq_a]);
-    assert_eq!(
-        db.sequence_heads(Some(&[seq_a])).await.unwrap(),
-        HashMap::from([(seq_a, a2.id)])
-    );
-    // a2 asked to block: discarded, it stops its sequence until an operator says otherwise.
-    assert_eq!(release(&db, vec![(seq_a, a2.id)]).await.len(), 1);
-    let ends = [(
-        21,
-        attempt(row(&a2, State::Discarded, 1, end), 400, 5, Some("http-4xx")),
-    )];
-    db.append_all(
-        token,
-        &Append {
-            transitions: &ends,
-            ..Append::default()
-        },
-    )
-    .await
-    .unwrap();
-    assert!(db.sequence_heads(Some(&[seq_a])).await.unwrap().is_empty());
-    assert_eq!(
-        db.sequence_oldest(&[seq_a, seq_b]).await.unwrap(),
-        HashMap::from([(seq_a, a3.id), (seq_b, b1.id)]),
-        "what another JobDB's head must not overtake"
-    );
-    operator_sql(&db, "DELETE FROM ordering_blocked").await;
-    assert_eq!(
-        db.sequence_heads(Some(&[seq_a])).await.unwrap(),
-        HashMap::from([(seq_a, a3.id)])
-    );
-    // Where no other JobDB is live, a write releases the heads it makes: the first job of a
-    // new sequence in the commit that stores it, the next in the commit that ends one.
-    let (c1, c2) = (ordered(6, "c", false), ordered(7, "c", false));
-    let jobs = [c1.clone(), c2.clone()];
-    let rows: Vec<(u64, Transition)> = jobs
-        .iter()
-        .enumerate()
-        .map(|(i, j)| (30 + i as u64, row(j, State::AwaitingScheduling, 0, t0)))
-        .collect();
-    assert_eq!(released_alone(&db, token, &jobs, &rows).await, vec![c1.id]);
-    let end = [(
-        40,
-        attempt(row(&c1, State::Succeeded, 1, end), 200, 5, None),
-    )];
-    assert_eq!(released_alone(&db, token, &[], &end).await, vec![c2.id]);
-    db.close().await;
-}
-
-async fn fencing_refuses_a_stale_owner(engine: Engine) {
-    let test = TestDb::on(engine, "fence");
-    let db = JobDb::open(&test.url, true, 2).await.unwrap();
-    let first = db.take_ownership("one").await.unwrap();
-    let j = job(1, "b", "https://x.example/", Utc::now());
-    db.append(
-        first,
-        std::slice::from_ref(&j),
-        &[(1, row(&j, State::AwaitingScheduling, 0, Utc::now()))],
-    )
-    .await
-    .unwrap();
-    // An external lock's token: higher wins, lower or equal is refused.
-    assert_eq!(
-        db.take_ownership_at(100, "two", Duration::from_secs(1))
-            .await
-            .unwrap(),
-        100
-    );
-    match db
-        .take_ownership_at(50, "old", Duration::from_secs(1))
-        .await
-    {
-        Err(JobDbError::Fenced { ours, current }) => assert_eq!((ours, current), (50, 100)),
-        other => panic!("expected fenced, got {other:?}"),
-    }
-    let k = job(2, "b", "https://x.example/", Utc::now());
-    match db
-        .append(
-            first,
-            std::slice::from_ref(&k),
-            &[(2, row(&k, State::AwaitingScheduling, 0, Utc::now()))],
-        )
-        .await
-    {
-        Err(JobDbError::Fenced { ours, current }) => assert_eq!((ours, current), (first, 100)),
-        other => panic!("a stale owner wrote: {other:?}"),
-    }
-    assert_eq!(
-        db.count_jobs().await.unwrap(),
-        1,
-        "nothing of the stale write stored"
-    );
-    db.append(
-        100,
-        std::slice::from_ref(&k),
-        &[(2, row(&k, State::AwaitingScheduling, 0, Utc::now()))],
-    )
-    .await
-    .unwrap();
-    assert_eq!(db.count_jobs().await.unwrap(), 2);
-    assert_eq!(db.owner().await.unwrap(), (100, "two".to_owned()));
-    db.close().await;
-}
-
-async fn a_jobdb_is_created_listed_locked_and_dropped(engine: Engine) {
-    let test = TestDb::on(engine, "life");
-    jobdb::create_database(&test.url).await.unwrap();
-    let db = JobDb::open(&test.url, false, 1).await.unwrap();
-    // Listed by a LIKE pattern on its server (or in its directory).
-    let pattern = format!("{}%", &test.url.database[..test.url.database.len() - 4]);
-    assert_eq!(
-        db.databases_like(&pattern).await.unwrap(),
-        vec![test.url.database.clone()]
-    );
-    // One lock holder at a time, and the lock frees when released.
-    let lock = ServerLock::try_acquire(&test.url).await.unwrap();
-    assert!(matches!(
-        ServerLock::try_acquire(&test.url).await,
-        Err(JobDbError::Held(_))
-    ));
-    lock.release().await.unwrap();
-    let mut again = ServerLock::try_acquire(&test.url).await.unwrap();
-    again.check(Duration::from_secs(1)).await.unwrap();
-    again.release().await.unwrap();
-    db.close().await;
-    jobdb::probe(&test.url).await.unwrap();
-    jobdb::drop_database(&test.url).await.unwrap();
-    assert!(jobdb::probe(&test.url).await.is_err(), "dropped");
-    jobdb::drop_database(&test.url).await.unwrap();
 }
 
 /// The same scenario on both engines answers the same.

@@ -1,6 +1,12 @@
 //! The dedup store: idempotency keys claimed in sharded Redis, the Tapjoy way
 //! (`seeds/tapjoy-real-time-dedup.txt`).
 //!
+//! # Files
+//! `key.rs` (the key and the parts of it that place an entry), `config.rs` (settings and store
+//! specs), this file (the store: claims routed to stores by placement, in one global store
+//! order, and their outcomes), `redis.rs` with the scripts `claim.lua` and `release.lua` (a
+//! Redis store), `memory.rs` (a store in this process).
+//!
 //! # Ids and owners
 //! A key is the 16-byte [`DedupKey`]: SHA-256 of (bucket, idempotency key), truncated to 128
 //! bits. A claim is made by an *owner*, the ULID of the job the router is about to create
@@ -104,414 +110,24 @@
 //! caller retries with the same owners, which yields `Mine` for what was written, or lets the
 //! pending claims expire.
 
+mod config;
+mod key;
 pub mod memory;
+mod redis;
+
+pub use config::{DedupConfig, StoreSpec};
+pub use key::DedupKey;
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::fmt;
 use std::sync::{Arc, RwLock};
-use std::time::Duration;
 
 use chrono::{DateTime, Utc};
 use futures::{StreamExt, TryStreamExt};
-use redis::aio::{ConnectionManager, ConnectionManagerConfig};
-use sha2::{Digest, Sha256};
 
+use self::redis::RedisStore;
 use super::placement::{PlacementError, PlacementManager};
 use crate::job::JobId;
-
-/// Domain separation of the key hash (and its version: changing it forgets every claim).
-const KEY_DOMAIN: &[u8] = b"spindle/dedup/v1\0";
-
-/// The claim (and confirm) script; see the module documentation.
-const CLAIM_LUA: &str = r#"
--- ARGV: key prefix, mode ('c' claim | 't' take over | 'f' confirm), pending TTL ms, slot ms, ms a hash outlives
--- its slot, number of slot ranges R, then R × (own slot, first slot, last slot), then per key:
--- field, owner (16 bytes), hash index, range number (1-based). Keys come sorted by hash index
--- and range, so that each run sharing both is one HMGET per slot and one HSET.
--- Returns {position, kind, owner} for keys not newly claimed: kind 1 = the owner's own entry,
--- 2 = another owner's confirmed entry, 3 = another owner's pending entry, 4 = another owner's
--- lapsed pending entry (claim mode only: kept, so the caller can check that its job was never
--- stored before taking the key over; take-over mode deletes it like confirm mode does).
-local prefix = ARGV[1]
-local confirming = ARGV[2] == 'f'
-local careful = ARGV[2] == 'c'
-local time = redis.call('TIME')
-local now = tonumber(time[1]) * 1000 + math.floor(tonumber(time[2]) / 1000)
-local deadline = string.format('%.0f', now + tonumber(ARGV[3]))
-local slot_ms = tonumber(ARGV[4])
-local keep_ms = tonumber(ARGV[5])
--- Key prefixes are built once per range: formatting a number costs as much as a Redis call.
-local ranges = {}
-local at = 7
-for r = 1, tonumber(ARGV[6]) do
-  local slot = tonumber(ARGV[at])
-  local scan = {}
-  for s = tonumber(ARGV[at + 1]), tonumber(ARGV[at + 2]) do
-    scan[#scan + 1] = prefix .. string.format('%.0f', s) .. ':'
-  end
-  ranges[r] = {
-    own = prefix .. string.format('%.0f', slot) .. ':',
-    scan = scan,
-    expire_at = string.format('%.0f', (slot + 1) * slot_ms + keep_ms),
-  }
-  at = at + 3
-end
--- Appends `values` to the list of `key` in `map` (lists and the key order are created lazily:
--- this path is rare).
-local function append(map, key, a, b)
-  map = map or { order = {} }
-  local list = map[key]
-  if not list then
-    list = {}
-    map[key] = list
-    map.order[#map.order + 1] = key
-  end
-  list[#list + 1] = a
-  if b then
-    list[#list + 1] = b
-  end
-  return map
-end
-local out = {}
-local expiring = {}
-local position = 0
-local n = #ARGV
-local i = at
-while i <= n do
-  -- One run: the keys sharing a hash index and a range.
-  local hash, number = ARGV[i + 2], ARGV[i + 3]
-  local range = ranges[tonumber(number)]
-  local scan = range.scan
-  local stop = i + 4
-  while stop <= n and ARGV[stop + 2] == hash and ARGV[stop + 3] == number do
-    stop = stop + 4
-  end
-  local count = (stop - i) / 4
-  local fields = {}
-  for g = 1, count do
-    fields[g] = ARGV[i + (g - 1) * 4]
-  end
-  local keys, seen = {}, {}
-  for s = 1, #scan do
-    keys[s] = scan[s] .. hash
-    seen[s] = redis.call('HMGET', keys[s], unpack(fields))
-  end
-  local own = range.own .. hash
-  -- Writes are collected and applied after the run: deletions of expired entries first, then
-  -- sets (a new entry may replace an expired one in the same hash). `fresh` is what this run
-  -- wrote into `own`, so that a key repeated within the run sees its earlier claim.
-  local own_sets = {}
-  local deletes, refreshes = nil, nil
-  local fresh = {}
-  for g = 1, count do
-    position = position + 1
-    local field, owner = fields[g], ARGV[i + (g - 1) * 4 + 1]
-    local mine_key, mine_pending, other, other_pending, other_lapsed = nil, false, nil, false, false
-    local earlier = fresh[field]
-    if earlier then
-      if string.sub(earlier, 1, 16) == owner then
-        mine_key, mine_pending = own, #earlier > 16
-      else
-        other, other_pending = string.sub(earlier, 1, 16), #earlier > 16
-      end
-    end
-    for s = 1, #scan do
-      local value = seen[s][g]
-      if value then
-        local pending = #value > 16
-        if pending and tonumber(string.sub(value, 17)) <= now then
-          if careful and string.sub(value, 1, 16) ~= owner then
-            if not other then
-              other, other_pending, other_lapsed = string.sub(value, 1, 16), true, true
-            end
-          else
-            deletes = append(deletes, keys[s], field)
-          end
-        elseif string.sub(value, 1, 16) == owner then
-          mine_key, mine_pending = keys[s], pending
-        elseif not other then
-          other, other_pending = string.sub(value, 1, 16), pending
-        end
-      end
-    end
-    local value = confirming and owner or (owner .. deadline)
-    if mine_key then
-      if mine_pending then
-        if mine_key == own then
-          own_sets[#own_sets + 1] = field
-          own_sets[#own_sets + 1] = value
-          fresh[field] = value
-        else
-          refreshes = append(refreshes, mine_key, field, value)
-        end
-      end
-      out[#out + 1] = position
-      out[#out + 1] = 1
-      out[#out + 1] = owner
-    elseif other then
-      out[#out + 1] = position
-      out[#out + 1] = other_lapsed and 4 or (other_pending and 3 or 2)
-      out[#out + 1] = other
-    else
-      own_sets[#own_sets + 1] = field
-      own_sets[#own_sets + 1] = value
-      fresh[field] = value
-    end
-  end
-  if deletes then
-    for _, key in ipairs(deletes.order) do
-      redis.call('HDEL', key, unpack(deletes[key]))
-    end
-  end
-  if refreshes then
-    for _, key in ipairs(refreshes.order) do
-      redis.call('HSET', key, unpack(refreshes[key]))
-    end
-  end
-  if #own_sets > 0 then
-    redis.call('HSET', own, unpack(own_sets))
-    if not expiring[own] then
-      redis.call('PEXPIREAT', own, range.expire_at)
-      expiring[own] = true
-    end
-  end
-  i = stop
-end
-return out
-"#;
-
-/// The release script: deletes a key's entries only where the given owner holds them.
-const RELEASE_LUA: &str = r#"
--- ARGV: key prefix, number of slot ranges R, then R × (first slot, last slot), then per key:
--- field, owner (16 bytes), hash index, range number (1-based).
--- Returns the positions of keys that had an entry of that owner.
-local prefix = ARGV[1]
-local ranges = {}
-local at = 3
-for r = 1, tonumber(ARGV[2]) do
-  local scan = {}
-  for s = tonumber(ARGV[at]), tonumber(ARGV[at + 1]) do
-    scan[#scan + 1] = prefix .. string.format('%.0f', s) .. ':'
-  end
-  ranges[r] = scan
-  at = at + 2
-end
-local out = {}
-local position = 0
-for i = at, #ARGV, 4 do
-  position = position + 1
-  local field, owner, hash = ARGV[i], ARGV[i + 1], ARGV[i + 2]
-  local scan = ranges[tonumber(ARGV[i + 3])]
-  local released = false
-  for j = 1, #scan do
-    local key = scan[j] .. hash
-    local value = redis.call('HGET', key, field)
-    if value and string.sub(value, 1, 16) == owner then
-      redis.call('HDEL', key, field)
-      released = true
-    end
-  end
-  if released then
-    out[#out + 1] = position
-  end
-end
-return out
-"#;
-
-/// A dedup key: 128 bits of SHA-256 over (bucket, idempotency key).
-#[derive(Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
-pub struct DedupKey([u8; 16]);
-
-impl DedupKey {
-    /// The key of `idempotency_key` in `bucket` (the bucket is length-prefixed, so
-    /// `("ab", "c")` and `("a", "bc")` differ).
-    pub fn new(bucket: &str, idempotency_key: &str) -> Self {
-        let mut hasher = Sha256::new();
-        hasher.update(KEY_DOMAIN);
-        hasher.update((bucket.len() as u64).to_be_bytes());
-        hasher.update(bucket.as_bytes());
-        hasher.update(idempotency_key.as_bytes());
-        let digest = hasher.finalize();
-        let mut id = [0u8; 16];
-        id.copy_from_slice(&digest[..16]);
-        DedupKey(id)
-    }
-
-    /// A key from its 16 bytes.
-    pub fn from_bytes(bytes: [u8; 16]) -> Self {
-        DedupKey(bytes)
-    }
-
-    /// The 16 bytes.
-    pub fn as_bytes(&self) -> &[u8; 16] {
-        &self.0
-    }
-
-    fn top32(&self) -> u32 {
-        u32::from_be_bytes([self.0[0], self.0[1], self.0[2], self.0[3]])
-    }
-
-    /// The key's logical shard among `logical_shards`: the top bits of the id (multiply-shift,
-    /// so any count works; with a power of two it is exactly the top `log2` bits, the same
-    /// bits that start the hash index, so one Redis hash never spans two logical shards).
-    pub fn logical_shard(&self, logical_shards: u32) -> u32 {
-        ((u64::from(self.top32()) * u64::from(logical_shards)) >> 32) as u32
-    }
-
-    /// The hash index: the top `bits` bits (0 to 24).
-    fn hash_index(&self, bits: u8) -> u32 {
-        if bits == 0 {
-            0
-        } else {
-            self.top32() >> (32 - u32::from(bits))
-        }
-    }
-
-    /// The field: the id without the whole bytes the hash index fixes.
-    fn field(&self, bits: u8) -> &[u8] {
-        &self.0[usize::from(bits / 8)..]
-    }
-}
-
-impl fmt::Debug for DedupKey {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "DedupKey({:032x})", u128::from_be_bytes(self.0))
-    }
-}
-
-/// Settings of the dedup store. Every router of a deployment must use the same `window`,
-/// `slots_per_window`, `hash_bits` and `key_prefix`: they define where entries live.
-#[derive(Clone, Debug)]
-pub struct DedupConfig {
-    /// Claims of the same key whose own times are at most this far apart are duplicates.
-    pub window: Duration,
-    /// `k`: slots per window (see the module documentation for the trade-off).
-    pub slots_per_window: u32,
-    /// Hashes per slot are `2^hash_bits` (0 to 24): size it to the keys of a slot.
-    pub hash_bits: u8,
-    /// How long a claim stays pending without being confirmed before it counts as absent.
-    pub pending_ttl: Duration,
-    /// Largest accepted distance between a claim's time and the router's clock (and between
-    /// router clocks).
-    pub max_skew: Duration,
-    /// Prefix of every Redis key.
-    pub key_prefix: String,
-    /// Claims per script call (at most 3,000).
-    pub max_batch: usize,
-    /// Script calls in flight per `claim`/`confirm`/`release` call.
-    pub max_in_flight: usize,
-    /// Timeout of a connection attempt.
-    pub connect_timeout: Duration,
-    /// Timeout of one script call.
-    pub response_timeout: Duration,
-}
-
-impl Default for DedupConfig {
-    fn default() -> Self {
-        DedupConfig {
-            window: Duration::from_secs(24 * 3600),
-            slots_per_window: 2,
-            hash_bits: 16,
-            pending_ttl: Duration::from_secs(60),
-            max_skew: Duration::from_secs(30),
-            key_prefix: "sd:".to_owned(),
-            max_batch: 1000,
-            max_in_flight: 8,
-            connect_timeout: Duration::from_secs(5),
-            response_timeout: Duration::from_secs(5),
-        }
-    }
-}
-
-impl DedupConfig {
-    fn ms(d: Duration) -> i64 {
-        i64::try_from(d.as_millis()).unwrap_or(i64::MAX / 4)
-    }
-
-    /// The slot length.
-    pub fn slot(&self) -> Duration {
-        self.window / self.slots_per_window.max(1)
-    }
-
-    /// How long after an instant its entries may still be looked up: placements (and stores)
-    /// serving an instant must outlive it by this much.
-    pub fn horizon(&self) -> Duration {
-        self.window + self.slot() + 2 * self.max_skew
-    }
-
-    fn validate(&self) -> Result<(), DedupError> {
-        let window = Self::ms(self.window);
-        let k = i64::from(self.slots_per_window);
-        if k == 0 || window < k || window % k != 0 {
-            return Err(DedupError::Config(format!(
-                "window ({window} ms) must be a positive multiple of slots_per_window ({k}) ms"
-            )));
-        }
-        if self.hash_bits > 24 {
-            return Err(DedupError::Config("hash_bits must be 0 to 24".to_owned()));
-        }
-        // The script passes up to 2 × max_batch values to one Redis call through Lua's
-        // `unpack`, which is limited by Lua's C stack (8,000 slots).
-        if !(1..=3000).contains(&self.max_batch) || self.max_in_flight == 0 {
-            return Err(DedupError::Config(
-                "max_batch must be 1 to 3000 and max_in_flight positive".to_owned(),
-            ));
-        }
-        if self.pending_ttl.is_zero() {
-            return Err(DedupError::Config(
-                "pending_ttl must be positive".to_owned(),
-            ));
-        }
-        Ok(())
-    }
-}
-
-/// A dedup store: an id (as placements name it) and its URL, a Redis server or a store in this
-/// process.
-#[derive(Clone)]
-pub struct StoreSpec {
-    /// Store id.
-    pub id: String,
-    /// `redis://[:password@]host:port[/db]`; or `memory:` for the in-process store named after
-    /// the id, `memory:NAME` for the one named NAME (see [`memory`]).
-    pub url: String,
-}
-
-impl StoreSpec {
-    /// The in-process store `id` (URL `memory:`).
-    pub fn memory(id: impl Into<String>) -> Self {
-        StoreSpec {
-            id: id.into(),
-            url: memory::MemoryStore::SCHEME.to_owned(),
-        }
-    }
-
-    /// Whether the URL names an in-process store.
-    pub fn is_memory(&self) -> bool {
-        self.url.starts_with(memory::MemoryStore::SCHEME)
-    }
-}
-
-impl fmt::Debug for StoreSpec {
-    /// Hides the URL's credentials.
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        let shown = match url::Url::parse(&self.url) {
-            // Nothing secret in an in-process store's URL.
-            _ if self.is_memory() => self.url.clone(),
-            Ok(mut u) => {
-                if u.password().is_some() {
-                    let _ = u.set_password(Some("***"));
-                }
-                u.to_string()
-            }
-            Err(_) => "<unparsable url>".to_owned(),
-        };
-        f.debug_struct("StoreSpec")
-            .field("id", &self.id)
-            .field("url", &shown)
-            .finish()
-    }
-}
 
 /// One claim: a key, its own time, and the job that would own it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -571,7 +187,7 @@ pub enum DedupError {
         store: String,
         /// The cause.
         #[source]
-        source: redis::RedisError,
+        source: ::redis::RedisError,
     },
     /// A placement names a store this router has no URL for.
     #[error("placement names dedup store {0}, which this router is not configured with")]
@@ -600,6 +216,30 @@ pub enum DedupError {
     },
 }
 
+/// One claim sent to a store: the key, its owner, its own slot and the slots it checks.
+struct Op {
+    /// The key.
+    pub key: DedupKey,
+    /// The owner's 16 bytes.
+    pub owner: [u8; 16],
+    /// The claim's own slot.
+    pub slot: i64,
+    /// First slot checked.
+    pub first: i64,
+    /// Last slot checked.
+    pub last: i64,
+}
+
+/// The timing of one batch of claims (the claim script's arguments).
+struct Timing {
+    /// How long a pending claim holds its key, in ms.
+    pub pending_ttl_ms: i64,
+    /// The slot length, in ms.
+    pub slot_ms: i64,
+    /// How long a slot is kept after its end, in ms.
+    pub keep_ms: i64,
+}
+
 /// One store: its id and how to reach it.
 struct Shard {
     id: String,
@@ -609,7 +249,7 @@ struct Shard {
 /// Where a store's entries are.
 enum Backend {
     /// A Redis server, through the scripts.
-    Redis(ConnectionManager),
+    Redis(RedisStore),
     /// This process's memory.
     Memory(Arc<memory::MemoryStore>),
 }
@@ -676,8 +316,6 @@ struct Inner {
     index: HashMap<String, u16>,
     placements: Arc<PlacementManager>,
     routes: RwLock<BTreeMap<i64, Arc<Route>>>,
-    claim_script: redis::Script,
-    release_script: redis::Script,
 }
 
 /// The dedup store: claims, confirms and releases keys across Redis stores, routed by
@@ -722,9 +360,6 @@ impl DedupStore {
         if specs.len() > usize::from(u16::MAX) {
             return Err(DedupError::Config("too many stores".to_owned()));
         }
-        let manager_config = ConnectionManagerConfig::new()
-            .set_connection_timeout(Some(config.connect_timeout))
-            .set_response_timeout(Some(config.response_timeout));
         let mut shards = Vec::with_capacity(specs.len());
         for spec in specs {
             if let Some(store) = memory::from_url(&spec.id, &spec.url)? {
@@ -734,17 +369,10 @@ impl DedupStore {
                 });
                 continue;
             }
-            let redis_err = |source| DedupError::Redis {
-                store: spec.id.clone(),
-                source,
-            };
-            let client = redis::Client::open(spec.url.as_str()).map_err(redis_err)?;
-            let conn = ConnectionManager::new_with_config(client, manager_config.clone())
-                .await
-                .map_err(redis_err)?;
+            let store = RedisStore::connect(&spec.id, &spec.url, &config).await?;
             shards.push(Shard {
                 id: spec.id,
-                backend: Backend::Redis(conn),
+                backend: Backend::Redis(store),
             });
         }
         let index = shards
@@ -761,8 +389,6 @@ impl DedupStore {
                 index,
                 placements,
                 routes: RwLock::new(BTreeMap::new()),
-                claim_script: redis::Script::new(CLAIM_LUA),
-                release_script: redis::Script::new(RELEASE_LUA),
             }),
         })
     }
@@ -1076,20 +702,6 @@ impl DedupStore {
         Ok(route)
     }
 
-    fn redis_error(&self, store: u16, source: redis::RedisError) -> DedupError {
-        DedupError::Redis {
-            store: self.inner.shards[usize::from(store)].id.clone(),
-            source,
-        }
-    }
-
-    fn protocol_error(&self, store: u16, reason: String) -> DedupError {
-        DedupError::Protocol {
-            store: self.inner.shards[usize::from(store)].id.clone(),
-            reason,
-        }
-    }
-
     /// One claim-script call on `store` for the claims at `members` (indexes into `claims`).
     async fn script_on(
         &self,
@@ -1100,98 +712,33 @@ impl DedupStore {
         members: &[usize],
     ) -> Result<Vec<(usize, Found)>, DedupError> {
         let config = &self.inner.config;
-        let conn = match &self.inner.shards[usize::from(store)].backend {
-            Backend::Redis(conn) => conn,
-            Backend::Memory(memory) => {
-                let ops: Vec<memory::Op> = members
-                    .iter()
-                    .map(|&i| memory::Op {
-                        key: claims[i].key,
-                        owner: claims[i].owner.to_bytes(),
-                        slot: plans[i].slot,
-                        first: plans[i].first,
-                        last: plans[i].last,
-                    })
-                    .collect();
-                let timing = memory::Timing {
-                    pending_ttl_ms: DedupConfig::ms(config.pending_ttl),
-                    slot_ms: self.inner.slot_ms,
-                    keep_ms: DedupConfig::ms(config.window) + 2 * DedupConfig::ms(config.max_skew),
-                };
-                return Ok(memory
-                    .claim(&config.key_prefix, mode, &timing, &ops)
-                    .into_iter()
-                    .map(|(position, found)| (members[position], found))
-                    .collect());
-            }
-        };
-        let (ranges, range_of) = distinct(members.iter().map(|&i| {
-            let plan = &plans[i];
-            (plan.slot, plan.first, plan.last)
-        }));
-        let mut call = self.inner.claim_script.prepare_invoke();
-        call.arg(config.key_prefix.as_str())
-            .arg(match mode {
-                Mode::Claim => "c",
-                Mode::TakeOver => "t",
-                Mode::Confirm => "f",
+        let ops: Vec<Op> = members
+            .iter()
+            .map(|&i| Op {
+                key: claims[i].key,
+                owner: claims[i].owner.to_bytes(),
+                slot: plans[i].slot,
+                first: plans[i].first,
+                last: plans[i].last,
             })
-            .arg(DedupConfig::ms(config.pending_ttl))
-            .arg(self.inner.slot_ms)
-            .arg(DedupConfig::ms(config.window) + 2 * DedupConfig::ms(config.max_skew))
-            .arg(ranges.len());
-        for (slot, first, last) in &ranges {
-            call.arg(*slot).arg(*first).arg(*last);
-        }
-        for (&i, range) in members.iter().zip(range_of) {
-            let claim = &claims[i];
-            call.arg(claim.key.field(config.hash_bits))
-                .arg(&claim.owner.to_bytes()[..])
-                .arg(plans[i].hash)
-                .arg(range);
-        }
-        let mut conn = conn.clone();
-        let reply: redis::Value = call
-            .invoke_async(&mut conn)
-            .await
-            .map_err(|e| self.redis_error(store, e))?;
-        let redis::Value::Array(items) = reply else {
-            return Err(self.protocol_error(store, format!("not an array: {reply:?}")));
+            .collect();
+        let timing = Timing {
+            pending_ttl_ms: DedupConfig::ms(config.pending_ttl),
+            slot_ms: self.inner.slot_ms,
+            keep_ms: DedupConfig::ms(config.window) + 2 * DedupConfig::ms(config.max_skew),
         };
-        if items.len() % 3 != 0 {
-            return Err(self.protocol_error(store, format!("{} items", items.len())));
-        }
-        let mut out = Vec::with_capacity(items.len() / 3);
-        for triple in items.chunks(3) {
-            let (
-                redis::Value::Int(position),
-                redis::Value::Int(kind),
-                redis::Value::BulkString(owner),
-            ) = (&triple[0], &triple[1], &triple[2])
-            else {
-                return Err(self.protocol_error(store, format!("bad entry {triple:?}")));
-            };
-            let position = usize::try_from(*position)
-                .ok()
-                .and_then(|p| p.checked_sub(1))
-                .filter(|p| *p < members.len())
-                .ok_or_else(|| self.protocol_error(store, format!("position {position}")))?;
-            let owner: [u8; 16] = owner
-                .as_slice()
-                .try_into()
-                .map_err(|_| self.protocol_error(store, "owner is not 16 bytes".to_owned()))?;
-            let found = match kind {
-                1 => Found::Mine,
-                2..=4 => Found::Other {
-                    owner,
-                    pending: *kind != 2,
-                    lapsed: *kind == 4,
-                },
-                other => return Err(self.protocol_error(store, format!("kind {other}"))),
-            };
-            out.push((members[position], found));
-        }
-        Ok(out)
+        let found = match &self.inner.shards[usize::from(store)].backend {
+            Backend::Redis(redis) => {
+                redis
+                    .claim(&config.key_prefix, mode, &timing, config.hash_bits, &ops)
+                    .await?
+            }
+            Backend::Memory(memory) => memory.claim(&config.key_prefix, mode, &timing, &ops),
+        };
+        Ok(found
+            .into_iter()
+            .map(|(position, found)| (members[position], found))
+            .collect())
     }
 
     /// One release-script call on `store` for `(claim index, first slot, last slot)` triples;
@@ -1204,147 +751,27 @@ impl DedupStore {
         triples: &[(usize, i64, i64)],
     ) -> Result<Vec<usize>, DedupError> {
         let config = &self.inner.config;
-        let conn = match &self.inner.shards[usize::from(store)].backend {
-            Backend::Redis(conn) => conn,
-            Backend::Memory(memory) => {
-                let ops: Vec<memory::Op> = triples
-                    .iter()
-                    .map(|&(i, first, last)| memory::Op {
-                        key: claims[i].key,
-                        owner: claims[i].owner.to_bytes(),
-                        slot: plans[i].slot,
-                        first,
-                        last,
-                    })
-                    .collect();
-                return Ok(memory
-                    .release(&config.key_prefix, &ops)
-                    .into_iter()
-                    .map(|position| triples[position].0)
-                    .collect());
+        let ops: Vec<Op> = triples
+            .iter()
+            .map(|&(i, first, last)| Op {
+                key: claims[i].key,
+                owner: claims[i].owner.to_bytes(),
+                slot: plans[i].slot,
+                first,
+                last,
+            })
+            .collect();
+        let released = match &self.inner.shards[usize::from(store)].backend {
+            Backend::Redis(redis) => {
+                redis
+                    .release(&config.key_prefix, config.hash_bits, &ops)
+                    .await?
             }
+            Backend::Memory(memory) => memory.release(&config.key_prefix, &ops),
         };
-        let (ranges, range_of) = distinct(triples.iter().map(|&(_, first, last)| (first, last)));
-        let mut call = self.inner.release_script.prepare_invoke();
-        call.arg(config.key_prefix.as_str()).arg(ranges.len());
-        for (first, last) in &ranges {
-            call.arg(*first).arg(*last);
-        }
-        for (&(i, _, _), range) in triples.iter().zip(range_of) {
-            call.arg(claims[i].key.field(config.hash_bits))
-                .arg(&claims[i].owner.to_bytes()[..])
-                .arg(plans[i].hash)
-                .arg(range);
-        }
-        let mut conn = conn.clone();
-        let positions: Vec<i64> = call
-            .invoke_async(&mut conn)
-            .await
-            .map_err(|e| self.redis_error(store, e))?;
-        positions
+        Ok(released
             .into_iter()
-            .map(|p| {
-                usize::try_from(p)
-                    .ok()
-                    .and_then(|p| p.checked_sub(1))
-                    .and_then(|p| triples.get(p))
-                    .map(|t| t.0)
-                    .ok_or_else(|| self.protocol_error(store, format!("position {p}")))
-            })
-            .collect()
-    }
-}
-
-/// The distinct values of `items` in first-seen order, and each item's 1-based number among
-/// them (the scripts' range numbers: a batch's claims share a handful of slot ranges).
-fn distinct<T: Copy + Eq + std::hash::Hash>(
-    items: impl Iterator<Item = T>,
-) -> (Vec<T>, Vec<usize>) {
-    let mut seen: HashMap<T, usize> = HashMap::new();
-    let mut values = Vec::new();
-    let numbers = items
-        .map(|item| {
-            *seen.entry(item).or_insert_with(|| {
-                values.push(item);
-                values.len()
-            })
-        })
-        .collect();
-    (values, numbers)
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn ranges_are_numbered_in_first_seen_order() {
-        let (values, numbers) = distinct([(1, 2), (3, 4), (1, 2), (5, 6)].into_iter());
-        assert_eq!(values, vec![(1, 2), (3, 4), (5, 6)]);
-        assert_eq!(numbers, vec![1, 2, 1, 3]);
-    }
-
-    #[test]
-    fn keys_are_length_prefixed_and_stable() {
-        assert_ne!(DedupKey::new("ab", "c"), DedupKey::new("a", "bc"));
-        assert_eq!(DedupKey::new("b", "k"), DedupKey::new("b", "k"));
-        // Pinned: changing the derivation silently forgets every stored claim.
-        assert_eq!(
-            format!("{:?}", DedupKey::new("bucket", "key-1")),
-            "DedupKey(3cdf3436054252cb56127a70aff2adcd)"
-        );
-    }
-
-    #[test]
-    fn hash_index_and_logical_shard_share_the_top_bits() {
-        let key = DedupKey::from_bytes([
-            0b1010_1100,
-            0b0101_0011,
-            0xff,
-            0,
-            1,
-            2,
-            3,
-            4,
-            5,
-            6,
-            7,
-            8,
-            9,
-            10,
-            11,
-            12,
-        ]);
-        assert_eq!(key.logical_shard(1024), 0b10_1011_0001);
-        assert_eq!(key.hash_index(16), 0b1010_1100_0101_0011);
-        assert_eq!(key.hash_index(16) >> 6, key.logical_shard(1024));
-        assert_eq!(key.hash_index(0), 0);
-        assert_eq!(key.field(16).len(), 14);
-        assert_eq!(key.field(15).len(), 15);
-        assert_eq!(key.logical_shard(3), ((0xac53ff00u64 * 3) >> 32) as u32);
-    }
-
-    #[test]
-    fn config_checks() {
-        let mut config = DedupConfig::default();
-        assert!(config.validate().is_ok());
-        assert_eq!(config.slot(), Duration::from_secs(12 * 3600));
-        config.window = Duration::from_millis(1001);
-        config.slots_per_window = 2;
-        assert!(config.validate().is_err());
-        config.window = Duration::from_secs(2);
-        config.hash_bits = 25;
-        assert!(config.validate().is_err());
-    }
-
-    #[test]
-    fn store_spec_hides_passwords() {
-        let spec = StoreSpec {
-            id: "a".to_owned(),
-            url: "redis://:hunter2@127.0.0.1:6379/0".to_owned(),
-        };
-        assert!(!format!("{spec:?}").contains("hunter2"));
-        let memory = StoreSpec::memory("m");
-        assert!(memory.is_memory() && format!("{memory:?}").contains("memory:"));
+            .map(|position| triples[position].0)
+            .collect())
     }
 }

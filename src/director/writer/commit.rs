@@ -1,0 +1,450 @@
+//! Committing a batch, and what its outcome means: a commit that succeeded is acknowledged
+//! (producers answered, new jobs handed to the scheduler); a failure is classified (fenced,
+//! refused, duplicate, expired, outcome unknown, or not committed) before anything is retried,
+//! as the module doc of [`super`] describes.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use chrono::{DateTime, Utc};
+use ulid::Ulid;
+
+use super::batch::{Batch, Reply};
+use super::{Accepted, Ticket, WriteRejected, Writer};
+use crate::director::scheduler::Event;
+use crate::job::{AttemptStart, Job, JobId, Recovered, Transition};
+use crate::jobdb::{Append, CommitLog, JobDbError, OpenRow, Stalled, Written};
+
+/// How often the checkpoint is written (at most): a new owner reads at most this much more of
+/// `commit_log` than it must.
+const CHECKPOINT_EVERY: Duration = Duration::from_secs(1);
+
+impl Writer {
+    /// Writes a batch, retrying what may pass and isolating what the JobDB refuses.
+    pub(super) async fn commit(&mut self, mut batch: Batch) {
+        let mut pause = Duration::from_millis(50);
+        loop {
+            if self.lock_lost.is_cancelled() {
+                return fail(batch, WriteRejected::LockLost);
+            }
+            self.leave_out_lapsed(&mut batch);
+            if batch.is_empty() {
+                return self.acknowledge(batch, None);
+            }
+            let started = Instant::now();
+            let now = Utc::now();
+            self.progress.busy();
+            // The checkpoint, now and then, from what was open before this commit: it can
+            // only close more, and everything it opens is numbered after (its own log row
+            // included). Then its log row when it accepts jobs or begins attempts, and the
+            // rests of jobs that waited long without a row.
+            let checkpoint = self.checkpoint_due(started);
+            let log_id =
+                (!batch.accepted.is_empty() || !batch.starts.is_empty()).then(|| self.take_id());
+            let accepted: Vec<JobId> = batch.accepted.iter().map(|(id, _)| *id).collect();
+            let mut rests = batch.rests.clone();
+            for (job, fresh) in self.open.due_rests(started, self.limits.rest_after) {
+                let id = self.take_id();
+                rests.push(OpenRow::resting(job, id, Some(fresh)));
+            }
+            let fresh = self
+                .open
+                .fresh_among(batch.rows.iter().map(|(_, t)| &t.job_id));
+            let (expired, blocks) = (batch.expired_releases(), batch.blocks());
+            let append = Append {
+                jobs: &batch.jobs,
+                transitions: &batch.rows,
+                origins: &batch.origins,
+                log: log_id.map(|id| CommitLog {
+                    id,
+                    time: now,
+                    accepted: &accepted,
+                    started: &batch.starts,
+                }),
+                rests: &rests,
+                fresh: Some(&fresh),
+                checkpoint,
+                release: &batch.release,
+                release_expired: &expired,
+                blocks: &blocks,
+                release_touched: self.release_in_commit,
+            };
+            let bounds = self.limits.bounds(batch.not_after());
+            let result = self.db.append_bounded(self.token, &append, &bounds).await;
+            let mut written = Written::default();
+            let committed = match result {
+                Ok(w) => {
+                    written = w;
+                    Committed::Yes
+                }
+                Err(JobDbError::Fenced { ours, current }) => {
+                    tracing::error!(
+                        ours,
+                        current,
+                        "fenced out of the jobdb: another director owns it"
+                    );
+                    self.metrics.fence_rejections.inc();
+                    self.lock_lost.cancel();
+                    return fail(batch, WriteRejected::LockLost);
+                }
+                Err(JobDbError::Duplicate(why)) => {
+                    match self.skip_present(&mut batch).await {
+                        Some(0) | None => return self.isolate(batch, why).await,
+                        // Jobs an earlier try stored are out of the batch: write the rest.
+                        Some(_) => continue,
+                    }
+                }
+                Err(JobDbError::Refused(why)) => return self.isolate(batch, why).await,
+                // A forward's `not_after` passed before the COMMIT: rolled back. It is answered
+                // and left out at the top; the rest goes again at once.
+                Err(JobDbError::Expired) => continue,
+                Err(e @ (JobDbError::CommitUnknown(_) | JobDbError::CommitStalled(_))) => {
+                    tracing::warn!(error = %e, cause = ?std::error::Error::source(&e), "jobdb commit's answer lost; checking whether it committed");
+                    // If it committed, what it wrote besides its rows (notices, releases) is
+                    // not known here (nor, for a batch of rests and releases alone, whether
+                    // it did): the scheduler's next pass reads it, and the sequencer's sweep
+                    // moves on the sequences it touched.
+                    let _ = self.scheduler.send(Event::ReadBacklog);
+                    let stalled = match e {
+                        JobDbError::CommitStalled(stalled) => Some(stalled),
+                        _ => None,
+                    };
+                    self.committed_after_error(stalled, log_id, &batch.rows)
+                        .await
+                }
+                Err(err) => {
+                    tracing::warn!(error = %err, cause = ?std::error::Error::source(&err), "jobdb append failed before its commit; nothing of it was stored");
+                    Committed::No
+                }
+            };
+            if committed == Committed::Unknown {
+                // Ownership was lost before the outcome could be read: producers hear that it
+                // is unknown; nothing else will be written by this writer.
+                for request in batch.requests {
+                    match request.reply.is_producers() {
+                        true => request.reply.reject(WriteRejected::Unknown),
+                        false => request.reply.reject(WriteRejected::LockLost),
+                    }
+                }
+                return;
+            }
+            if committed == Committed::Yes {
+                self.progress.idle();
+                let rows = batch.rows.len() + batch.jobs.len() + rests.len();
+                self.metrics.observe_write(rows, started.elapsed());
+                self.metrics
+                    .jobs_rested
+                    .inc_by((rests.len() - batch.rests.len()) as u64);
+                if let Some(open_from) = checkpoint {
+                    self.checkpoint = Some((open_from, started));
+                }
+                self.open.committed(
+                    log_id,
+                    started,
+                    &batch.accepted,
+                    &batch.starts,
+                    &batch.rows,
+                    &rests,
+                );
+                let (fresh, under_way) = self.open.counts();
+                self.metrics.jobs_fresh.set(fresh as i64);
+                self.metrics.attempts_under_way.set(under_way as i64);
+                let Written {
+                    notices,
+                    released,
+                    touched,
+                } = written;
+                if !released.is_empty() {
+                    // Ordered jobs whose turn came: resting jobs, due as their entry says.
+                    self.metrics.ordered_released.inc_by(released.len() as u64);
+                    let _ = self.scheduler.send(Event::HandedOver(released));
+                }
+                if !touched.is_empty() && !self.release_in_commit {
+                    let _ = self.sequencer.send(touched);
+                }
+                if !notices.is_empty() {
+                    // Completion notices of jobs this commit ended: resting jobs, as imported.
+                    self.metrics.notices_written.inc_by(notices.len() as u64);
+                    let notices = notices
+                        .into_iter()
+                        .map(|job| Recovered {
+                            job,
+                            attempts: 0,
+                            retry_at: None,
+                        })
+                        .collect();
+                    let _ = self.scheduler.send(Event::HandedOver(notices));
+                }
+                let start = log_id.map(|commit| AttemptStart { commit, at: now });
+                return self.acknowledge(batch, start);
+            }
+            // Not committed: producers get a clear 503 now (they may retry), while transitions
+            // of jobs already owned must reach the JobDB, so they wait and go again.
+            if batch.requests.iter().any(|r| r.reply.is_producers()) {
+                let rejected = batch.retain(|r| !r.reply.is_producers());
+                let rejected_jobs: usize = rejected.iter().map(|(_, jobs)| jobs).sum();
+                for (request, _) in rejected {
+                    request.reply.reject(WriteRejected::Unavailable);
+                }
+                tracing::warn!(rejected_jobs, "submission rejected: jobdb unavailable");
+            }
+            if batch.is_empty() {
+                return self.acknowledge(batch, None);
+            }
+            tokio::time::sleep(pause).await;
+            pause = (pause * 2).min(Duration::from_secs(2));
+        }
+    }
+
+    /// Leaves out of the batch the requests no try may write any more: a forward whose
+    /// `not_after` has passed is refused (`Expired`: nothing stored); one whose handler
+    /// stopped waiting (and answered 504) is dropped, its handler hears nothing more.
+    fn leave_out_lapsed(&self, batch: &mut Batch) {
+        let now = Utc::now();
+        if !batch.requests.iter().any(|r| r.lapsed(now)) {
+            return;
+        }
+        for (request, jobs) in batch.retain(|r| !r.lapsed(now)) {
+            let kind = request.reply.kind();
+            if request.ticket.as_ref().is_some_and(Ticket::abandoned) {
+                tracing::warn!(
+                    request = kind,
+                    jobs,
+                    "left out of the write: its producer stopped waiting, told the outcome is unknown"
+                );
+                continue;
+            }
+            self.metrics.write_rejected(kind, "expired");
+            tracing::warn!(
+                request = kind,
+                jobs,
+                "forwarded jobs refused: their not_after passed before the commit"
+            );
+            request.reply.reject(WriteRejected::Expired);
+        }
+    }
+
+    /// Writes the checkpoint alone, bounded like any commit: how a writer whose last try
+    /// failed finds out that the JobDB can be written again when nothing else comes to try.
+    pub(super) async fn probe(&mut self) {
+        if self.lock_lost.is_cancelled() {
+            return;
+        }
+        let started = Instant::now();
+        let open_from = self.open.open_from(self.next_id);
+        let append = Append {
+            checkpoint: Some(open_from),
+            ..Append::default()
+        };
+        let bounds = self.limits.bounds(None);
+        match self.db.append_bounded(self.token, &append, &bounds).await {
+            Ok(_) => {
+                tracing::info!("the jobdb can be written again");
+                self.checkpoint = Some((open_from, started));
+                self.metrics.observe_commit();
+                self.progress.idle();
+            }
+            Err(JobDbError::Fenced { ours, current }) => {
+                tracing::error!(
+                    ours,
+                    current,
+                    "fenced out of the jobdb: another director owns it"
+                );
+                self.metrics.fence_rejections.inc();
+                self.lock_lost.cancel();
+            }
+            // Whether an unanswered checkpoint committed does not matter: the same value,
+            // or one that only makes a new owner read a little more.
+            Err(e) => tracing::debug!(error = %e, "the jobdb still cannot be written"),
+        }
+    }
+
+    /// After the JobDB refused a duplicate key: which jobs of the batch's forwarded
+    /// submissions are stored already (by an earlier try of the same request), dropped from
+    /// the batch and counted on their requests. Returns how many (`None`: the JobDB could not
+    /// be asked, or the batch forwards nothing).
+    async fn skip_present(&self, batch: &mut Batch) -> Option<usize> {
+        let ids = batch.forwarded_ids();
+        if ids.is_empty() {
+            return None;
+        }
+        let present = match self.db.existing_jobs(&ids).await {
+            Ok(present) => present,
+            Err(err) => {
+                tracing::warn!(error = %err, "jobdb unreachable while looking for forwarded jobs stored already");
+                return None;
+            }
+        };
+        let skipped = batch.skip_present(&present);
+        if skipped > 0 {
+            tracing::info!(
+                skipped,
+                "forwarded jobs stored already by an earlier try: not stored again"
+            );
+        }
+        Some(skipped)
+    }
+
+    /// The checkpoint to write with the next commit, if one is due: the oldest commit that
+    /// holds something open, or the next id when none does. Taken before the commit numbers
+    /// anything of its own.
+    fn checkpoint_due(&self, now: Instant) -> Option<u64> {
+        let open_from = self.open.open_from(self.next_id);
+        match self.checkpoint {
+            Some((written, _)) if written == open_from => None,
+            Some((_, at)) if now < at + CHECKPOINT_EVERY => None,
+            _ => Some(open_from),
+        }
+    }
+
+    /// The JobDB refused the batch's data: writes it in halves until the request carrying the
+    /// refused rows is alone, and refuses that one only.
+    async fn isolate(&mut self, mut batch: Batch, why: String) {
+        let writing = batch.writing();
+        if writing.len() <= 1 {
+            let refused = batch.retain(|r| matches!(r.reply, Reply::Barrier(..)));
+            for (request, jobs) in refused {
+                let reply = request.reply;
+                let kind = reply.kind();
+                self.metrics.write_rejected(kind, "refused");
+                tracing::error!(
+                    request = kind,
+                    jobs,
+                    reason = %why,
+                    "the jobdb refused a write request; it alone is not stored"
+                );
+                reply.reject(WriteRejected::Refused {
+                    too_large: why.contains("max_allowed_packet"),
+                });
+            }
+            return self.acknowledge(batch, None);
+        }
+        // Split between two writing requests; a barrier stays with what precedes it.
+        let second = batch.split_off(writing[writing.len() / 2]);
+        Box::pin(self.commit(batch)).await;
+        Box::pin(self.commit(second)).await;
+    }
+
+    /// After a failed COMMIT, finds out whether it committed anyway (the COMMIT may have
+    /// reached the server before the connection broke): its log row, or else its last row,
+    /// exists or not. A COMMIT that got no answer in time (`stalled`) is settled first: only
+    /// once the server is done with its connection does a read tell. Keeps asking until the
+    /// JobDB answers, because a wrong guess either loses or duplicates work; `Unknown` only if
+    /// ownership is lost meanwhile. A batch of rests alone is taken as not committed: writing
+    /// its entries again changes nothing.
+    async fn committed_after_error(
+        &self,
+        mut stalled: Option<Stalled>,
+        log: Option<u64>,
+        rows: &[(u64, Transition)],
+    ) -> Committed {
+        let last = rows.last();
+        let mut pause = Duration::from_millis(100);
+        loop {
+            if self.lock_lost.is_cancelled() {
+                return Committed::Unknown;
+            }
+            let found = match self.db.settle(&mut stalled).await {
+                Err(e) => Err(e),
+                Ok(()) => match (log, last) {
+                    (Some(id), _) => self.db.commit_exists(id).await,
+                    (None, Some((id, t))) => self.db.transition_exists(t.job_id, *id).await,
+                    (None, None) => Ok(false),
+                },
+            };
+            match found {
+                Ok(true) => return Committed::Yes,
+                Ok(false) => return Committed::No,
+                Err(err) => {
+                    tracing::warn!(error = %err, "jobdb unreachable while checking a commit");
+                    tokio::time::sleep(pause).await;
+                    pause = (pause * 2).min(Duration::from_secs(2));
+                }
+            }
+        }
+    }
+
+    /// Answers every request of a committed batch; `start` is where its attempts began.
+    fn acknowledge(&self, batch: Batch, start: Option<AttemptStart>) {
+        let transaction = Ulid::new();
+        let mut jobs = batch.jobs.into_iter();
+        let mut at = 0;
+        for request in batch.requests {
+            let taken = request.ends.jobs - at;
+            at = request.ends.jobs;
+            match request.reply {
+                Reply::Import(reply, mut imported, _) => {
+                    jobs.by_ref().take(taken).for_each(drop);
+                    self.metrics.jobs_imported.inc_by(imported.len() as u64);
+                    // Ordered jobs wait, held, for the sequencer to release them.
+                    imported.retain(|r| r.job.ordering.is_none());
+                    let _ = self.scheduler.send(Event::HandedOver(imported));
+                    let _ = reply.send(Ok(()));
+                }
+                Reply::Submit(reply, _, already_present, scheduled) => {
+                    let mut accepted: Vec<Arc<Job>> = jobs.by_ref().take(taken).collect();
+                    self.metrics.jobs_accepted.inc_by(accepted.len() as u64);
+                    // The scheduler learns of the jobs only now that they are durable; the
+                    // producer hears about it at the same moment. Scheduled jobs reach it as
+                    // resting jobs, due at their time.
+                    if !scheduled.is_empty() {
+                        let times: std::collections::HashMap<JobId, DateTime<Utc>> =
+                            scheduled.into_iter().collect();
+                        let mut later = Vec::with_capacity(times.len());
+                        accepted.retain(|job| match times.get(&job.id) {
+                            Some(at) => {
+                                later.push(Recovered {
+                                    job: job.clone(),
+                                    attempts: 0,
+                                    retry_at: Some(*at),
+                                });
+                                false
+                            }
+                            None => true,
+                        });
+                        self.metrics.jobs_scheduled.inc_by(later.len() as u64);
+                        later.retain(|r| r.job.ordering.is_none());
+                        let _ = self.scheduler.send(Event::HandedOver(later));
+                    }
+                    // Ordered jobs wait, held, for the sequencer to release them.
+                    accepted.retain(|job| job.ordering.is_none());
+                    if !accepted.is_empty() {
+                        let _ = self.scheduler.send(Event::Accepted(accepted));
+                    }
+                    let _ = reply.send(Ok(Accepted {
+                        transaction,
+                        already_present,
+                    }));
+                }
+                Reply::Release(_) => {}
+                Reply::Transitions(done) | Reply::Rest(done) => {
+                    if let Some(done) = done {
+                        let _ = done.send(Ok(()));
+                    }
+                }
+                Reply::Start(done) => {
+                    // A committed batch with starts always wrote its log row.
+                    let _ = done.send(start.ok_or(WriteRejected::Unavailable));
+                }
+                Reply::Barrier(reply, next_id) => {
+                    let _ = reply.send(next_id);
+                }
+            }
+        }
+    }
+}
+
+/// Whether a transaction committed, as far as the writer can tell.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Committed {
+    Yes,
+    No,
+    /// Ownership was lost before it could be found out.
+    Unknown,
+}
+
+fn fail(batch: Batch, why: WriteRejected) {
+    for request in batch.requests {
+        request.reply.reject(why);
+    }
+}

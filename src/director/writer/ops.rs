@@ -1,0 +1,210 @@
+//! What the writer's senders use: the requests it takes ([`WriteOp`]), the answers it gives
+//! ([`Accepted`], or why nothing was stored: [`WriteRejected`]), and the claim on a producer's
+//! request ([`Ticket`]). The senders are the Director's intake (submissions, imports), its
+//! scheduler (transitions, starts, rests), its sequencer (releases) and its archiving
+//! (`archived` rows); the writer task itself is [`super::Writer`].
+
+use std::sync::Arc;
+
+use chrono::{DateTime, Utc};
+use tokio::sync::oneshot;
+use ulid::Ulid;
+
+use crate::job::{AttemptStart, Job, JobId, Recovered, Seq, Transition};
+use crate::jobdb::BlockedKey;
+use crate::rpc::api::FieldError;
+use crate::rpc::error::{ApiError, OUTCOME_UNKNOWN};
+
+/// A producer's request to the writer (a submission or an import), claimed exactly once:
+/// by the writer when it takes the request into a transaction ([`Ticket::take`]), or by
+/// the handler that stopped waiting first ([`Ticket::withdraw`]), whose request is then
+/// never written. A handler that stops waiting after the writer took its request marks it
+/// abandoned: the writer leaves it out of any later try.
+#[derive(Clone, Debug, Default)]
+pub struct Ticket(Arc<std::sync::atomic::AtomicU8>);
+
+impl Ticket {
+    const QUEUED: u8 = 0;
+    const TAKEN: u8 = 1;
+    const WITHDRAWN: u8 = 2;
+    const ABANDONED: u8 = 3;
+
+    /// A ticket for a request about to be queued.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// The writer takes the request into a transaction: `false` if its handler withdrew it
+    /// first (then it must not be written, ever).
+    pub fn take(&self) -> bool {
+        self.swap(Self::QUEUED, Self::TAKEN)
+    }
+
+    /// The handler stops waiting. `true`: the request was still queued, and now never will
+    /// be written (nothing stored). `false`: the writer had taken it, its outcome is unknown;
+    /// it is abandoned, and no later try writes it.
+    pub fn withdraw(&self) -> bool {
+        if self.swap(Self::QUEUED, Self::WITHDRAWN) {
+            return true;
+        }
+        self.swap(Self::TAKEN, Self::ABANDONED);
+        false
+    }
+
+    /// Whether its handler stopped waiting after the writer took it.
+    pub fn abandoned(&self) -> bool {
+        self.0.load(std::sync::atomic::Ordering::Acquire) == Self::ABANDONED
+    }
+
+    fn swap(&self, from: u8, to: u8) -> bool {
+        use std::sync::atomic::Ordering;
+        self.0
+            .compare_exchange(from, to, Ordering::AcqRel, Ordering::Acquire)
+            .is_ok()
+    }
+}
+
+/// A submission made durable.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Accepted {
+    /// The transaction's id (what producers are told).
+    pub transaction: Ulid,
+    /// Jobs of a forwarded submission that an earlier try had stored already (not stored
+    /// again, not handed to the scheduler again).
+    pub already_present: usize,
+}
+
+/// Why a write was not made.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum WriteRejected {
+    /// The JobDB could not be reached; nothing of the request was stored.
+    #[error("the jobdb is unavailable; nothing was stored")]
+    Unavailable,
+    /// This Director lost its JobDB; nothing of the request was stored.
+    #[error("this director no longer owns its jobdb; nothing was stored")]
+    LockLost,
+    /// The JobDB refused the request's data (`too_large`: a row is larger than its server
+    /// accepts); nothing of the request was stored, and sending it again cannot help.
+    #[error("the jobdb refused this request's data; nothing was stored")]
+    Refused {
+        /// A row is larger than the server's packet limit.
+        too_large: bool,
+    },
+    /// The request's `not_after` passed before its batch was written; nothing was stored.
+    #[error("not_after passed before the write; nothing was stored")]
+    Expired,
+    /// The request was in a transaction whose outcome cannot be known now (the Director lost
+    /// its JobDB while finding out): it may or may not have been stored.
+    #[error("the outcome of the write is unknown")]
+    Unknown,
+}
+
+impl From<WriteRejected> for ApiError {
+    /// What a producer hears when the writer did not store its request.
+    fn from(why: WriteRejected) -> Self {
+        match why {
+            WriteRejected::Unavailable => {
+                ApiError::Unavailable("the jobdb is unavailable; nothing was stored".into())
+            }
+            WriteRejected::LockLost => ApiError::ShuttingDown,
+            WriteRejected::Refused { too_large: true } => {
+                ApiError::InvalidField(FieldError::too_large(
+                    "jobs",
+                    "a job is larger than this director's jobdb server accepts \
+                     (max_allowed_packet); nothing was stored",
+                ))
+            }
+            WriteRejected::Refused { too_large: false } => ApiError::InvalidField(FieldError::new(
+                "jobs",
+                "the jobdb refused a value of this batch; nothing was stored",
+            )),
+            WriteRejected::Unknown => ApiError::OutcomeUnknown(OUTCOME_UNKNOWN.into()),
+            WriteRejected::Expired => ApiError::Conflict {
+                message: "not_after passed before the jobs were written: the claim may have \
+                          been taken over; nothing was stored"
+                    .into(),
+                field: Some("not_after".to_owned()),
+            },
+        }
+    }
+}
+
+/// A request to the writer.
+#[derive(Debug)]
+pub enum WriteOp {
+    /// New jobs (their `jobs` rows are their acceptance; the commit's log row lists them);
+    /// answered with the transaction id.
+    Submit {
+        /// The validated jobs.
+        jobs: Vec<Arc<Job>>,
+        /// Those of `jobs` that wait for a later first attempt: each gets its `scheduled` row
+        /// (and so its `open_jobs` entry) in the same commit.
+        scheduled: crate::job::Scheduled,
+        /// Never committed after this instant (a router's claim deadline): checked when the
+        /// batch is assembled and again just before each COMMIT that carries the jobs.
+        not_after: Option<DateTime<Utc>>,
+        /// The jobs' ids were minted elsewhere (a router's forward): an earlier try of the same
+        /// request may have stored some. Those are skipped (and counted), not refused, found
+        /// only when the JobDB refuses a duplicate, so a first try costs no read.
+        forwarded: bool,
+        /// Where the outcome goes once known.
+        reply: oneshot::Sender<Result<Accepted, WriteRejected>>,
+        /// Claimed by the writer or by the handler that stopped waiting, whichever comes first.
+        ticket: Ticket,
+    },
+    /// Jobs imported from a retired JobDB (each gets its `imported` row and its origin).
+    Import {
+        /// The jobs with their progress.
+        jobs: Vec<Recovered>,
+        /// The retired JobDB they come from.
+        from_jobdb: String,
+        /// Keys blocked there: blocked here in the same commit, so the block follows the key.
+        blocks: Vec<BlockedKey>,
+        /// Told once they are durable (or will never be).
+        reply: oneshot::Sender<Result<(), WriteRejected>>,
+        /// Claimed by the writer or by the handler that stopped waiting, whichever comes first.
+        ticket: Ticket,
+    },
+    /// State transitions of known jobs, optionally acknowledged after COMMIT.
+    Transitions {
+        /// Rows to append, in order.
+        rows: Vec<Transition>,
+        /// Told once the rows are durable (or will never be).
+        done: Option<oneshot::Sender<Result<(), WriteRejected>>>,
+    },
+    /// Attempts to begin: the commit's log row lists them, and once it is durable their
+    /// requests may be sent. `rows` (earlier outcomes) go first, in order.
+    Start {
+        /// Rows queued before these starts.
+        rows: Vec<Transition>,
+        /// Each job and the number of the attempt it begins.
+        starts: Vec<(JobId, u16)>,
+        /// Told where the attempts began once durable (or that they will not be).
+        done: oneshot::Sender<Result<AttemptStart, WriteRejected>>,
+    },
+    /// Jobs accepted and never tried that wait in the JobDB only from now on (the cache has
+    /// no room for them): each gets its `open_jobs` entry unless it has one, so backlog passes
+    /// find it. `recovered`: jobs a previous owner accepted, which this writer does not know;
+    /// they rest whatever it knows.
+    Rest {
+        /// The jobs.
+        jobs: Vec<JobId>,
+        /// A previous owner's jobs.
+        recovered: bool,
+        /// Told once their entries are durable (or will never be).
+        done: Option<oneshot::Sender<Result<(), WriteRejected>>>,
+    },
+    /// Ordered jobs whose turn came (the sequencer found each its sequence's head): released
+    /// in the commit if each still is, and handed to the scheduler after it.
+    Release {
+        /// Each sequence with the job at its head.
+        heads: Vec<(Seq, JobId)>,
+        /// Held jobs whose expiry has passed: released if still held and expired, for the
+        /// scheduler to end (never tried), which lets their sequences go on.
+        expired: Vec<JobId>,
+    },
+    /// Answered, once everything queued before it is durable, with the first transition id
+    /// after it: a read whose snapshot starts later sees every earlier row, and rows with
+    /// lower ids are all the writes that came before it.
+    Barrier(oneshot::Sender<u64>),
+}

@@ -1,0 +1,155 @@
+
+-- ARGV: key prefix, mode ('c' claim | 't' take over | 'f' confirm), pending TTL ms, slot ms, ms a hash outlives
+-- its slot, number of slot ranges R, then R × (own slot, first slot, last slot), then per key:
+-- field, owner (16 bytes), hash index, range number (1-based). Keys come sorted by hash index
+-- and range, so that each run sharing both is one HMGET per slot and one HSET.
+-- Returns {position, kind, owner} for keys not newly claimed: kind 1 = the owner's own entry,
+-- 2 = another owner's confirmed entry, 3 = another owner's pending entry, 4 = another owner's
+-- lapsed pending entry (claim mode only: kept, so the caller can check that its job was never
+-- stored before taking the key over; take-over mode deletes it like confirm mode does).
+local prefix = ARGV[1]
+local confirming = ARGV[2] == 'f'
+local careful = ARGV[2] == 'c'
+local time = redis.call('TIME')
+local now = tonumber(time[1]) * 1000 + math.floor(tonumber(time[2]) / 1000)
+local deadline = string.format('%.0f', now + tonumber(ARGV[3]))
+local slot_ms = tonumber(ARGV[4])
+local keep_ms = tonumber(ARGV[5])
+-- Key prefixes are built once per range: formatting a number costs as much as a Redis call.
+local ranges = {}
+local at = 7
+for r = 1, tonumber(ARGV[6]) do
+  local slot = tonumber(ARGV[at])
+  local scan = {}
+  for s = tonumber(ARGV[at + 1]), tonumber(ARGV[at + 2]) do
+    scan[#scan + 1] = prefix .. string.format('%.0f', s) .. ':'
+  end
+  ranges[r] = {
+    own = prefix .. string.format('%.0f', slot) .. ':',
+    scan = scan,
+    expire_at = string.format('%.0f', (slot + 1) * slot_ms + keep_ms),
+  }
+  at = at + 3
+end
+-- Appends `values` to the list of `key` in `map` (lists and the key order are created lazily:
+-- this path is rare).
+local function append(map, key, a, b)
+  map = map or { order = {} }
+  local list = map[key]
+  if not list then
+    list = {}
+    map[key] = list
+    map.order[#map.order + 1] = key
+  end
+  list[#list + 1] = a
+  if b then
+    list[#list + 1] = b
+  end
+  return map
+end
+local out = {}
+local expiring = {}
+local position = 0
+local n = #ARGV
+local i = at
+while i <= n do
+  -- One run: the keys sharing a hash index and a range.
+  local hash, number = ARGV[i + 2], ARGV[i + 3]
+  local range = ranges[tonumber(number)]
+  local scan = range.scan
+  local stop = i + 4
+  while stop <= n and ARGV[stop + 2] == hash and ARGV[stop + 3] == number do
+    stop = stop + 4
+  end
+  local count = (stop - i) / 4
+  local fields = {}
+  for g = 1, count do
+    fields[g] = ARGV[i + (g - 1) * 4]
+  end
+  local keys, seen = {}, {}
+  for s = 1, #scan do
+    keys[s] = scan[s] .. hash
+    seen[s] = redis.call('HMGET', keys[s], unpack(fields))
+  end
+  local own = range.own .. hash
+  -- Writes are collected and applied after the run: deletions of expired entries first, then
+  -- sets (a new entry may replace an expired one in the same hash). `fresh` is what this run
+  -- wrote into `own`, so that a key repeated within the run sees its earlier claim.
+  local own_sets = {}
+  local deletes, refreshes = nil, nil
+  local fresh = {}
+  for g = 1, count do
+    position = position + 1
+    local field, owner = fields[g], ARGV[i + (g - 1) * 4 + 1]
+    local mine_key, mine_pending, other, other_pending, other_lapsed = nil, false, nil, false, false
+    local earlier = fresh[field]
+    if earlier then
+      if string.sub(earlier, 1, 16) == owner then
+        mine_key, mine_pending = own, #earlier > 16
+      else
+        other, other_pending = string.sub(earlier, 1, 16), #earlier > 16
+      end
+    end
+    for s = 1, #scan do
+      local value = seen[s][g]
+      if value then
+        local pending = #value > 16
+        if pending and tonumber(string.sub(value, 17)) <= now then
+          if careful and string.sub(value, 1, 16) ~= owner then
+            if not other then
+              other, other_pending, other_lapsed = string.sub(value, 1, 16), true, true
+            end
+          else
+            deletes = append(deletes, keys[s], field)
+          end
+        elseif string.sub(value, 1, 16) == owner then
+          mine_key, mine_pending = keys[s], pending
+        elseif not other then
+          other, other_pending = string.sub(value, 1, 16), pending
+        end
+      end
+    end
+    local value = confirming and owner or (owner .. deadline)
+    if mine_key then
+      if mine_pending then
+        if mine_key == own then
+          own_sets[#own_sets + 1] = field
+          own_sets[#own_sets + 1] = value
+          fresh[field] = value
+        else
+          refreshes = append(refreshes, mine_key, field, value)
+        end
+      end
+      out[#out + 1] = position
+      out[#out + 1] = 1
+      out[#out + 1] = owner
+    elseif other then
+      out[#out + 1] = position
+      out[#out + 1] = other_lapsed and 4 or (other_pending and 3 or 2)
+      out[#out + 1] = other
+    else
+      own_sets[#own_sets + 1] = field
+      own_sets[#own_sets + 1] = value
+      fresh[field] = value
+    end
+  end
+  if deletes then
+    for _, key in ipairs(deletes.order) do
+      redis.call('HDEL', key, unpack(deletes[key]))
+    end
+  end
+  if refreshes then
+    for _, key in ipairs(refreshes.order) do
+      redis.call('HSET', key, unpack(refreshes[key]))
+    end
+  end
+  if #own_sets > 0 then
+    redis.call('HSET', own, unpack(own_sets))
+    if not expiring[own] then
+      redis.call('PEXPIREAT', own, range.expire_at)
+      expiring[own] = true
+    end
+  end
+  i = stop
+end
+return out

@@ -1,0 +1,239 @@
+//! Steps 1 and 3 of a submission through the router: claiming the jobs' keys (waiting for
+//! another submission's pending claim, finishing the work of a router that died), keeping the
+//! claims alive while a forward takes long, and confirming or releasing them once the
+//! forwards have settled (see the module documentation of [`super`]).
+
+use std::collections::HashSet;
+use std::time::{Duration, Instant};
+
+use chrono::{DateTime, Utc};
+
+use super::{Routed, Shared};
+use crate::job::JobId;
+use crate::router::dedup::{Claim, ClaimOutcome, ConfirmOutcome};
+use crate::rpc::api::JobStatus;
+use crate::rpc::error::ApiError;
+
+/// Claims the keys of `routed`, filling in the result of every job that is not to be
+/// forwarded (a duplicate, or a key still pending elsewhere after `pending_wait`).
+pub(super) async fn claim_keys(shared: &Shared, routed: &mut [Routed]) -> Result<(), ApiError> {
+    let batch_ids: HashSet<JobId> = routed.iter().map(|r| r.job.id).collect();
+    let mut open: Vec<usize> = (0..routed.len())
+        .filter(|&i| routed[i].claim.is_some())
+        .collect();
+    let started = Instant::now();
+    let mut pause = Duration::from_millis(50);
+    while !open.is_empty() {
+        let claims: Vec<Claim> = open.iter().filter_map(|&i| routed[i].claim).collect();
+        let outcomes = shared.dedup.claim(&claims).await.map_err(|e| {
+            tracing::warn!(error = %e, "router: dedup claim failed");
+            ApiError::Unavailable("the dedup store is unavailable; nothing was stored".into())
+        })?;
+        shared
+            .metrics
+            .claim_seconds
+            .observe(started.elapsed().as_secs_f64());
+        let waited_enough = started.elapsed() >= shared.settings.pending_wait;
+        let mut still = Vec::new();
+        let mut lapsed: Vec<(usize, JobId)> = Vec::new();
+        for (&i, outcome) in open.iter().zip(outcomes) {
+            let r = &mut routed[i];
+            match outcome {
+                ClaimOutcome::Lapsed { owner } => lapsed.push((i, owner)),
+                ClaimOutcome::Claimed | ClaimOutcome::Mine => {}
+                ClaimOutcome::Duplicate {
+                    owner,
+                    confirmed: true,
+                } => r.result = Some(r.answer(JobStatus::Duplicate, owner, None)),
+                // Held by another job of this very request: settled once that one is.
+                ClaimOutcome::Duplicate { owner, .. } if batch_ids.contains(&owner) => {
+                    r.result = Some(r.answer(JobStatus::Duplicate, owner, None))
+                }
+                ClaimOutcome::Duplicate { owner, .. } if waited_enough => {
+                    r.result = Some(
+                        r.answer(
+                            JobStatus::Pending,
+                            owner,
+                            Some(
+                                "another submission of this key is being stored; submit again \
+                             later with the same key"
+                                    .into(),
+                            ),
+                        ),
+                    )
+                }
+                ClaimOutcome::Duplicate { .. } => still.push(i),
+            }
+        }
+        // Lapsed claims: their router stopped before confirming, perhaps after storing the job.
+        for (i, holder) in lapsed {
+            let r = &mut routed[i];
+            let Some(claim) = r.claim else { continue };
+            match holder_stored(shared, holder).await {
+                Holder::Stored => {
+                    // Finish the dead router's work: the key is the stored job's.
+                    let holder_claim = Claim {
+                        owner: holder,
+                        ..claim
+                    };
+                    match shared.dedup.confirm(&[holder_claim]).await {
+                        Ok(_) => r.result = Some(r.answer(JobStatus::Duplicate, holder, None)),
+                        Err(_) => still.push(i),
+                    }
+                }
+                Holder::Absent => match shared.dedup.take_over(&[claim]).await {
+                    Ok(o) if matches!(o[..], [ClaimOutcome::Claimed | ClaimOutcome::Mine]) => {}
+                    Ok(_) | Err(_) => still.push(i),
+                },
+                Holder::Unknown(why) if waited_enough => {
+                    r.result = Some(r.answer(
+                        JobStatus::Pending,
+                        holder,
+                        Some(format!(
+                            "an earlier submission of this key (job {holder}) may have been \
+                             stored and cannot be checked now ({why}); submit again later"
+                        )),
+                    ))
+                }
+                Holder::Unknown(_) => still.push(i),
+            }
+        }
+        open = still;
+        if !open.is_empty() {
+            tokio::time::sleep(pause).await;
+            pause = (pause * 2).min(Duration::from_millis(500));
+        }
+    }
+    Ok(())
+}
+
+/// Whether the job holding a lapsed claim was stored.
+enum Holder {
+    Stored,
+    Absent,
+    Unknown(String),
+}
+
+/// Looks for `holder` in every live JobDB. It is absent only if every healthy Director answers
+/// 404, every active JobDB has one of them, and no JobDB left service since the job was made
+/// (it could have been stored there, and delivered or moved since).
+async fn holder_stored(shared: &Shared, holder: JobId) -> Holder {
+    let records = match crate::registry::inventory::Inventory::new(shared.consul.clone())
+        .list()
+        .await
+    {
+        Ok(records) => records,
+        Err(e) => return Holder::Unknown(format!("inventory unreadable: {e}")),
+    };
+    let made = DateTime::<Utc>::from_timestamp_millis(holder.0.timestamp_ms() as i64)
+        .unwrap_or(DateTime::<Utc>::UNIX_EPOCH)
+        - chrono::Duration::seconds(60);
+    let directors = shared.directors.all();
+    for listed in &records {
+        use crate::registry::inventory::JobDbState as S;
+        let record = &listed.record;
+        let unseen = match record.state {
+            S::Active => !directors.iter().any(|d| d.jobdb == record.name),
+            S::Retiring | S::Draining | S::Drained | S::Dropped => record.changed_at >= made,
+            S::Spare => false,
+        };
+        if unseen {
+            return Holder::Unknown(format!("jobdb {} cannot be searched", record.name));
+        }
+    }
+    let holder = holder.to_string();
+    let lookups = directors.iter().map(|d| {
+        let holder = &holder;
+        async move { shared.director_client(d)?.job(holder).await }
+    });
+    let mut absent = true;
+    for answer in futures::future::join_all(lookups).await {
+        match answer {
+            Ok(_) => return Holder::Stored,
+            Err(e) if e.status() == Some(404) => {}
+            Err(_) => absent = false,
+        }
+    }
+    if absent {
+        Holder::Absent
+    } else {
+        Holder::Unknown("a director did not answer".into())
+    }
+}
+
+/// Confirms the claims of stored jobs and releases those of jobs certainly not stored.
+pub(super) async fn settle_claims(shared: &Shared, confirm: &[Claim], release: &[Claim]) {
+    if !confirm.is_empty() {
+        let mut attempt = 0;
+        loop {
+            match shared.dedup.confirm(confirm).await {
+                Ok(outcomes) => {
+                    for (claim, outcome) in confirm.iter().zip(outcomes) {
+                        if let ConfirmOutcome::Lost { owner } = outcome {
+                            shared.metrics.dedup_lost.inc();
+                            tracing::error!(
+                                job = %claim.owner, holder = %owner,
+                                "router: stored job's key is held by another job (pending_ttl too short?)"
+                            );
+                        }
+                    }
+                    break;
+                }
+                Err(e) if attempt < 5 => {
+                    attempt += 1;
+                    tracing::warn!(error = %e, attempt, "router: confirming claims failed; retrying");
+                    tokio::time::sleep(Duration::from_millis(100 << attempt)).await;
+                }
+                Err(e) => {
+                    shared.metrics.confirm_failures.inc_by(confirm.len() as u64);
+                    tracing::error!(error = %e, jobs = confirm.len(),
+                        "router: could not confirm claims of stored jobs; they stay pending");
+                    break;
+                }
+            }
+        }
+    }
+    if !release.is_empty() {
+        if let Err(e) = shared.dedup.release(release).await {
+            // They lapse after pending_ttl anyway.
+            tracing::warn!(error = %e, "router: releasing claims failed");
+        }
+    }
+}
+
+/// Re-claims (which refreshes the deadline of) claims older than a quarter of `pending_ttl`.
+/// `false` when the store cannot be reached or a claim was taken by another job.
+pub(super) async fn refresh_claims(
+    shared: &Shared,
+    claims: &[Claim],
+    claimed_at: &mut DateTime<Utc>,
+) -> bool {
+    if claims.is_empty() {
+        *claimed_at = Utc::now();
+        return true;
+    }
+    let quarter = shared.dedup.config().pending_ttl / 4;
+    let age = (Utc::now() - *claimed_at).to_std().unwrap_or_default();
+    if age < quarter {
+        return true;
+    }
+    let now = Utc::now();
+    match shared.dedup.refresh(claims).await {
+        Ok(outcomes) => {
+            if outcomes
+                .iter()
+                .all(|o| matches!(o, ClaimOutcome::Claimed | ClaimOutcome::Mine))
+            {
+                *claimed_at = now;
+                true
+            } else {
+                tracing::warn!("router: a claim lapsed and was taken before its job was stored");
+                false
+            }
+        }
+        Err(e) => {
+            tracing::warn!(error = %e, "router: refreshing claims failed");
+            false
+        }
+    }
+}

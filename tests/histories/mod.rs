@@ -1,0 +1,341 @@
+//! The random-history checker's parts: the system under test ([`world`]), the endpoints that
+//! record arrivals ([`endpoint`]), the recorder ([`record`]), the operations and producers
+//! ([`ops`]) and the invariants ([`check`]); [`run`] puts them together.
+
+pub mod check;
+pub mod endpoint;
+pub mod ops;
+pub mod record;
+pub mod world;
+
+use std::collections::{HashMap, HashSet};
+use std::sync::Arc;
+use std::time::Duration;
+
+use chrono::Utc;
+use futures::StreamExt;
+use rand::rngs::StdRng;
+use rand::SeedableRng;
+use spindle::job::JobId;
+use spindle::registry::inventory::JobDbState;
+
+use check::{first_end, ApiViews, Inputs};
+use record::{Recorder, Violation};
+use world::{Stored, World};
+
+/// A run's seed (`SPINDLE_HISTORY_SEED`, else random) and length of operations
+/// (`SPINDLE_HISTORY_SECS`, else `default_secs`).
+pub struct Plan {
+    pub seed: u64,
+    pub run: Duration,
+    pub producers: usize,
+}
+
+impl Plan {
+    pub fn from_env(default_secs: u64, producers: usize) -> Plan {
+        use rand::Rng;
+        let seed = std::env::var("SPINDLE_HISTORY_SEED")
+            .ok()
+            .and_then(|s| s.parse().ok())
+            .unwrap_or_else(|| rand::rng().random());
+        let secs = std::env::var("SPINDLE_HISTORY_SECS")
+            .ok()
+            .and_then(|s| s.parse().ok())
+            .unwrap_or(default_secs);
+        Plan {
+            seed,
+            run: Duration::from_secs(secs),
+            producers,
+        }
+    }
+}
+
+/// Runs the plan's operations and producers against `world`, lets the system settle, checks
+/// every invariant, prints the report, and returns the violations.
+pub async fn run(world: World, plan: Plan, name: &str) -> Vec<Violation> {
+    let replay = format!(
+        "SPINDLE_HISTORY_SEED={} SPINDLE_HISTORY_SECS={} cargo test --test histories {name} -- --nocapture",
+        plan.seed,
+        plan.run.as_secs()
+    );
+    println!("histories {name}: seed {} ({replay})", plan.seed);
+    world.wait_ready().await;
+    let cluster = world.inventory.is_some();
+    let world = Arc::new(world);
+    let rec = Arc::new(Recorder::default());
+    let mut rng = StdRng::seed_from_u64(plan.seed);
+    let ops = ops::schedule(&mut rng, plan.run, ops::Kinds { cluster });
+    println!(
+        "histories {name}: {} operations over {} s",
+        ops.len(),
+        plan.run.as_secs()
+    );
+    let started = std::time::Instant::now();
+    let start = tokio::time::Instant::now();
+    let until = start + plan.run;
+    let mut tasks = tokio::task::JoinSet::new();
+    for p in 0..plan.producers {
+        tasks.spawn(ops::producer(
+            p,
+            plan.seed,
+            world.clone(),
+            rec.clone(),
+            until,
+        ));
+    }
+    tasks.spawn(ops::readiness(world.clone(), rec.clone(), until));
+    tasks.spawn(ops::run_schedule(
+        world.clone(),
+        rec.clone(),
+        ops,
+        start,
+        plan.seed,
+    ));
+    let watch = tokio::spawn(ops::expiry_watch(
+        world.clone(),
+        rec.clone(),
+        until + Duration::from_secs(600),
+    ));
+    while let Some(done) = tasks.join_next().await {
+        done.expect("a producer or the schedule failed");
+    }
+
+    // Quiet: every lane answers, controls are lifted, every process runs, blocks released.
+    rec.op("quiet: lanes answer 200, controls lifted, processes started, blocks released".into());
+    world.endpoint.all_ok();
+    let consul = world.consul.double.as_ref().unwrap().url();
+    for lane in ops::LANES {
+        let url = world.endpoint.lane_url(lane);
+        for verb in [vec!["resume"], vec!["limit"]] {
+            let mut args = vec!["endpoints"];
+            args.extend(verb);
+            args.extend(["--endpoint", &url, "--consul-addr", &consul]);
+            let args: Vec<String> = args.iter().map(|s| s.to_string()).collect();
+            tokio::task::spawn_blocking(move || {
+                let args: Vec<&str> = args.iter().map(String::as_str).collect();
+                crate::common::procs::run(&args)
+            })
+            .await
+            .unwrap();
+        }
+    }
+    for slot in world.routers.iter().chain(&world.directors) {
+        slot.start().await;
+    }
+    if let Some(manager) = &world.manager {
+        // No more retirements: what retired drains, nothing new starts to.
+        manager.term().await;
+        rec.op("manager stopped".into());
+    }
+    let latest_expiry = rec
+        .log
+        .lock()
+        .unwrap()
+        .accepted
+        .values()
+        .filter_map(|a| a.expire_at)
+        .max()
+        .unwrap_or_else(Utc::now);
+    let deadline = latest_expiry
+        + chrono::Duration::from_std(ops::EXPIRY_BOUND).unwrap()
+        + chrono::Duration::seconds(10);
+    let settled_at = loop {
+        world.on_every_jobdb("DELETE FROM ordering_blocked").await;
+        let stored = world.collect().await;
+        let open = unsettled(&world, &rec, &stored).await;
+        if open == 0 || Utc::now() > deadline {
+            println!(
+                "histories {name}: {open} jobs or notices unsettled at the end of the quiet period"
+            );
+            break stored;
+        }
+        tokio::time::sleep(Duration::from_secs(2)).await;
+    };
+    watch.abort();
+    let _ = watch.await;
+    // A last look a little later: a second notice or a late delivery shows too.
+    drop(settled_at);
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let stored = world.collect().await;
+    let took = started.elapsed();
+
+    // The checks, over everything.
+    let api = api_views(&world, &rec).await;
+    let active: HashSet<String> = world
+        .live_jobdbs()
+        .await
+        .into_iter()
+        .filter(|(_, _, s)| *s == JobDbState::Active)
+        .map(|(n, _, _)| n)
+        .collect();
+    let arrivals = world.endpoint.arrivals();
+    let violations = {
+        let log = rec.log.lock().unwrap();
+        let (mut violations, tally) = check::check(&Inputs {
+            log: &log,
+            arrivals: &arrivals,
+            stored: &stored,
+            api: &api,
+            active: &active,
+        });
+        violations.splice(0..0, log.live.iter().cloned());
+        println!(
+            "histories {name}: {:.0} s in all; {} requests; {tally:?}",
+            took.as_secs_f64(),
+            log.requests
+        );
+        report(name, &replay, &violations, &log, &stored, &arrivals);
+        violations
+    };
+    match Arc::try_unwrap(world) {
+        Ok(world) => world.stop().await,
+        Err(_) => {
+            println!("histories {name}: the world is still shared; processes die with the test")
+        }
+    }
+    violations
+}
+
+/// Jobs of ours not ended yet, plus ended jobs whose notice has not arrived.
+async fn unsettled(world: &World, rec: &Recorder, stored: &HashMap<JobId, Stored>) -> usize {
+    let arrivals = world.endpoint.arrivals();
+    let told: HashSet<String> = arrivals
+        .iter()
+        .filter(|a| a.path.starts_with("notice/"))
+        .filter_map(|a| a.body.as_ref()?["job_id"].as_str().map(str::to_owned))
+        .collect();
+    let log = rec.log.lock().unwrap();
+    let mut open = log
+        .accepted
+        .keys()
+        .filter(|id| !stored.contains_key(id))
+        .count();
+    for (id, s) in stored {
+        match first_end(s) {
+            None => open += 1,
+            Some(_) if s.job.on_complete.is_some() && !told.contains(&id.to_string()) => open += 1,
+            Some(_) => {}
+        }
+    }
+    open
+}
+
+/// `GET /v1/jobs/{id}` of every acknowledged job.
+async fn api_views(world: &World, rec: &Recorder) -> ApiViews {
+    let ids: Vec<JobId> = rec.log.lock().unwrap().accepted.keys().copied().collect();
+    let base = world.api_base();
+    let client = &world.client;
+    futures::stream::iter(ids)
+        .map(|id| {
+            let url = format!("{base}/v1/jobs/{id}");
+            async move {
+                let answer = match client.get(&url).send().await {
+                    Ok(r) => {
+                        let status = r.status().as_u16();
+                        let body: serde_json::Value = r.json().await.unwrap_or_default();
+                        (status, body["state"].as_str().map(str::to_owned))
+                    }
+                    Err(e) => (0, Some(e.to_string())),
+                };
+                (id, answer)
+            }
+        })
+        .buffer_unordered(8)
+        .collect()
+        .await
+}
+
+/// Prints every violation with the operations before it and its job's histories and
+/// arrivals; then a count by invariant and how to replay the run.
+fn report(
+    name: &str,
+    replay: &str,
+    violations: &[Violation],
+    log: &record::Log,
+    stored: &HashMap<JobId, Stored>,
+    arrivals: &[endpoint::Arrival],
+) {
+    let mut by_invariant: std::collections::BTreeMap<&str, usize> = Default::default();
+    for (n, v) in violations.iter().enumerate() {
+        let count = by_invariant.entry(v.invariant).or_default();
+        *count += 1;
+        if *count > 5 {
+            continue;
+        }
+        println!(
+            "\n=== violation {}: {} at {}",
+            n + 1,
+            v.invariant,
+            v.at.format("%H:%M:%S%.3f")
+        );
+        println!("{}", v.what);
+        let from = v.at - chrono::Duration::seconds(20);
+        let to = v.at + chrono::Duration::seconds(1);
+        println!("  operations from 20 s before:");
+        for (t, op) in log.ops.iter().filter(|(t, _)| *t >= from && *t <= to) {
+            println!("    {} {op}", t.format("%H:%M:%S%.3f"));
+        }
+        for &id in &v.jobs {
+            if let Some(s) = stored.get(&id) {
+                let o = s
+                    .job
+                    .ordering
+                    .as_ref()
+                    .map(|o| {
+                        let blocks = if o.blocks { " (block)" } else { "" };
+                        format!(" key {}{blocks} at position {}", o.key, o.position)
+                    })
+                    .unwrap_or_default();
+                println!(
+                    "  job {id}: {} {}{o}, expires {}{}",
+                    s.job.bucket,
+                    s.job.endpoint,
+                    s.job.expire_at.format("%H:%M:%S%.3f"),
+                    if s.job.on_complete.is_some() {
+                        ", on_complete"
+                    } else {
+                        ""
+                    }
+                );
+                for p in &s.places {
+                    let steps: Vec<String> = p
+                        .history
+                        .iter()
+                        .map(|t| {
+                            format!(
+                                "{}{}@{}",
+                                t.state,
+                                t.error_type
+                                    .as_deref()
+                                    .map(|e| format!("/{e}"))
+                                    .unwrap_or_default(),
+                                t.time.format("%H:%M:%S%.3f")
+                            )
+                        })
+                        .collect();
+                    println!("    in {}: {}", p.jobdb, steps.join(" "));
+                }
+            }
+            let seen: Vec<String> = arrivals
+                .iter()
+                .filter(|a| a.job == id.to_string())
+                .map(|a| {
+                    format!(
+                        "#{}→{}@{}",
+                        a.attempt,
+                        a.status,
+                        a.at.format("%H:%M:%S%.3f")
+                    )
+                })
+                .collect();
+            println!("    arrivals: {}", seen.join(" "));
+        }
+    }
+    println!(
+        "\nhistories {name}: {} violations {by_invariant:?}",
+        violations.len()
+    );
+    if !violations.is_empty() {
+        println!("histories {name}: replay with {replay}");
+    }
+}

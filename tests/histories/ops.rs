@@ -1,0 +1,720 @@
+//! What happens to the system: producers (sequential, each owning a few ordered keys) submit
+//! mixes of jobs to every front; a schedule of operations drawn from the seed switches
+//! endpoints' behaviour, issues operator commands and endpoint controls, kills processes,
+//! retires JobDBs, locks the private MariaDB, and releases blocked keys; samplers look at
+//! readiness and at jobs past their expiry while it runs.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use chrono::Utc;
+use rand::rngs::StdRng;
+use rand::{Rng, SeedableRng};
+use serde_json::{json, Value};
+use spindle::job::JobId;
+use spindle::registry::inventory::JobDbState;
+use spindle_client::JobStatus;
+
+use super::endpoint::{Mode, FAIL_FIRST, WANT};
+use super::record::{Outcome, ReadySample, Recorder, SeqKey, Spec, Violation};
+use super::world::World;
+
+/// The lanes (endpoints) jobs go to; ordered keys use the first two.
+pub const LANES: [&str; 4] = ["a", "b", "c", "d"];
+pub const BUCKETS: [&str; 2] = ["t1", "t2"];
+
+/// How long past its expiry a job may still be open before that is a violation: the spec's
+/// "expired within a few seconds", plus a drain or a failover in a cluster.
+pub const EXPIRY_BOUND: Duration = Duration::from_secs(15);
+
+/// One operation.
+#[derive(Clone, Debug)]
+pub enum Op {
+    /// Switch a lane's behaviour.
+    Mode(&'static str, Mode),
+    /// An operator command (`expedite`, `postpone`, `flush`, `discard`) naming a recent job
+    /// (an ordered one when `ordered`), a lane or a bucket.
+    Command(&'static str, Target),
+    Pause(&'static str),
+    Resume(&'static str),
+    Limit(&'static str, u32),
+    Unlimit(&'static str),
+    /// kill -9 of a Director, started again after the pause.
+    KillDirector(usize, Duration),
+    KillRouter(usize, Duration),
+    /// A live JobDB marked retiring (as the manager does by age).
+    Retire,
+    /// The private MariaDB stops answering writes (`FLUSH TABLES WITH READ LOCK`) for a while.
+    Outage(Duration),
+    /// An operator releases every blocked key (`DELETE FROM ordering_blocked`).
+    ReleaseBlocks,
+}
+
+#[derive(Clone, Copy, Debug)]
+pub enum Target {
+    Job { ordered: bool },
+    Lane(&'static str),
+    Bucket(&'static str),
+}
+
+/// Which operations a world supports.
+#[derive(Clone, Copy)]
+pub struct Kinds {
+    pub cluster: bool,
+}
+
+/// The operations of a run of `run`, in time order, drawn from `rng`.
+pub fn schedule(rng: &mut StdRng, run: Duration, kinds: Kinds) -> Vec<(Duration, Op)> {
+    let mut ops: Vec<(Duration, Op)> = Vec::new();
+    let mut t = Duration::from_secs(2);
+    let lane = |rng: &mut StdRng| LANES[rng.random_range(0..LANES.len())];
+    let secs =
+        |rng: &mut StdRng, lo: f64, hi: f64| Duration::from_secs_f64(rng.random_range(lo..hi));
+    while t < run {
+        let roll = rng.random_range(0..100);
+        let op = match roll {
+            0..=21 => {
+                let l = lane(rng);
+                let mode =
+                    [Mode::Fail, Mode::TooMany, Mode::Hang, Mode::Flaky][rng.random_range(0..4)];
+                let back = t + secs(rng, 2.0, 8.0);
+                ops.push((back.min(run), Op::Mode(l, Mode::Ok)));
+                Op::Mode(l, mode)
+            }
+            22..=49 => {
+                let action = ["expedite", "postpone", "flush", "discard"][rng.random_range(0..4)];
+                let target = match rng.random_range(0..10) {
+                    0..=3 => Target::Job { ordered: true },
+                    4..=6 => Target::Job { ordered: false },
+                    7..=8 => Target::Lane(lane(rng)),
+                    _ => Target::Bucket(BUCKETS[rng.random_range(0..BUCKETS.len())]),
+                };
+                Op::Command(action, target)
+            }
+            50..=59 => {
+                let l = lane(rng);
+                ops.push(((t + secs(rng, 1.0, 6.0)).min(run), Op::Resume(l)));
+                Op::Pause(l)
+            }
+            60..=64 => {
+                let l = lane(rng);
+                ops.push(((t + secs(rng, 2.0, 8.0)).min(run), Op::Unlimit(l)));
+                Op::Limit(l, rng.random_range(1..3))
+            }
+            65..=74 => Op::KillDirector(
+                rng.random_range(0..if kinds.cluster { 3 } else { 1 }),
+                secs(rng, 0.0, 2.0),
+            ),
+            75..=79 => Op::ReleaseBlocks,
+            80..=84 if kinds.cluster => Op::KillRouter(rng.random_range(0..2), secs(rng, 0.0, 1.5)),
+            85..=91 if kinds.cluster => Op::Retire,
+            92..=99 if kinds.cluster => Op::Outage(secs(rng, 2.0, 6.0)),
+            _ => Op::ReleaseBlocks,
+        };
+        ops.push((t, op));
+        t += secs(rng, 0.4, 2.5);
+    }
+    ops.sort_by_key(|(t, _)| *t);
+    ops
+}
+
+/// Runs the operations at their times (relative to `start`).
+pub async fn run_schedule(
+    world: Arc<World>,
+    rec: Arc<Recorder>,
+    ops: Vec<(Duration, Op)>,
+    start: tokio::time::Instant,
+    seed: u64,
+) {
+    let mut rng = StdRng::seed_from_u64(seed ^ 0x0005_eed0_f0b5);
+    for (at, op) in ops {
+        tokio::time::sleep_until(start + at).await;
+        execute(&world, &rec, &op, &mut rng).await;
+    }
+}
+
+async fn execute(world: &World, rec: &Recorder, op: &Op, rng: &mut StdRng) {
+    let consul = world.consul.double.as_ref().unwrap().url();
+    match op {
+        Op::Mode(lane, mode) => {
+            world.endpoint.set_mode(lane, *mode);
+            rec.op(format!("lane {lane} answers {mode:?}"));
+        }
+        Op::Command(action, target) => {
+            let condition = match target {
+                Target::Job { ordered } => {
+                    match rec.recent_job(rng.random_range(0..1000), *ordered) {
+                        Some(id) => ("job_id", format!("X'{}'", id.to_hex()), id.to_string()),
+                        None => return,
+                    }
+                }
+                Target::Lane(lane) => {
+                    let url = world.endpoint.lane_url(lane);
+                    ("endpoint_prefix", format!("'{url}'"), url)
+                }
+                Target::Bucket(b) => ("bucket", format!("'{b}'"), b.to_string()),
+            };
+            let (extra_col, extra_val) = if *action == "postpone" {
+                let until =
+                    Utc::now() + chrono::Duration::milliseconds(rng.random_range(1000..5000));
+                (
+                    ", postpone_until",
+                    format!(", '{}'", until.format("%Y-%m-%d %H:%M:%S%.6f")),
+                )
+            } else {
+                ("", String::new())
+            };
+            let sql = format!(
+                "INSERT INTO operator_commands (issued_by, action, {}{extra_col}) \
+                 VALUES ('histories', '{action}', {}{extra_val})",
+                condition.0, condition.1
+            );
+            let n = world.on_every_jobdb(&sql).await;
+            rec.op(format!(
+                "operator {action} {}={} (in {n} jobdbs)",
+                condition.0, condition.2
+            ));
+        }
+        Op::Pause(lane) | Op::Resume(lane) => {
+            let verb = if matches!(op, Op::Pause(_)) {
+                "pause"
+            } else {
+                "resume"
+            };
+            let url = world.endpoint.lane_url(lane);
+            spindle_cmd(&[
+                "endpoints",
+                verb,
+                "--endpoint",
+                &url,
+                "--consul-addr",
+                &consul,
+            ])
+            .await;
+            rec.op(format!("endpoints {verb} lane {lane}"));
+        }
+        Op::Limit(lane, n) => {
+            let url = world.endpoint.lane_url(lane);
+            let n = n.to_string();
+            spindle_cmd(&[
+                "endpoints",
+                "limit",
+                "--endpoint",
+                &url,
+                "--concurrency",
+                &n,
+                "--per-second",
+                "20",
+                "--consul-addr",
+                &consul,
+            ])
+            .await;
+            rec.op(format!("endpoints limit lane {lane} concurrency {n} 20/s"));
+        }
+        Op::Unlimit(lane) => {
+            let url = world.endpoint.lane_url(lane);
+            spindle_cmd(&[
+                "endpoints",
+                "limit",
+                "--endpoint",
+                &url,
+                "--consul-addr",
+                &consul,
+            ])
+            .await;
+            rec.op(format!("endpoints limit lane {lane} (caps removed)"));
+        }
+        Op::KillDirector(i, down) => {
+            let slot = &world.directors[*i];
+            slot.kill9().await;
+            rec.crash(format!("kill -9 {}", slot.name));
+            rec.op(format!(
+                "kill -9 {} (back in {} ms)",
+                slot.name,
+                down.as_millis()
+            ));
+            tokio::time::sleep(*down).await;
+            slot.start().await;
+            rec.op(format!("{} started", slot.name));
+        }
+        Op::KillRouter(i, down) => {
+            let slot = &world.routers[*i];
+            slot.kill9().await;
+            rec.op(format!(
+                "kill -9 {} (back in {} ms)",
+                slot.name,
+                down.as_millis()
+            ));
+            tokio::time::sleep(*down).await;
+            slot.start().await;
+            rec.op(format!("{} started", slot.name));
+        }
+        Op::Retire => {
+            let Some(inventory) = &world.inventory else {
+                return;
+            };
+            let listed = inventory.list().await.unwrap_or_default();
+            let active: Vec<_> = listed
+                .into_iter()
+                .filter(|l| l.record.state == JobDbState::Active)
+                .collect();
+            if active.is_empty() {
+                return;
+            }
+            let pick = &active[rng.random_range(0..active.len())];
+            let done = inventory
+                .set_state(pick, JobDbState::Retiring, "histories")
+                .await
+                .unwrap_or(false);
+            rec.op(format!(
+                "retire jobdb {} ({})",
+                pick.record.name,
+                if done { "done" } else { "lost the race" }
+            ));
+        }
+        Op::Outage(how_long) => {
+            let Some(mariadb) = &world.mariadb else {
+                return;
+            };
+            let server = mariadb.lock().unwrap().server();
+            rec.op(format!(
+                "outage: private mariadb read-locked for {} ms",
+                how_long.as_millis()
+            ));
+            rec.crash("jobdb outage".into());
+            rec.outage(true);
+            outage(&server, *how_long).await;
+            rec.outage(false);
+            rec.op("outage over: private mariadb unlocked".into());
+        }
+        Op::ReleaseBlocks => {
+            let n = world.on_every_jobdb("DELETE FROM ordering_blocked").await;
+            rec.op(format!("operator releases blocked keys (in {n} jobdbs)"));
+        }
+    }
+}
+
+/// Holds `FLUSH TABLES WITH READ LOCK` on the server for `how_long`: every write waits, reads
+/// go on (a JobDB that stops answering writes).
+async fn outage(server: &str, how_long: Duration) {
+    use sqlx::{ConnectOptions, Connection, Executor};
+    let url: spindle::jobdb::JobDbUrl = format!("{server}/mysql").parse().unwrap();
+    let Ok(options) = url.mysql_options() else {
+        return;
+    };
+    let Ok(mut conn) = options.connect().await else {
+        return;
+    };
+    if conn.execute("FLUSH TABLES WITH READ LOCK").await.is_ok() {
+        tokio::time::sleep(how_long).await;
+        let _ = conn.execute("UNLOCK TABLES").await;
+    }
+    let _ = conn.close().await;
+}
+
+async fn spindle_cmd(args: &[&str]) {
+    let args: Vec<String> = args.iter().map(|s| s.to_string()).collect();
+    let out = tokio::task::spawn_blocking(move || {
+        let args: Vec<&str> = args.iter().map(String::as_str).collect();
+        crate::common::procs::run(&args)
+    })
+    .await
+    .unwrap();
+    if !out.status.success() {
+        println!(
+            "histories: spindle command failed: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+}
+
+/// One producer's ordered key: a new generation starts when a submission's fate is unknown.
+struct KeyState {
+    name: String,
+    gen: u32,
+    bucket: &'static str,
+    lane: &'static str,
+}
+
+/// A producer repeats an idempotency key only among its last this many jobs: at a few jobs
+/// a second, well inside the routers' dedup window, which the `dedup` invariant assumes.
+const RECENT_REPEATS: usize = 32;
+
+/// A producer: one request at a time, so every key it owns is submitted sequentially and its
+/// acknowledged order is its expected order.
+pub async fn producer(
+    p: usize,
+    seed: u64,
+    world: Arc<World>,
+    rec: Arc<Recorder>,
+    until: tokio::time::Instant,
+) {
+    let mut rng = StdRng::seed_from_u64(
+        seed.wrapping_add(0x9e37_79b9_7f4a_7c15u64.wrapping_mul(p as u64 + 1)),
+    );
+    let fronts = world.fronts();
+    let mut keys: Vec<KeyState> = (0..3)
+        .map(|i| KeyState {
+            name: format!("p{p}k{i}"),
+            gen: 0,
+            bucket: BUCKETS[(p + i) % BUCKETS.len()],
+            lane: LANES[i % 2],
+        })
+        .collect();
+    let mut mine: Vec<Spec> = Vec::new();
+    let mut owed: Vec<Spec> = Vec::new();
+    let mut n = 0usize;
+    while tokio::time::Instant::now() < until {
+        let mut batch: Vec<Spec> = std::mem::take(&mut owed);
+        let fresh = rng.random_range(1..=3usize);
+        let mut used: Vec<usize> = batch
+            .iter()
+            .filter_map(|s| s.seq.as_ref())
+            .filter_map(|q| {
+                keys.iter()
+                    .position(|k| q.key.starts_with(&format!("{}.", k.name)))
+            })
+            .collect();
+        for _ in 0..fresh {
+            if rng.random_range(0..100) < 8 && !mine.is_empty() {
+                // A repeated idempotency key: the same job submitted again, one of the
+                // producer's last few (well inside the routers' 120 s dedup window: a key
+                // sent again after the window is a new job by design).
+                let recent = mine.len().saturating_sub(RECENT_REPEATS);
+                let again = mine[rng.random_range(recent..mine.len())].clone();
+                if again.seq.is_none() && !batch.iter().any(|s| s.key == again.key) {
+                    batch.push(again);
+                }
+                continue;
+            }
+            n += 1;
+            let key = format!("{}-p{p}-{n}", world.tag);
+            let ordered = rng.random_range(0..100) < 45;
+            let k = rng.random_range(0..keys.len());
+            if ordered && used.contains(&k) {
+                continue;
+            }
+            let spec = job(&mut rng, &world, key, ordered.then(|| &keys[k]));
+            if ordered {
+                used.push(k);
+            }
+            batch.push(spec);
+        }
+        if batch.is_empty() {
+            continue;
+        }
+        // Jobs sent again go to the same kind of front (a router's dedup must see them).
+        let through_router = batch.iter().any(|s| {
+            rec.log
+                .lock()
+                .unwrap()
+                .outcomes
+                .get(&s.key)
+                .is_some_and(|o| o.iter().any(|(via, _)| via.starts_with("router")))
+        });
+        let candidates: Vec<&(String, String)> = fronts
+            .iter()
+            .filter(|(name, _)| !through_router || name.starts_with("router"))
+            .collect();
+        // Mostly through routers when there are any.
+        let routers = candidates
+            .iter()
+            .filter(|(n, _)| n.starts_with("router"))
+            .count();
+        let pick = if routers > 0 && rng.random_range(0..100) < 75 {
+            rng.random_range(0..routers)
+        } else {
+            rng.random_range(0..candidates.len())
+        };
+        let (via, base) = candidates[pick].clone();
+        for s in &batch {
+            rec.spec(s);
+        }
+        rec.request();
+        let answer = submit(&world.client, &base, &batch).await;
+        match answer {
+            Ok(reply) => {
+                for (spec, job) in batch.iter().zip(&reply.jobs) {
+                    let outcome = match job.status {
+                        JobStatus::Accepted => Outcome::Accepted(job.id.clone()),
+                        JobStatus::Duplicate => Outcome::Duplicate(job.id.clone()),
+                        JobStatus::Pending | JobStatus::Failed => {
+                            owed.push(spec.clone());
+                            Outcome::NotStored(format!(
+                                "{}: {}",
+                                job.status,
+                                job.error.clone().unwrap_or_default()
+                            ))
+                        }
+                    };
+                    rec.outcome(spec, &via, outcome, Some(job));
+                    if job.status == JobStatus::Accepted && spec.seq.is_none() {
+                        mine.push(spec.clone());
+                    }
+                }
+            }
+            Err(Failure::NotStored(why)) => {
+                for spec in &batch {
+                    rec.outcome(spec, &via, Outcome::NotStored(why.clone()), None);
+                    owed.push(spec.clone());
+                }
+            }
+            Err(Failure::Unknown(why)) => {
+                for spec in &batch {
+                    rec.outcome(spec, &via, Outcome::Unknown(why.clone()), None);
+                    if via.starts_with("router") {
+                        // The router's dedup settles it: the same key again.
+                        owed.push(spec.clone());
+                    } else if let Some(seq) = &spec.seq {
+                        // Its place in its key is unknown: the key ends here, a new one starts.
+                        if let Some(k) = keys
+                            .iter_mut()
+                            .find(|k| seq.key.starts_with(&format!("{}.", k.name)))
+                        {
+                            k.gen += 1;
+                        }
+                    }
+                }
+            }
+        }
+        // A job that does not settle within a while is given up (its key with it).
+        owed.retain(|s| {
+            let tries = rec
+                .log
+                .lock()
+                .unwrap()
+                .outcomes
+                .get(&s.key)
+                .map_or(0, Vec::len);
+            if tries > 40 {
+                if let Some(seq) = &s.seq {
+                    if let Some(k) = keys
+                        .iter_mut()
+                        .find(|k| seq.key.starts_with(&format!("{}.", k.name)))
+                    {
+                        k.gen += 1;
+                    }
+                }
+                return false;
+            }
+            true
+        });
+        let pause = if owed.is_empty() {
+            rng.random_range(20..150)
+        } else {
+            250
+        };
+        tokio::time::sleep(Duration::from_millis(pause)).await;
+    }
+}
+
+/// A new job, ordered on `key` when given.
+fn job(rng: &mut StdRng, world: &World, key: String, ordered: Option<&KeyState>) -> Spec {
+    let (bucket, lane) = match ordered {
+        Some(k) => (k.bucket, k.lane),
+        None => (
+            BUCKETS[rng.random_range(0..BUCKETS.len())],
+            LANES[rng.random_range(0..LANES.len())],
+        ),
+    };
+    let endpoint = world.endpoint.lane_url(lane);
+    let mut job = json!({
+        "bucket": bucket,
+        "endpoint": endpoint,
+        "idempotency_key": key,
+        "payload": {"key": key},
+        "execution_timeout_ms": 1000,
+        "backoff_min_delay_ms": 100,
+        "backoff_coefficient": 1.5,
+        "ttl_ms": rng.random_range(15_000..30_000),
+    });
+    let o = job.as_object_mut().unwrap();
+    let mut headers = serde_json::Map::new();
+    let roll = rng.random_range(0..100);
+    if roll < 5 {
+        headers.insert(WANT.into(), json!("400"));
+    } else if roll < 9 {
+        headers.insert(WANT.into(), json!("503"));
+    } else if roll < 25 {
+        headers.insert(FAIL_FIRST.into(), json!(rng.random_range(1..4).to_string()));
+    }
+    if !headers.is_empty() {
+        o.insert("headers".into(), Value::Object(headers));
+    }
+    if rng.random_range(0..100) < 12 {
+        o.insert("ttl_ms".into(), json!(rng.random_range(2_000..6_000)));
+    }
+    let mut deliver_at = None;
+    if ordered.is_none() && rng.random_range(0..100) < 15 {
+        let at = Utc::now() + chrono::Duration::milliseconds(rng.random_range(500..6_000));
+        o.insert("deliver_at".into(), json!(at));
+        deliver_at = Some(at);
+    }
+    let notice = rng.random_range(0..100) < 25;
+    if notice {
+        o.insert(
+            "on_complete".into(),
+            json!(world.endpoint.notice_url(bucket)),
+        );
+    }
+    let mut seq = None;
+    if let Some(k) = ordered {
+        let name = format!("{}.{}", k.name, k.gen);
+        o.insert("ordering_key".into(), json!(name));
+        if rng.random_range(0..100) < 10 {
+            o.insert("ordering_failure".into(), json!("block"));
+        }
+        seq = Some(SeqKey {
+            bucket: bucket.into(),
+            endpoint,
+            key: name,
+        });
+    }
+    Spec {
+        key,
+        json: job,
+        seq,
+        deliver_at,
+    }
+}
+
+pub enum Failure {
+    NotStored(String),
+    Unknown(String),
+}
+
+/// `POST /v1/jobs` of `specs` to `base`.
+pub async fn submit(
+    client: &reqwest::Client,
+    base: &str,
+    specs: &[Spec],
+) -> Result<spindle_client::SubmitReply, Failure> {
+    let jobs: Vec<&Value> = specs.iter().map(|s| &s.json).collect();
+    let sent = client
+        .post(format!("{base}/v1/jobs"))
+        .json(&json!({ "jobs": jobs }))
+        .send()
+        .await;
+    match sent {
+        Ok(r) if r.status() == reqwest::StatusCode::ACCEPTED => r
+            .json::<spindle_client::SubmitReply>()
+            .await
+            .map_err(|e| Failure::Unknown(format!("202 without a body: {e}"))),
+        Ok(r) => {
+            let status = r.status();
+            let text = r.text().await.unwrap_or_default();
+            if status.is_client_error() && status != reqwest::StatusCode::TOO_MANY_REQUESTS {
+                panic!("submission refused: {status} {text}");
+            }
+            Err(Failure::NotStored(format!(
+                "{status}: {}",
+                text.chars().take(120).collect::<String>()
+            )))
+        }
+        // A connection that could not be made stored nothing; anything else may have.
+        Err(e) if e.is_connect() => Err(Failure::NotStored(format!("connect: {e}"))),
+        Err(e) => Err(Failure::Unknown(format!("{e}"))),
+    }
+}
+
+/// Samples each Director's readiness once a second: `/readyz`, a probe job, `/readyz` again.
+pub async fn readiness(world: Arc<World>, rec: Arc<Recorder>, until: tokio::time::Instant) {
+    let client = reqwest::Client::builder()
+        .timeout(Duration::from_secs(3))
+        .build()
+        .unwrap();
+    let mut n = 0;
+    while tokio::time::Instant::now() < until {
+        for d in &world.directors {
+            let base = d.base();
+            let ready = || async {
+                matches!(client.get(format!("{base}/readyz")).send().await,
+                         Ok(r) if r.status().is_success())
+            };
+            let at = Utc::now();
+            let before = ready().await;
+            n += 1;
+            let key = format!("{}-probe-{}-{n}", world.tag, d.name);
+            let spec = Spec {
+                key: key.clone(),
+                json: json!({"bucket": "probe", "endpoint": world.endpoint.probe_url(),
+                             "idempotency_key": key, "ttl_ms": 60_000}),
+                seq: None,
+                deliver_at: None,
+            };
+            rec.spec(&spec);
+            let accepted = match submit(&client, &base, std::slice::from_ref(&spec)).await {
+                Ok(reply) => {
+                    let job = &reply.jobs[0];
+                    rec.outcome(&spec, &d.name, Outcome::Accepted(job.id.clone()), Some(job));
+                    Some(true)
+                }
+                Err(Failure::NotStored(why)) => {
+                    rec.outcome(&spec, &d.name, Outcome::NotStored(why), None);
+                    Some(false)
+                }
+                Err(Failure::Unknown(why)) => {
+                    rec.outcome(&spec, &d.name, Outcome::Unknown(why), None);
+                    None
+                }
+            };
+            let after = ready().await;
+            rec.ready(ReadySample {
+                director: d.name.clone(),
+                at,
+                ready_before: before,
+                accepted,
+                ready_after: after,
+            });
+        }
+        tokio::time::sleep(Duration::from_millis(700)).await;
+    }
+}
+
+/// While the run goes on: every few seconds, a job still open in a live JobDB more than
+/// [`EXPIRY_BOUND`] past its expiry, not counting JobDB outages since, is a violation (reported
+/// once per job).
+pub async fn expiry_watch(world: Arc<World>, rec: Arc<Recorder>, until: tokio::time::Instant) {
+    let mut reported: std::collections::HashSet<JobId> = Default::default();
+    while tokio::time::Instant::now() < until {
+        tokio::time::sleep(Duration::from_secs(3)).await;
+        let now = Utc::now();
+        let bound = chrono::Duration::from_std(EXPIRY_BOUND).unwrap();
+        for (name, url, _) in world.live_jobdbs().await {
+            let Ok(db) = spindle::jobdb::JobDb::open_reader(&url, 1).await else {
+                continue;
+            };
+            let open = db.open_work().await.unwrap_or_default();
+            let ids: Vec<JobId> = open.iter().map(|w| w.job_id).collect();
+            let jobs = db.get_jobs(&ids).await.unwrap_or_default();
+            db.close().await;
+            for job in jobs {
+                let state = open
+                    .iter()
+                    .find(|w| w.job_id == job.id)
+                    .map(|w| w.progress.state);
+                // `archiving` is an end (the archive's confirmation follows it).
+                if state == Some(spindle::job::State::Archiving) {
+                    continue;
+                }
+                // Time the JobDBs could not be written does not count: nothing ends then.
+                let stalled = rec.outage_time(job.expire_at, now);
+                if job.expire_at + bound + stalled < now && reported.insert(job.id) {
+                    rec.violation(Violation {
+                        invariant: "expiry-liveness",
+                        at: job.expire_at,
+                        jobs: vec![job.id],
+                        what: format!(
+                            "job {} ({}) still open ({state:?}) in {name} {:.1} s after its expiry",
+                            job.id,
+                            job.ordering
+                                .as_ref()
+                                .map_or("unordered".to_owned(), |o| format!("key {}", o.key)),
+                            (now - job.expire_at).num_milliseconds() as f64 / 1000.0
+                        ),
+                    });
+                }
+            }
+        }
+    }
+}

@@ -1,0 +1,227 @@
+//! The recorder: every operation, every submission and its answer, every job acknowledged
+//! (with its place in its key's acknowledged order), readiness samples, the windows in which a
+//! crash allows a duplicate delivery, and the violations found while the run goes on. The
+//! endpoints' arrivals are recorded by [`super::endpoint::Endpoint`].
+
+use std::collections::{BTreeMap, HashMap};
+use std::sync::Mutex;
+
+use chrono::{DateTime, Utc};
+use spindle::job::JobId;
+
+/// A sequence: the jobs of one bucket, endpoint and ordering key.
+#[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct SeqKey {
+    pub bucket: String,
+    pub endpoint: String,
+    pub key: String,
+}
+
+/// One job as the producer wrote it; resubmissions send the same JSON (same idempotency key).
+#[derive(Clone, Debug)]
+pub struct Spec {
+    /// Unique per logical job: its idempotency key.
+    pub key: String,
+    pub json: serde_json::Value,
+    pub seq: Option<SeqKey>,
+    pub deliver_at: Option<DateTime<Utc>>,
+}
+
+/// What a producer learnt of one submission of one job.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Outcome {
+    Accepted(String),
+    Duplicate(String),
+    /// `pending` or `failed` from a router, or a 503/4xx for the whole request: nothing stored.
+    NotStored(String),
+    /// A transport error or a timeout: it may or may not be stored.
+    Unknown(String),
+}
+
+/// An acknowledged job.
+#[derive(Clone, Debug)]
+pub struct Accepted {
+    pub id: JobId,
+    pub spec_key: String,
+    pub seq: Option<SeqKey>,
+    pub at: DateTime<Utc>,
+    pub expire_at: Option<DateTime<Utc>>,
+    pub deliver_at: Option<DateTime<Utc>>,
+    /// Which front took it (`router0`, `director1`, ...).
+    pub via: String,
+}
+
+/// One readiness sample of a Director: `/readyz` before and after a probe submission, and
+/// whether the probe was accepted (None: no answer within the timeout).
+#[derive(Clone, Debug)]
+pub struct ReadySample {
+    pub director: String,
+    pub at: DateTime<Utc>,
+    pub ready_before: bool,
+    pub accepted: Option<bool>,
+    pub ready_after: bool,
+}
+
+/// A broken invariant.
+#[derive(Clone, Debug)]
+pub struct Violation {
+    pub invariant: &'static str,
+    pub at: DateTime<Utc>,
+    /// The jobs it names (a `key-order` violation names both), each printed with its
+    /// history in every place.
+    pub jobs: Vec<JobId>,
+    pub what: String,
+}
+
+#[derive(Default)]
+pub struct Log {
+    pub ops: Vec<(DateTime<Utc>, String)>,
+    pub specs: HashMap<String, Spec>,
+    /// Per spec key: every outcome, with the front it went through.
+    pub outcomes: HashMap<String, Vec<(String, Outcome)>>,
+    pub accepted: BTreeMap<JobId, Accepted>,
+    /// Each sequence's jobs in the order they were acknowledged to their (sequential) producer.
+    pub sequences: BTreeMap<SeqKey, Vec<JobId>>,
+    /// Ordered jobs whose submission's outcome is unknown (direct to a Director): if stored,
+    /// they are their key's last job (the producer moved to a new key).
+    pub uncertain: HashMap<String, SeqKey>,
+    pub readiness: Vec<ReadySample>,
+    /// Times when a crash (kill -9, a JobDB outage) may let an attempt's request be sent again.
+    pub crashes: Vec<(DateTime<Utc>, String)>,
+    /// JobDB outages (global read locks on the private server): from, and until when over.
+    pub outages: Vec<(DateTime<Utc>, Option<DateTime<Utc>>)>,
+    pub live: Vec<Violation>,
+    pub requests: usize,
+}
+
+/// The recorder, shared by the producers, the operations and the samplers.
+#[derive(Default)]
+pub struct Recorder {
+    pub log: Mutex<Log>,
+}
+
+impl Recorder {
+    pub fn op(&self, text: String) {
+        let now = Utc::now();
+        println!("histories: {} op {text}", now.format("%H:%M:%S%.3f"));
+        self.log.lock().unwrap().ops.push((now, text));
+    }
+
+    pub fn crash(&self, what: String) {
+        self.log.lock().unwrap().crashes.push((Utc::now(), what));
+    }
+
+    /// A JobDB outage begins (`true`) or ends.
+    pub fn outage(&self, begins: bool) {
+        let now = Utc::now();
+        let mut log = self.log.lock().unwrap();
+        match begins {
+            true => log.outages.push((now, None)),
+            false => {
+                if let Some((_, until)) = log.outages.last_mut() {
+                    until.get_or_insert(now);
+                }
+            }
+        }
+    }
+
+    /// How long JobDBs could not be written between `from` and `to`: nothing ends a job then,
+    /// so a liveness bound stretches by it.
+    pub fn outage_time(&self, from: DateTime<Utc>, to: DateTime<Utc>) -> chrono::Duration {
+        let log = self.log.lock().unwrap();
+        log.outages
+            .iter()
+            .map(|(start, until)| {
+                let (start, until) = ((*start).max(from), until.unwrap_or(to).min(to));
+                (until - start).max(chrono::Duration::zero())
+            })
+            .sum()
+    }
+
+    pub fn spec(&self, spec: &Spec) {
+        self.log
+            .lock()
+            .unwrap()
+            .specs
+            .entry(spec.key.clone())
+            .or_insert_with(|| spec.clone());
+    }
+
+    pub fn request(&self) {
+        self.log.lock().unwrap().requests += 1;
+    }
+
+    /// Records what a submission of `spec` through `via` came to. Returns the id when stored.
+    pub fn outcome(
+        &self,
+        spec: &Spec,
+        via: &str,
+        outcome: Outcome,
+        answer: Option<&spindle_client::AcceptedJob>,
+    ) {
+        let mut log = self.log.lock().unwrap();
+        if let (Outcome::Accepted(id), Some(answer)) = (&outcome, answer) {
+            let id: JobId = id.parse().expect("a job id");
+            if let Some(seq) = &spec.seq {
+                log.sequences.entry(seq.clone()).or_default().push(id);
+            }
+            log.accepted.insert(
+                id,
+                Accepted {
+                    id,
+                    spec_key: spec.key.clone(),
+                    seq: spec.seq.clone(),
+                    at: Utc::now(),
+                    expire_at: answer.expire_at,
+                    deliver_at: answer.deliver_at.or(spec.deliver_at),
+                    via: via.to_owned(),
+                },
+            );
+        }
+        if let (Outcome::Unknown(_), Some(seq)) = (&outcome, &spec.seq) {
+            if !via.starts_with("router") {
+                log.uncertain.insert(spec.key.clone(), seq.clone());
+            }
+        }
+        log.outcomes
+            .entry(spec.key.clone())
+            .or_default()
+            .push((via.to_owned(), outcome));
+    }
+
+    pub fn ready(&self, sample: ReadySample) {
+        self.log.lock().unwrap().readiness.push(sample);
+    }
+
+    pub fn violation(&self, v: Violation) {
+        let mut log = self.log.lock().unwrap();
+        if log
+            .live
+            .iter()
+            .filter(|l| l.invariant == v.invariant)
+            .count()
+            < 5
+        {
+            println!(
+                "histories: VIOLATION {} at {}: {}",
+                v.invariant,
+                v.at.format("%H:%M:%S%.3f"),
+                v.what
+            );
+        }
+        log.live.push(v);
+    }
+
+    /// A recently acknowledged job, for an operator command to name (None before any).
+    pub fn recent_job(&self, pick: usize, ordered: bool) -> Option<JobId> {
+        let log = self.log.lock().unwrap();
+        let recent: Vec<&Accepted> = log
+            .accepted
+            .values()
+            .rev()
+            .filter(|a| !ordered || a.seq.is_some())
+            .take(40)
+            .collect();
+        (!recent.is_empty()).then(|| recent[pick % recent.len()].id)
+    }
+}

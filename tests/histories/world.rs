@@ -1,0 +1,424 @@
+//! The system under test, as processes of the `spindle` binary: a Director alone on a MySQL or
+//! SQLite JobDB (controls read from the Consul double), or a cluster (the Consul double, three
+//! Directors, two routers, one of them with its clock ahead, a manager that retires JobDBs
+//! every few seconds, a drainer, moto as S3, the machine's Redis for dedup, and a private
+//! `mariadbd` that holds some JobDBs so that an outage can lock it). And the readers: every
+//! job's histories in every JobDB still there and in the archive.
+
+use std::collections::HashMap;
+use std::time::Duration;
+
+use spindle::archive::{Archive, BatchKind};
+use spindle::job::{Job, JobId, State, Transition};
+use spindle::jobdb::{JobDb, JobDbUrl};
+use spindle::registry::inventory::{Inventory, JobDbState};
+
+use super::endpoint::Endpoint;
+use crate::common::cluster::{
+    dedup_args, delete_keys, director_args, drainer_args, manager_args, router_args, s3_args,
+    Archiving, SHARED_REDIS,
+};
+use crate::common::mariadb::PrivateMariaDb;
+use crate::common::procs::{free_port, skewed_clock, words, Proc};
+use crate::common::s3::S3Server;
+use crate::common::{mysql_server, ConsulUnderTest, Engine, TestDb};
+
+/// How far ahead the skewed router's clock runs (within the routers' `--dedup-max-skew-ms`).
+pub const SKEW_MS: i64 = 1500;
+
+/// A process the operations may kill and start again, on the same port with the same
+/// arguments.
+pub struct Slot {
+    pub name: String,
+    args: Vec<String>,
+    /// Runs under `faketime` with this offset.
+    skew: Option<String>,
+    pub port: u16,
+    proc: tokio::sync::Mutex<Option<Proc>>,
+}
+
+impl Slot {
+    pub fn new(name: &str, args: Vec<String>, skew: Option<String>) -> Slot {
+        let slot = Slot {
+            name: name.to_owned(),
+            args,
+            skew,
+            port: free_port(),
+            proc: tokio::sync::Mutex::new(None),
+        };
+        *slot.proc.try_lock().unwrap() = Some(slot.spawn());
+        slot
+    }
+
+    fn spawn(&self) -> Proc {
+        // libfaketime preloaded into the process itself: the wall clock runs ahead, the
+        // monotonic clock (timers, timeouts) stays true. (Through the `faketime` wrapper a kill
+        // reached the wrapper and left the process running.)
+        let skew = self.skew.as_deref().map(skewed_clock).unwrap_or_default();
+        let env: Vec<(&str, &str)> = skew.iter().map(|(k, v)| (*k, v.as_str())).collect();
+        Proc::spawn_with_env(&self.args, self.port, &env)
+    }
+
+    pub fn base(&self) -> String {
+        format!("http://127.0.0.1:{}", self.port)
+    }
+
+    pub async fn kill9(&self) {
+        if let Some(mut p) = self.proc.lock().await.take() {
+            p.kill9().await;
+        }
+    }
+
+    pub async fn start(&self) {
+        let mut proc = self.proc.lock().await;
+        if proc.is_none() {
+            *proc = Some(self.spawn());
+        }
+    }
+
+    pub async fn term(&self) {
+        if let Some(mut p) = self.proc.lock().await.take() {
+            p.term().await;
+        }
+    }
+}
+
+/// What one place (a JobDB, or an archive object) holds of a job.
+#[derive(Clone, Debug)]
+pub struct Place {
+    pub jobdb: String,
+    pub history: Vec<Transition>,
+}
+
+/// A stored job: its row and its histories, one per JobDB it passed through.
+#[derive(Clone, Debug)]
+pub struct Stored {
+    pub job: Job,
+    pub places: Vec<Place>,
+}
+
+pub struct World {
+    pub tag: String,
+    pub consul: ConsulUnderTest,
+    pub endpoint: Endpoint,
+    pub client: reqwest::Client,
+    pub directors: Vec<Slot>,
+    pub routers: Vec<Slot>,
+    pub manager: Option<Slot>,
+    pub drainer: Option<Slot>,
+    /// The Director's JobDB when it runs alone.
+    pub alone: Option<TestDb>,
+    /// Kept for its lifetime: moto stops when it is dropped.
+    #[allow(dead_code)]
+    pub s3: Option<S3Server>,
+    pub archive: Option<Archive>,
+    pub inventory: Option<Inventory>,
+    pub mariadb: Option<std::sync::Mutex<PrivateMariaDb>>,
+}
+
+fn strings(list: &[&str]) -> Vec<String> {
+    list.iter().map(|s| s.to_string()).collect()
+}
+
+impl World {
+    /// A Director alone on a JobDB of `engine`, reading controls from the Consul double.
+    pub async fn alone(engine: Engine) -> World {
+        let consul = ConsulUnderTest::start().await;
+        let tag = format!("hs{}", &ulid::Ulid::new().to_string().to_lowercase()[18..]);
+        let db = TestDb::on(engine, &tag);
+        let consul_url = consul.double.as_ref().unwrap().url();
+        let mut args = strings(&[
+            "director",
+            "--listen",
+            "127.0.0.1:{port}",
+            "--read-controls",
+            "--consul-addr",
+            &consul_url,
+            "--allow-subnet",
+            "127.0.0.0/8",
+        ]);
+        args.extend(["--jobdb".into(), db.url_string()]);
+        args.extend(director_flags());
+        let director = Slot::new("director0", args, None);
+        World {
+            tag,
+            consul,
+            endpoint: Endpoint::start().await,
+            client: client(),
+            directors: vec![director],
+            routers: vec![],
+            manager: None,
+            drainer: None,
+            alone: Some(db),
+            s3: None,
+            archive: None,
+            inventory: None,
+            mariadb: None,
+        }
+    }
+
+    /// The cluster: see the module's comment.
+    pub async fn cluster() -> World {
+        let consul = ConsulUnderTest::start().await;
+        let consul_url = consul.double.as_ref().unwrap().url();
+        let tag = format!("hc{}", &ulid::Ulid::new().to_string().to_lowercase()[18..]);
+        let Archiving {
+            server: s3,
+            bucket,
+            archive,
+        } = Archiving::start("hist").await;
+        let mariadb = tokio::task::block_in_place(PrivateMariaDb::start);
+        let s3_args = s3_args(&s3, &bucket);
+        let servers = [mysql_server(), mariadb.server()];
+        let manager = manager_args(&consul_url, &servers, &tag, "m0", 2, max_age_s());
+        let mut drainer = drainer_args(&consul_url, "dr0");
+        drainer.extend(s3_args.clone());
+        let directors = (0..3)
+            .map(|i| {
+                let mut args = director_args(&consul_url, &format!("{tag}-d{i}"), 3000);
+                args.extend(s3_args.clone());
+                args.extend(director_flags());
+                Slot::new(&format!("director{i}"), args, None)
+            })
+            .collect();
+        let placements = format!("spindle-test/{tag}/placements");
+        let redis = format!("a={SHARED_REDIS}/0");
+        let routers = (0..2)
+            .map(|i| {
+                let mut args = router_args(&consul_url, &redis, 2, &placements);
+                args.extend(dedup_args(&format!("{tag}:"), 120));
+                args.extend(words("--forward-timeout-ms 4000 --resolve-ms 15000"));
+                let skew = (i == 1).then(|| format!("+{:.1}s", SKEW_MS as f64 / 1000.0));
+                Slot::new(&format!("router{i}"), args, skew)
+            })
+            .collect();
+        World {
+            tag,
+            inventory: Some(Inventory::new(consul.client.clone())),
+            consul,
+            endpoint: Endpoint::start().await,
+            client: client(),
+            directors,
+            routers,
+            manager: Some(Slot::new("manager", manager, None)),
+            drainer: Some(Slot::new("drainer", drainer, None)),
+            alone: None,
+            s3: Some(s3),
+            archive: Some(archive),
+            mariadb: Some(std::sync::Mutex::new(mariadb)),
+        }
+    }
+
+    /// Waits until every Director answers `/readyz` 200 (and in a cluster, the routers too).
+    pub async fn wait_ready(&self) {
+        let mut bases: Vec<String> = self.directors.iter().map(Slot::base).collect();
+        bases.extend(self.routers.iter().map(Slot::base));
+        for base in bases {
+            crate::common::wait_for(
+                Duration::from_secs(60),
+                &format!("{base} ready"),
+                || async {
+                    matches!(self.client.get(format!("{base}/readyz")).send().await,
+                         Ok(r) if r.status().is_success())
+                },
+            )
+            .await;
+        }
+    }
+
+    /// The fronts producers submit to: (name, base URL).
+    pub fn fronts(&self) -> Vec<(String, String)> {
+        self.routers
+            .iter()
+            .chain(&self.directors)
+            .map(|s| (s.name.clone(), s.base()))
+            .collect()
+    }
+
+    /// Where `GET /v1/jobs/{id}` is asked: a router, or the Director alone.
+    pub fn api_base(&self) -> String {
+        self.routers.first().unwrap_or(&self.directors[0]).base()
+    }
+
+    /// Every JobDB that may hold jobs now (name, URL, whether a Director serves it).
+    pub async fn live_jobdbs(&self) -> Vec<(String, JobDbUrl, JobDbState)> {
+        match (&self.alone, &self.inventory) {
+            (Some(db), _) => vec![(db.url.database.clone(), db.url.clone(), JobDbState::Active)],
+            (None, Some(inventory)) => inventory
+                .list()
+                .await
+                .unwrap_or_default()
+                .into_iter()
+                .filter(|l| !matches!(l.record.state, JobDbState::Dropped | JobDbState::Spare))
+                .filter_map(|l| Some((l.record.name, l.record.url.parse().ok()?, l.record.state)))
+                .collect(),
+            _ => vec![],
+        }
+    }
+
+    /// Runs `sql` on every live JobDB (an operator's statement); JobDBs that fail are skipped.
+    pub async fn on_every_jobdb(&self, sql: &str) -> usize {
+        let mut done = 0;
+        for (_, url, _) in self.live_jobdbs().await {
+            if operator_sql(&url, sql).await.is_ok() {
+                done += 1;
+            }
+        }
+        done
+    }
+
+    /// Every stored job with its histories: each live JobDB, then the archive (expired
+    /// batches, and the histories of drained JobDBs).
+    pub async fn collect(&self) -> HashMap<JobId, Stored> {
+        let mut out: HashMap<JobId, Stored> = HashMap::new();
+        for (name, url, _) in self.live_jobdbs().await {
+            let Ok(db) = JobDb::open_reader(&url, 2).await else {
+                continue;
+            };
+            let Ok(rows) = db.all_transitions().await else {
+                db.close().await;
+                continue;
+            };
+            let mut by_job: HashMap<JobId, Vec<Transition>> = HashMap::new();
+            for (_, t) in rows {
+                by_job.entry(t.job_id).or_default().push(t);
+            }
+            let ids: Vec<JobId> = by_job.keys().copied().collect();
+            let mut jobs = Vec::new();
+            for chunk in ids.chunks(500) {
+                jobs.extend(db.get_jobs(chunk).await.unwrap_or_default());
+            }
+            db.close().await;
+            for job in jobs {
+                let history = by_job.remove(&job.id).unwrap_or_default();
+                add_place(&mut out, job, &name, history);
+            }
+        }
+        if let Some(archive) = &self.archive {
+            for m in archive.manifests(None).await.unwrap_or_default() {
+                for archived in archive.read_batch(&m.object_key).await.unwrap_or_default() {
+                    let (Ok(job), Ok(rows)) = (archived.to_job(), archived.to_transitions()) else {
+                        continue;
+                    };
+                    let mut history: Vec<Transition> = rows.into_iter().map(|(_, t)| t).collect();
+                    // An expired batch holds the job up to `archiving`; `archived` follows
+                    // its confirmation, in a JobDB that may be gone.
+                    if m.kind == BatchKind::Expired
+                        && history.last().is_some_and(|t| t.state == State::Archiving)
+                    {
+                        let last = history.last().unwrap().clone();
+                        history.push(Transition {
+                            state: State::Archived,
+                            error_type: None,
+                            ..last
+                        });
+                    }
+                    add_place(&mut out, job, &m.jobdb, history);
+                }
+            }
+        }
+        out
+    }
+
+    pub async fn stop(self) {
+        for slot in self
+            .routers
+            .iter()
+            .chain(&self.directors)
+            .chain(&self.manager)
+            .chain(&self.drainer)
+        {
+            slot.term().await;
+        }
+        if self.inventory.is_some() {
+            let server: JobDbUrl = format!("{}/any", mysql_server()).parse().unwrap();
+            let names =
+                spindle::jobdb::databases_like(&server.server, &format!("{}\\_%", self.tag))
+                    .await
+                    .unwrap_or_default();
+            for name in names {
+                let url: JobDbUrl = format!("{}/{name}", mysql_server()).parse().unwrap();
+                let _ = spindle::jobdb::drop_database(&url).await;
+            }
+            let prefix = format!("{}:", self.tag);
+            let _ = delete_keys(&format!("{SHARED_REDIS}/0"), &prefix).await;
+        }
+        self.endpoint.stop();
+        self.consul.stop().await;
+        drop(self.alone);
+    }
+}
+
+/// Adds what one place holds of a job; the same JobDB read twice (live, then its history
+/// batch) keeps the longer history.
+fn add_place(out: &mut HashMap<JobId, Stored>, job: Job, jobdb: &str, history: Vec<Transition>) {
+    let stored = out.entry(job.id).or_insert_with(|| Stored {
+        job,
+        places: vec![],
+    });
+    match stored.places.iter_mut().find(|p| p.jobdb == jobdb) {
+        Some(place) if place.history.len() >= history.len() => {}
+        Some(place) => place.history = history,
+        None => stored.places.push(Place {
+            jobdb: jobdb.to_owned(),
+            history,
+        }),
+    }
+}
+
+/// The retirement age of the cluster's manager: JobDBs cycle several times in a short run.
+pub fn max_age_s() -> u64 {
+    12
+}
+
+/// Flags every Director of the checker runs with: quick retries and breaker probes, a short
+/// shutdown.
+fn director_flags() -> Vec<String> {
+    strings(&[
+        "--shutdown-grace-ms",
+        "3000",
+        "--min-retry-delay-ms",
+        "50",
+        "--breaker-probe-ms",
+        "300",
+        "--breaker-probe-max-ms",
+        "2000",
+    ])
+}
+
+fn client() -> reqwest::Client {
+    reqwest::Client::builder()
+        .timeout(Duration::from_secs(10))
+        .build()
+        .unwrap()
+}
+
+/// An operator's statement on its own connection, as `mysql` or `sqlite3` would run it.
+pub async fn operator_sql(url: &JobDbUrl, sql: &str) -> Result<(), String> {
+    use sqlx::{ConnectOptions, Connection, Executor};
+    let run = async {
+        match url.sqlite_file() {
+            Some(file) => {
+                let mut conn =
+                    sqlx::SqliteConnection::connect(&format!("sqlite://{}", file.display()))
+                        .await
+                        .map_err(|e| e.to_string())?;
+                conn.execute(sql).await.map_err(|e| e.to_string())?;
+                conn.close().await.map_err(|e| e.to_string())
+            }
+            None => {
+                let mut conn = url
+                    .mysql_options()
+                    .map_err(|e| e.to_string())?
+                    .connect()
+                    .await
+                    .map_err(|e| e.to_string())?;
+                conn.execute(sql).await.map_err(|e| e.to_string())?;
+                conn.close().await.map_err(|e| e.to_string())
+            }
+        }
+    };
+    tokio::time::timeout(Duration::from_secs(5), run)
+        .await
+        .map_err(|_| "timed out".to_owned())?
+}

@@ -1,0 +1,514 @@
+//! Ordered keys: jobs of a sequence wait held and are released one at a time, in their
+//! positions' order; what ends, expires or is flushed leaves its sequence; blocks are kept,
+//! carried in and forgotten; and another JobDB's read of a sequence always sees its open job.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+
+use chrono::{TimeDelta, Utc};
+use spindle::job::{Job, JobId, OrderedKey, State, Transition};
+use spindle::jobdb::{self, JobDb};
+
+use crate::common::*;
+use crate::{attempt, base_time, job, row};
+
+crate::on_both_engines!(
+    ordered_jobs_wait_held_and_are_released_one_at_a_time,
+    ordered_jobs_leave_their_sequence_when_they_end_expire_or_are_flushed,
+    a_read_from_elsewhere_sees_a_job_while_it_is_released,
+);
+
+/// `base` as a job of ordering key `key` at `position` (blocking its key when it fails if
+/// `blocks`).
+fn keyed(base: &Job, key: &str, blocks: bool, position: ulid::Ulid) -> Job {
+    Job {
+        ordering: Some(OrderedKey {
+            key: key.into(),
+            blocks,
+            position,
+        }),
+        ..base.clone()
+    }
+}
+
+/// Writes `jobs` and `rows` as a JobDB with no other live one does (releasing the heads it
+/// makes in the same commit), and returns the jobs released.
+async fn released_alone(
+    db: &JobDb,
+    token: u64,
+    jobs: &[Arc<Job>],
+    rows: &[(u64, Transition)],
+) -> Vec<JobId> {
+    let append = jobdb::Append {
+        jobs,
+        transitions: rows,
+        release_touched: true,
+        ..jobdb::Append::default()
+    };
+    let written = db.append_all(token, &append).await.unwrap();
+    written.released.into_iter().map(|r| r.job.id).collect()
+}
+
+async fn ordered_jobs_wait_held_and_are_released_one_at_a_time(engine: Engine) {
+    use spindle::jobdb::Append;
+    let test = TestDb::on(engine, "seqconf");
+    let db = JobDb::open(&test.url, true, 2).await.unwrap();
+    let token = db.take_ownership("test").await.unwrap();
+    let t0 = base_time();
+    let ordered = |n: u8, key: &str, blocks: bool| {
+        let base = job(n, "b", "https://x.example/a", t0);
+        Arc::new(keyed(&base, key, blocks, base.id.0))
+    };
+    let heads_of = |heads: HashMap<spindle::job::Seq, spindle::jobdb::Head>| {
+        heads
+            .into_iter()
+            .map(|(seq, head)| (seq, head.job))
+            .collect::<HashMap<_, _>>()
+    };
+    let (a1, a2, a3) = (
+        ordered(1, "k", false),
+        ordered(2, "k", true),
+        ordered(3, "k", false),
+    );
+    // Same key, other endpoint: another sequence.
+    let b1 = Arc::new(Job {
+        endpoint: "https://x.example/b".into(),
+        ..(*ordered(4, "k", false)).clone()
+    });
+    let free = job(5, "b", "https://x.example/a", t0);
+    let seq_a = a1.seq().unwrap();
+    let seq_b = b1.seq().unwrap();
+    assert_ne!(seq_a, seq_b);
+    assert_eq!(a2.seq(), Some(seq_a));
+    let jobs = [a3.clone(), a1.clone(), b1.clone(), a2.clone(), free.clone()];
+    let rows: Vec<(u64, Transition)> = jobs
+        .iter()
+        .enumerate()
+        .map(|(i, j)| (i as u64 + 1, row(j, State::AwaitingScheduling, 0, t0)))
+        .collect();
+    let written = db
+        .append_all(
+            token,
+            &Append {
+                jobs: &jobs,
+                transitions: &rows,
+                ..Append::default()
+            },
+        )
+        .await
+        .unwrap();
+    let mut expected = vec![seq_a, seq_b];
+    expected.sort();
+    assert_eq!(written.touched, expected, "both sequences gained jobs");
+    assert!(written.released.is_empty());
+    let stored = db.get_jobs(&[a2.id]).await.unwrap();
+    assert_eq!(
+        stored[0].ordering, a2.ordering,
+        "the key is stored with its job"
+    );
+    // Held jobs are not read by backlog pages: only the unordered job is due.
+    let page = |db: &JobDb| {
+        let db = db.clone();
+        async move {
+            db.backlog_page(None, t0, t0, 1000, 100, None)
+                .await
+                .unwrap()
+                .into_iter()
+                .map(|(j, _)| j.id)
+                .collect::<Vec<_>>()
+        }
+    };
+    assert_eq!(page(&db).await, vec![free.id]);
+    let heads = heads_of(db.sequence_heads(None).await.unwrap());
+    assert_eq!(heads, HashMap::from([(seq_a, a1.id), (seq_b, b1.id)]));
+    // A release of a job that is not its sequence's head releases nothing.
+    let release = |db: &JobDb, heads: Vec<(spindle::job::Seq, JobId)>| {
+        let db = db.clone();
+        async move {
+            db.append_all(
+                token,
+                &Append {
+                    release: &heads,
+                    ..Append::default()
+                },
+            )
+            .await
+            .unwrap()
+            .released
+        }
+    };
+    let released = release(&db, vec![(seq_a, a2.id), (seq_a, a1.id)]).await;
+    assert_eq!(released.len(), 1);
+    assert_eq!(released[0].job.id, a1.id);
+    assert_eq!(released[0].job.payload, a1.payload, "released whole");
+    assert_eq!(released[0].attempts, 0);
+    // One job of a sequence at a time: a is under way, b still waits.
+    assert_eq!(
+        heads_of(db.sequence_heads(None).await.unwrap()),
+        HashMap::from([(seq_b, b1.id)])
+    );
+    assert!(release(&db, vec![(seq_a, a2.id)]).await.is_empty());
+    let mut due = page(&db).await;
+    due.sort();
+    assert_eq!(due, vec![a1.id, free.id], "a released job is read like any");
+    // Its end moves the sequence on.
+    let end = t0 + TimeDelta::seconds(1);
+    let ends = [(
+        20,
+        attempt(row(&a1, State::Succeeded, 1, end), 200, 5, None),
+    )];
+    let written = db
+        .append_all(
+            token,
+            &Append {
+                transitions: &ends,
+                ..Append::default()
+            },
+        )
+        .await
+        .unwrap();
+    assert_eq!(written.touched, vec![seq_a]);
+    assert_eq!(
+        heads_of(db.sequence_heads(Some(&[seq_a])).await.unwrap()),
+        HashMap::from([(seq_a, a2.id)])
+    );
+    // a2 asked to block: discarded, it stops its sequence until an operator says otherwise.
+    assert_eq!(release(&db, vec![(seq_a, a2.id)]).await.len(), 1);
+    let ends = [(
+        21,
+        attempt(row(&a2, State::Discarded, 1, end), 400, 5, Some("http-4xx")),
+    )];
+    db.append_all(
+        token,
+        &Append {
+            transitions: &ends,
+            ..Append::default()
+        },
+    )
+    .await
+    .unwrap();
+    assert!(db.sequence_heads(Some(&[seq_a])).await.unwrap().is_empty());
+    let elsewhere = db.sequences_elsewhere(&[seq_a, seq_b], 9).await.unwrap();
+    assert_eq!(
+        elsewhere.oldest,
+        HashMap::from([(seq_a, a3.id.0), (seq_b, b1.id.0)]),
+        "what another JobDB's head must not overtake"
+    );
+    assert_eq!(
+        elsewhere.blocked.into_iter().collect::<Vec<_>>(),
+        vec![seq_a],
+        "a block another JobDB's head must respect"
+    );
+    assert_eq!(
+        db.sequences_elsewhere(&[seq_a, seq_b], 8)
+            .await
+            .unwrap()
+            .oldest,
+        HashMap::from([(seq_a, a3.id.0), (seq_b, b1.id.0)]),
+        "schema 8: the id is the position"
+    );
+    assert!(
+        db.sequences_elsewhere(&[seq_a, seq_b], 7)
+            .await
+            .unwrap()
+            .oldest
+            .is_empty(),
+        "schema 7 holds no ordered job"
+    );
+    operator_sql(&db, "DELETE FROM ordering_blocked").await;
+    assert_eq!(
+        heads_of(db.sequence_heads(Some(&[seq_a])).await.unwrap()),
+        HashMap::from([(seq_a, a3.id)])
+    );
+    // Where no other JobDB is live, a write releases the heads it makes: the first job of a
+    // new sequence in the commit that stores it, the next in the commit that ends one.
+    let (c1, c2) = (ordered(6, "c", false), ordered(7, "c", false));
+    let jobs = [c1.clone(), c2.clone()];
+    let rows: Vec<(u64, Transition)> = jobs
+        .iter()
+        .enumerate()
+        .map(|(i, j)| (30 + i as u64, row(j, State::AwaitingScheduling, 0, t0)))
+        .collect();
+    assert_eq!(released_alone(&db, token, &jobs, &rows).await, vec![c1.id]);
+    let end = [(
+        40,
+        attempt(row(&c1, State::Succeeded, 1, end), 200, 5, None),
+    )];
+    assert_eq!(released_alone(&db, token, &[], &end).await, vec![c2.id]);
+    db.close().await;
+}
+
+/// Schema 9's rules of a sequence, on both engines: the order is the jobs' positions, not
+/// their ids; `archiving` (expiry, flush) takes a job out of its sequence at once, so its next
+/// job goes, and a flushed held job is never released; only an unsuccessful end the operator
+/// did not choose blocks; a held job past its expiry is released to be ended; blocks carried
+/// in by a move are stored with their key's names, listed and forgotten; a completion notice
+/// is written at `archiving`, once.
+async fn ordered_jobs_leave_their_sequence_when_they_end_expire_or_are_flushed(engine: Engine) {
+    use spindle::job::ErrorType;
+    use spindle::jobdb::{Append, BlockedKey};
+    let test = TestDb::on(engine, "seqleave");
+    let db = JobDb::open(&test.url, true, 2).await.unwrap();
+    let token = db.take_ownership("test").await.unwrap();
+    let t0 = base_time();
+    // Positions against id order: job n sits at position 10 - n.
+    let ordered = |n: u8, key: &str, blocks: bool| {
+        let base = job(n, "b", "https://x.example/a", t0);
+        let mut position = [0u8; 16];
+        position[0] = 2;
+        position[15] = 10 - n;
+        Arc::new(Job {
+            on_complete: Some("https://told.example/".into()),
+            ..keyed(&base, key, blocks, JobId::from_bytes(position).0)
+        })
+    };
+    let (j1, j2, j3, j4) = (
+        ordered(1, "k", true),
+        ordered(2, "k", true),
+        ordered(3, "k", true),
+        ordered(4, "k", false),
+    );
+    let seq = j1.seq().unwrap();
+    let write = |jobs: Vec<Arc<Job>>,
+                 rows: Vec<(u64, Transition)>,
+                 release: Vec<(spindle::job::Seq, JobId)>,
+                 expired: Vec<JobId>| {
+        let db = db.clone();
+        async move {
+            db.append_all(
+                token,
+                &Append {
+                    jobs: &jobs,
+                    transitions: &rows,
+                    release: &release,
+                    release_expired: &expired,
+                    ..Append::default()
+                },
+            )
+            .await
+            .unwrap()
+        }
+    };
+    let jobs = vec![j1.clone(), j2.clone(), j3.clone(), j4.clone()];
+    let rows = jobs
+        .iter()
+        .enumerate()
+        .map(|(i, j)| (i as u64 + 1, row(j, State::AwaitingScheduling, 0, t0)))
+        .collect();
+    write(jobs, rows, vec![], vec![]).await;
+    let head = |db: JobDb| async move {
+        db.sequence_heads(Some(&[seq]))
+            .await
+            .unwrap()
+            .get(&seq)
+            .map(|h| h.job)
+    };
+    assert_eq!(
+        head(db.clone()).await,
+        Some(j4.id),
+        "the lowest position goes first"
+    );
+    // An operator flushes the held j3 and discards the held j2, both asking to block: they
+    // leave the sequence, block nothing, and are never released.
+    let flushed = Transition {
+        error_type: Some(ErrorType::OperatorFlush.as_str().into()),
+        ..Transition::archiving(j3.id, 0, t0)
+    };
+    let discarded = Transition {
+        error_type: Some(ErrorType::OperatorDiscard.as_str().into()),
+        ..row(&j2, State::Discarded, 0, t0)
+    };
+    let written = write(vec![], vec![(10, flushed), (11, discarded)], vec![], vec![]).await;
+    assert_eq!(written.touched, vec![seq]);
+    assert_eq!(
+        written.notices.len(),
+        2,
+        "flushed and discarded jobs are told at once"
+    );
+    assert!(write(vec![], vec![], vec![(seq, j3.id)], vec![])
+        .await
+        .released
+        .is_empty());
+    assert_eq!(db.ordering_counts().await.unwrap().blocked, 0);
+    // j4 is released and expires under way: it leaves the sequence at `archiving` (its entry
+    // stays for the archive), so j1 is the head at once.
+    assert_eq!(
+        write(vec![], vec![], vec![(seq, j4.id)], vec![])
+            .await
+            .released
+            .len(),
+        1
+    );
+    assert_eq!(head(db.clone()).await, None, "one at a time");
+    let written = write(
+        vec![],
+        vec![(12, Transition::archiving(j4.id, 1, t0))],
+        vec![],
+        vec![],
+    )
+    .await;
+    assert_eq!(written.notices.len(), 1, "told at its expiry");
+    assert_eq!(
+        head(db.clone()).await,
+        Some(j1.id),
+        "an expiry lets the next go"
+    );
+    // Archived later: told nothing more.
+    let written = write(
+        vec![],
+        vec![(13, Transition::archived(j4.id, 1, t0))],
+        vec![],
+        vec![],
+    )
+    .await;
+    assert!(written.notices.is_empty());
+    // j1, held, is past its expiry: released to be ended; a job not expired is not.
+    assert!(write(vec![], vec![], vec![], vec![j1.id])
+        .await
+        .released
+        .is_empty());
+    let late = Arc::new(Job {
+        expire_at: t0 - TimeDelta::seconds(1),
+        ..(*ordered(5, "late", true)).clone()
+    });
+    let late_seq = late.seq().unwrap();
+    write(
+        vec![late.clone()],
+        vec![(20, row(&late, State::AwaitingScheduling, 0, t0))],
+        vec![],
+        vec![],
+    )
+    .await;
+    let expired = db.expired_held(Utc::now(), 10).await.unwrap();
+    assert_eq!(expired, vec![late.id]);
+    let released = write(vec![], vec![], vec![], expired).await.released;
+    assert_eq!(released.len(), 1);
+    assert!(db.expired_held(Utc::now(), 10).await.unwrap().is_empty());
+    // Its expiry, asking to block, blocks its key, named.
+    let expiry = Transition {
+        error_type: Some(ErrorType::Expired.as_str().into()),
+        ..Transition::archiving(late.id, 0, t0)
+    };
+    write(vec![], vec![(21, expiry)], vec![], vec![]).await;
+    let blocked = db.blocked_keys().await.unwrap();
+    assert_eq!(blocked.len(), 1);
+    assert_eq!(
+        (
+            blocked[0].job_id,
+            blocked[0].state.as_str(),
+            blocked[0].ordering_key.as_str()
+        ),
+        (late.id, "archiving", "late")
+    );
+    assert_eq!(blocked[0].seq(), late_seq);
+    // A block carried in by a move is stored with the write, once.
+    let carried = BlockedKey {
+        job_id: JobId::from_bytes([9; 16]),
+        state: "discarded".into(),
+        blocked_at: t0,
+        bucket: "b".into(),
+        endpoint: "https://x.example/a".into(),
+        ordering_key: "moved".into(),
+    };
+    for _ in 0..2 {
+        db.append_all(
+            token,
+            &Append {
+                blocks: std::slice::from_ref(&carried),
+                ..Append::default()
+            },
+        )
+        .await
+        .unwrap();
+    }
+    let blocked = db.blocked_keys().await.unwrap();
+    assert_eq!(blocked.len(), 2);
+    assert!(blocked.contains(&carried));
+    db.forget_blocks(token, &blocked).await.unwrap();
+    assert!(db.blocked_keys().await.unwrap().is_empty());
+    db.close().await;
+}
+
+/// Another JobDB's read of a sequence (`sequences_elsewhere`) finds its open job however the
+/// job moves meanwhile: here a sequence always has one open job while its jobs arrive held, are
+/// released, and end, as fast as the store takes them; a read that saw the held entries before
+/// a release and the released ones after it would find none (found by the long checker run:
+/// a key's next job in another JobDB overtook a job released during the read).
+async fn a_read_from_elsewhere_sees_a_job_while_it_is_released(engine: Engine) {
+    use spindle::jobdb::Append;
+    let test = TestDb::on(engine, "seqread");
+    let db = JobDb::open(&test.url, true, 4).await.unwrap();
+    let token = db.take_ownership("test").await.unwrap();
+    let t0 = base_time();
+    let ordered = |n: u32| {
+        let mut id = [0u8; 16];
+        id[0] = 1;
+        id[12..].copy_from_slice(&n.to_be_bytes());
+        let id = JobId::from_bytes(id);
+        let base = job(0, "b", "https://x.example/a", t0);
+        Arc::new(Job {
+            id,
+            idempotency_key: None,
+            ..keyed(&base, "k", false, id.0)
+        })
+    };
+    let seq = ordered(1).seq().unwrap();
+    let mut next_row = 1u64;
+    let mut row_id = || {
+        next_row += 1;
+        next_row
+    };
+    let write = |jobs: Vec<Arc<Job>>, rows: Vec<(u64, Transition)>, release: Vec<_>| {
+        let db = db.clone();
+        async move {
+            db.append_all(
+                token,
+                &Append {
+                    jobs: &jobs,
+                    transitions: &rows,
+                    release: &release,
+                    ..Append::default()
+                },
+            )
+            .await
+            .unwrap()
+        }
+    };
+    let first = ordered(1);
+    let arrive = |j: &Arc<Job>, id: u64| (id, row(j, State::AwaitingScheduling, 0, t0));
+    write(vec![first.clone()], vec![arrive(&first, row_id())], vec![]).await;
+    write(vec![], vec![], vec![(seq, first.id)]).await;
+
+    let done = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let reader = tokio::spawn({
+        let (db, done) = (db.clone(), done.clone());
+        async move {
+            let (mut reads, mut missed) = (0u32, 0u32);
+            while !done.load(std::sync::atomic::Ordering::Relaxed) {
+                let found = db.sequences_elsewhere(&[seq], 9).await.unwrap();
+                reads += 1;
+                missed += u32::from(!found.oldest.contains_key(&seq));
+            }
+            (reads, missed)
+        }
+    });
+    // Each turn: the next job arrives held, the released one ends, the next is released.
+    let mut open = first;
+    for n in 2..=600u32 {
+        let next = ordered(n);
+        write(vec![next.clone()], vec![arrive(&next, row_id())], vec![]).await;
+        let end = (row_id(), row(&open, State::Succeeded, 1, t0));
+        write(vec![], vec![end], vec![]).await;
+        let released = write(vec![], vec![], vec![(seq, next.id)]).await.released;
+        assert_eq!(released.len(), 1, "job {n} is its sequence's head");
+        open = next;
+    }
+    done.store(true, std::sync::atomic::Ordering::Relaxed);
+    let (reads, missed) = reader.await.unwrap();
+    assert!(reads > 100, "the reader ran alongside ({reads} reads)");
+    assert_eq!(
+        missed, 0,
+        "reads that found no open job of a sequence that always had one ({reads} reads)"
+    );
+    db.close().await;
+}
