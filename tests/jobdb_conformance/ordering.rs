@@ -50,7 +50,7 @@ async fn released_alone(
 }
 
 async fn ordered_jobs_wait_held_and_are_released_one_at_a_time(engine: Engine) {
-    use spindle::jobdb::Append;
+    use spindle::jobdb::{Append, BlockedKey};
     let test = TestDb::on(engine, "seqconf");
     let db = JobDb::open(&test.url, true, 2).await.unwrap();
     let token = db.take_ownership("test").await.unwrap();
@@ -230,6 +230,42 @@ async fn ordered_jobs_wait_held_and_are_released_one_at_a_time(engine: Engine) {
         .map(|(i, j)| (30 + i as u64, row(j, State::AwaitingScheduling, 0, t0)))
         .collect();
     assert_eq!(released_alone(&db, token, &jobs, &rows).await, vec![c1.id]);
+    // c1 was entered released (no head read, no UPDATE): it is under way, so its sequence
+    // has no head that may go, and a later job of it waits.
+    let seq_c = c1.seq().unwrap();
+    assert!(db.sequence_heads(Some(&[seq_c])).await.unwrap().is_empty());
+    let c3 = ordered(8, "c", false);
+    let later = [(33, row(&c3, State::AwaitingScheduling, 0, t0))];
+    assert!(
+        released_alone(&db, token, std::slice::from_ref(&c3), &later)
+            .await
+            .is_empty()
+    );
+    // A new job of a key blocked here waits too, though its sequence has no entry.
+    let (d1, d0) = (ordered(9, "d", false), ordered(10, "d", true));
+    let block = BlockedKey {
+        job_id: d0.id,
+        state: "discarded".into(),
+        blocked_at: t0,
+        bucket: d0.bucket.to_string(),
+        endpoint: d0.endpoint.to_string(),
+        ordering_key: "d".into(),
+    };
+    db.append_all(
+        token,
+        &Append {
+            blocks: &[block],
+            ..Append::default()
+        },
+    )
+    .await
+    .unwrap();
+    let first = [(34, row(&d1, State::AwaitingScheduling, 0, t0))];
+    assert!(
+        released_alone(&db, token, std::slice::from_ref(&d1), &first)
+            .await
+            .is_empty()
+    );
     let end = [(
         40,
         attempt(row(&c1, State::Succeeded, 1, end), 200, 5, None),

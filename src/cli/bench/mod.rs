@@ -10,8 +10,11 @@
 //! component: Directors, routers, MariaDB and Redis (found by the port they listen on, when
 //! they run on this machine) and the bench process itself (producers and endpoint).
 //! `--backlog N` first queues N jobs behind an endpoint that never answers, so the measured
-//! jobs are delivered beside a backlog held by the Director.
+//! jobs are delivered beside a backlog held by the Director. `--generator CMD` lets an outside
+//! program (wrk with `scripts/bench/submit.lua`) submit instead of the bench's producers, so
+//! the path is measured as a client that is not spindle's sees it ([`generator`]).
 
+pub mod generator;
 pub mod procs;
 pub mod topology;
 
@@ -76,6 +79,9 @@ pub struct BenchArgs {
     /// rested (their entries written), as one held for long is.
     #[arg(long, default_value_t = 0)]
     pub backlog_settle_secs: u64,
+    /// Buckets (tenants) the jobs are spread over, round-robin.
+    #[arg(long, default_value_t = 8)]
+    pub buckets: usize,
     /// Give the measured jobs ordering keys, spread round-robin over this many keys per
     /// bucket (0: unordered): each key's jobs are then delivered one at a time, in order.
     #[arg(long, default_value_t = 0)]
@@ -87,6 +93,12 @@ pub struct BenchArgs {
     /// two builds under the same benchmark.
     #[arg(long)]
     pub bin: Option<std::path::PathBuf>,
+    /// Submit the measured jobs with this outside program (run by `sh -c`) instead of the
+    /// bench's own producers, e.g. `wrk ... -s scripts/bench/submit.lua "$SPINDLE_BENCH_TARGET"`;
+    /// it is told where and what to submit in `SPINDLE_BENCH_*` variables, and the jobs the
+    /// JobDBs accepted are measured.
+    #[arg(long)]
+    pub generator: Option<String>,
     /// Extra options passed to every Director child process.
     #[arg(last = true)]
     pub director_args: Vec<String>,
@@ -115,10 +127,11 @@ pub struct BenchReport {
     pub accepted_per_sec: f64,
     /// Jobs delivered per second, until every job's outcome was committed.
     pub delivered_per_sec: f64,
-    /// Median submit latency (one request of `batch` jobs), ms.
-    pub submit_p50_ms: f64,
+    /// Median submit latency (one request of `batch` jobs), ms (`None` with `--generator`,
+    /// which reports its own).
+    pub submit_p50_ms: Option<f64>,
     /// 99th percentile submit latency, ms.
-    pub submit_p99_ms: f64,
+    pub submit_p99_ms: Option<f64>,
     /// Peak resident memory of the largest Director, MiB.
     pub director_peak_rss_mib: f64,
     /// Peak resident memory of the largest router, MiB (0 without routers).
@@ -180,6 +193,10 @@ pub async fn run(args: BenchArgs) -> anyhow::Result<()> {
         "--directors must be 1 to 16 and --routers 1 to 8"
     );
     anyhow::ensure!(
+        (1..=10_000).contains(&args.buckets),
+        "--buckets must be 1 to 10,000"
+    );
+    anyhow::ensure!(
         args.via_router || args.directors == 1,
         "--directors needs --via-router"
     );
@@ -224,10 +241,10 @@ fn print(report: &BenchReport) -> anyhow::Result<()> {
         "delivered       {:>10.0} jobs/s (every outcome committed)",
         report.delivered_per_sec
     );
-    println!(
-        "submit latency  p50 {:.1} ms   p99 {:.1} ms",
-        report.submit_p50_ms, report.submit_p99_ms
-    );
+    match (report.submit_p50_ms, report.submit_p99_ms) {
+        (Some(p50), Some(p99)) => println!("submit latency  p50 {p50:.1} ms   p99 {p99:.1} ms"),
+        _ => println!("submit latency  (the generator's own report, above)"),
+    }
     println!(
         "director peak   {:.0} MiB RSS",
         report.director_peak_rss_mib
@@ -278,13 +295,14 @@ fn bodies(
             let jobs: Vec<_> = (0..n)
                 .map(|i| {
                     let k = first + b * args.batch + i;
-                    let mut job = json!({"bucket": format!("bench-{}", k % 8), "endpoint": endpoint, "payload": {"data": payload}});
+                    let mut job = json!({"bucket": format!("bench-{}", k % args.buckets), "endpoint": endpoint, "payload": {"data": payload}});
                     if args.via_router {
                         job["idempotency_key"] = json!(format!("{tag}-{k}"));
                     }
                     // Only the measured jobs (no extra fields; the backlog has some) are ordered.
                     if args.ordering_keys > 0 && extra.as_object().is_some_and(|e| e.is_empty()) {
-                        job["ordering_key"] = json!(format!("key-{}", (k / 8) % args.ordering_keys));
+                        job["ordering_key"] =
+                            json!(format!("key-{}", (k / args.buckets) % args.ordering_keys));
                     }
                     if let (Some(job), Some(extra)) = (job.as_object_mut(), extra.as_object()) {
                         job.extend(extra.clone());
@@ -410,14 +428,17 @@ async fn measure(
     measured.extend(Measured::start("bench", std::process::id()));
 
     let first = args.backlog;
-    let work = bodies(
-        args,
-        &topology.tag,
-        &sink.url("/ok"),
-        first,
-        args.jobs,
-        json!({}),
-    );
+    let work = match args.generator {
+        None => bodies(
+            args,
+            &topology.tag,
+            &sink.url("/ok"),
+            first,
+            args.jobs,
+            json!({}),
+        ),
+        Some(_) => Vec::new(),
+    };
     // Readers of the JobDBs: the server's write counters (read before and after, not per
     // job), and the count of outcomes once the endpoint has them all.
     let mut dbs = Vec::new();
@@ -429,19 +450,35 @@ async fn measure(
         None => None,
     };
     let started = Instant::now();
-    let mut latencies = produce(args, &topology.targets, work).await?;
+    let (mut latencies, jobs) = match &args.generator {
+        None => (produce(args, &topology.targets, work).await?, args.jobs),
+        Some(command) => {
+            let env = generator::Env::of(args, topology, &sink.url("/ok"));
+            generator::run(command, &env, &mut measured).await?;
+            // What the JobDBs accepted is what is measured, whatever the program was told:
+            // once the count stops growing (a router may still be storing a request whose
+            // client went away when the program stopped).
+            let accepted = generator::settled(&dbs).await?;
+            let accepted = accepted.saturating_sub(args.backlog as u64);
+            anyhow::ensure!(
+                accepted > 0,
+                "the generator submitted no job that was accepted"
+            );
+            (Vec::new(), accepted as usize)
+        }
+    };
     let accepted_in = started.elapsed();
 
     // The endpoint's count is free to read; the JobDBs are asked once it is reached (a
     // count of outcome rows scans a table, which would load the database being measured).
     let deadline = Instant::now() + Duration::from_secs(600);
     loop {
-        if sink.ok_total() as usize >= args.jobs {
+        if sink.ok_total() as usize >= jobs {
             let mut succeeded = 0;
             for db in &dbs {
                 succeeded += db.count_transitions_into(State::Succeeded).await?;
             }
-            if succeeded as usize >= args.jobs {
+            if succeeded as usize >= jobs {
                 break;
             }
         }
@@ -450,7 +487,7 @@ async fn measure(
             anyhow::bail!(
                 "jobs not delivered within 10 minutes: {} of {} reached the endpoint; {state}",
                 sink.ok_total(),
-                args.jobs
+                jobs
             );
         }
         tokio::time::sleep(Duration::from_millis(20)).await;
@@ -464,7 +501,7 @@ async fn measure(
         if let Some(after) = db.server_writes().await? {
             mariadb_writes = Some(WriteCost::of(
                 &after.since(&before),
-                args.jobs,
+                jobs,
                 delivered_in.as_secs_f64(),
             ));
         }
@@ -490,17 +527,18 @@ async fn measure(
     for m in &measured {
         *cpu.entry(m.component.to_owned()).or_default() += m.used();
     }
-    let per_1000 = |seconds: f64| seconds * 1000.0 * 1000.0 / args.jobs as f64;
+    let per_1000 = |seconds: f64| seconds * 1000.0 * 1000.0 / jobs as f64;
     let spindle_seconds: f64 = ["router", "redis", "director", "mariadb"]
         .iter()
         .filter_map(|c| cpu.get(*c))
         .sum();
     latencies.sort();
     let pct = |p: f64| {
-        latencies[((latencies.len() as f64 - 1.0) * p).round() as usize].as_secs_f64() * 1000.0
+        let at = ((latencies.len() as f64 - 1.0) * p).round() as usize;
+        latencies.get(at).map(|l| l.as_secs_f64() * 1000.0)
     };
     Ok(BenchReport {
-        jobs: args.jobs,
+        jobs,
         batch: args.batch,
         concurrency: args.concurrency,
         payload_bytes: args.payload_bytes,
@@ -508,15 +546,15 @@ async fn measure(
         directors: args.directors,
         routers: if args.via_router { args.routers } else { 0 },
         backlog: args.backlog,
-        accepted_per_sec: args.jobs as f64 / accepted_in.as_secs_f64(),
-        delivered_per_sec: args.jobs as f64 / delivered_in.as_secs_f64(),
+        accepted_per_sec: jobs as f64 / accepted_in.as_secs_f64(),
+        delivered_per_sec: jobs as f64 / delivered_in.as_secs_f64(),
         submit_p50_ms: pct(0.50),
         submit_p99_ms: pct(0.99),
         director_peak_rss_mib: peak("director"),
         router_peak_rss_mib: peak("router"),
         endpoint_requests: sink.ok_total(),
         cpu_ms_per_1000_jobs: cpu.iter().map(|(c, s)| (c.clone(), per_1000(*s))).collect(),
-        spindle_cpu_us_per_job: spindle_seconds * 1e6 / args.jobs as f64,
+        spindle_cpu_us_per_job: spindle_seconds * 1e6 / jobs as f64,
         mariadb_writes,
     })
 }
