@@ -78,13 +78,7 @@ impl Writer {
                     Committed::Yes
                 }
                 Err(JobDbError::Fenced { ours, current }) => {
-                    tracing::error!(
-                        ours,
-                        current,
-                        "fenced out of the jobdb: another director owns it"
-                    );
-                    self.metrics.fence_rejections.inc();
-                    self.lock_lost.cancel();
+                    self.fenced_out(ours, current);
                     return fail(batch, WriteRejected::LockLost);
                 }
                 Err(JobDbError::Duplicate(why)) => {
@@ -244,19 +238,23 @@ impl Writer {
                 self.metrics.observe_commit();
                 self.progress.idle();
             }
-            Err(JobDbError::Fenced { ours, current }) => {
-                tracing::error!(
-                    ours,
-                    current,
-                    "fenced out of the jobdb: another director owns it"
-                );
-                self.metrics.fence_rejections.inc();
-                self.lock_lost.cancel();
-            }
+            Err(JobDbError::Fenced { ours, current }) => self.fenced_out(ours, current),
             // Whether an unanswered checkpoint committed does not matter: the same value,
             // or one that only makes a new owner read a little more.
             Err(e) => tracing::debug!(error = %e, "the jobdb still cannot be written"),
         }
+    }
+
+    /// Another Director owns the JobDB now (its fencing token refused ours): says so,
+    /// counts it and gives up the lock, so nothing more is written by this writer.
+    fn fenced_out(&self, ours: u64, current: u64) {
+        tracing::error!(
+            ours,
+            current,
+            "fenced out of the jobdb: another director owns it"
+        );
+        self.metrics.fence_rejections.inc();
+        self.lock_lost.cancel();
     }
 
     /// After the JobDB refused a duplicate key: which jobs of the batch's forwarded
