@@ -113,6 +113,8 @@ pub struct Metrics {
     pub notices_written: Counter,
     /// Ordered jobs released: their turn in their sequence came.
     pub ordered_released: Counter,
+    /// Of those, jobs released in the commit that stored them (alone, their sequence empty).
+    pub ordered_born: Counter,
     /// Ordered jobs whose release waits for an older job of their sequence in another JobDB.
     pub ordered_waiting_elsewhere: Gauge,
     /// Ordered heads released without reading the other JobDBs: an earlier complete read
@@ -256,6 +258,13 @@ impl Default for Metrics {
             "ordered_released",
             "Ordered jobs released: their turn in their sequence came",
             ordered_released.clone(),
+        );
+        let ordered_born = Counter::default();
+        registry.register(
+            "ordered_born",
+            "Ordered jobs released in the commit that stored them: their sequence had no open \
+             job and no block here, and no other JobDB is live",
+            ordered_born.clone(),
         );
         let ordered_waiting_elsewhere = Gauge::default();
         registry.register(
@@ -540,6 +549,7 @@ impl Default for Metrics {
             jobs_scheduled,
             notices_written,
             ordered_released,
+            ordered_born,
             ordered_waiting_elsewhere,
             ordered_cleared,
             ordered_survey_failures,

@@ -554,21 +554,25 @@ async fn ordered_keys_keep_their_order_through_a_router_a_kill_9_a_retirement_an
     let router_base = router.base();
     life.wait_ready([&router]).await;
 
-    // The producer: requests of five jobs per key, one after another; a job the router did
-    // not store is submitted again (a new job, later in its key's order).
+    // The producer: requests of five jobs per key, one after another, each job with its own
+    // idempotency key. A job whose answer was lost or not final is submitted again under the
+    // same key, so a job stored without an answer is answered `duplicate` with its id and
+    // keeps its place in its key's order.
     let url = life.sink.url("/flaky/30");
     let started = Instant::now();
     let producer = {
         let (client, base, url) = (life.client.clone(), router_base.clone(), url.clone());
         tokio::spawn(async move {
             let mut accepted: HashMap<String, Vec<JobId>> = HashMap::new();
-            let mut owed: Vec<usize> = vec![per_key; KEYS];
-            while owed.iter().any(|n| *n > 0) {
+            // Per key, the jobs not yet answered `accepted` or `duplicate`, oldest first.
+            let mut owed: Vec<Vec<usize>> = vec![(0..per_key).collect(); KEYS];
+            while owed.iter().any(|n| !n.is_empty()) {
                 let mut jobs = Vec::new();
-                for (k, n) in owed.iter().enumerate() {
-                    for _ in 0..(*n).min(PER_REQUEST) {
+                for (k, nths) in owed.iter().enumerate() {
+                    for nth in nths.iter().take(PER_REQUEST) {
                         jobs.push(json!({"bucket": "ord", "endpoint": url,
                             "ordering_key": format!("k{k}"), "backoff_min_delay_ms": 20,
+                            "idempotency_key": format!("k{k}-{nth}"),
                             "backoff_coefficient": 1.5, "ttl_ms": 3_600_000}));
                     }
                 }
@@ -582,10 +586,14 @@ async fn ordered_keys_keep_their_order_through_a_router_a_kill_9_a_retirement_an
                     if r.status() == reqwest::StatusCode::ACCEPTED {
                         let body: Value = r.json().await.unwrap();
                         for (job, sent) in body["jobs"].as_array().unwrap().iter().zip(&jobs) {
-                            if job["status"] == "accepted" {
+                            if job["status"] == "accepted" || job["status"] == "duplicate" {
                                 let key = sent["ordering_key"].as_str().unwrap().to_owned();
                                 let k: usize = key[1..].parse().unwrap();
-                                owed[k] -= 1;
+                                let nth: usize = sent["idempotency_key"].as_str().unwrap()
+                                    [key.len() + 1..]
+                                    .parse()
+                                    .unwrap();
+                                owed[k].retain(|n| *n != nth);
                                 let id = job["id"].as_str().unwrap().parse().unwrap();
                                 accepted.entry(key).or_default().push(id);
                             }
@@ -657,7 +665,9 @@ async fn ordered_keys_keep_their_order_through_a_router_a_kill_9_a_retirement_an
     assert_eq!(ids.len(), total);
     let settle = Instant::now();
     let mut census = life.census().await;
-    while census.finals.values().filter(|f| !f.is_empty()).count() < total
+    while ids
+        .iter()
+        .any(|id| census.finals.get(id).is_none_or(Vec::is_empty))
         && settle.elapsed() < Duration::from_secs(300)
     {
         tokio::time::sleep(Duration::from_secs(1)).await;

@@ -111,6 +111,10 @@ async fn ordered_keys_go_one_at_a_time_in_acceptance_order_across_a_restart(engi
         },
     )
     .await;
+    // Alone, the first job of each key went in the commit that stored it (born released:
+    // its sequence was empty), later ones when the job before them ended.
+    let text = metrics_text(&rig.client, &rig.base()).await;
+    assert!(metric_value(&text, "spindle_ordered_born_total") >= (KEYS + 1) as f64);
     rig.stop_director().await;
     rig.restart_director(fast_retries).await;
     rig.wait_in_state(

@@ -20,7 +20,8 @@
 //!   ([`JobDb::sequences_elsewhere`], [`Elsewhere`]).
 //!
 //! The statements are the constants below (both engines spell them alike, except
-//! `INSERT_ORDERING_BLOCKED`, a constant of each engine module); `ordering_sql!` binds and
+//! `INSERT_ORDERING_BLOCKED` and the head reads `OLDEST_HELD` and `OLDEST_RELEASED`, which
+//! name their index: constants of each engine module); `ordering_sql!` binds and
 //! runs them for each engine's sqlx types, invoked by [`super::engine::mysql`] and
 //! [`super::engine::sqlite`] beside `write_path!`.
 
@@ -55,6 +56,27 @@ pub(crate) const RELEASE: &str = "UPDATE open_jobs SET held = 0 WHERE job_id IN 
 /// Sequences with a released job (one under way): the caller adds which sequences.
 pub(crate) const RELEASED_SEQS: &str = "SELECT DISTINCT seq FROM open_jobs WHERE held = 0 AND seq";
 
+/// Sequences with an entry here, `held` 0 when one of their jobs is released, and (with
+/// [`PRESENT_OR_BLOCKED_SEQS`]) those a row of `ordering_blocked` stops, `held` 0: the caller
+/// adds which sequences, [`PRESENT_OR_BLOCKED_SEQS`] and them again. The grouped `MIN` lets
+/// MariaDB skip through the `(seq, held, position)` index, one probe per sequence, rather
+/// than read every entry of a long sequence.
+pub(crate) const PRESENT_SEQS: &str = "SELECT seq, MIN(held) AS held FROM open_jobs WHERE seq";
+/// Closes [`PRESENT_SEQS`] and adds the blocked sequences.
+pub(crate) const PRESENT_OR_BLOCKED_SEQS: &str =
+    " GROUP BY seq UNION ALL SELECT seq, 0 AS held FROM ordering_blocked WHERE seq";
+
+/// What a write finds in the sequences it adds entries to, where no other JobDB is live (see
+/// `arrivals` in [`ordering_sql`]).
+#[derive(Debug, Default)]
+pub(crate) struct Arrivals {
+    /// Sequences whose first new job goes at once, with that job.
+    pub(crate) born: HashMap<Seq, JobId>,
+    /// Sequences with a job under way or a block: their head cannot go unless one of their
+    /// jobs leaves in this write.
+    pub(crate) settled: std::collections::HashSet<Seq>,
+}
+
 /// Sequences a row of `ordering_blocked` stops: the caller adds which sequences.
 pub(crate) const BLOCKED_SEQS: &str = "SELECT seq FROM ordering_blocked WHERE seq";
 
@@ -71,20 +93,6 @@ pub(crate) const OLDEST_RELEASED_BY_ID: (&str, &str) = (
                      WHERE held = 0 AND seq",
     " GROUP BY seq",
 );
-/// The entry of the lowest position of each sequence, held: before and after the caller's
-/// sequences.
-pub(crate) const OLDEST_HELD: (&str, &str) = (
-    "SELECT o.seq, o.job_id, o.position FROM open_jobs o JOIN \
-                     (SELECT seq, MIN(position) AS m FROM open_jobs WHERE held = 1 AND seq",
-    " GROUP BY seq) h ON o.seq = h.seq AND o.held = 1 AND o.position = h.m",
-);
-/// [`OLDEST_HELD`] of released entries.
-pub(crate) const OLDEST_RELEASED: (&str, &str) = (
-    "SELECT o.seq, o.job_id, o.position FROM open_jobs o JOIN \
-                     (SELECT seq, MIN(position) AS m FROM open_jobs WHERE held = 0 AND seq",
-    " GROUP BY seq) h ON o.seq = h.seq AND o.held = 0 AND o.position = h.m",
-);
-
 /// Held ordered jobs expired by a time, oldest expiry first (binds: time, limit).
 const EXPIRED_HELD: &str = "SELECT job_id FROM open_jobs WHERE expire_at <= ? AND held = 1 \
                  ORDER BY expire_at LIMIT ?";
@@ -103,8 +111,8 @@ const FORGET_BLOCK: &str = "DELETE FROM ordering_blocked WHERE seq = ? AND job_i
 /// The ordered-sequence code of one engine: reading the sequences a write leaves, blocking
 /// keys, releasing heads inside a write's transaction, and reading heads, blocks and the
 /// oldest positions. `$db` is the engine's sqlx database type; the engine module provides
-/// `INSERT_ORDERING_BLOCKED` (from `engine::spelled_sql!`) and (from `engine::engine_common!`)
-/// the decoders and `ids_query`.
+/// `INSERT_ORDERING_BLOCKED`, `OLDEST_HELD` and `OLDEST_RELEASED` (from
+/// `engine::spelled_sql!`) and (from `engine::engine_common!`) the decoders and `ids_query`.
 macro_rules! ordering_sql {
     ($db:ty) => {
         /// The sequences of the ordered jobs among `leaving` (jobs this transaction ends or
@@ -148,6 +156,65 @@ macro_rules! ordering_sql {
             blocked.extend(append.blocks.iter().cloned());
             insert_blocks(tx, &blocked).await?;
             Ok(seqs)
+        }
+
+        /// What a write that no other live JobDB shares ([`Append::release_touched`]) finds in
+        /// the sequences it adds entries to, read before they go in (see [`Arrivals`]): the
+        /// new jobs that go at once, entered released (`held = 0`) rather than held and
+        /// released by a read of their sequence's head, each a job stored by this write and
+        /// due now (not scheduled, not imported) that comes first by position among the
+        /// write's entries of a sequence with no entry here and no block; and the sequences
+        /// with a job under way or a block, whose head cannot go unless a job of theirs leaves.
+        ///
+        /// [`Append::release_touched`]: $crate::jobdb::write::Append::release_touched
+        async fn arrivals(
+            tx: &mut sqlx::Transaction<'_, $db>,
+            append: &$crate::jobdb::write::Append<'_>,
+            open: &[$crate::jobdb::OpenRow],
+        ) -> Result<$crate::jobdb::ordering::Arrivals, $crate::jobdb::JobDbError> {
+            use sqlx::Row as _;
+            use std::collections::{HashMap, HashSet};
+            use $crate::jobdb::ordering::{Arrivals, PRESENT_OR_BLOCKED_SEQS, PRESENT_SEQS};
+            use $crate::jobdb::MAX_IDS_PER_SELECT;
+            let mut first: HashMap<$crate::job::Seq, (ulid::Ulid, $crate::job::JobId)> =
+                HashMap::new();
+            for o in open {
+                if let Some(p) = o.place {
+                    let entry = first.entry(p.seq).or_insert((p.position, o.job_id));
+                    *entry = (*entry).min((p.position, o.job_id));
+                }
+            }
+            let mut arrivals = Arrivals::default();
+            let seqs: Vec<$crate::job::Seq> = first.keys().copied().collect();
+            let mut present = HashSet::new();
+            // Each list is bound twice.
+            for chunk in seqs.chunks(MAX_IDS_PER_SELECT / 2) {
+                let mut qb = seqs_query(PRESENT_SEQS, Some(chunk), PRESENT_OR_BLOCKED_SEQS);
+                push_seqs(&mut qb, Some(chunk));
+                for row in &qb.build().fetch_all(&mut **tx).await? {
+                    let seq = seq_of_row(row, "seq")?;
+                    present.insert(seq);
+                    if row.try_get::<i64, _>("held")? == 0 {
+                        arrivals.settled.insert(seq);
+                    }
+                }
+            }
+            let new: HashSet<$crate::job::JobId> = append.jobs.iter().map(|j| j.id).collect();
+            let due_now: HashSet<$crate::job::JobId> = open
+                .iter()
+                .filter(|o| {
+                    o.state == $crate::job::State::AwaitingScheduling && o.retry_at.is_none()
+                })
+                .map(|o| o.job_id)
+                .collect();
+            arrivals.born = first
+                .into_iter()
+                .filter(|(seq, (_, id))| {
+                    !present.contains(seq) && new.contains(id) && due_now.contains(id)
+                })
+                .map(|(seq, (_, id))| (seq, id))
+                .collect();
+            Ok(arrivals)
         }
 
         /// Blocks keys (`ordering_blocked`); a key blocked already keeps its first block.
@@ -307,9 +374,7 @@ macro_rules! ordering_sql {
             std::collections::HashMap<$crate::job::Seq, ulid::Ulid>,
             $crate::jobdb::JobDbError,
         > {
-            use $crate::jobdb::ordering::{
-                OLDEST_HELD, OLDEST_HELD_BY_ID, OLDEST_RELEASED, OLDEST_RELEASED_BY_ID,
-            };
+            use $crate::jobdb::ordering::{OLDEST_HELD_BY_ID, OLDEST_RELEASED_BY_ID};
             let mut oldest = std::collections::HashMap::new();
             if seqs.is_empty() {
                 return Ok(oldest);
@@ -344,7 +409,7 @@ macro_rules! ordering_sql {
             std::collections::HashMap<$crate::job::Seq, $crate::jobdb::ordering::Head>,
             $crate::jobdb::JobDbError,
         > {
-            use $crate::jobdb::ordering::{Head, OLDEST_HELD};
+            use $crate::jobdb::ordering::Head;
             let mut oldest: std::collections::HashMap<$crate::job::Seq, Head> =
                 std::collections::HashMap::new();
             for row in &seqs_query(OLDEST_HELD.0, seqs, OLDEST_HELD.1)

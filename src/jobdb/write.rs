@@ -146,9 +146,10 @@ macro_rules! write_path {
         /// kept when the row does not name it; a new entry's lane is read from its job, which
         /// this transaction may have just written; an entry that moves to `archiving` leaves its
         /// sequence).
-        pub(crate) fn upsert_open_jobs(
-            rows: &[$crate::jobdb::OpenRow],
-        ) -> sqlx::QueryBuilder<'_, $db> {
+        pub(crate) fn upsert_open_jobs<'a>(
+            rows: &'a [$crate::jobdb::OpenRow],
+            born: &std::collections::HashSet<$crate::job::JobId>,
+        ) -> sqlx::QueryBuilder<'a, $db> {
             let mut qb = sqlx::QueryBuilder::<$db>::new($crate::jobdb::write::INSERT_OPEN_JOBS);
             qb.push_values(rows, |mut row, o| {
                 row.push_bind(o.job_id.to_bytes().to_vec())
@@ -157,11 +158,12 @@ macro_rules! write_path {
                     .push_bind(o.attempts)
                     .push_bind(o.retry_at.map(|r| r.naive_utc()))
                     .push_bind(o.expire_at.map(|r| r.naive_utc()))
-                    // A new entry of an ordered job waits for its turn; an entry's sequence,
-                    // hold and position are never replaced by a later row (but `archiving`
-                    // takes it out of its sequence: `UPSERT_OPEN_JOBS`).
+                    // A new entry of an ordered job waits for its turn, unless `born`
+                    // released; an entry's sequence, hold and position are never replaced by
+                    // a later row (but `archiving` takes it out of its sequence:
+                    // `UPSERT_OPEN_JOBS`).
                     .push_bind(o.place.map(|p| p.seq.to_vec()))
-                    .push_bind(o.place.is_some())
+                    .push_bind(o.place.is_some() && !born.contains(&o.job_id))
                     .push_bind(o.place.map(|p| p.position.to_bytes().to_vec()));
                 match &o.endpoint {
                     Some(endpoint) => row
@@ -218,15 +220,25 @@ macro_rules! write_path {
             }
             let changes = open_changes(append);
             // Read before the upsert and the delete below take them out of their sequences.
+            let mut left: Vec<$crate::job::Seq> = changes.left.clone();
+            left.extend(left_sequences(tx, append, &changes.leaving).await?);
             let mut touched: Vec<$crate::job::Seq> = changes
                 .open
                 .iter()
                 .filter_map(|o| o.place.map(|p| p.seq))
-                .chain(changes.left.iter().copied())
+                .chain(left.iter().copied())
                 .collect();
-            touched.extend(left_sequences(tx, append, &changes.leaving).await?);
+            let arrivals = match append.release_touched {
+                true => arrivals(tx, append, &changes.open).await?,
+                false => Default::default(),
+            };
+            let born_jobs: std::collections::HashSet<$crate::job::JobId> =
+                arrivals.born.values().copied().collect();
             for chunk in changes.open.chunks(MAX_ROWS_PER_INSERT) {
-                upsert_open_jobs(chunk).build().execute(&mut **tx).await?;
+                upsert_open_jobs(chunk, &born_jobs)
+                    .build()
+                    .execute(&mut **tx)
+                    .await?;
             }
             for chunk in changes.without_expiry.chunks(MAX_IDS_PER_SELECT) {
                 ids_query($crate::jobdb::write::FILL_OPEN_EXPIRY, chunk, ")")
@@ -246,7 +258,17 @@ macro_rules! write_path {
                     .execute(&mut **tx)
                     .await?;
             }
-            let mut released = release_heads(tx, append.release).await?;
+            let mut released: Vec<$crate::job::Recovered> = append
+                .jobs
+                .iter()
+                .filter(|job| born_jobs.contains(&job.id))
+                .map(|job| $crate::job::Recovered {
+                    job: job.clone(),
+                    attempts: 0,
+                    retry_at: None,
+                })
+                .collect();
+            released.extend(release_heads(tx, append.release).await?);
             if !append.release_expired.is_empty() {
                 let now = chrono::Utc::now();
                 released.extend(release_jobs(tx, append.release_expired, Some(now)).await?);
@@ -254,8 +276,19 @@ macro_rules! write_path {
             touched.sort_unstable();
             touched.dedup();
             if append.release_touched {
+                // A sequence whose first job was born released has it under way; one with a
+                // job under way or a block has no head that may go, unless a job of it left.
+                let left: std::collections::HashSet<$crate::job::Seq> = left.into_iter().collect();
+                let may_go: Vec<$crate::job::Seq> = touched
+                    .iter()
+                    .filter(|&seq| {
+                        !arrivals.born.contains_key(seq)
+                            && (!arrivals.settled.contains(seq) || left.contains(seq))
+                    })
+                    .copied()
+                    .collect();
                 let mut go = Vec::new();
-                for chunk in touched.chunks(MAX_IDS_PER_SELECT) {
+                for chunk in may_go.chunks(MAX_IDS_PER_SELECT) {
                     let heads = sequence_heads(&mut **tx, Some(chunk)).await?;
                     go.extend(heads.into_values().map(|head| head.job));
                 }
@@ -265,6 +298,7 @@ macro_rules! write_path {
                 notices,
                 released,
                 touched,
+                born: arrivals.born.len(),
             })
         }
 
@@ -720,6 +754,8 @@ pub struct Written {
     pub released: Vec<Recovered>,
     /// The sequences of the ordered jobs this write added or ended: their head may go now.
     pub touched: Vec<Seq>,
+    /// How many of `released` were new jobs entered released (their sequence was empty).
+    pub born: usize,
 }
 
 /// How long a bounded write ([`JobDb::append_bounded`]) may take, and until when it may

@@ -32,13 +32,14 @@ fn keyed(base: &Job, key: &str, blocks: bool, position: ulid::Ulid) -> Job {
 }
 
 /// Writes `jobs` and `rows` as a JobDB with no other live one does (releasing the heads it
-/// makes in the same commit), and returns the jobs released.
+/// makes in the same commit), and returns the jobs released and how many of them were born
+/// released (new, entered released).
 async fn released_alone(
     db: &JobDb,
     token: u64,
     jobs: &[Arc<Job>],
     rows: &[(u64, Transition)],
-) -> Vec<JobId> {
+) -> (Vec<JobId>, usize) {
     let append = jobdb::Append {
         jobs,
         transitions: rows,
@@ -46,7 +47,8 @@ async fn released_alone(
         ..jobdb::Append::default()
     };
     let written = db.append_all(token, &append).await.unwrap();
-    written.released.into_iter().map(|r| r.job.id).collect()
+    let ids = written.released.into_iter().map(|r| r.job.id).collect();
+    (ids, written.born)
 }
 
 async fn ordered_jobs_wait_held_and_are_released_one_at_a_time(engine: Engine) {
@@ -223,23 +225,27 @@ async fn ordered_jobs_wait_held_and_are_released_one_at_a_time(engine: Engine) {
     // Where no other JobDB is live, a write releases the heads it makes: the first job of a
     // new sequence in the commit that stores it, the next in the commit that ends one.
     let (c1, c2) = (ordered(6, "c", false), ordered(7, "c", false));
-    let jobs = [c1.clone(), c2.clone()];
+    // The later of two new jobs of an empty sequence comes first in the write: order is by
+    // position, not by place in the write.
+    let jobs = [c2.clone(), c1.clone()];
     let rows: Vec<(u64, Transition)> = jobs
         .iter()
         .enumerate()
         .map(|(i, j)| (30 + i as u64, row(j, State::AwaitingScheduling, 0, t0)))
         .collect();
-    assert_eq!(released_alone(&db, token, &jobs, &rows).await, vec![c1.id]);
+    assert_eq!(
+        released_alone(&db, token, &jobs, &rows).await,
+        (vec![c1.id], 1)
+    );
     // c1 was entered released (no head read, no UPDATE): it is under way, so its sequence
     // has no head that may go, and a later job of it waits.
     let seq_c = c1.seq().unwrap();
     assert!(db.sequence_heads(Some(&[seq_c])).await.unwrap().is_empty());
     let c3 = ordered(8, "c", false);
     let later = [(33, row(&c3, State::AwaitingScheduling, 0, t0))];
-    assert!(
-        released_alone(&db, token, std::slice::from_ref(&c3), &later)
-            .await
-            .is_empty()
+    assert_eq!(
+        released_alone(&db, token, std::slice::from_ref(&c3), &later).await,
+        (vec![], 0)
     );
     // A new job of a key blocked here waits too, though its sequence has no entry.
     let (d1, d0) = (ordered(9, "d", false), ordered(10, "d", true));
@@ -261,16 +267,27 @@ async fn ordered_jobs_wait_held_and_are_released_one_at_a_time(engine: Engine) {
     .await
     .unwrap();
     let first = [(34, row(&d1, State::AwaitingScheduling, 0, t0))];
-    assert!(
-        released_alone(&db, token, std::slice::from_ref(&d1), &first)
-            .await
-            .is_empty()
+    assert_eq!(
+        released_alone(&db, token, std::slice::from_ref(&d1), &first).await,
+        (vec![], 0)
+    );
+    // A new first job that is scheduled is not born released: it holds its key, held, and
+    // the commit's head read releases it to wait for its time (as any head).
+    let e1 = ordered(11, "e", false);
+    let at = t0 + TimeDelta::seconds(60);
+    let scheduled = [(35, Transition::scheduled(e1.id, t0, at))];
+    assert_eq!(
+        released_alone(&db, token, std::slice::from_ref(&e1), &scheduled).await,
+        (vec![e1.id], 0)
     );
     let end = [(
         40,
         attempt(row(&c1, State::Succeeded, 1, end), 200, 5, None),
     )];
-    assert_eq!(released_alone(&db, token, &[], &end).await, vec![c2.id]);
+    assert_eq!(
+        released_alone(&db, token, &[], &end).await,
+        (vec![c2.id], 0)
+    );
     db.close().await;
 }
 

@@ -147,10 +147,12 @@ impl Writer {
                     notices,
                     released,
                     touched,
+                    born,
                 } = written;
                 if !released.is_empty() {
                     // Ordered jobs whose turn came: resting jobs, due as their entry says.
                     self.metrics.ordered_released.inc_by(released.len() as u64);
+                    self.metrics.ordered_born.inc_by(born as u64);
                     let _ = self.scheduler.send(Event::HandedOver(released));
                 }
                 if !touched.is_empty() && !self.release_in_commit {

@@ -473,14 +473,42 @@ pub(crate) use stats_sql;
 /// spelling of them: `insert_ignore`, how an INSERT skips rows whose key exists; `empty_blob`,
 /// an empty binary literal; `int`, a signed integer cast; `starts_with`, the name of the
 /// engine's macro `starts_with!(text, prefix)`, which spells the whole condition "`text` starts
-/// with `prefix`" (`prefix` appears in it twice, so a placeholder there is bound twice).
+/// with `prefix`" (`prefix` appears in it twice, so a placeholder there is bound twice);
+/// `by_seq`, what follows a table name to make the planner read `open_jobs` through its
+/// `(seq, held, position)` index.
 macro_rules! spelled_sql {
     (
         insert_ignore: $ignore:literal,
         empty_blob: $empty_blob:literal,
         int: $int:literal,
-        starts_with: $starts_with:ident $(,)?
+        starts_with: $starts_with:ident,
+        by_seq: $by_seq:literal $(,)?
     ) => {
+        /// The entry of the lowest position of each sequence, held: before and after the
+        /// caller's sequences. Both reads go through the `(seq, held, position)` index by
+        /// name: left to itself, MariaDB joined back through `(held, expire_at)` and read every
+        /// held entry per statement (tens of thousands of rows with a deep backlog).
+        pub const OLDEST_HELD: (&str, &str) = (
+            concat!(
+                "SELECT o.seq, o.job_id, o.position FROM open_jobs o ",
+                $by_seq,
+                " JOIN (SELECT seq, MIN(position) AS m FROM open_jobs ",
+                $by_seq,
+                " WHERE held = 1 AND seq"
+            ),
+            " GROUP BY seq) h ON o.seq = h.seq AND o.held = 1 AND o.position = h.m",
+        );
+        /// [`OLDEST_HELD`] of released entries.
+        pub const OLDEST_RELEASED: (&str, &str) = (
+            concat!(
+                "SELECT o.seq, o.job_id, o.position FROM open_jobs o ",
+                $by_seq,
+                " JOIN (SELECT seq, MIN(position) AS m FROM open_jobs ",
+                $by_seq,
+                " WHERE held = 0 AND seq"
+            ),
+            " GROUP BY seq) h ON o.seq = h.seq AND o.held = 0 AND o.position = h.m",
+        );
         /// Jobs that owe a completion notice; a repeat is ignored.
         pub const INSERT_NOTICES_OWED: &str = concat!($ignore, " INTO notices_owed (job_id) ");
         /// Sequences blocked by a job's unsuccessful end; a sequence blocked already keeps

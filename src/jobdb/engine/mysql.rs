@@ -333,6 +333,7 @@ super::spelled_sql! {
     empty_blob: "CAST('' AS BINARY)",
     int: "SIGNED",
     starts_with: starts_with,
+    by_seq: "FORCE INDEX (open_jobs_seq)",
 }
 
 /// Deletes of a purge, `?` rows each.

@@ -300,6 +300,7 @@ super::spelled_sql! {
     empty_blob: "X''",
     int: "INTEGER",
     starts_with: starts_with,
+    by_seq: "INDEXED BY open_jobs_seq",
 }
 
 /// Deletes of a purge, `?` rows each (SQLite has no DELETE ... LIMIT by default).
