@@ -11,7 +11,7 @@ use serde_json::json;
 use spindle::job::{JobId, State};
 
 use crate::common::*;
-use crate::{alone, calm_latencies, pct, ready, shared};
+use crate::{alone, calm_latencies, pct, ready, shared, tail_within};
 
 crate::on_both_engines!(a_huge_retry_after_cannot_stop_deliveries);
 
@@ -164,6 +164,11 @@ async fn hostile_receivers_hurt_only_themselves() {
     );
     assert!(answers.iter().all(|s| *s == 200), "readyz said {answers:?}");
     assert!(l50 <= b50 * 1.5 + 10.0, "p50 {b50:.1} → {l50:.1} ms");
+    // Beside the hostile jobs, still retrying, if measured again.
+    let l99 = tail_within(l99, b99 * 1.5 + 30.0, "healthy endpoint p99", || async {
+        pct(&calm().await, 0.99)
+    })
+    .await;
     assert!(l99 <= b99 * 1.5 + 30.0, "p99 {b99:.1} → {l99:.1} ms");
     // Every hostile job is still waiting, within its expiry, its next attempt a time the
     // JobDB stores.
@@ -302,6 +307,14 @@ async fn a_long_queue_behind_a_rate_cap_leaves_other_endpoints_alone() {
         rig.sink.total() - sent_before
     );
     assert!(l50 <= b50 * 1.5 + 20.0, "p50 {b50:.1} → {l50:.1} ms");
+    // Beside the same capped queue, if measured again.
+    let l95 = tail_within(l95, b95 * 1.5 + 50.0, "calm endpoint p95", || async {
+        pct(
+            &calm_latencies(&rig, calm, Duration::from_secs(5)).await,
+            0.95,
+        )
+    })
+    .await;
     assert!(l95 <= b95 * 1.5 + 50.0, "p95 {b95:.1} → {l95:.1} ms");
     rig.stop().await;
     consul.stop().await;
