@@ -176,15 +176,24 @@ macro_rules! ordering_sql {
             use std::collections::{HashMap, HashSet};
             use $crate::jobdb::ordering::{Arrivals, PRESENT_OR_BLOCKED_SEQS, PRESENT_SEQS};
             use $crate::jobdb::MAX_IDS_PER_SELECT;
-            let mut first: HashMap<$crate::job::Seq, (ulid::Ulid, $crate::job::JobId)> =
+            // Each sequence's first entry of the write, by position, and whether it is due
+            // now (not scheduled, not imported).
+            let mut first: HashMap<$crate::job::Seq, (ulid::Ulid, $crate::job::JobId, bool)> =
                 HashMap::new();
             for o in open {
                 if let Some(p) = o.place {
-                    let entry = first.entry(p.seq).or_insert((p.position, o.job_id));
-                    *entry = (*entry).min((p.position, o.job_id));
+                    let due_now =
+                        o.state == $crate::job::State::AwaitingScheduling && o.retry_at.is_none();
+                    let entry = (p.position, o.job_id, due_now);
+                    let kept = first.entry(p.seq).or_insert(entry);
+                    *kept = (*kept).min(entry);
                 }
             }
             let mut arrivals = Arrivals::default();
+            if first.is_empty() {
+                // No ordered entry (every unordered write): nothing to read.
+                return Ok(arrivals);
+            }
             let seqs: Vec<$crate::job::Seq> = first.keys().copied().collect();
             let mut present = HashSet::new();
             // Each list is bound twice.
@@ -200,19 +209,12 @@ macro_rules! ordering_sql {
                 }
             }
             let new: HashSet<$crate::job::JobId> = append.jobs.iter().map(|j| j.id).collect();
-            let due_now: HashSet<$crate::job::JobId> = open
-                .iter()
-                .filter(|o| {
-                    o.state == $crate::job::State::AwaitingScheduling && o.retry_at.is_none()
-                })
-                .map(|o| o.job_id)
-                .collect();
             arrivals.born = first
                 .into_iter()
-                .filter(|(seq, (_, id))| {
-                    !present.contains(seq) && new.contains(id) && due_now.contains(id)
+                .filter(|(seq, (_, id, due_now))| {
+                    *due_now && !present.contains(seq) && new.contains(id)
                 })
-                .map(|(seq, (_, id))| (seq, id))
+                .map(|(seq, (_, id, _))| (seq, id))
                 .collect();
             Ok(arrivals)
         }
