@@ -50,6 +50,7 @@ impl Env {
                 "SPINDLE_BENCH_ORDERING_KEYS",
                 args.ordering_keys.to_string(),
             ),
+            ("SPINDLE_BENCH_BUCKETS", args.buckets.to_string()),
             ("SPINDLE_BENCH_TAG", topology.tag.clone()),
             (
                 "SPINDLE_BENCH_KEYED",
