@@ -105,7 +105,8 @@ fn produce(
 
 on_both_engines!(
     kill_9_mid_load_loses_nothing,
-    a_kill_9_after_an_idle_moment_loses_nothing
+    a_kill_9_after_an_idle_moment_loses_nothing,
+    a_kill_9_keeps_a_job_born_released_ahead_of_its_key
 );
 
 async fn kill_9_mid_load_loses_nothing(engine: Engine) {
@@ -307,6 +308,78 @@ async fn a_kill_9_after_an_idle_moment_loses_nothing(engine: Engine) {
             history.last().unwrap().state,
             State::Succeeded,
             "{history:#?}"
+        );
+    }
+    sigterm(&director);
+    director.wait().await.unwrap();
+    reader.close().await;
+    sink.stop().await;
+}
+
+/// Alone, a key's first job is born released: fresh, with no `open_jobs` entry, as an
+/// unordered job is (its writer knows its key is under way, and holds the later ones). Killed
+/// while that job's attempt is in flight, the Director leaves it listed only by its commit's
+/// log row; the next owner finds it there with its key and enters it under way, so the key's
+/// later jobs still wait for it.
+async fn a_kill_9_keeps_a_job_born_released_ahead_of_its_key(engine: Engine) {
+    let db = TestDb::on(engine, "borncrash");
+    let sink = Sink::start("127.0.0.1:0".parse().unwrap()).await.unwrap();
+    let port = procs::free_port();
+    let base = format!("http://127.0.0.1:{port}");
+    let client = reqwest::Client::new();
+    // Fresh for the whole test: no entry until the kill.
+    let slow = ["--rest-after-ms", "3600000"];
+    let mut director = spawn_director_with(port, &db.url_string(), &slow);
+    wait_ready(&client, &base).await;
+    let jobs: Vec<_> = (0..3)
+        .map(|i| {
+            json!({"bucket": "o", "endpoint": sink.url("/slow/1500"), "ordering_key": "k",
+                        "payload": {"i": i}})
+        })
+        .collect();
+    let ids: Vec<JobId> = submit(&client, &base, jobs)
+        .await
+        .jobs
+        .iter()
+        .map(|j| j.id.parse().unwrap())
+        .collect();
+    let reader = db.open().await;
+    assert_eq!(
+        reader.listed_among(&ids).await.unwrap(),
+        ids[1..].iter().copied().collect(),
+        "the first job has no entry; the later two wait, held"
+    );
+    let unlisted = reader.load_stranded().await.unwrap().unlisted;
+    assert!(
+        unlisted
+            .iter()
+            .any(|(id, place)| *id == ids[0] && place.is_some()),
+        "its log row lists it, with its key: {unlisted:?}"
+    );
+    // Its attempt is under way (1.5 s) when the Director dies.
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    director.start_kill().expect("kill -9");
+    director.wait().await.unwrap();
+    let mut director = spawn_director_with(port, &db.url_string(), &slow);
+    wait_ready(&client, &base).await;
+    wait_all_final(&reader, 3, Duration::from_secs(30)).await;
+    // Each job's attempt takes 1.5 s and may start only once the one before has ended: had
+    // the second gone while the first was under way, both would end within moments.
+    let histories = histories(&reader).await;
+    let ended: Vec<_> = ids
+        .iter()
+        .map(|id| {
+            let history = &histories[id];
+            assert_legal(history);
+            let last = history.last().unwrap();
+            assert_eq!(last.state, State::Succeeded, "{history:#?}");
+            last.time
+        })
+        .collect();
+    for pair in ended.windows(2) {
+        assert!(
+            pair[1] - pair[0] >= chrono::TimeDelta::milliseconds(1400),
+            "a job of the key went before the one ahead of it ended: ended at {ended:?}"
         );
     }
     sigterm(&director);

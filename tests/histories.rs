@@ -6,9 +6,10 @@
 //!   of each engine; operations: lanes that fail, 429, hang and recover, operator commands
 //!   (expedite, postpone, flush, discard of one job, a lane or a bucket), endpoint pause,
 //!   resume and caps, kill -9 and restart, releases of blocked keys. Alone, an ordered job
-//!   whose key has nothing open is born released in the commit that stores it, and the next
-//!   one goes in the commit that ends it: the key-order, one-end and nothing-early checks
-//!   hold that path.
+//!   whose key has nothing open is born released in the commit that stores it (fresh, with no
+//!   entry: a kill -9 leaves it to the next owner through the commit log), and the next one
+//!   goes in the commit that ends it: the key-order, one-end and nothing-early checks hold
+//!   that path.
 //! - `a_cluster_keeps_every_invariant`: three Directors on Consul, two routers (one with its
 //!   clock 1.5 s ahead, under Debian's `faketime`), a manager retiring JobDBs every 12 s, a
 //!   drainer, S3 (moto), JobDBs on the shared MariaDB and on a private one; adds kill -9 of

@@ -215,6 +215,33 @@ fn spawn_director(args: &[String], port: u16, write_timeout: Duration) -> Child 
         .expect("spawn spindle director")
 }
 
+/// A Director alone (`--registry mysql`) on `jobdb`, ready, with its base URL.
+async fn spawn_alone(jobdb: &str, write_timeout: Duration) -> (Child, String) {
+    let port = free_port();
+    let director = spawn_director(
+        &args(&[
+            "director",
+            "--registry",
+            "mysql",
+            "--jobdb",
+            jobdb,
+            "--listen",
+            "127.0.0.1:{port}",
+            "--allow-subnet",
+            "127.0.0.0/8",
+        ]),
+        port,
+        write_timeout,
+    );
+    let base = format!("http://127.0.0.1:{port}");
+    let client = reqwest::Client::new();
+    wait_for(Duration::from_secs(60), "the director ready", || {
+        ready(&client, &base)
+    })
+    .await;
+    (director, base)
+}
+
 async fn ready(client: &reqwest::Client, base: &str) -> bool {
     matches!(
         client.get(format!("{base}/readyz")).timeout(Duration::from_millis(500)).send().await,
@@ -486,28 +513,8 @@ async fn a_director_alone_on_a_locked_jobdb_answers_in_time_and_is_not_ready() {
         .await
         .unwrap();
     let url_text = mariadb.url("spindle_stall");
-    let port = free_port();
-    let mut director = spawn_director(
-        &args(&[
-            "director",
-            "--registry",
-            "mysql",
-            "--jobdb",
-            &url_text,
-            "--listen",
-            "127.0.0.1:{port}",
-            "--allow-subnet",
-            "127.0.0.0/8",
-        ]),
-        port,
-        WRITE_TIMEOUT,
-    );
-    let base = format!("http://127.0.0.1:{port}");
+    let (mut director, base) = spawn_alone(&url_text, WRITE_TIMEOUT).await;
     let client = reqwest::Client::new();
-    wait_for(Duration::from_secs(60), "the director ready", || {
-        ready(&client, &base)
-    })
-    .await;
     let metrics = |name: &'static str| {
         let (client, base) = (client.clone(), base.clone());
         async move {
@@ -855,4 +862,77 @@ async fn a_commit_without_an_answer_is_settled_before_it_is_read() {
     }
     db.close().await;
     reader.close().await;
+}
+
+/// A Director alone whose COMMIT stores a key's first job *born released* (fresh: no
+/// `open_jobs` entry, handed to its scheduler only from what the write answered) and whose
+/// answer is lost: once it has read that the commit happened, it reads which of the batch's
+/// new ordered jobs have no entry (those it bore) and delivers them, and the key's later jobs
+/// follow in order, each once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lost_commit_answer_still_delivers_the_ordered_jobs_it_bore() {
+    let mariadb = tokio::task::block_in_place(PrivateMariaDb::start);
+    let direct = mariadb.url("spindle_bore");
+    let direct_url: JobDbUrl = direct.parse().unwrap();
+    JobDb::open(&direct_url, true, 1)
+        .await
+        .unwrap()
+        .close()
+        .await;
+    let proxy = CommitProxy::start(mariadb.port).await;
+    let sink = spindle::cli::sink::Sink::start("127.0.0.1:0".parse().unwrap())
+        .await
+        .unwrap();
+    let proxied = format!("mysql://root@127.0.0.1:{}/spindle_bore", proxy.port);
+    let (mut director, base) = spawn_alone(&proxied, Duration::from_secs(1)).await;
+    let client = reqwest::Client::new();
+    // The next COMMIT's answer is held: the submit's, which bears the key's first job.
+    proxy.arm(Hold::Answer);
+    let jobs: Vec<serde_json::Value> = (0..3)
+        .map(|i| {
+            serde_json::json!({"bucket": "b", "endpoint": sink.url("/capture"),
+                "ordering_key": "k", "payload": {"i": i}})
+        })
+        .collect();
+    let answer = client
+        .post(format!("{base}/v1/jobs"))
+        .json(&serde_json::json!({ "jobs": jobs }))
+        .timeout(Duration::from_secs(30))
+        .send()
+        .await
+        .unwrap();
+    assert!(proxy.holding(), "the submit's COMMIT answer was held");
+    // Committed, so 202 (told in time) or 504 (unknown): never 503.
+    assert!(
+        matches!(answer.status().as_u16(), 202 | 504),
+        "submit answered {}",
+        answer.status()
+    );
+    let received = || {
+        sink.received()
+            .iter()
+            .filter(|r| r.path == "/capture")
+            .map(|r| {
+                let body: serde_json::Value = serde_json::from_slice(&r.body).unwrap();
+                (body["i"].as_i64().unwrap(), r.status)
+            })
+            .collect::<Vec<_>>()
+    };
+    wait_for(Duration::from_secs(30), "the key's three jobs", || async {
+        received()
+            .iter()
+            .filter(|(_, status)| *status == 200)
+            .count()
+            >= 3
+    })
+    .await;
+    assert_eq!(
+        received(),
+        [(0, 200), (1, 200), (2, 200)],
+        "in order, once each"
+    );
+    proxy.release();
+    director.start_kill().unwrap();
+    director.wait().await.unwrap();
+    sink.stop().await;
 }

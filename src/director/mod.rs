@@ -577,8 +577,14 @@ async fn recover(
             let (done, committed) = oneshot::channel();
             (
                 WriteOp::Rest {
-                    jobs: stranded.unlisted,
-                    recovered: true,
+                    jobs: stranded.unlisted.iter().map(|(id, _)| *id).collect(),
+                    recovered: Some(
+                        stranded
+                            .unlisted
+                            .iter()
+                            .filter_map(|(id, place)| Some((*id, (*place)?)))
+                            .collect(),
+                    ),
                     done: Some(done),
                 },
                 committed,

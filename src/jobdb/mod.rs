@@ -465,15 +465,39 @@ impl JobDb {
             for row in &rows {
                 settle.insert(q::job_id_of(row, "job_id")?, q::open_work_of(row)?);
             }
-            let rows = sqlx::query("SELECT job_id FROM jobs_fresh")
-                .fetch_all(p)
-                .await?;
+            // With each ordered one's place: only a job born released is listed there, under
+            // way, and its entry must keep its sequence.
+            let rows = sqlx::query(
+                "SELECT f.job_id, j.bucket, j.endpoint, j.ordering_key, j.ordering_position \
+                 FROM jobs_fresh f JOIN jobs j ON j.id = f.job_id",
+            )
+            .fetch_all(p)
+            .await?;
             for row in &rows {
-                unlisted.push(q::job_id_of(row, "job_id")?);
+                let id = q::job_id_of(row, "job_id")?;
+                let place = match q::text_opt(row, "ordering_key")? {
+                    None => None,
+                    Some(key) => Some(crate::job::Place {
+                        seq: crate::job::seq_of(
+                            &q::text(row, "bucket")?,
+                            &q::text(row, "endpoint")?,
+                            &key,
+                        ),
+                        // Jobs of schema 8 have none: their id was their position.
+                        position: match sqlx::Row::try_get::<Option<Vec<u8>>, _>(
+                            row,
+                            "ordering_position",
+                        )? {
+                            Some(_) => q::ulid_of(row, "ordering_position")?,
+                            None => id.0,
+                        },
+                    }),
+                };
+                unlisted.push((id, place));
             }
             Ok::<(), JobDbError>(())
         })?;
-        unlisted.sort();
+        unlisted.sort_by_key(|(id, _)| *id);
         Ok(Stranded {
             settle: settle.into_iter().collect(),
             unlisted,
@@ -713,8 +737,9 @@ pub struct OpenWork {
 pub struct Stranded {
     /// Attempts under way and expired jobs left `archiving`, with their progress.
     pub settle: Vec<(JobId, Progress)>,
-    /// Unfinished jobs without an `open_jobs` entry.
-    pub unlisted: Vec<JobId>,
+    /// Unfinished jobs without an `open_jobs` entry, each ordered one with its place (it was
+    /// born released: under way).
+    pub unlisted: Vec<(JobId, Option<crate::job::Place>)>,
 }
 
 /// A `u64` as the `i64` SQLite binds (MySQL takes either): ids, tokens and counts stay far

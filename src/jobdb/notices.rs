@@ -106,11 +106,7 @@ macro_rules! notices_sql {
             }
             let entries: Vec<OpenRow> = notices.iter().map(|job| OpenRow::notice(job)).collect();
             for chunk in entries.chunks(MAX_ROWS_PER_INSERT) {
-                // Notices have no sequence: none is born released.
-                upsert_open_jobs(chunk, &Default::default())
-                    .build()
-                    .execute(&mut **tx)
-                    .await?;
+                upsert_open_jobs(chunk).build().execute(&mut **tx).await?;
             }
             for chunk in told.chunks(MAX_IDS_PER_SELECT) {
                 ids_query($crate::jobdb::notices::DELETE_OWED, chunk, ")")

@@ -10,7 +10,8 @@ use std::sync::Arc;
 use chrono::{DateTime, Utc};
 
 use super::write::Append;
-use crate::job::{Job, JobId, Place, Seq, State};
+use super::BlockedKey;
+use crate::job::{Job, JobId, Place, Seq, State, Transition};
 
 /// A job its writer accepted that has no `open_jobs` entry yet: what its first entry takes
 /// from it.
@@ -20,8 +21,12 @@ pub struct Fresh {
     pub expire_at: DateTime<Utc>,
     /// Its endpoint, shared with the job: the entry's lane is cut from it.
     pub endpoint: Arc<str>,
-    /// Its ordered sequence and position, if any: its first entry is held until its turn.
+    /// Its ordered sequence and position, if any. An ordered job is fresh only when it was
+    /// born released (its sequence was empty): it is under way, and its first entry says so.
     pub place: Option<Place>,
+    /// The bucket and ordering key of an ordered job whose unsuccessful end blocks its key:
+    /// what its block row names, as no entry of its can be read for it.
+    pub blocking: Option<(Arc<str>, Arc<str>)>,
 }
 
 impl Fresh {
@@ -31,7 +36,26 @@ impl Fresh {
             expire_at: job.expire_at,
             endpoint: job.endpoint.clone(),
             place: job.place(),
+            blocking: job
+                .ordering
+                .as_ref()
+                .filter(|o| o.blocks)
+                .map(|o| (job.bucket.clone(), o.key.clone())),
         }
+    }
+
+    /// The block a fresh ordered job's end `t` writes, if it blocks its key (see
+    /// [`super::ordering::blocks_sequence`]).
+    fn block(&self, t: &Transition) -> Option<BlockedKey> {
+        let (bucket, key) = self.blocking.as_ref()?;
+        super::ordering::blocks_sequence(t).then(|| BlockedKey {
+            job_id: t.job_id,
+            state: t.state.as_str().to_owned(),
+            blocked_at: t.time,
+            bucket: bucket.to_string(),
+            endpoint: self.endpoint.to_string(),
+            ordering_key: key.to_string(),
+        })
     }
 }
 
@@ -58,6 +82,9 @@ pub struct OpenRow {
     /// held. An entry keeps them, until it moves to `archiving` (an end: it leaves its
     /// sequence).
     pub place: Option<Place>,
+    /// A new entry with a `place` goes in released (`held = 0`), not held: its job is under
+    /// way already (born released, and fresh until now).
+    pub released: bool,
 }
 
 impl OpenRow {
@@ -83,7 +110,15 @@ impl OpenRow {
             expire_at,
             endpoint,
             place,
+            released: false,
         }
+    }
+
+    /// The same entry going in released, when it has a sequence: for a job that was fresh
+    /// (born released, under way) or that the commit log lists (which only such a job is).
+    pub fn under_way(mut self) -> Self {
+        self.released = self.place.is_some();
+        self
     }
 }
 
@@ -100,6 +135,11 @@ pub(crate) struct OpenChanges {
     pub(crate) leaving: Vec<JobId>,
     /// Sequences known here of jobs leaving them (their entry may be new in this batch).
     pub(crate) left: Vec<Seq>,
+    /// Keys that fresh ordered jobs block as they end (no entry of theirs names them).
+    pub(crate) blocked: Vec<BlockedKey>,
+    /// Sequences a fresh ordered job leaves (also in `left`): their job under way, which
+    /// only the writer knew of, is gone.
+    pub(crate) fresh_left: Vec<Seq>,
 }
 
 /// What a batch changes in `open_jobs`: its rests, then each job's last row of the batch,
@@ -115,6 +155,8 @@ pub(crate) fn open_changes(append: &Append<'_>) -> OpenChanges {
         closed: Vec::new(),
         leaving: Vec::new(),
         left: Vec::new(),
+        blocked: Vec::new(),
+        fresh_left: Vec::new(),
     };
     let mut last: HashMap<JobId, usize> = HashMap::with_capacity(append.transitions.len());
     for (i, (_, t)) in append.transitions.iter().enumerate() {
@@ -146,10 +188,15 @@ pub(crate) fn open_changes(append: &Append<'_>) -> OpenChanges {
         let fresh = append.fresh.and_then(|f| f.get(&t.job_id));
         let rest = rested.get(&t.job_id).copied();
         if t.state.is_terminal() {
-            // A job the writer knows has no entry (accepted, never rested) deletes nothing.
+            // A job the writer knows has no entry (accepted, never rested) deletes nothing
+            // (its rest in this batch, if any, is not written); a fresh ordered one leaves its
+            // sequence all the same, from what the writer knows.
+            match fresh {
+                Some(f) => changes.leave_fresh(f, t),
+                None => changes.leaving.push(t.job_id),
+            }
             if fresh.is_none() || rest.is_some() {
                 changes.closed.push(t.job_id);
-                changes.leaving.push(t.job_id);
             }
             continue;
         }
@@ -167,9 +214,16 @@ pub(crate) fn open_changes(append: &Append<'_>) -> OpenChanges {
             .and_then(|f| f.place)
             .or(rest.and_then(|r| r.place))
             .or(fresh.and_then(|f| f.place));
+        // A fresh ordered job (born released) is under way: its first entry says so (as its
+        // rest in this batch, if any, does).
+        let released =
+            known.is_none() && place.is_some() && rest.map_or(fresh.is_some(), |r| r.released);
         if t.state == State::Archiving {
             // Expiry and flush are ends: the job leaves its sequence now, so the next goes.
-            changes.leaving.push(t.job_id);
+            match fresh {
+                Some(f) if known.is_none() => changes.leave_fresh(f, t),
+                _ => changes.leaving.push(t.job_id),
+            }
             changes.left.extend(place.take().map(|p| p.seq));
         }
         // The Director's writer knows every job it accepted and never rested (`fresh`);
@@ -187,7 +241,22 @@ pub(crate) fn open_changes(append: &Append<'_>) -> OpenChanges {
             expire_at,
             endpoint,
             place,
+            released,
         });
     }
     changes
+}
+
+impl OpenChanges {
+    /// A fresh job `f` ends or moves to `archiving` by `t`: an ordered one leaves its
+    /// sequence, and may block it, from what the writer knows (it has no entry to read).
+    fn leave_fresh(&mut self, f: &Fresh, t: &Transition) {
+        if let Some(place) = f.place {
+            if t.state.is_terminal() {
+                self.left.push(place.seq);
+            }
+            self.fresh_left.push(place.seq);
+            self.blocked.extend(f.block(t));
+        }
+    }
 }

@@ -119,10 +119,14 @@ macro_rules! ordering_sql {
         /// moves to `archiving`, whose entries it deletes or takes out of their sequences),
         /// read before it does; a job that asked to block its sequence and ends without
         /// success blocks it (`ordering_blocked`, see [`blocks_sequence`]).
+        ///
+        /// `fresh_blocks`: the blocks of fresh ordered jobs that end here (no entry of theirs
+        /// is read), written with the others.
         async fn left_sequences(
             tx: &mut sqlx::Transaction<'_, $db>,
             append: &$crate::jobdb::write::Append<'_>,
             leaving: &[$crate::job::JobId],
+            fresh_blocks: &[$crate::jobdb::BlockedKey],
         ) -> Result<Vec<$crate::job::Seq>, $crate::jobdb::JobDbError> {
             use sqlx::Row as _;
             use $crate::jobdb::MAX_IDS_PER_SELECT;
@@ -154,17 +158,20 @@ macro_rules! ordering_sql {
                 }
             }
             blocked.extend(append.blocks.iter().cloned());
+            blocked.extend(fresh_blocks.iter().cloned());
             insert_blocks(tx, &blocked).await?;
             Ok(seqs)
         }
 
         /// What a write that no other live JobDB shares ([`Append::release_touched`]) finds in
         /// the sequences it adds entries to, read before they go in (see [`Arrivals`]): the
-        /// new jobs that go at once, entered released (`held = 0`) rather than held and
-        /// released by a read of their sequence's head, each a job stored by this write and
-        /// due now (not scheduled, not imported) that comes first by position among the
-        /// write's entries of a sequence with no entry here and no block; and the sequences
-        /// with a job under way or a block, whose head cannot go unless a job of theirs leaves.
+        /// new jobs that go at once (born released: fresh, with no entry, rather than held and
+        /// released by a read of their sequence's head), each a job stored by this write and
+        /// due now (not scheduled, not imported, with no row of its own) that comes first by
+        /// position among the write's entries of a sequence with no entry here, no fresh job
+        /// and no block; and the sequences with a job under way (an entry released, or a fresh job) or a block,
+        /// whose head cannot go unless a job of theirs leaves. Nothing is born without the
+        /// write's log row, which lists what it accepts.
         ///
         /// [`Append::release_touched`]: $crate::jobdb::write::Append::release_touched
         async fn arrivals(
@@ -194,8 +201,18 @@ macro_rules! ordering_sql {
                 // No ordered entry (every unordered write): nothing to read.
                 return Ok(arrivals);
             }
-            let seqs: Vec<$crate::job::Seq> = first.keys().copied().collect();
             let mut present = HashSet::new();
+            // A sequence with a fresh job is under way: no read tells more.
+            let mut seqs: Vec<$crate::job::Seq> = Vec::with_capacity(first.len());
+            for seq in first.keys() {
+                match append.fresh_sequences.is_some_and(|f| f.contains_key(seq)) {
+                    true => {
+                        present.insert(*seq);
+                        arrivals.settled.insert(*seq);
+                    }
+                    false => seqs.push(*seq),
+                }
+            }
             // Each list is bound twice.
             for chunk in seqs.chunks(MAX_IDS_PER_SELECT / 2) {
                 let mut qb = seqs_query(PRESENT_SEQS, Some(chunk), PRESENT_OR_BLOCKED_SEQS);
@@ -208,7 +225,18 @@ macro_rules! ordering_sql {
                     }
                 }
             }
-            let new: HashSet<$crate::job::JobId> = append.jobs.iter().map(|j| j.id).collect();
+            if append.log.is_none() {
+                return Ok(arrivals);
+            }
+            // A job with a row of its own is listed by it, never fresh: it cannot be born.
+            let with_row: HashSet<$crate::job::JobId> =
+                append.transitions.iter().map(|(_, t)| t.job_id).collect();
+            let new: HashSet<$crate::job::JobId> = append
+                .jobs
+                .iter()
+                .map(|j| j.id)
+                .filter(|id| !with_row.contains(id))
+                .collect();
             arrivals.born = first
                 .into_iter()
                 .filter(|(seq, (_, id, due_now))| {

@@ -55,6 +55,9 @@ pub(crate) const INSERT_OPEN_JOBS: &str =
 pub(crate) const INSERT_COMMIT_LOG: &str =
     "INSERT INTO commit_log (id, time, accepted, started) VALUES (?, ?, ?, ?)";
 
+/// The entries of some jobs: the caller binds the ids and closes the list.
+const LISTED_AMONG: &str = "SELECT job_id FROM open_jobs WHERE job_id IN (";
+
 /// Sets the expiry of new entries that lack it from their jobs: the caller binds the ids and
 /// closes the list.
 pub(crate) const FILL_OPEN_EXPIRY: &str = "UPDATE open_jobs SET expire_at = \
@@ -148,7 +151,6 @@ macro_rules! write_path {
         /// sequence).
         pub(crate) fn upsert_open_jobs<'a>(
             rows: &'a [$crate::jobdb::OpenRow],
-            born: &std::collections::HashSet<$crate::job::JobId>,
         ) -> sqlx::QueryBuilder<'a, $db> {
             let mut qb = sqlx::QueryBuilder::<$db>::new($crate::jobdb::write::INSERT_OPEN_JOBS);
             qb.push_values(rows, |mut row, o| {
@@ -158,12 +160,12 @@ macro_rules! write_path {
                     .push_bind(o.attempts)
                     .push_bind(o.retry_at.map(|r| r.naive_utc()))
                     .push_bind(o.expire_at.map(|r| r.naive_utc()))
-                    // A new entry of an ordered job waits for its turn, unless `born`
-                    // released; an entry's sequence, hold and position are never replaced by
+                    // A new entry of an ordered job waits for its turn, unless its job is
+                    // under way; an entry's sequence, hold and position are never replaced by
                     // a later row (but `archiving` takes it out of its sequence:
                     // `UPSERT_OPEN_JOBS`).
                     .push_bind(o.place.map(|p| p.seq.to_vec()))
-                    .push_bind(o.place.is_some() && !born.contains(&o.job_id))
+                    .push_bind(o.place.is_some() && !o.released)
                     .push_bind(o.place.map(|p| p.position.to_bytes().to_vec()));
                 match &o.endpoint {
                     Some(endpoint) => row
@@ -209,19 +211,10 @@ macro_rules! write_path {
             }
             owe_notices(tx, append).await?;
             let notices = write_notices(tx, append, limit).await?;
-            if let Some(log) = &append.log {
-                sqlx::query($crate::jobdb::write::INSERT_COMMIT_LOG)
-                    .bind($crate::jobdb::int(log.id))
-                    .bind(log.time.naive_utc())
-                    .bind(log.accepted_json())
-                    .bind(log.started_json())
-                    .execute(&mut **tx)
-                    .await?;
-            }
-            let changes = open_changes(append);
+            let mut changes = open_changes(append);
             // Read before the upsert and the delete below take them out of their sequences.
             let mut left: Vec<$crate::job::Seq> = changes.left.clone();
-            left.extend(left_sequences(tx, append, &changes.leaving).await?);
+            left.extend(left_sequences(tx, append, &changes.leaving, &changes.blocked).await?);
             let mut touched: Vec<$crate::job::Seq> = changes
                 .open
                 .iter()
@@ -232,13 +225,33 @@ macro_rules! write_path {
                 true => arrivals(tx, append, &changes.open).await?,
                 false => Default::default(),
             };
-            let born_jobs: std::collections::HashSet<$crate::job::JobId> =
-                arrivals.born.values().copied().collect();
-            for chunk in changes.open.chunks(MAX_ROWS_PER_INSERT) {
-                upsert_open_jobs(chunk, &born_jobs)
-                    .build()
+            // A job born released is fresh, as an unordered one is: no entry, and the log row
+            // lists it as accepted. It goes to the scheduler from memory.
+            let born: Vec<$crate::job::JobId> = arrivals.born.values().copied().collect();
+            let mut released: Vec<$crate::job::Recovered> = Vec::new();
+            if !born.is_empty() {
+                let new: std::collections::HashSet<$crate::job::JobId> =
+                    born.iter().copied().collect();
+                changes.open.retain(|o| !new.contains(&o.job_id));
+                released.extend(append.jobs.iter().filter(|job| new.contains(&job.id)).map(
+                    |job| $crate::job::Recovered {
+                        job: job.clone(),
+                        attempts: 0,
+                        retry_at: None,
+                    },
+                ));
+            }
+            if let Some(log) = &append.log {
+                sqlx::query($crate::jobdb::write::INSERT_COMMIT_LOG)
+                    .bind($crate::jobdb::int(log.id))
+                    .bind(log.time.naive_utc())
+                    .bind(log.accepted_json(&born))
+                    .bind(log.started_json())
                     .execute(&mut **tx)
                     .await?;
+            }
+            for chunk in changes.open.chunks(MAX_ROWS_PER_INSERT) {
+                upsert_open_jobs(chunk).build().execute(&mut **tx).await?;
             }
             for chunk in changes.without_expiry.chunks(MAX_IDS_PER_SELECT) {
                 ids_query($crate::jobdb::write::FILL_OPEN_EXPIRY, chunk, ")")
@@ -258,17 +271,15 @@ macro_rules! write_path {
                     .execute(&mut **tx)
                     .await?;
             }
-            let mut released: Vec<$crate::job::Recovered> = append
-                .jobs
+            // A sequence with a fresh job has it under way, which only the writer knows: a
+            // head read from the store (the sequencer's sweep) would see it empty.
+            let release: Vec<($crate::job::Seq, $crate::job::JobId)> = append
+                .release
                 .iter()
-                .filter(|job| born_jobs.contains(&job.id))
-                .map(|job| $crate::job::Recovered {
-                    job: job.clone(),
-                    attempts: 0,
-                    retry_at: None,
-                })
+                .filter(|(seq, _)| !append.fresh_sequences.is_some_and(|f| f.contains_key(seq)))
+                .copied()
                 .collect();
-            released.extend(release_heads(tx, append.release).await?);
+            released.extend(release_heads(tx, &release).await?);
             if !append.release_expired.is_empty() {
                 let now = chrono::Utc::now();
                 released.extend(release_jobs(tx, append.release_expired, Some(now)).await?);
@@ -277,12 +288,19 @@ macro_rules! write_path {
             touched.dedup();
             if append.release_touched {
                 // A sequence whose first job was born released has it under way; one with a
-                // job under way or a block has no head that may go, unless a job of it left.
+                // job under way or a block has no head that may go, unless a job of it left;
+                // one with a fresh job has it under way (the store cannot tell), unless that
+                // job left.
                 let left: std::collections::HashSet<$crate::job::Seq> = left.into_iter().collect();
+                let fresh_under_way = |seq: &$crate::job::Seq| {
+                    append.fresh_sequences.is_some_and(|f| f.contains_key(seq))
+                        && !changes.fresh_left.contains(seq)
+                };
                 let may_go: Vec<$crate::job::Seq> = touched
                     .iter()
                     .filter(|&seq| {
                         !arrivals.born.contains_key(seq)
+                            && !fresh_under_way(seq)
                             && (!arrivals.settled.contains(seq) || left.contains(seq))
                     })
                     .copied()
@@ -298,7 +316,7 @@ macro_rules! write_path {
                 notices,
                 released,
                 touched,
-                born: arrivals.born.len(),
+                born,
             })
         }
 
@@ -530,6 +548,27 @@ impl JobDb {
         Ok(found.is_some())
     }
 
+    /// Which of `ids` have an `open_jobs` entry: after a COMMIT whose answer was lost, the
+    /// new ordered jobs without one are those it bore released.
+    pub async fn listed_among(
+        &self,
+        ids: &[JobId],
+    ) -> Result<std::collections::HashSet<JobId>, JobDbError> {
+        let mut listed = std::collections::HashSet::new();
+        for chunk in ids.chunks(super::MAX_IDS_PER_SELECT) {
+            with_pool!(self, |p, q| {
+                for row in &q::ids_query(LISTED_AMONG, chunk, ")")
+                    .build()
+                    .fetch_all(p)
+                    .await?
+                {
+                    listed.insert(q::job_id_of(row, "job_id")?);
+                }
+            });
+        }
+        Ok(listed)
+    }
+
     /// Whether a transition row exists: tells, after a failed COMMIT, whether it happened.
     pub async fn transition_exists(&self, job_id: JobId, id: u64) -> Result<bool, JobDbError> {
         let found: Option<u64> = with_pool!(self, |p, q| {
@@ -643,10 +682,14 @@ pub struct Append<'a> {
     /// and never rested), with their expiry: a terminal row of theirs deletes nothing, and a
     /// resting one gets their expiry. Anyone else's terminal row deletes its entry.
     pub fresh: Option<&'a HashMap<JobId, Fresh>>,
+    /// Sequences with a fresh job (born released, so under way, and without an entry yet),
+    /// with how many: as settled as if an entry said so. Only the Director's writer knows
+    /// them.
+    pub fresh_sequences: Option<&'a HashMap<Seq, u32>>,
     /// A new `jobdb_checkpoint.open_from`.
     pub checkpoint: Option<u64>,
     /// Ordered jobs to release, each with its sequence: those still their sequence's head
-    /// when the transaction reads it are.
+    /// when the transaction reads it are, unless their sequence is one of `fresh_sequences`.
     pub release: &'a [(Seq, JobId)],
     /// Keys blocked elsewhere that come with this write (a drainer's move): blocked here too.
     pub blocks: &'a [super::BlockedKey],
@@ -656,7 +699,9 @@ pub struct Append<'a> {
     pub release_expired: &'a [JobId],
     /// Release, in the same transaction, the head of every sequence this write adds a job to
     /// or ends one of: right only where no other JobDB is live (nothing elsewhere can be
-    /// older), and it saves the sequencer's read and a commit per ordered job.
+    /// older), and it saves the sequencer's read and a commit per ordered job. With a `log`
+    /// row, a new job due now whose sequence is empty is *born* released: it gets no entry
+    /// and is listed in `log` as accepted, a fresh job as an unordered one is.
     pub release_touched: bool,
 }
 
@@ -694,14 +739,16 @@ pub struct CommitLog<'a> {
 }
 
 impl CommitLog<'_> {
-    /// `accepted` as stored: a JSON array of hex ids, or NULL.
-    pub(crate) fn accepted_json(&self) -> Option<String> {
-        if self.accepted.is_empty() {
+    /// `accepted` and then `born` (ordered jobs born released, accepted as fresh) as stored:
+    /// a JSON array of hex ids, or NULL.
+    pub(crate) fn accepted_json(&self, born: &[JobId]) -> Option<String> {
+        let all = self.accepted.len() + born.len();
+        if all == 0 {
             return None;
         }
-        let mut out = String::with_capacity(2 + self.accepted.len() * 35);
+        let mut out = String::with_capacity(2 + all * 35);
         out.push('[');
-        for (i, id) in self.accepted.iter().enumerate() {
+        for (i, id) in self.accepted.iter().chain(born).enumerate() {
             if i > 0 {
                 out.push(',');
             }
@@ -754,8 +801,9 @@ pub struct Written {
     pub released: Vec<Recovered>,
     /// The sequences of the ordered jobs this write added or ended: their head may go now.
     pub touched: Vec<Seq>,
-    /// How many of `released` were new jobs entered released (their sequence was empty).
-    pub born: usize,
+    /// The new jobs of `released` born released (their sequence was empty): fresh, with no
+    /// entry, listed as accepted in the commit's log row.
+    pub born: Vec<JobId>,
 }
 
 /// How long a bounded write ([`JobDb::append_bounded`]) may take, and until when it may

@@ -31,24 +31,77 @@ fn keyed(base: &Job, key: &str, blocks: bool, position: ulid::Ulid) -> Job {
     }
 }
 
-/// Writes `jobs` and `rows` as a JobDB with no other live one does (releasing the heads it
-/// makes in the same commit), and returns the jobs released and how many of them were born
-/// released (new, entered released).
-async fn released_alone(
-    db: &JobDb,
-    token: u64,
-    jobs: &[Arc<Job>],
-    rows: &[(u64, Transition)],
-) -> (Vec<JobId>, usize) {
-    let append = jobdb::Append {
-        jobs,
-        transitions: rows,
-        release_touched: true,
-        ..jobdb::Append::default()
-    };
-    let written = db.append_all(token, &append).await.unwrap();
-    let ids = written.released.into_iter().map(|r| r.job.id).collect();
-    (ids, written.born)
+/// A writer alone on its JobDB, as the Director's is, for the writes of one test: what it
+/// knows of the jobs it bore released (fresh: no entry), and its next log row.
+#[derive(Default)]
+struct Alone {
+    fresh: HashMap<JobId, jobdb::Fresh>,
+    sequences: HashMap<spindle::job::Seq, u32>,
+    log: u64,
+}
+
+impl Alone {
+    /// Writes `jobs` and `rows` as a writer with no other live JobDB does (releasing the heads
+    /// it makes in the same commit, with a log row): a new job whose only row is
+    /// `awaiting-scheduling` and due now rests without it, as the writer enters an ordered
+    /// job. Returns the jobs released and how many of them were born released (fresh).
+    async fn write(
+        &mut self,
+        db: &JobDb,
+        token: u64,
+        jobs: &[Arc<Job>],
+        rows: &[(u64, Transition)],
+    ) -> (Vec<JobId>, usize) {
+        let new = |t: &Transition| {
+            t.state == State::AwaitingScheduling
+                && t.retry_at.is_none()
+                && jobs.iter().any(|j| j.id == t.job_id)
+        };
+        let rests: Vec<jobdb::OpenRow> = rows
+            .iter()
+            .filter(|(_, t)| new(t))
+            .map(|(id, t)| {
+                let job = jobs.iter().find(|j| j.id == t.job_id).unwrap();
+                jobdb::OpenRow::resting(t.job_id, *id, Some(jobdb::Fresh::of(job)))
+            })
+            .collect();
+        let rows: Vec<(u64, Transition)> = rows.iter().filter(|(_, t)| !new(t)).cloned().collect();
+        let fresh: HashMap<JobId, jobdb::Fresh> = rows
+            .iter()
+            .filter_map(|(_, t)| Some((t.job_id, self.fresh.get(&t.job_id)?.clone())))
+            .collect();
+        self.log += 1;
+        let append = jobdb::Append {
+            jobs,
+            transitions: &rows,
+            rests: &rests,
+            fresh: Some(&fresh),
+            fresh_sequences: Some(&self.sequences),
+            log: Some(jobdb::CommitLog {
+                id: 1_000_000 + self.log,
+                time: Utc::now(),
+                accepted: &[],
+                started: &[],
+            }),
+            release_touched: true,
+            ..jobdb::Append::default()
+        };
+        let written = db.append_all(token, &append).await.unwrap();
+        for (_, t) in &rows {
+            if let Some(f) = self.fresh.remove(&t.job_id) {
+                let seq = f.place.unwrap().seq;
+                *self.sequences.get_mut(&seq).unwrap() -= 1;
+                self.sequences.retain(|_, n| *n > 0);
+            }
+        }
+        for id in &written.born {
+            let job = jobs.iter().find(|j| j.id == *id).unwrap();
+            *self.sequences.entry(job.seq().unwrap()).or_default() += 1;
+            self.fresh.insert(*id, jobdb::Fresh::of(job));
+        }
+        let ids = written.released.into_iter().map(|r| r.job.id).collect();
+        (ids, written.born.len())
+    }
 }
 
 async fn ordered_jobs_wait_held_and_are_released_one_at_a_time(engine: Engine) {
@@ -233,20 +286,57 @@ async fn ordered_jobs_wait_held_and_are_released_one_at_a_time(engine: Engine) {
         .enumerate()
         .map(|(i, j)| (30 + i as u64, row(j, State::AwaitingScheduling, 0, t0)))
         .collect();
+    let mut alone = Alone::default();
     assert_eq!(
-        released_alone(&db, token, &jobs, &rows).await,
+        alone.write(&db, token, &jobs, &rows).await,
         (vec![c1.id], 1)
     );
-    // c1 was entered released (no head read, no UPDATE): it is under way, so its sequence
-    // has no head that may go, and a later job of it waits.
+    // c1 was born released (no head read, no UPDATE, no entry): fresh, as an unordered job
+    // is, listed as accepted by the commit's log row, where a new owner finds it with its
+    // place. Its writer knows its sequence is under way, so a later job of it waits.
+    assert_eq!(
+        db.listed_among(&[c1.id, c2.id]).await.unwrap(),
+        [c2.id].into_iter().collect()
+    );
+    assert!(db
+        .load_stranded()
+        .await
+        .unwrap()
+        .unlisted
+        .contains(&(c1.id, c1.place())));
+    // A head read from the store (the sequencer's sweep) sees c1's sequence with no job
+    // under way and names c2; the write refuses it, as its writer knows better.
     let seq_c = c1.seq().unwrap();
-    assert!(db.sequence_heads(Some(&[seq_c])).await.unwrap().is_empty());
+    let sweep = [(seq_c, c2.id)];
+    let written = db
+        .append_all(
+            token,
+            &Append {
+                release: &sweep,
+                fresh_sequences: Some(&alone.sequences),
+                ..Append::default()
+            },
+        )
+        .await
+        .unwrap();
+    assert!(written.released.is_empty(), "{:?}", written.released);
     let c3 = ordered(8, "c", false);
     let later = [(33, row(&c3, State::AwaitingScheduling, 0, t0))];
     assert_eq!(
-        released_alone(&db, token, std::slice::from_ref(&c3), &later).await,
+        alone
+            .write(&db, token, std::slice::from_ref(&c3), &later)
+            .await,
         (vec![], 0)
     );
+    // A held job that leaves (flushed) does not free its sequence: c1 is still under way.
+    let flushed = [(
+        36,
+        Transition {
+            error_type: Some(spindle::job::ErrorType::OperatorFlush.as_str().into()),
+            ..Transition::archiving(c3.id, 0, t0)
+        },
+    )];
+    assert_eq!(alone.write(&db, token, &[], &flushed).await, (vec![], 0));
     // A new job of a key blocked here waits too, though its sequence has no entry.
     let (d1, d0) = (ordered(9, "d", false), ordered(10, "d", true));
     let block = BlockedKey {
@@ -268,7 +358,9 @@ async fn ordered_jobs_wait_held_and_are_released_one_at_a_time(engine: Engine) {
     .unwrap();
     let first = [(34, row(&d1, State::AwaitingScheduling, 0, t0))];
     assert_eq!(
-        released_alone(&db, token, std::slice::from_ref(&d1), &first).await,
+        alone
+            .write(&db, token, std::slice::from_ref(&d1), &first)
+            .await,
         (vec![], 0)
     );
     // A new first job that is scheduled is not born released: it holds its key, held, and
@@ -277,17 +369,19 @@ async fn ordered_jobs_wait_held_and_are_released_one_at_a_time(engine: Engine) {
     let at = t0 + TimeDelta::seconds(60);
     let scheduled = [(35, Transition::scheduled(e1.id, t0, at))];
     assert_eq!(
-        released_alone(&db, token, std::slice::from_ref(&e1), &scheduled).await,
+        alone
+            .write(&db, token, std::slice::from_ref(&e1), &scheduled)
+            .await,
         (vec![e1.id], 0)
     );
     let end = [(
         40,
         attempt(row(&c1, State::Succeeded, 1, end), 200, 5, None),
     )];
-    assert_eq!(
-        released_alone(&db, token, &[], &end).await,
-        (vec![c2.id], 0)
-    );
+    // c1 ends: its writer knows its place (it has no entry to read), so its sequence's
+    // next job goes in the same commit.
+    assert_eq!(alone.write(&db, token, &[], &end).await, (vec![c2.id], 0));
+    assert!(alone.sequences.is_empty());
     db.close().await;
 }
 

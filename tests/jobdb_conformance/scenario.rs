@@ -608,7 +608,12 @@ async fn commit_log_scenario(db: &JobDb, t0: DateTime<Utc>) -> Vec<String> {
         .iter()
         .all(|w| !w.listed && w.progress.state == State::AwaitingScheduling));
     assert_eq!(db.unfinished_count().await.unwrap(), 4);
-    assert_eq!(db.load_stranded().await.unwrap().unlisted, ids);
+    let unlisted = db.load_stranded().await.unwrap().unlisted;
+    assert_eq!(unlisted.iter().map(|(id, _)| *id).collect::<Vec<_>>(), ids);
+    assert!(
+        unlisted.iter().all(|(_, place)| place.is_none()),
+        "unordered: no place"
+    );
     // Commit 101 begins attempts of g and h.
     db.append_all(
         token,

@@ -409,7 +409,7 @@ impl Scheduler {
         let jobs = std::mem::take(&mut self.rests);
         let rest = WriteOp::Rest {
             jobs,
-            recovered: false,
+            recovered: None,
             done: None,
         };
         if self.writer.send(rest).await.is_err() {

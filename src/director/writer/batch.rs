@@ -335,6 +335,14 @@ impl Batch {
         skipped
     }
 
+    /// Whether it stores an ordered job due now, which a writer alone may bear released (it
+    /// then needs a log row to list it).
+    pub(super) fn may_bear(&self) -> bool {
+        self.rests
+            .iter()
+            .any(|r| r.place.is_some() && !r.released && r.retry_at.is_none())
+    }
+
     /// Whether the batch writes nothing.
     pub(super) fn is_empty(&self) -> bool {
         self.jobs.is_empty()

@@ -13,7 +13,7 @@ use super::batch::{Batch, Reply};
 use super::{Accepted, Ticket, WriteRejected, Writer};
 use crate::director::scheduler::Event;
 use crate::job::{AttemptStart, Job, JobId, Recovered, Transition};
-use crate::jobdb::{Append, CommitLog, JobDbError, OpenRow, Stalled, Written};
+use crate::jobdb::{Append, CommitLog, Fresh, JobDbError, OpenRow, Stalled, Written};
 
 /// How often the checkpoint is written (at most): a new owner reads at most this much more of
 /// `commit_log` than it must.
@@ -39,13 +39,15 @@ impl Writer {
             // included). Then its log row when it accepts jobs or begins attempts, and the
             // rests of jobs that waited long without a row.
             let checkpoint = self.checkpoint_due(started);
-            let log_id =
-                (!batch.accepted.is_empty() || !batch.starts.is_empty()).then(|| self.take_id());
+            let log_id = (!batch.accepted.is_empty()
+                || !batch.starts.is_empty()
+                || (self.release_in_commit && batch.may_bear()))
+            .then(|| self.take_id());
             let accepted: Vec<JobId> = batch.accepted.iter().map(|(id, _)| *id).collect();
             let mut rests = batch.rests.clone();
             for (job, fresh) in self.open.due_rests(started, self.limits.rest_after) {
                 let id = self.take_id();
-                rests.push(OpenRow::resting(job, id, Some(fresh)));
+                rests.push(OpenRow::resting(job, id, Some(fresh)).under_way());
             }
             let fresh = self
                 .open
@@ -63,6 +65,7 @@ impl Writer {
                 }),
                 rests: &rests,
                 fresh: Some(&fresh),
+                fresh_sequences: Some(self.open.sequences()),
                 checkpoint,
                 release: &batch.release,
                 release_expired: &expired,
@@ -72,7 +75,8 @@ impl Writer {
             let bounds = self.limits.bounds(batch.not_after());
             let result = self.db.append_bounded(self.token, &append, &bounds).await;
             let mut written = Written::default();
-            let committed = match result {
+            let mut known = true;
+            let mut committed = match result {
                 Ok(w) => {
                     written = w;
                     Committed::Yes
@@ -103,6 +107,7 @@ impl Writer {
                         JobDbError::CommitStalled(stalled) => Some(stalled),
                         _ => None,
                     };
+                    known = false;
                     self.committed_after_error(stalled, log_id, &batch.rows)
                         .await
                 }
@@ -111,6 +116,15 @@ impl Writer {
                     Committed::No
                 }
             };
+            if committed == Committed::Yes && !known && self.release_in_commit {
+                // Jobs it bore were not told: they are the new ordered ones it left without an
+                // entry.
+                match self.born_unheard(&batch).await {
+                    Some(born) => written.released = born,
+                    None => committed = Committed::Unknown,
+                }
+                written.born = written.released.iter().map(|r| r.job.id).collect();
+            }
             if committed == Committed::Unknown {
                 // Ownership was lost before the outcome could be read: producers hear that it
                 // is unknown; nothing else will be written by this writer.
@@ -132,10 +146,23 @@ impl Writer {
                 if let Some(open_from) = checkpoint {
                     self.checkpoint = Some((open_from, started));
                 }
+                // Jobs born released are fresh from now on, as if accepted unordered.
+                let mut accepted = batch.accepted.clone();
+                if !written.born.is_empty() {
+                    let born: std::collections::HashSet<JobId> =
+                        written.born.iter().copied().collect();
+                    accepted.extend(
+                        batch
+                            .jobs
+                            .iter()
+                            .filter(|job| born.contains(&job.id))
+                            .map(|job| (job.id, Fresh::of(job))),
+                    );
+                }
                 self.open.committed(
                     log_id,
                     started,
-                    &batch.accepted,
+                    &accepted,
                     &batch.starts,
                     &batch.rows,
                     &rests,
@@ -152,7 +179,7 @@ impl Writer {
                 if !released.is_empty() {
                     // Ordered jobs whose turn came: resting jobs, due as their entry says.
                     self.metrics.ordered_released.inc_by(released.len() as u64);
-                    self.metrics.ordered_born.inc_by(born as u64);
+                    self.metrics.ordered_born.inc_by(born.len() as u64);
                     let _ = self.scheduler.send(Event::HandedOver(released));
                 }
                 if !touched.is_empty() && !self.release_in_commit {
@@ -357,6 +384,48 @@ impl Writer {
                 Ok(false) => return Committed::No,
                 Err(err) => {
                     tracing::warn!(error = %err, "jobdb unreachable while checking a commit");
+                    tokio::time::sleep(pause).await;
+                    pause = (pause * 2).min(Duration::from_secs(2));
+                }
+            }
+        }
+    }
+
+    /// The jobs a batch whose answer was lost bore released (new ordered jobs due now, left
+    /// without an entry), as the scheduler takes them; `None` when ownership was lost first.
+    async fn born_unheard(&self, batch: &Batch) -> Option<Vec<Recovered>> {
+        let new: std::collections::HashSet<JobId> = batch.jobs.iter().map(|j| j.id).collect();
+        let candidates: Vec<JobId> = batch
+            .rests
+            .iter()
+            .filter(|r| r.place.is_some() && new.contains(&r.job_id))
+            .map(|r| r.job_id)
+            .collect();
+        if candidates.is_empty() {
+            return Some(Vec::new());
+        }
+        let mut pause = Duration::from_millis(100);
+        loop {
+            if self.lock_lost.is_cancelled() {
+                return None;
+            }
+            match self.db.listed_among(&candidates).await {
+                Ok(listed) => {
+                    let candidates: std::collections::HashSet<&JobId> = candidates.iter().collect();
+                    let born = batch
+                        .jobs
+                        .iter()
+                        .filter(|job| candidates.contains(&job.id) && !listed.contains(&job.id))
+                        .map(|job| Recovered {
+                            job: job.clone(),
+                            attempts: 0,
+                            retry_at: None,
+                        })
+                        .collect();
+                    return Some(born);
+                }
+                Err(err) => {
+                    tracing::warn!(error = %err, "jobdb unreachable while reading a commit's entries");
                     tokio::time::sleep(pause).await;
                     pause = (pause * 2).min(Duration::from_secs(2));
                 }

@@ -320,12 +320,18 @@ impl Writer {
             } => {
                 for job in jobs {
                     let fresh = self.open.fresh(&job);
-                    if fresh.is_some() || recovered {
-                        // Numbered now, before any later barrier: a backlog page read after
-                        // that barrier sees the entry.
-                        let id = self.take_id();
-                        batch.rests.push(OpenRow::resting(job, id, fresh));
+                    let place = recovered.as_ref().map(|places| places.get(&job).copied());
+                    if fresh.is_none() && place.is_none() {
+                        continue;
                     }
+                    // Numbered now, before any later barrier: a backlog page read after that
+                    // barrier sees the entry.
+                    let id = self.take_id();
+                    let mut rest = OpenRow::resting(job, id, fresh);
+                    if rest.place.is_none() {
+                        rest.place = place.flatten();
+                    }
+                    batch.rests.push(rest.under_way());
                 }
                 batch.seal(Reply::Rest(done));
             }

@@ -10,7 +10,7 @@
 use std::collections::{BTreeMap, HashMap};
 use std::time::{Duration, Instant};
 
-use crate::job::{JobId, State, Transition};
+use crate::job::{JobId, Seq, State, Transition};
 use crate::jobdb::{Fresh, OpenRow};
 
 /// One commit that still holds something open.
@@ -28,6 +28,8 @@ struct OpenCommit {
 pub(super) struct OpenWork {
     /// Fresh jobs: the commit that accepted each, and what its first entry takes from it.
     fresh: HashMap<JobId, (u64, Fresh)>,
+    /// The sequences of fresh ordered jobs (born released), with how many each has.
+    sequences: HashMap<Seq, u32>,
     /// Attempts under way: the commit that began each.
     attempts: HashMap<JobId, u64>,
     /// Commits that hold something open, oldest first.
@@ -72,6 +74,12 @@ impl OpenWork {
         self.commits.keys().next().copied().unwrap_or(next_id)
     }
 
+    /// The sequences of fresh ordered jobs, under way without an entry (see
+    /// [`crate::jobdb::Append::fresh_sequences`]).
+    pub(super) fn sequences(&self) -> &HashMap<Seq, u32> {
+        &self.sequences
+    }
+
     /// Fresh jobs and attempts under way.
     pub(super) fn counts(&self) -> (usize, usize) {
         (self.fresh.len(), self.attempts.len())
@@ -97,14 +105,10 @@ impl OpenWork {
             if let Some(c) = self.attempts.remove(&t.job_id) {
                 self.close(c);
             }
-            if let Some((c, _)) = self.fresh.remove(&t.job_id) {
-                self.close(c);
-            }
+            self.unfresh(&t.job_id);
         }
         for r in rests {
-            if let Some((c, _)) = self.fresh.remove(&r.job_id) {
-                self.close(c);
-            }
+            self.unfresh(&r.job_id);
         }
         let Some(commit) = commit else {
             return;
@@ -113,6 +117,9 @@ impl OpenWork {
         for (id, fresh) in accepted {
             if self.fresh.insert(*id, (commit, fresh.clone())).is_none() {
                 open += 1;
+                if let Some(place) = fresh.place {
+                    *self.sequences.entry(place.seq).or_default() += 1;
+                }
             }
         }
         for (id, _) in started {
@@ -130,6 +137,24 @@ impl OpenWork {
                     accepted: accepted.iter().map(|(id, _)| *id).collect(),
                 },
             );
+        }
+    }
+
+    /// `id` is no longer fresh (it rested or has a row).
+    fn unfresh(&mut self, id: &JobId) {
+        let Some((c, fresh)) = self.fresh.remove(id) else {
+            return;
+        };
+        self.close(c);
+        if let Some(place) = fresh.place {
+            if let std::collections::hash_map::Entry::Occupied(mut n) =
+                self.sequences.entry(place.seq)
+            {
+                *n.get_mut() -= 1;
+                if *n.get() == 0 {
+                    n.remove();
+                }
+            }
         }
     }
 
@@ -158,6 +183,7 @@ mod tests {
             expire_at,
             endpoint: "http://a/".into(),
             place: None,
+            blocking: None,
         }
     }
 
@@ -238,5 +264,32 @@ mod tests {
         let fresh = w.fresh_among([id(1), id(2), id(3)].iter());
         assert_eq!(fresh.len(), 1);
         assert!(fresh.contains_key(&id(1)));
+    }
+
+    #[test]
+    fn sequences_of_fresh_ordered_jobs_are_counted_until_each_rests_or_ends() {
+        let (now, expiry) = (Instant::now(), Utc::now());
+        let place = |n: u8| crate::job::Place {
+            seq: [n; 16],
+            position: ulid::Ulid::from(u128::from(n)),
+        };
+        let born = |n: u8| Fresh {
+            place: Some(place(n)),
+            ..fresh(expiry)
+        };
+        let mut w = OpenWork::default();
+        let accepted = [(id(1), born(7)), (id(2), born(7)), (id(3), born(8))];
+        w.committed(Some(10), now, &accepted, &[], &[], &[]);
+        assert_eq!(w.sequences(), &HashMap::from([([7; 16], 2), ([8; 16], 1)]));
+        // One ends, one rests (its entry now says it is under way): their counts go.
+        let end = Transition::discarded(id(1), 1, expiry, AttemptRecord::default());
+        let rest = OpenRow::resting(id(3), 12, Some(born(8))).under_way();
+        assert!(rest.released);
+        w.committed(None, now, &[], &[], &[(11, end)], &[rest]);
+        assert_eq!(w.sequences(), &HashMap::from([([7; 16], 1)]));
+        // A job the writer never knew as fresh changes nothing.
+        let other = Transition::discarded(id(9), 1, expiry, AttemptRecord::default());
+        w.committed(None, now, &[], &[], &[(13, other)], &[]);
+        assert_eq!(w.sequences().len(), 1);
     }
 }

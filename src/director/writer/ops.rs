@@ -184,13 +184,13 @@ pub enum WriteOp {
     },
     /// Jobs accepted and never tried that wait in the JobDB only from now on (the cache has
     /// no room for them): each gets its `open_jobs` entry unless it has one, so backlog passes
-    /// find it. `recovered`: jobs a previous owner accepted, which this writer does not know;
-    /// they rest whatever it knows.
+    /// find it. A fresh ordered job (born released) is under way: its entry goes in released.
     Rest {
         /// The jobs.
         jobs: Vec<JobId>,
-        /// A previous owner's jobs.
-        recovered: bool,
+        /// Jobs a previous owner accepted, which this writer does not know: they rest whatever
+        /// it knows, each ordered one (born released) released, in its place.
+        recovered: Option<std::collections::HashMap<JobId, crate::job::Place>>,
         /// Told once their entries are durable (or will never be).
         done: Option<oneshot::Sender<Result<(), WriteRejected>>>,
     },
