@@ -4,7 +4,7 @@
 //! the jobs and sequences that leave their ordered sequence). No SQL: `write::write_path!`
 //! writes what this computes.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
 
 use chrono::{DateTime, Utc};
@@ -139,7 +139,7 @@ pub(crate) struct OpenChanges {
     pub(crate) blocked: Vec<BlockedKey>,
     /// Sequences a fresh ordered job leaves (also in `left`): their job under way, which
     /// only the writer knew of, is gone.
-    pub(crate) fresh_left: Vec<Seq>,
+    pub(crate) fresh_left: HashSet<Seq>,
 }
 
 /// What a batch changes in `open_jobs`: its rests, then each job's last row of the batch,
@@ -156,7 +156,7 @@ pub(crate) fn open_changes(append: &Append<'_>) -> OpenChanges {
         leaving: Vec::new(),
         left: Vec::new(),
         blocked: Vec::new(),
-        fresh_left: Vec::new(),
+        fresh_left: HashSet::new(),
     };
     let mut last: HashMap<JobId, usize> = HashMap::with_capacity(append.transitions.len());
     for (i, (_, t)) in append.transitions.iter().enumerate() {
@@ -255,7 +255,7 @@ impl OpenChanges {
             if t.state.is_terminal() {
                 self.left.push(place.seq);
             }
-            self.fresh_left.push(place.seq);
+            self.fresh_left.insert(place.seq);
             self.blocked.extend(f.block(t));
         }
     }

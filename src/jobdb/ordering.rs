@@ -169,9 +169,9 @@ macro_rules! ordering_sql {
         /// released by a read of their sequence's head), each a job stored by this write and
         /// due now (not scheduled, not imported, with no row of its own) that comes first by
         /// position among the write's entries of a sequence with no entry here, no fresh job
-        /// and no block; and the sequences with a job under way (an entry released, or a fresh job) or a block,
-        /// whose head cannot go unless a job of theirs leaves. Nothing is born without the
-        /// write's log row, which lists what it accepts.
+        /// and no block; and the sequences with a job under way (an entry released, or a
+        /// fresh job) or a block, whose head cannot go unless a job of theirs leaves. Nothing
+        /// is born without the write's log row, which lists what it accepts.
         ///
         /// [`Append::release_touched`]: $crate::jobdb::write::Append::release_touched
         async fn arrivals(
