@@ -577,14 +577,8 @@ async fn recover(
             let (done, committed) = oneshot::channel();
             (
                 WriteOp::Rest {
-                    jobs: stranded.unlisted.iter().map(|(id, _)| *id).collect(),
-                    recovered: Some(
-                        stranded
-                            .unlisted
-                            .iter()
-                            .filter_map(|(id, place)| Some((*id, (*place)?)))
-                            .collect(),
-                    ),
+                    jobs: stranded.unlisted,
+                    recovered: true,
                     done: Some(done),
                 },
                 committed,

@@ -408,8 +408,8 @@ impl Scheduler {
         }
         let jobs = std::mem::take(&mut self.rests);
         let rest = WriteOp::Rest {
-            jobs,
-            recovered: None,
+            jobs: jobs.into_iter().map(|id| (id, None)).collect(),
+            recovered: false,
             done: None,
         };
         if self.writer.send(rest).await.is_err() {

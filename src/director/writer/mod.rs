@@ -318,19 +318,16 @@ impl Writer {
                 recovered,
                 done,
             } => {
-                for job in jobs {
+                for (job, place) in jobs {
                     let fresh = self.open.fresh(&job);
-                    let place = recovered.as_ref().map(|places| places.get(&job).copied());
-                    if fresh.is_none() && place.is_none() {
+                    if fresh.is_none() && !recovered {
                         continue;
                     }
                     // Numbered now, before any later barrier: a backlog page read after that
                     // barrier sees the entry.
                     let id = self.take_id();
                     let mut rest = OpenRow::resting(job, id, fresh);
-                    if rest.place.is_none() {
-                        rest.place = place.flatten();
-                    }
+                    rest.place = rest.place.or(place);
                     batch.rests.push(rest.under_way());
                 }
                 batch.seal(Reply::Rest(done));

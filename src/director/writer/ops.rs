@@ -186,11 +186,12 @@ pub enum WriteOp {
     /// no room for them): each gets its `open_jobs` entry unless it has one, so backlog passes
     /// find it. A fresh ordered job (born released) is under way: its entry goes in released.
     Rest {
-        /// The jobs.
-        jobs: Vec<JobId>,
+        /// The jobs, each with its place when it is ordered and the writer may not know it
+        /// (a previous owner's: only a job born released is listed by the commit log alone).
+        jobs: Vec<(JobId, Option<crate::job::Place>)>,
         /// Jobs a previous owner accepted, which this writer does not know: they rest whatever
-        /// it knows, each ordered one (born released) released, in its place.
-        recovered: Option<std::collections::HashMap<JobId, crate::job::Place>>,
+        /// it knows, each ordered one released (under way), in its place.
+        recovered: bool,
         /// Told once their entries are durable (or will never be).
         done: Option<oneshot::Sender<Result<(), WriteRejected>>>,
     },
