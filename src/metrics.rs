@@ -115,6 +115,9 @@ pub struct Metrics {
     pub ordered_released: Counter,
     /// Of those, jobs released in the commit that stored them (alone, their sequence empty).
     pub ordered_born: Counter,
+    /// Of those, jobs whose attempt began in the commit that released them (alone, in the
+    /// place the scheduler held when the job before them ended).
+    pub ordered_begun_on_release: Counter,
     /// Ordered jobs whose release waits for an older job of their sequence in another JobDB.
     pub ordered_waiting_elsewhere: Gauge,
     /// Ordered heads released without reading the other JobDBs: an earlier complete read
@@ -265,6 +268,13 @@ impl Default for Metrics {
             "Ordered jobs released in the commit that stored them: their sequence had no open \
              job and no block here, and no other JobDB is live",
             ordered_born.clone(),
+        );
+        let ordered_begun_on_release = Counter::default();
+        registry.register(
+            "ordered_begun_on_release",
+            "Ordered jobs whose attempt began in the commit that released them, the one that \
+             ended the job before them (no commit of their own to begin it)",
+            ordered_begun_on_release.clone(),
         );
         let ordered_waiting_elsewhere = Gauge::default();
         registry.register(
@@ -550,6 +560,7 @@ impl Default for Metrics {
             notices_written,
             ordered_released,
             ordered_born,
+            ordered_begun_on_release,
             ordered_waiting_elsewhere,
             ordered_cleared,
             ordered_survey_failures,

@@ -8,8 +8,10 @@
 //!   resume and caps, kill -9 and restart, releases of blocked keys. Alone, an ordered job
 //!   whose key has nothing open is born released in the commit that stores it (fresh, with no
 //!   entry: a kill -9 leaves it to the next owner through the commit log), and the next one
-//!   goes in the commit that ends it: the key-order, one-end and nothing-early checks hold
-//!   that path.
+//!   goes in the commit that ends it, its attempt begun there too when the lane could take
+//!   it (*begun on release*): the key-order, one-end and nothing-early checks hold that path,
+//!   and `unlisted` checks that every request that arrived was listed as begun by a commit
+//!   of the JobDB.
 //! - `a_cluster_keeps_every_invariant`: three Directors on Consul, two routers (one with its
 //!   clock 1.5 s ahead, under Debian's `faketime`), a manager retiring JobDBs every 12 s, a
 //!   drainer, S3 (moto), JobDBs on the shared MariaDB and on a private one; adds kill -9 of

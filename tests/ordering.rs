@@ -22,6 +22,7 @@ on_both_engines!(
     an_expired_job_lets_its_key_go_at_once_and_a_held_one_expires_on_time,
     an_operator_flush_or_discard_of_a_held_job_ends_it_and_never_blocks_its_key,
     a_scheduled_ordered_job_holds_its_key_until_its_time,
+    alone_each_job_of_a_key_begins_in_the_commit_that_ends_the_one_before,
 );
 
 fn fast_retries(c: &mut spindle::director::DirectorConfig) {
@@ -571,6 +572,40 @@ async fn a_scheduled_ordered_job_holds_its_key_until_its_time(engine: Engine) {
     assert_eq!(
         rig.reader.ordering_counts().await.unwrap().behind_scheduled,
         0
+    );
+    rig.stop().await;
+}
+
+/// Alone, a key's jobs cost one commit each: when one ends, the scheduler holds a place for
+/// the next, and the commit that writes the end releases the next job and begins its
+/// attempt (listed in its log row) before any request of it is sent. Order holds; every job
+/// is delivered once.
+async fn alone_each_job_of_a_key_begins_in_the_commit_that_ends_the_one_before(engine: Engine) {
+    const JOBS: usize = 60;
+    let rig = Rig::start_on(engine, "begun", fast_retries).await;
+    let url = rig.sink.url("/ok");
+    let jobs: Vec<Value> = (0..JOBS)
+        .map(|i| ordered(&url, "one", i, json!({})))
+        .collect();
+    // One request: the first job is born released, the others wait held behind it.
+    let reply = rig.submit(jobs).await;
+    let place: HashMap<String, (String, usize)> = reply
+        .jobs
+        .iter()
+        .enumerate()
+        .map(|(i, job)| (job.id.clone(), ("one".to_owned(), i)))
+        .collect();
+    rig.wait_in_state(State::Succeeded, JOBS as u64, Duration::from_secs(60))
+        .await;
+    let seen = arrivals(&rig.sink.received(), &place);
+    assert_one_at_a_time("one", &seen["one"], JOBS);
+    assert_eq!(seen["one"].len(), JOBS, "each job once: {:?}", seen["one"]);
+    let text = metrics_text(&rig.client, &rig.base()).await;
+    let begun = metric_value(&text, "spindle_ordered_begun_on_release_total");
+    assert!(
+        begun >= (JOBS - 1) as f64 * 0.9,
+        "{begun} of {} jobs begun in the commit that ended the one before",
+        JOBS - 1
     );
     rig.stop().await;
 }

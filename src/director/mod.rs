@@ -412,6 +412,10 @@ async fn serve(
             None
         }
     };
+    if config.peers.is_none() {
+        // The writer releases in the commit that ends (alone, above): it may begin there too.
+        scheduler.begin_on_release();
+    }
     scheduler.applied_by(&config.holder);
     scheduler.watched(supervisor.watch(
         "scheduler",

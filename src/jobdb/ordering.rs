@@ -20,8 +20,8 @@
 //!   ([`JobDb::sequences_elsewhere`], [`Elsewhere`]).
 //!
 //! The statements are the constants below (both engines spell them alike, except
-//! `INSERT_ORDERING_BLOCKED` and the head reads `OLDEST_HELD` and `OLDEST_RELEASED`, which
-//! name their index: constants of each engine module); `ordering_sql!` binds and
+//! `INSERT_ORDERING_BLOCKED` and the reads that name their index, `OLDEST_HELD`,
+//! `OLDEST_RELEASED`, `HELD_HEAD` and `RELEASED_SEQS`: constants of each engine module); `ordering_sql!` binds and
 //! runs them for each engine's sqlx types, invoked by [`super::engine::mysql`] and
 //! [`super::engine::sqlite`] beside `write_path!`.
 
@@ -53,8 +53,9 @@ pub(crate) const HELD_AMONG: &str = " AND job_id IN (";
 /// Releases held jobs: the caller binds the ids and closes the list.
 pub(crate) const RELEASE: &str = "UPDATE open_jobs SET held = 0 WHERE job_id IN (";
 
-/// Sequences with a released job (one under way): the caller adds which sequences.
-pub(crate) const RELEASED_SEQS: &str = "SELECT DISTINCT seq FROM open_jobs WHERE held = 0 AND seq";
+/// Sequences a grouped head read covers at most; fewer are read one `LIMIT 1` probe each
+/// (see `HELD_HEAD`), whose cost does not grow with the sequences' length.
+pub(crate) const PROBE_AT_MOST: usize = 16;
 
 /// Sequences with an entry here, `held` 0 when one of their jobs is released, and (with
 /// [`PRESENT_OR_BLOCKED_SEQS`]) those a row of `ordering_blocked` stops, `held` 0: the caller
@@ -111,8 +112,8 @@ const FORGET_BLOCK: &str = "DELETE FROM ordering_blocked WHERE seq = ? AND job_i
 /// The ordered-sequence code of one engine: reading the sequences a write leaves, blocking
 /// keys, releasing heads inside a write's transaction, and reading heads, blocks and the
 /// oldest positions. `$db` is the engine's sqlx database type; the engine module provides
-/// `INSERT_ORDERING_BLOCKED`, `OLDEST_HELD` and `OLDEST_RELEASED` (from
-/// `engine::spelled_sql!`) and (from `engine::engine_common!`) the decoders and `ids_query`.
+/// `INSERT_ORDERING_BLOCKED`, `OLDEST_HELD`, `OLDEST_RELEASED`, `HELD_HEAD` and
+/// `RELEASED_SEQS` (from `engine::spelled_sql!`) and (from `engine::engine_common!`) the decoders and `ids_query`.
 macro_rules! ordering_sql {
     ($db:ty) => {
         /// The sequences of the ordered jobs among `leaving` (jobs this transaction ends or
@@ -368,7 +369,7 @@ macro_rules! ordering_sql {
             if heads.is_empty() {
                 return Ok(heads);
             }
-            let rows = seqs_query($crate::jobdb::ordering::RELEASED_SEQS, seqs, "")
+            let rows = seqs_query(RELEASED_SEQS, seqs, " GROUP BY seq")
                 .build()
                 .fetch_all(&mut *conn)
                 .await?;
@@ -442,11 +443,22 @@ macro_rules! ordering_sql {
             use $crate::jobdb::ordering::Head;
             let mut oldest: std::collections::HashMap<$crate::job::Seq, Head> =
                 std::collections::HashMap::new();
-            for row in &seqs_query(OLDEST_HELD.0, seqs, OLDEST_HELD.1)
-                .build()
-                .fetch_all(&mut *conn)
-                .await?
-            {
+            let mut qb = match seqs {
+                Some(few) if few.len() <= $crate::jobdb::ordering::PROBE_AT_MOST => {
+                    let mut qb = sqlx::QueryBuilder::<$db>::new("");
+                    for (i, seq) in few.iter().enumerate() {
+                        if i > 0 {
+                            qb.push(" UNION ALL ");
+                        }
+                        qb.push(HELD_HEAD.0)
+                            .push_bind(seq.to_vec())
+                            .push(HELD_HEAD.1);
+                    }
+                    qb
+                }
+                _ => seqs_query(OLDEST_HELD.0, seqs, OLDEST_HELD.1),
+            };
+            for row in &qb.build().fetch_all(&mut *conn).await? {
                 let head = Head {
                     job: job_id_of(row, "job_id")?,
                     position: ulid_of(row, "position")?,

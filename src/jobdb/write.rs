@@ -9,7 +9,7 @@
 //! Rows go in multi-row INSERTs chunked by bytes (below the server's packet limit) and by a
 //! power-of-two number of rows (so a connection prepares few statement shapes and reuses them).
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::fmt::Write as _;
 use std::sync::Arc;
 use std::time::Duration;
@@ -229,6 +229,7 @@ macro_rules! write_path {
             // lists it as accepted. It goes to the scheduler from memory.
             let born: Vec<$crate::job::JobId> = arrivals.born.values().copied().collect();
             let mut released: Vec<$crate::job::Recovered> = Vec::new();
+            let mut started: Vec<$crate::job::Recovered> = Vec::new();
             if !born.is_empty() {
                 let new: std::collections::HashSet<$crate::job::JobId> =
                     born.iter().copied().collect();
@@ -240,15 +241,6 @@ macro_rules! write_path {
                         retry_at: None,
                     },
                 ));
-            }
-            if let Some(log) = &append.log {
-                sqlx::query($crate::jobdb::write::INSERT_COMMIT_LOG)
-                    .bind($crate::jobdb::int(log.id))
-                    .bind(log.time.naive_utc())
-                    .bind(log.accepted_json(&born))
-                    .bind(log.started_json())
-                    .execute(&mut **tx)
-                    .await?;
             }
             for chunk in changes.open.chunks(MAX_ROWS_PER_INSERT) {
                 upsert_open_jobs(chunk).build().execute(&mut **tx).await?;
@@ -310,13 +302,33 @@ macro_rules! write_path {
                     let heads = sequence_heads(&mut **tx, Some(chunk)).await?;
                     go.extend(heads.into_values().map(|head| head.job));
                 }
-                released.extend(release_jobs(tx, &go, None).await?);
+                for job in release_jobs(tx, &go, None).await? {
+                    match append.begins(&job) {
+                        true => started.push(job),
+                        false => released.push(job),
+                    }
+                }
+            }
+            // Last: it lists the attempts the releases above began.
+            if let Some(log) = &append.log {
+                let begun: Vec<($crate::job::JobId, u16)> = started
+                    .iter()
+                    .map(|r| (r.job.id, r.attempts.saturating_add(1)))
+                    .collect();
+                sqlx::query($crate::jobdb::write::INSERT_COMMIT_LOG)
+                    .bind($crate::jobdb::int(log.id))
+                    .bind(log.time.naive_utc())
+                    .bind(log.accepted_json(&born))
+                    .bind(log.started_json(&begun))
+                    .execute(&mut **tx)
+                    .await?;
             }
             Ok($crate::jobdb::write::Written {
                 notices,
                 released,
                 touched,
                 born,
+                started,
             })
         }
 
@@ -703,9 +715,25 @@ pub struct Append<'a> {
     /// row, a new job due now whose sequence is empty is *born* released: it gets no entry
     /// and is listed in `log` as accepted, a fresh job as an unordered one is.
     pub release_touched: bool,
+    /// Sequences whose head, when this write releases it through `release_touched` and it is
+    /// due by `log`'s time, begins its attempt in this commit: listed in `log` as started
+    /// (the scheduler that asked has room for it). The attempt a job's end allows its
+    /// successor then costs no commit of its own.
+    pub begin_released: Option<&'a HashSet<Seq>>,
 }
 
 impl Append<'_> {
+    /// Whether `released`, released by this write's `release_touched`, begins its attempt
+    /// here (see [`Append::begin_released`]): its sequence asked for it, there is a log row
+    /// to list it, and it is due.
+    pub(crate) fn begins(&self, released: &Recovered) -> bool {
+        let (Some(log), Some(begin)) = (&self.log, self.begin_released) else {
+            return false;
+        };
+        released.retry_at.is_none_or(|at| at <= log.time)
+            && released.job.seq().is_some_and(|seq| begin.contains(&seq))
+    }
+
     /// The rows that end a job (see [`tells_completion`]), by job.
     pub(crate) fn ended(&self) -> HashMap<JobId, &Transition> {
         self.transitions
@@ -758,14 +786,16 @@ impl CommitLog<'_> {
         Some(out)
     }
 
-    /// `started` as stored: a JSON array of `[hex id, attempt]`, or NULL.
-    pub(crate) fn started_json(&self) -> Option<String> {
-        if self.started.is_empty() {
+    /// `started` and then `begun` (attempts of jobs the write released) as stored: a JSON
+    /// array of `[hex id, attempt]`, or NULL.
+    pub(crate) fn started_json(&self, begun: &[(JobId, u16)]) -> Option<String> {
+        let all = self.started.len() + begun.len();
+        if all == 0 {
             return None;
         }
-        let mut out = String::with_capacity(2 + self.started.len() * 42);
+        let mut out = String::with_capacity(2 + all * 42);
         out.push('[');
-        for (i, (id, attempt)) in self.started.iter().enumerate() {
+        for (i, (id, attempt)) in self.started.iter().chain(begun).enumerate() {
             if i > 0 {
                 out.push(',');
             }
@@ -804,6 +834,10 @@ pub struct Written {
     /// The new jobs of `released` born released (their sequence was empty): fresh, with no
     /// entry, listed as accepted in the commit's log row.
     pub born: Vec<JobId>,
+    /// Ordered jobs released whose attempt this commit began (see
+    /// [`Append::begin_released`]), with the attempts they had before it: listed in its log
+    /// row, not in `released`.
+    pub started: Vec<Recovered>,
 }
 
 /// How long a bounded write ([`JobDb::append_bounded`]) may take, and until when it may

@@ -121,6 +121,8 @@ pub struct Inputs<'a> {
     /// JobDBs a Director serves at the end (a job whose end lies elsewhere may be unknown to
     /// the API).
     pub active: &'a HashSet<String>,
+    /// Alone: every attempt the JobDB's commits list as begun (job, attempt number).
+    pub listed: Option<&'a HashSet<(JobId, u16)>>,
 }
 
 pub fn check(i: &Inputs) -> (Vec<Violation>, Tally) {
@@ -416,6 +418,29 @@ pub fn check(i: &Inputs) -> (Vec<Violation>, Tally) {
                     via(a)
                 ),
             );
+        }
+    }
+
+    // Alone: every request that reached the endpoint was listed as begun, with its attempt
+    // number, by a commit of the JobDB (durable before it was sent, fenced), whichever commit
+    // began it: its own, or the one that ended the job before it in its key.
+    if let Some(listed) = i.listed {
+        for a in i.arrivals {
+            let Ok(id) = a.job.parse::<JobId>() else {
+                continue;
+            };
+            if i.stored.contains_key(&id) && !listed.contains(&(id, a.attempt)) {
+                v(
+                    &mut out,
+                    "unlisted",
+                    a.at,
+                    Some(id),
+                    format!(
+                        "job {id} arrived (attempt {}, {}) but no commit lists that attempt as begun",
+                        a.attempt, a.path
+                    ),
+                );
+            }
         }
     }
 

@@ -169,6 +169,7 @@ pub async fn run(world: World, plan: Plan, name: &str) -> Vec<Violation> {
         .map(|(n, _, _)| n)
         .collect();
     let arrivals = world.endpoint.arrivals();
+    let listed = world.listed_attempts().await;
     let violations = {
         let log = rec.log.lock().unwrap();
         let (mut violations, tally) = check::check(&Inputs {
@@ -177,6 +178,7 @@ pub async fn run(world: World, plan: Plan, name: &str) -> Vec<Violation> {
             stored: &stored,
             api: &api,
             active: &active,
+            listed: listed.as_ref(),
         });
         violations.splice(0..0, log.live.iter().cloned());
         println!(

@@ -5,7 +5,7 @@
 //! `mariadbd` that holds some JobDBs so that an outage can lock it). And the readers: every
 //! job's histories in every JobDB still there and in the archive.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::time::Duration;
 
 use spindle::archive::{Archive, BatchKind};
@@ -346,6 +346,51 @@ impl World {
         self.endpoint.stop();
         self.consul.stop().await;
         drop(self.alone);
+    }
+}
+
+impl World {
+    /// Alone: every attempt the JobDB's commits list as begun (`commit_log.started`), as
+    /// (job, attempt number); `None` in a cluster (JobDBs retire and are dropped) or when the
+    /// JobDB cannot be read.
+    pub async fn listed_attempts(&self) -> Option<HashSet<(JobId, u16)>> {
+        use sqlx::{ConnectOptions, Connection};
+        let url = &self.alone.as_ref()?.url;
+        let sql = "SELECT started FROM commit_log WHERE started IS NOT NULL";
+        let lists: Vec<String> = match url.sqlite_file() {
+            Some(file) => {
+                let mut conn =
+                    sqlx::SqliteConnection::connect(&format!("sqlite://{}", file.display()))
+                        .await
+                        .ok()?;
+                let lists = sqlx::query_scalar(sql).fetch_all(&mut conn).await.ok()?;
+                let _ = conn.close().await;
+                lists
+            }
+            None => {
+                let mut conn = url.mysql_options().ok()?.connect().await.ok()?;
+                let lists = sqlx::query_scalar(sql).fetch_all(&mut conn).await.ok()?;
+                let _ = conn.close().await;
+                lists
+            }
+        };
+        let mut out = HashSet::new();
+        for list in lists {
+            let Ok(serde_json::Value::Array(items)) = serde_json::from_str(&list) else {
+                continue;
+            };
+            for item in items {
+                let (Some(hex), Some(attempt)) = (item[0].as_str(), item[1].as_u64()) else {
+                    continue;
+                };
+                let (Ok(id), Ok(attempt)) = (u128::from_str_radix(hex, 16), u16::try_from(attempt))
+                else {
+                    continue;
+                };
+                out.insert((JobId::from_bytes(id.to_be_bytes()), attempt));
+            }
+        }
+        Some(out)
     }
 }
 

@@ -38,6 +38,11 @@ struct Alone {
     fresh: HashMap<JobId, jobdb::Fresh>,
     sequences: HashMap<spindle::job::Seq, u32>,
     log: u64,
+    /// Sequences whose next released job begins its attempt in the write (the scheduler
+    /// held a place for it).
+    begin: std::collections::HashSet<spindle::job::Seq>,
+    /// The jobs the last write released and began, with their attempts before it.
+    begun: Vec<(JobId, u16)>,
 }
 
 impl Alone {
@@ -84,9 +89,15 @@ impl Alone {
                 started: &[],
             }),
             release_touched: true,
+            begin_released: Some(&self.begin),
             ..jobdb::Append::default()
         };
         let written = db.append_all(token, &append).await.unwrap();
+        self.begun = written
+            .started
+            .iter()
+            .map(|r| (r.job.id, r.attempts))
+            .collect();
         for (_, t) in &rows {
             if let Some(f) = self.fresh.remove(&t.job_id) {
                 let seq = f.place.unwrap().seq;
@@ -379,9 +390,52 @@ async fn ordered_jobs_wait_held_and_are_released_one_at_a_time(engine: Engine) {
         attempt(row(&c1, State::Succeeded, 1, end), 200, 5, None),
     )];
     // c1 ends: its writer knows its place (it has no entry to read), so its sequence's
-    // next job goes in the same commit.
-    assert_eq!(alone.write(&db, token, &[], &end).await, (vec![c2.id], 0));
+    // next job goes in the same commit; the scheduler held a place for it, so its attempt
+    // begins there too: listed by the commit's log row (a new owner finds it under way),
+    // not handed over as released.
+    alone.begin.insert(seq_c);
+    assert_eq!(alone.write(&db, token, &[], &end).await, (vec![], 0));
+    assert_eq!(alone.begun, vec![(c2.id, 0)]);
     assert!(alone.sequences.is_empty());
+    let settle = db.load_stranded().await.unwrap().settle;
+    let c2_under_way = settle.iter().find(|(id, _)| *id == c2.id);
+    assert!(
+        c2_under_way.is_some_and(|(_, p)| p.attempts == 1 && p.started.is_some()),
+        "{settle:?}"
+    );
+    // c2's attempt ends (a retry: it stays its sequence's head) and the place held for the
+    // sequence is not used: nothing else of it is released or begun.
+    let t1 = t0 + TimeDelta::seconds(2);
+    let retry = [(
+        41,
+        attempt(
+            Transition::awaiting_retry(c2.id, 1, t1, t1, Default::default()),
+            503,
+            5,
+            None,
+        ),
+    )];
+    assert_eq!(alone.write(&db, token, &[], &retry).await, (vec![], 0));
+    assert!(alone.begun.is_empty());
+    // Due later, a released head is released but not begun: its attempt waits for its time.
+    let (f1, f2) = (ordered(12, "f", false), ordered(13, "f", false));
+    let f_rows = [
+        (42, row(&f1, State::AwaitingScheduling, 0, t0)),
+        (
+            43,
+            Transition::scheduled(f2.id, t0, t0 + TimeDelta::hours(1)),
+        ),
+    ];
+    assert_eq!(
+        alone
+            .write(&db, token, &[f1.clone(), f2.clone()], &f_rows)
+            .await,
+        (vec![f1.id], 1)
+    );
+    alone.begin.insert(f1.seq().unwrap());
+    let f_end = [(44, attempt(row(&f1, State::Succeeded, 1, t1), 200, 5, None))];
+    assert_eq!(alone.write(&db, token, &[], &f_end).await, (vec![f2.id], 0));
+    assert!(alone.begun.is_empty());
     db.close().await;
 }
 

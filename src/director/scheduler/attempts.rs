@@ -14,10 +14,12 @@ use tokio::time::Instant;
 
 use crate::delivery::classify::Verdict;
 use crate::delivery::{backoff, AttemptResult};
-use crate::job::{AttemptRecord, AttemptStart, ErrorType, Job, JobId, Transition};
+use crate::job::{
+    AttemptRecord, AttemptStart, ErrorType, Job, JobId, Recovered, State, Transition,
+};
 
-use super::cache::Phase;
-use super::gates::Recorded;
+use super::cache::{Entry, Phase};
+use super::gates::{Limit, Recorded};
 use super::{wait_until, Event, Scheduler, SchedulerLimits, WriteOp, WriteRejected};
 
 /// How long a job waits before it is tried again when the commit that would begin its attempt
@@ -326,6 +328,7 @@ impl Scheduler {
         let Some(entry) = self.cache.get(&id) else {
             return;
         };
+        let ordered = entry.job.seq().map(|seq| (seq, entry.job.bucket.clone()));
         let row = match result.verdict {
             Verdict::Succeeded => {
                 self.forget(id);
@@ -359,10 +362,116 @@ impl Scheduler {
             }
         };
         self.cache.gauge();
+        let ended = matches!(row.state, State::Succeeded | State::Discarded);
         self.outbox.push(row);
+        if let (true, Some((seq, bucket))) = (ended, ordered) {
+            self.offer_begin(seq, &key, &bucket);
+        }
         if self.cache.get(&id).is_some_and(|e| e.doomed.is_some()) {
             self.end_doomed(id);
         }
+    }
+
+    /// An ordered job of `seq` just ended (its row is queued): when its lane could start an
+    /// attempt now, offers the writer to begin the sequence's next job in the commit that
+    /// writes the end and releases that job: one commit per job of a key instead of two.
+    /// Nothing is held for it (most keys have no next job waiting): the job begun is checked
+    /// against the limits when it arrives. Not for a rate-limited lane, whose token would be
+    /// taken after the attempt began.
+    fn offer_begin(&mut self, seq: crate::job::Seq, key: &Arc<str>, bucket: &str) {
+        if self.begin_on_release
+            && !self.stopping
+            && !self.gates.bucket_paused(bucket)
+            && !self.gates.is_rate_limited(key)
+            && matches!(self.gates.limit(key, Instant::now()), Limit::Open(_))
+        {
+            self.begins.push(seq);
+        }
+    }
+
+    /// Tells the writer of the sequences offered since the last time, after the rows they
+    /// follow.
+    pub(super) async fn send_begins(&mut self) {
+        if self.begins.is_empty() {
+            return;
+        }
+        let seqs = std::mem::take(&mut self.begins);
+        if self.writer.send(WriteOp::Begin { seqs }).await.is_err() {
+            tracing::debug!("writer gone; offers to begin on release dropped");
+        }
+    }
+
+    /// Ordered jobs whose attempts the commit that released them began: they wait for their
+    /// lane's HTTP slots as any begun attempt. One that may not go after all (the scheduler
+    /// is at its limit of attempts or stopping, the job expired, is out of attempts, was
+    /// changed by an operator command, is cached already, or finds no room in the cache)
+    /// does not: unless a command wrote its row, a `held-back` row ends its listing, and it
+    /// goes on as a released job.
+    pub(super) fn begun_on_release(&mut self, jobs: Vec<Recovered>, start: AttemptStart) {
+        let now = Utc::now();
+        let mut lanes = Vec::new();
+        let mut handed = Vec::new();
+        for r in jobs {
+            let id = r.job.id;
+            let key = Entry::new(r.job.clone(), r.attempts).lane;
+            let planned = self.planned_in_db.contains_key(&id);
+            let present = self.cache.contains(&id);
+            let may_go = !planned
+                && !present
+                && !self.stopping
+                && self.in_flight < self.limits.max_in_flight
+                && r.attempts < self.limits.max_attempts
+                && r.job.expire_at > now;
+            if may_go && self.admit(Entry::new(r.job.clone(), r.attempts)) {
+                if let Some(entry) = self.cache.get_mut(&id).filter(|e| !e.spilled) {
+                    entry.attempts += 1;
+                    entry.phase = Phase::Starting;
+                    entry.started = Some(start);
+                    entry.probe = self.gates.starting(&key);
+                    self.in_flight += 1;
+                    self.queues.lane_or_new(&key).started.push_back(id);
+                    lanes.push(key);
+                    continue;
+                }
+                // Cached without its payload (over the byte budget): it is read back first.
+                self.withdraw(id, r.attempts, now);
+                self.enqueue(id);
+                continue;
+            }
+            if !planned && !present {
+                self.withdraw(id, r.attempts, now);
+            }
+            if !present && !self.cache.contains(&id) {
+                handed.push(r);
+            }
+        }
+        self.metrics.in_flight.set(self.in_flight as i64);
+        let handed = self.after_commands(handed);
+        self.recover(handed);
+        lanes.dedup();
+        for key in lanes {
+            self.dispatch(&key);
+            let concurrency = self.gates.concurrency(&key);
+            if let Some(lane) = self.queues.lane_mut(&key) {
+                lane.adapt(concurrency, self.limits.start_window);
+            }
+        }
+    }
+
+    /// Ends the listing of an attempt begun and not sent: an `awaiting-retry` row
+    /// (`held-back`, due now) keeping the earlier count and naming no start.
+    fn withdraw(&mut self, id: JobId, attempts: u16, now: DateTime<Utc>) {
+        self.outbox.push(Transition::awaiting_retry(
+            id,
+            attempts,
+            now,
+            now,
+            AttemptRecord {
+                error_type: Some(ErrorType::HeldBack.into()),
+                ..Default::default()
+            },
+        ));
+        self.metrics.attempts_held_back.inc();
     }
 
     /// Feeds an attempt's outcome to its endpoint's breaker. The endpoint cannot take the

@@ -171,6 +171,16 @@ impl Gates {
         Some(rate)
     }
 
+    /// Whether the lane has a rate limit: a request token taken ahead of a job that may not
+    /// come would be lost.
+    pub(super) fn is_rate_limited(&self, key: &str) -> bool {
+        self.controls
+            .endpoints
+            .get(key)
+            .and_then(rate_limit)
+            .is_some()
+    }
+
     /// Whether the lane's breaker is open.
     pub(super) fn is_open(&self, key: &str) -> bool {
         self.breakers.get(key).is_some_and(|(b, _)| b.is_open())
@@ -485,6 +495,7 @@ mod tests {
         assert_eq!(gates.limit(&key, at), Limit::Open(8));
         // Unlimited lanes never wait.
         let free: Arc<str> = "http://b/".into();
+        assert!(gates.is_rate_limited(&key) && !gates.is_rate_limited(&free));
         for _ in 0..1000 {
             assert_eq!(gates.take_token(&free, now), Ok(()));
         }

@@ -109,6 +109,9 @@ pub enum Event {
         /// Waiting jobs it names, with their progress.
         targets: Option<Vec<(JobId, Progress)>>,
     },
+    /// Ordered jobs a commit released and began the attempts of (their sequences offered:
+    /// [`WriteOp::Begin`]), with where they began.
+    BegunOnRelease(Vec<Recovered>, AttemptStart),
     /// An attempt ended.
     Finished {
         /// The job.
@@ -198,6 +201,13 @@ pub struct Scheduler {
     health: Arc<std::sync::Mutex<Vec<crate::rpc::api::EndpointHealth>>>,
     /// Busy during each step of its loop: the watchdog's view of it.
     progress: crate::director::supervise::Progress,
+    /// Its JobDB is the only live one: when an ordered job ends, its successor may begin
+    /// its attempt in the commit that releases it (see [`WriteOp::Begin`]).
+    begin_on_release: bool,
+    /// Shutting down: no new attempts, none begun on release.
+    stopping: bool,
+    /// Sequences whose next job may begin on release, not yet offered to the writer.
+    begins: Vec<crate::job::Seq>,
 }
 
 impl Scheduler {
@@ -241,7 +251,16 @@ impl Scheduler {
             gauges_stale: true,
             health: Arc::default(),
             progress: Default::default(),
+            begin_on_release: false,
+            stopping: false,
+            begins: Vec::new(),
         }
+    }
+
+    /// Its JobDB is the only live one (its writer releases in the commit that ends): the
+    /// next job of an ordered key begins its attempt in that commit too.
+    pub fn begin_on_release(&mut self) {
+        self.begin_on_release = true;
     }
 
     /// Reports each step of its loop to `progress` (the watchdog's handle).
@@ -338,6 +357,7 @@ impl Scheduler {
                 biased;
                 _ = shutdown.cancelled(), if stopping_at.is_none() => {
                     stopping_at = Some(Instant::now() + self.limits.shutdown_grace);
+                    self.stopping = true;
                     tracing::info!(in_flight = self.in_flight, "scheduler stopping: no new attempts");
                 }
                 Some(event) = self.events.recv() => {
@@ -386,7 +406,8 @@ impl Scheduler {
     async fn flush(&mut self) {
         self.flush_rests().await;
         if self.outbox.is_empty() {
-            return;
+            // The rows these offers follow went with a start.
+            return self.send_begins().await;
         }
         let rows = std::mem::take(&mut self.outbox);
         if self
@@ -399,6 +420,7 @@ impl Scheduler {
                 "writer gone; transitions not recorded will be recovered from the jobdb"
             );
         }
+        self.send_begins().await;
     }
 
     /// Hands the jobs left out of the cache to the writer to rest.
@@ -454,6 +476,7 @@ impl Scheduler {
                     }
                 }
             }
+            Event::BegunOnRelease(jobs, start) => self.begun_on_release(jobs, start),
             Event::Finished { id, result } => self.finish(id, *result),
             Event::BacklogPage {
                 jobs,

@@ -104,6 +104,12 @@ impl Queues {
         self.lanes.get_mut(key)
     }
 
+    /// The lane of `key`, made if it has none (an attempt is counted on it before its job
+    /// is queued).
+    pub(super) fn lane_or_new(&mut self, key: &Arc<str>) -> &mut Lane {
+        self.lanes.entry(key.clone()).or_default()
+    }
+
     /// Every lane, by endpoint.
     pub(super) fn lanes(&self) -> impl Iterator<Item = (&Arc<str>, &Lane)> {
         self.lanes.iter()

@@ -3,6 +3,7 @@
 //! the request the JobDB refuses), leaving requests out (lapsed, or not written) and dropping
 //! jobs an earlier try stored all keep each request's items with it.
 
+use std::collections::HashSet;
 use std::sync::Arc;
 
 use chrono::{DateTime, Utc};
@@ -100,6 +101,8 @@ pub(super) enum Reply {
     Transitions(Option<Ack>),
     Start(oneshot::Sender<Result<AttemptStart, WriteRejected>>),
     Rest(Option<Ack>),
+    /// Sequences whose next job may begin its attempt in the commit that releases it.
+    Begin(Vec<Seq>),
     /// A release: its heads are the batch's `release` items; these held jobs past their
     /// expiry are released to be ended.
     Release(Vec<JobId>),
@@ -114,6 +117,7 @@ impl Reply {
             Reply::Transitions(_) => "transitions",
             Reply::Start(_) => "start",
             Reply::Rest(_) => "rest",
+            Reply::Begin(..) => "begin",
             Reply::Release(_) => "release",
             Reply::Barrier(..) => "barrier",
         }
@@ -138,7 +142,8 @@ impl Reply {
             Reply::Start(reply) => {
                 let _ = reply.send(Err(why));
             }
-            Reply::Transitions(None) | Reply::Rest(None) | Reply::Release(_) => {}
+            // An offer: what it does not begin goes on as any released job.
+            Reply::Transitions(None) | Reply::Rest(None) | Reply::Release(_) | Reply::Begin(_) => {}
             // A barrier has nothing to refuse; its waiter learns from its channel closing.
             Reply::Barrier(..) => {}
         }
@@ -360,6 +365,18 @@ impl Batch {
             .iter()
             .flat_map(|r| match &r.reply {
                 Reply::Release(expired) => expired.as_slice(),
+                _ => &[],
+            })
+            .copied()
+            .collect()
+    }
+
+    /// The sequences whose released head may begin its attempt in this commit.
+    pub(super) fn begins(&self) -> HashSet<Seq> {
+        self.requests
+            .iter()
+            .flat_map(|r| match &r.reply {
+                Reply::Begin(seqs) => seqs.as_slice(),
                 _ => &[],
             })
             .copied()

@@ -39,9 +39,13 @@ impl Writer {
             // included). Then its log row when it accepts jobs or begins attempts, and the
             // rests of jobs that waited long without a row.
             let checkpoint = self.checkpoint_due(started);
+            let begins = match self.release_in_commit {
+                true => batch.begins(),
+                false => Default::default(),
+            };
             let log_id = (!batch.accepted.is_empty()
                 || !batch.starts.is_empty()
-                || (self.release_in_commit && batch.may_bear()))
+                || (self.release_in_commit && (batch.may_bear() || !begins.is_empty())))
             .then(|| self.take_id());
             let accepted: Vec<JobId> = batch.accepted.iter().map(|(id, _)| *id).collect();
             let mut rests = batch.rests.clone();
@@ -71,6 +75,7 @@ impl Writer {
                 release_expired: &expired,
                 blocks: &blocks,
                 release_touched: self.release_in_commit,
+                begin_released: Some(&begins),
             };
             let bounds = self.limits.bounds(batch.not_after());
             let result = self.db.append_bounded(self.token, &append, &bounds).await;
@@ -159,14 +164,16 @@ impl Writer {
                             .map(|job| (job.id, Fresh::of(job))),
                     );
                 }
-                self.open.committed(
-                    log_id,
-                    started,
-                    &accepted,
-                    &batch.starts,
-                    &batch.rows,
-                    &rests,
+                // Attempts begun by releases are open in this commit as the batch's own.
+                let mut starts = batch.starts.clone();
+                starts.extend(
+                    written
+                        .started
+                        .iter()
+                        .map(|r| (r.job.id, r.attempts.saturating_add(1))),
                 );
+                self.open
+                    .committed(log_id, started, &accepted, &starts, &batch.rows, &rests);
                 let (fresh, under_way) = self.open.counts();
                 self.metrics.jobs_fresh.set(fresh as i64);
                 self.metrics.attempts_under_way.set(under_way as i64);
@@ -175,7 +182,16 @@ impl Writer {
                     released,
                     touched,
                     born,
+                    started: begun,
                 } = written;
+                if let (false, Some(commit)) = (begun.is_empty(), log_id) {
+                    self.metrics.ordered_released.inc_by(begun.len() as u64);
+                    self.metrics
+                        .ordered_begun_on_release
+                        .inc_by(begun.len() as u64);
+                    let start = AttemptStart { commit, at: now };
+                    let _ = self.scheduler.send(Event::BegunOnRelease(begun, start));
+                }
                 if !released.is_empty() {
                     // Ordered jobs whose turn came: resting jobs, due as their entry says.
                     self.metrics.ordered_released.inc_by(released.len() as u64);
@@ -485,7 +501,7 @@ impl Writer {
                         already_present,
                     }));
                 }
-                Reply::Release(_) => {}
+                Reply::Release(_) | Reply::Begin(_) => {}
                 Reply::Transitions(done) | Reply::Rest(done) => {
                     if let Some(done) = done {
                         let _ = done.send(Ok(()));

@@ -332,6 +332,10 @@ impl Writer {
                 }
                 batch.seal(Reply::Rest(done));
             }
+            WriteOp::Begin { seqs } => {
+                batch.bytes += seqs.len() * 16;
+                batch.seal(Reply::Begin(seqs));
+            }
             WriteOp::Release { heads, expired } => {
                 batch.bytes += (heads.len() + expired.len()) * 32;
                 batch.release.extend(heads);

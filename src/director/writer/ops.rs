@@ -182,6 +182,15 @@ pub enum WriteOp {
         /// Told where the attempts began once durable (or that they will not be).
         done: oneshot::Sender<Result<AttemptStart, WriteRejected>>,
     },
+    /// Ordered jobs just ended (their rows sent before this) whose lanes could start an
+    /// attempt: the next job of each of their sequences may begin its attempt in the commit
+    /// that releases it (see [`crate::jobdb::Append::begin_released`]), one commit less per
+    /// job of a key. The scheduler hears `BegunOnRelease` for the jobs begun so; an offer not
+    /// taken costs nothing.
+    Begin {
+        /// The sequences.
+        seqs: Vec<Seq>,
+    },
     /// Jobs accepted and never tried that wait in the JobDB only from now on (the cache has
     /// no room for them): each gets its `open_jobs` entry unless it has one, so backlog passes
     /// find it. A fresh ordered job (born released) is under way: its entry goes in released.

@@ -475,39 +475,56 @@ pub(crate) use stats_sql;
 /// engine's macro `starts_with!(text, prefix)`, which spells the whole condition "`text` starts
 /// with `prefix`" (`prefix` appears in it twice, so a placeholder there is bound twice);
 /// `by_seq`, what follows a table name to make the planner read `open_jobs` through its
-/// `(seq, held, position)` index.
+/// `(seq, held, position)` index; `in_order`, a join that reads its left side first.
 macro_rules! spelled_sql {
     (
         insert_ignore: $ignore:literal,
         empty_blob: $empty_blob:literal,
         int: $int:literal,
         starts_with: $starts_with:ident,
-        by_seq: $by_seq:literal $(,)?
+        by_seq: $by_seq:literal,
+        in_order: $in_order:literal $(,)?
     ) => {
         /// The entry of the lowest position of each sequence, held: before and after the
         /// caller's sequences. Both reads go through the `(seq, held, position)` index by
-        /// name: left to itself, MariaDB joined back through `(held, expire_at)` and read every
-        /// held entry per statement (tens of thousands of rows with a deep backlog).
+        /// name, the grouped read first: left to itself, MariaDB joined back through
+        /// `(held, expire_at)` and read every held entry per statement (tens of thousands of
+        /// rows with a deep backlog), or began with a scan of the whole index.
         pub const OLDEST_HELD: (&str, &str) = (
             concat!(
-                "SELECT o.seq, o.job_id, o.position FROM open_jobs o ",
-                $by_seq,
-                " JOIN (SELECT seq, MIN(position) AS m FROM open_jobs ",
+                "SELECT h.seq, o.job_id, o.position FROM (SELECT seq, MIN(position) AS m                  FROM open_jobs ",
                 $by_seq,
                 " WHERE held = 1 AND seq"
             ),
-            " GROUP BY seq) h ON o.seq = h.seq AND o.held = 1 AND o.position = h.m",
+            concat!(
+                " GROUP BY seq) h ",
+                $in_order,
+                " open_jobs o ",
+                $by_seq,
+                " ON o.seq = h.seq AND o.held = 1 AND o.position = h.m"
+            ),
         );
         /// [`OLDEST_HELD`] of released entries.
         pub const OLDEST_RELEASED: (&str, &str) = (
             concat!(
-                "SELECT o.seq, o.job_id, o.position FROM open_jobs o ",
-                $by_seq,
-                " JOIN (SELECT seq, MIN(position) AS m FROM open_jobs ",
+                "SELECT h.seq, o.job_id, o.position FROM (SELECT seq, MIN(position) AS m                  FROM open_jobs ",
                 $by_seq,
                 " WHERE held = 0 AND seq"
             ),
-            " GROUP BY seq) h ON o.seq = h.seq AND o.held = 0 AND o.position = h.m",
+            concat!(
+                " GROUP BY seq) h ",
+                $in_order,
+                " open_jobs o ",
+                $by_seq,
+                " ON o.seq = h.seq AND o.held = 0 AND o.position = h.m"
+            ),
+        );
+        /// Sequences with a released job (one under way): the caller adds which sequences,
+        /// then ` GROUP BY seq`.
+        pub const RELEASED_SEQS: &str = concat!(
+            "SELECT seq FROM open_jobs ",
+            $by_seq,
+            " WHERE held = 0 AND seq"
         );
         /// Jobs that owe a completion notice; a repeat is ignored.
         pub const INSERT_NOTICES_OWED: &str = concat!($ignore, " INTO notices_owed (job_id) ");

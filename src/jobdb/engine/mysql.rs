@@ -334,7 +334,18 @@ super::spelled_sql! {
     int: "SIGNED",
     starts_with: starts_with,
     by_seq: "FORCE INDEX (open_jobs_seq)",
+    in_order: "STRAIGHT_JOIN",
 }
+
+/// The held entry of the lowest position of one sequence, as one arm of a `UNION ALL` (binds:
+/// the sequence): its first entry in `(seq, held, position)` order, whatever the planner
+/// thinks of the sequence's length. A grouped read of a few sequences was planned as a walk
+/// of every held entry of each (a key with a thousand jobs waiting read a thousand rows per
+/// commit). A parenthesised arm, not a derived table, which MariaDB would materialise.
+pub const HELD_HEAD: (&str, &str) = (
+    "(SELECT seq, job_id, position FROM open_jobs FORCE INDEX (open_jobs_seq) WHERE seq = ",
+    " AND held = 1 ORDER BY position, job_id LIMIT 1)",
+);
 
 /// Deletes of a purge, `?` rows each.
 pub const DELETE_CHUNKS: [&str; 2] = [
