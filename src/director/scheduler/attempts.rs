@@ -265,17 +265,8 @@ impl Scheduler {
             }
             entry.started = None;
             entry.attempts = entry.attempts.saturating_sub(1);
-            self.outbox.push(Transition::awaiting_retry(
-                id,
-                entry.attempts,
-                now,
-                now,
-                AttemptRecord {
-                    error_type: Some(ErrorType::HeldBack.into()),
-                    ..Default::default()
-                },
-            ));
-            self.metrics.attempts_held_back.inc();
+            let attempts = entry.attempts;
+            self.withdraw(id, attempts, now);
             self.enqueue_at(id, true);
         }
         self.metrics.in_flight.set(self.in_flight as i64);
@@ -458,8 +449,9 @@ impl Scheduler {
         }
     }
 
-    /// Ends the listing of an attempt begun and not sent: an `awaiting-retry` row
-    /// (`held-back`, due now) keeping the earlier count and naming no start.
+    /// Ends the listing of an attempt begun and not sent (held back, or begun on release and
+    /// unable to go): an `awaiting-retry` row (`held-back`, due now) keeping the earlier
+    /// count and naming no start.
     fn withdraw(&mut self, id: JobId, attempts: u16, now: DateTime<Utc>) {
         self.outbox.push(Transition::awaiting_retry(
             id,
