@@ -21,8 +21,8 @@
 //!
 //! The statements are the constants below (both engines spell them alike, except
 //! `INSERT_ORDERING_BLOCKED` and the reads that name their index, `OLDEST_HELD`,
-//! `OLDEST_RELEASED`, `HELD_HEAD` and `RELEASED_SEQS`: constants of each engine module); `ordering_sql!` binds and
-//! runs them for each engine's sqlx types, invoked by [`super::engine::mysql`] and
+//! `OLDEST_RELEASED`, `HEAD_OR_RELEASED` and `RELEASED_SEQS`: constants of each engine
+//! module); `ordering_sql!` binds and runs them for each engine's sqlx types, invoked by [`super::engine::mysql`] and
 //! [`super::engine::sqlite`] beside `write_path!`.
 
 use std::collections::HashMap;
@@ -54,8 +54,15 @@ pub(crate) const HELD_AMONG: &str = " AND job_id IN (";
 pub(crate) const RELEASE: &str = "UPDATE open_jobs SET held = 0 WHERE job_id IN (";
 
 /// Sequences a grouped head read covers at most; fewer are read one `LIMIT 1` probe each
-/// (see `HELD_HEAD`), whose cost does not grow with the sequences' length.
+/// (see `HEAD_OR_RELEASED`), whose cost does not grow with the sequence's length, and which
+/// tells in the same statement whether a job of it is released, and whether it is blocked.
 pub(crate) const PROBE_AT_MOST: usize = 16;
+
+/// The rows of `ordering_blocked` among the sequences a head probe reads, as one more arm of
+/// its `UNION ALL` (`held` 0: no head goes): the caller adds which sequences.
+pub(crate) const BLOCKED_ARM: &str =
+    " UNION ALL SELECT seq, NULL AS job_id, NULL AS position, 0 AS held \
+     FROM ordering_blocked WHERE seq";
 
 /// Sequences with an entry here, `held` 0 when one of their jobs is released, and (with
 /// [`PRESENT_OR_BLOCKED_SEQS`]) those a row of `ordering_blocked` stops, `held` 0: the caller
@@ -112,7 +119,7 @@ const FORGET_BLOCK: &str = "DELETE FROM ordering_blocked WHERE seq = ? AND job_i
 /// The ordered-sequence code of one engine: reading the sequences a write leaves, blocking
 /// keys, releasing heads inside a write's transaction, and reading heads, blocks and the
 /// oldest positions. `$db` is the engine's sqlx database type; the engine module provides
-/// `INSERT_ORDERING_BLOCKED`, `OLDEST_HELD`, `OLDEST_RELEASED`, `HELD_HEAD` and
+/// `INSERT_ORDERING_BLOCKED`, `OLDEST_HELD`, `OLDEST_RELEASED`, `HEAD_OR_RELEASED` and
 /// `RELEASED_SEQS` (from `engine::spelled_sql!`) and (from `engine::engine_common!`) the decoders and `ids_query`.
 macro_rules! ordering_sql {
     ($db:ty) => {
@@ -365,6 +372,9 @@ macro_rules! ordering_sql {
             if seqs.is_some_and(|s| s.is_empty()) {
                 return Ok(std::collections::HashMap::new());
             }
+            if let Some(few) = seqs.filter(|s| s.len() <= $crate::jobdb::ordering::PROBE_AT_MOST) {
+                return probed_heads(&mut *conn, few).await;
+            }
             let mut heads = oldest_held(&mut *conn, seqs).await?;
             if heads.is_empty() {
                 return Ok(heads);
@@ -379,6 +389,48 @@ macro_rules! ordering_sql {
             for seq in sequence_blocks(&mut *conn, seqs).await? {
                 heads.remove(&seq);
             }
+            Ok(heads)
+        }
+
+        /// [`sequence_heads`] of a few sequences, in one statement: each sequence's first
+        /// entry in `(seq, held, position)` order (a released one when it has any: no head
+        /// goes), and its row of `ordering_blocked` if any. Ties go to the lower job id, as
+        /// in [`oldest_held`].
+        async fn probed_heads(
+            conn: &mut <$db as sqlx::Database>::Connection,
+            seqs: &[$crate::job::Seq],
+        ) -> Result<
+            std::collections::HashMap<$crate::job::Seq, $crate::jobdb::ordering::Head>,
+            $crate::jobdb::JobDbError,
+        > {
+            use sqlx::Row as _;
+            use $crate::jobdb::ordering::{Head, BLOCKED_ARM};
+            let mut qb = sqlx::QueryBuilder::<$db>::new("");
+            for (i, seq) in seqs.iter().enumerate() {
+                if i > 0 {
+                    qb.push(" UNION ALL ");
+                }
+                qb.push(HEAD_OR_RELEASED.0)
+                    .push_bind(seq.to_vec())
+                    .push(HEAD_OR_RELEASED.1);
+            }
+            qb.push(BLOCKED_ARM);
+            push_seqs(&mut qb, Some(seqs));
+            let mut heads = std::collections::HashMap::new();
+            let mut stopped = std::collections::HashSet::new();
+            for row in &qb.build().fetch_all(&mut *conn).await? {
+                let seq = seq_of_row(row, "seq")?;
+                if row.try_get::<i64, _>("held")? == 0 {
+                    stopped.insert(seq);
+                    continue;
+                }
+                let head = Head {
+                    job: job_id_of(row, "job_id")?,
+                    position: ulid_of(row, "position")?,
+                };
+                heads.insert(seq, head);
+            }
+            heads.retain(|seq, _| !stopped.contains(seq));
             Ok(heads)
         }
 
@@ -443,21 +495,7 @@ macro_rules! ordering_sql {
             use $crate::jobdb::ordering::Head;
             let mut oldest: std::collections::HashMap<$crate::job::Seq, Head> =
                 std::collections::HashMap::new();
-            let mut qb = match seqs {
-                Some(few) if few.len() <= $crate::jobdb::ordering::PROBE_AT_MOST => {
-                    let mut qb = sqlx::QueryBuilder::<$db>::new("");
-                    for (i, seq) in few.iter().enumerate() {
-                        if i > 0 {
-                            qb.push(" UNION ALL ");
-                        }
-                        qb.push(HELD_HEAD.0)
-                            .push_bind(seq.to_vec())
-                            .push(HELD_HEAD.1);
-                    }
-                    qb
-                }
-                _ => seqs_query(OLDEST_HELD.0, seqs, OLDEST_HELD.1),
-            };
+            let mut qb = seqs_query(OLDEST_HELD.0, seqs, OLDEST_HELD.1);
             for row in &qb.build().fetch_all(&mut *conn).await? {
                 let head = Head {
                     job: job_id_of(row, "job_id")?,

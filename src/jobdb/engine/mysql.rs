@@ -337,14 +337,17 @@ super::spelled_sql! {
     in_order: "STRAIGHT_JOIN",
 }
 
-/// The held entry of the lowest position of one sequence, as one arm of a `UNION ALL` (binds:
-/// the sequence): its first entry in `(seq, held, position)` order, whatever the planner
-/// thinks of the sequence's length. A grouped read of a few sequences was planned as a walk
-/// of every held entry of each (a key with a thousand jobs waiting read a thousand rows per
-/// commit). A parenthesised arm, not a derived table, which MariaDB would materialise.
-pub const HELD_HEAD: (&str, &str) = (
-    "(SELECT seq, job_id, position FROM open_jobs FORCE INDEX (open_jobs_seq) WHERE seq = ",
-    " AND held = 1 ORDER BY position, job_id LIMIT 1)",
+/// The first entry of one sequence in `(seq, held, position)` order, as one arm of a
+/// `UNION ALL` (binds: the sequence): a released one (`held` 0: the sequence has a job under
+/// way) if it has any, else its held entry of the lowest position, its head; one look-up
+/// whatever the planner thinks of the sequence's length. A grouped read of a single sequence
+/// was planned as a walk of every held entry (a key with a thousand jobs waiting read a
+/// thousand rows per commit). A parenthesised arm, not a derived table, which MariaDB would
+/// materialise.
+pub const HEAD_OR_RELEASED: (&str, &str) = (
+    "(SELECT seq, job_id, position, held FROM open_jobs FORCE INDEX (open_jobs_seq) \
+     WHERE seq = ",
+    " ORDER BY held, position, job_id LIMIT 1)",
 );
 
 /// Deletes of a purge, `?` rows each.

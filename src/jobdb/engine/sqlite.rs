@@ -304,13 +304,13 @@ super::spelled_sql! {
     in_order: "CROSS JOIN",
 }
 
-/// The held entry of the lowest position of one sequence, as one arm of a `UNION ALL` (binds:
-/// the sequence), as MariaDB's (see `mysql::HELD_HEAD`); SQLite takes `LIMIT` in an arm only
-/// inside a subquery.
-pub const HELD_HEAD: (&str, &str) = (
-    "SELECT * FROM (SELECT seq, job_id, position FROM open_jobs INDEXED BY open_jobs_seq \
-     WHERE seq = ",
-    " AND held = 1 ORDER BY position, job_id LIMIT 1)",
+/// The first entry of one sequence in `(seq, held, position)` order, as one arm of a
+/// `UNION ALL` (binds: the sequence), as MariaDB's (see `mysql::HEAD_OR_RELEASED`); SQLite
+/// takes `LIMIT` in an arm only inside a subquery.
+pub const HEAD_OR_RELEASED: (&str, &str) = (
+    "SELECT * FROM (SELECT seq, job_id, position, held FROM open_jobs \
+     INDEXED BY open_jobs_seq WHERE seq = ",
+    " ORDER BY held, position, job_id LIMIT 1)",
 );
 
 /// Deletes of a purge, `?` rows each (SQLite has no DELETE ... LIMIT by default).
