@@ -22,8 +22,8 @@
 //! The statements are the constants below (both engines spell them alike, except
 //! `INSERT_ORDERING_BLOCKED` and the reads that name their index, `OLDEST_HELD`,
 //! `OLDEST_RELEASED`, `HEAD_OR_RELEASED` and `RELEASED_SEQS`: constants of each engine
-//! module); `ordering_sql!` binds and runs them for each engine's sqlx types, invoked by [`super::engine::mysql`] and
-//! [`super::engine::sqlite`] beside `write_path!`.
+//! module); `ordering_sql!` binds and runs them for each engine's sqlx types, invoked by
+//! [`super::engine::mysql`] and [`super::engine::sqlite`] beside `write_path!`.
 
 use std::collections::HashMap;
 
@@ -119,8 +119,9 @@ const FORGET_BLOCK: &str = "DELETE FROM ordering_blocked WHERE seq = ? AND job_i
 /// The ordered-sequence code of one engine: reading the sequences a write leaves, blocking
 /// keys, releasing heads inside a write's transaction, and reading heads, blocks and the
 /// oldest positions. `$db` is the engine's sqlx database type; the engine module provides
-/// `INSERT_ORDERING_BLOCKED`, `OLDEST_HELD`, `OLDEST_RELEASED`, `HEAD_OR_RELEASED` and
-/// `RELEASED_SEQS` (from `engine::spelled_sql!`) and (from `engine::engine_common!`) the decoders and `ids_query`.
+/// `INSERT_ORDERING_BLOCKED`, `OLDEST_HELD`, `OLDEST_RELEASED` and `RELEASED_SEQS` (from
+/// `engine::spelled_sql!`), `HEAD_OR_RELEASED` (its own), and (from `engine::engine_common!`)
+/// the decoders and `ids_query`.
 macro_rules! ordering_sql {
     ($db:ty) => {
         /// The sequences of the ordered jobs among `leaving` (jobs this transaction ends or
