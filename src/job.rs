@@ -617,6 +617,13 @@ pub struct Recovered {
     pub retry_at: Option<DateTime<Utc>>,
 }
 
+impl Recovered {
+    /// The number of the attempt it begins next.
+    pub fn next_attempt(&self) -> u16 {
+        self.attempts.saturating_add(1)
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -115,8 +115,8 @@ pub struct Metrics {
     pub ordered_released: Counter,
     /// Of those, jobs released in the commit that stored them (alone, their sequence empty).
     pub ordered_born: Counter,
-    /// Of those, jobs whose attempt began in the commit that released them (alone, in the
-    /// place the scheduler held when the job before them ended).
+    /// Of those, jobs whose attempt began in the commit that released them (alone, offered
+    /// by the scheduler when the job before them ended).
     pub ordered_begun_on_release: Counter,
     /// Ordered jobs whose release waits for an older job of their sequence in another JobDB.
     pub ordered_waiting_elsewhere: Gauge,

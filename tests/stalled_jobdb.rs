@@ -233,13 +233,19 @@ async fn spawn_alone(jobdb: &str, write_timeout: Duration) -> (Child, String) {
         port,
         write_timeout,
     );
+    let base = until_ready(port).await;
+    (director, base)
+}
+
+/// The base URL of the Director listening on `port`, once it answers ready.
+async fn until_ready(port: u16) -> String {
     let base = format!("http://127.0.0.1:{port}");
     let client = reqwest::Client::new();
     wait_for(Duration::from_secs(60), "the director ready", || {
         ready(&client, &base)
     })
     .await;
-    (director, base)
+    base
 }
 
 async fn ready(client: &reqwest::Client, base: &str) -> bool {
@@ -613,12 +619,7 @@ async fn a_cluster_director_on_a_locked_jobdb_leaves_the_catalog_until_it_can_wr
         port,
         CLUSTER_WRITE_TIMEOUT,
     );
-    let base = format!("http://127.0.0.1:{port}");
-    let client = reqwest::Client::new();
-    wait_for(Duration::from_secs(60), "the director ready", || {
-        ready(&client, &base)
-    })
-    .await;
+    let base = until_ready(port).await;
     let healthy = || {
         let consul = consul.client.clone();
         async move {

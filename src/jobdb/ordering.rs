@@ -496,8 +496,11 @@ macro_rules! ordering_sql {
             use $crate::jobdb::ordering::Head;
             let mut oldest: std::collections::HashMap<$crate::job::Seq, Head> =
                 std::collections::HashMap::new();
-            let mut qb = seqs_query(OLDEST_HELD.0, seqs, OLDEST_HELD.1);
-            for row in &qb.build().fetch_all(&mut *conn).await? {
+            for row in &seqs_query(OLDEST_HELD.0, seqs, OLDEST_HELD.1)
+                .build()
+                .fetch_all(&mut *conn)
+                .await?
+            {
                 let head = Head {
                     job: job_id_of(row, "job_id")?,
                     position: ulid_of(row, "position")?,

@@ -313,7 +313,7 @@ macro_rules! write_path {
             if let Some(log) = &append.log {
                 let begun: Vec<($crate::job::JobId, u16)> = started
                     .iter()
-                    .map(|r| (r.job.id, r.attempts.saturating_add(1)))
+                    .map(|r| (r.job.id, r.next_attempt()))
                     .collect();
                 sqlx::query($crate::jobdb::write::INSERT_COMMIT_LOG)
                     .bind($crate::jobdb::int(log.id))
@@ -717,8 +717,8 @@ pub struct Append<'a> {
     pub release_touched: bool,
     /// Sequences whose head, when this write releases it through `release_touched` and it is
     /// due by `log`'s time, begins its attempt in this commit: listed in `log` as started
-    /// (the scheduler that asked has room for it). The attempt a job's end allows its
-    /// successor then costs no commit of its own.
+    /// (the scheduler offered it: its lane could start one). The attempt a job's end allows
+    /// its successor then costs no commit of its own.
     pub begin_released: Option<&'a HashSet<Seq>>,
 }
 

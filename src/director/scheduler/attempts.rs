@@ -157,6 +157,12 @@ impl Scheduler {
             }
             lanes.push(key);
         }
+        self.dispatch_begun(lanes);
+    }
+
+    /// Sends what these lanes have begun, as far as their HTTP slots go, and lets each
+    /// lane's window adapt to whether all of it went.
+    fn dispatch_begun(&mut self, mut lanes: Vec<Arc<str>>) {
         lanes.dedup();
         for key in lanes {
             self.dispatch(&key);
@@ -404,7 +410,8 @@ impl Scheduler {
         let mut handed = Vec::new();
         for r in jobs {
             let id = r.job.id;
-            let key = Entry::new(r.job.clone(), r.attempts).lane;
+            let entry = Entry::new(r.job.clone(), r.attempts);
+            let key = entry.lane.clone();
             let planned = self.planned_in_db.contains_key(&id);
             let present = self.cache.contains(&id);
             let may_go = !planned
@@ -413,7 +420,7 @@ impl Scheduler {
                 && self.in_flight < self.limits.max_in_flight
                 && r.attempts < self.limits.max_attempts
                 && r.job.expire_at > now;
-            if may_go && self.admit(Entry::new(r.job.clone(), r.attempts)) {
+            if may_go && self.admit(entry) {
                 if let Some(entry) = self.cache.get_mut(&id).filter(|e| !e.spilled) {
                     entry.attempts += 1;
                     entry.phase = Phase::Starting;
@@ -439,14 +446,7 @@ impl Scheduler {
         self.metrics.in_flight.set(self.in_flight as i64);
         let handed = self.after_commands(handed);
         self.recover(handed);
-        lanes.dedup();
-        for key in lanes {
-            self.dispatch(&key);
-            let concurrency = self.gates.concurrency(&key);
-            if let Some(lane) = self.queues.lane_mut(&key) {
-                lane.adapt(concurrency, self.limits.start_window);
-            }
-        }
+        self.dispatch_begun(lanes);
     }
 
     /// Ends the listing of an attempt begun and not sent (held back, or begun on release and

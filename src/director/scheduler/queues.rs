@@ -125,7 +125,7 @@ impl Queues {
     /// the head already and only waited for its payload or its lane's turn). The caller
     /// relists the lane.
     pub(super) fn push(&mut self, key: &Arc<str>, bucket: &Arc<str>, slot: Slot, front: bool) {
-        let lane = self.lanes.entry(key.clone()).or_default();
+        let lane = self.lane_or_new(key);
         let queue = lane.queues.entry(bucket.clone()).or_default();
         if queue.is_empty() {
             lane.buckets.push_back(bucket.clone());
@@ -142,7 +142,7 @@ impl Queues {
     /// Puts a picked slot back exactly where it was: the head of its bucket's queue, and that
     /// bucket first in its lane's turn (its lane could not start it after all).
     pub(super) fn unpick(&mut self, key: &Arc<str>, bucket: &Arc<str>, slot: Slot) {
-        let lane = self.lanes.entry(key.clone()).or_default();
+        let lane = self.lane_or_new(key);
         let queue = lane.queues.entry(bucket.clone()).or_default();
         if queue.is_empty() {
             lane.buckets.retain(|b| b != bucket);

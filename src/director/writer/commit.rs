@@ -166,12 +166,7 @@ impl Writer {
                 }
                 // Attempts begun by releases are open in this commit as the batch's own.
                 let mut starts = batch.starts.clone();
-                starts.extend(
-                    written
-                        .started
-                        .iter()
-                        .map(|r| (r.job.id, r.attempts.saturating_add(1))),
-                );
+                starts.extend(written.started.iter().map(|r| (r.job.id, r.next_attempt())));
                 self.open
                     .committed(log_id, started, &accepted, &starts, &batch.rows, &rests);
                 let (fresh, under_way) = self.open.counts();

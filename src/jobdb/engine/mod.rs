@@ -492,7 +492,7 @@ macro_rules! spelled_sql {
         /// rows with a deep backlog), or began with a scan of the whole index.
         pub const OLDEST_HELD: (&str, &str) = (
             concat!(
-                "SELECT h.seq, o.job_id, o.position FROM (SELECT seq, MIN(position) AS m                  FROM open_jobs ",
+                "SELECT h.seq, o.job_id, o.position FROM (SELECT seq, MIN(position) AS m FROM open_jobs ",
                 $by_seq,
                 " WHERE held = 1 AND seq"
             ),
@@ -507,7 +507,7 @@ macro_rules! spelled_sql {
         /// [`OLDEST_HELD`] of released entries.
         pub const OLDEST_RELEASED: (&str, &str) = (
             concat!(
-                "SELECT h.seq, o.job_id, o.position FROM (SELECT seq, MIN(position) AS m                  FROM open_jobs ",
+                "SELECT h.seq, o.job_id, o.position FROM (SELECT seq, MIN(position) AS m FROM open_jobs ",
                 $by_seq,
                 " WHERE held = 0 AND seq"
             ),
