@@ -202,6 +202,12 @@ async fn every_documented_statement_runs_and_finds_its_rows() {
                 || async { rig.sink.per_job().get(&ordered[1]) == Some(&1) },
             )
             .await;
+            // Its end is committed a moment after the endpoint answered: until then its
+            // attempt is still under way for the statements that follow.
+            wait_for(Duration::from_secs(5), "its end committed", || async {
+                rig.job_view(&ordered[1]).await["state"] == "succeeded"
+            })
+            .await;
         }
         if sql.contains("FROM attempts_under_way") {
             assert_eq!(rows.len(), 1, "one request in flight");
