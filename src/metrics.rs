@@ -118,6 +118,10 @@ pub struct Metrics {
     /// Of those, jobs whose attempt began in the commit that released them (alone, offered
     /// by the scheduler when the job before them ended).
     pub ordered_begun_on_release: Counter,
+    /// Heads a commit took from the writer's memory of its sequences, not read.
+    pub ordered_heads_known: Counter,
+    /// Of those, heads the JobDB did not hold waiting (memory was wrong; read instead).
+    pub ordered_heads_misremembered: Counter,
     /// Ordered jobs whose release waits for an older job of their sequence in another JobDB.
     pub ordered_waiting_elsewhere: Gauge,
     /// Ordered heads released without reading the other JobDBs: an earlier complete read
@@ -275,6 +279,20 @@ impl Default for Metrics {
             "Ordered jobs whose attempt began in the commit that released them, the one that \
              ended the job before them (no commit of their own to begin it)",
             ordered_begun_on_release.clone(),
+        );
+        let ordered_heads_known = Counter::default();
+        registry.register(
+            "ordered_heads_known",
+            "Sequences whose next job a commit released from what the writer knows of their \
+             entries, without reading them (a Director alone)",
+            ordered_heads_known.clone(),
+        );
+        let ordered_heads_misremembered = Counter::default();
+        registry.register(
+            "ordered_heads_misremembered",
+            "Of those, heads the JobDB did not hold waiting: read from it instead, their \
+             sequences forgotten (something changed its entries behind the writer; expect 0)",
+            ordered_heads_misremembered.clone(),
         );
         let ordered_waiting_elsewhere = Gauge::default();
         registry.register(
@@ -561,6 +579,8 @@ impl Default for Metrics {
             ordered_released,
             ordered_born,
             ordered_begun_on_release,
+            ordered_heads_known,
+            ordered_heads_misremembered,
             ordered_waiting_elsewhere,
             ordered_cleared,
             ordered_survey_failures,

@@ -11,7 +11,9 @@
 //!   goes in the commit that ends it, its attempt begun there too when the lane could take
 //!   it (*begun on release*): the key-order, one-end and nothing-early checks hold that path,
 //!   and `unlisted` checks that every request that arrived was listed as begun by a commit
-//!   of the JobDB.
+//!   of the JobDB. The writer takes the heads of sequences it knows from memory:
+//!   `misremembered` checks it never named one the JobDB did not hold waiting, and
+//!   `block-held` (both worlds) that a blocked key waits for the operator.
 //! - `a_cluster_keeps_every_invariant`: three Directors on Consul, two routers (one with its
 //!   clock 1.5 s ahead, under Debian's `faketime`), a manager retiring JobDBs every 12 s, a
 //!   drainer, S3 (moto), JobDBs on the shared MariaDB and on a private one; adds kill -9 of

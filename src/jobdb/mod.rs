@@ -83,6 +83,7 @@
 
 pub mod commands;
 pub mod engine;
+pub mod known_sequences;
 pub mod lifecycle;
 pub mod lock;
 pub mod notices;
@@ -103,6 +104,7 @@ pub use engine::mysql::MIGRATOR;
 pub use engine::sqlite::{MIGRATOR as SQLITE_MIGRATOR, SQLITE_SUFFIX};
 pub(crate) use engine::with_pool;
 use engine::{mysql, sqlite, Pool};
+pub use known_sequences::KnownSequences;
 pub use open_jobs::{Fresh, OpenRow};
 pub use ordering::{BlockedKey, Elsewhere, Head};
 pub use url::{JobDbUrl, Server};

@@ -83,6 +83,9 @@ pub(crate) struct Arrivals {
     /// Sequences with a job under way or a block: their head cannot go unless one of their
     /// jobs leaves in this write.
     pub(crate) settled: std::collections::HashSet<Seq>,
+    /// Sequences read with no entry and no block (what a writer's memory may learn, see
+    /// [`super::KnownSequences`]).
+    pub(crate) empty: Vec<Seq>,
 }
 
 /// Sequences a row of `ordering_blocked` stops: the caller adds which sequences.
@@ -169,6 +172,8 @@ macro_rules! ordering_sql {
             blocked.extend(append.blocks.iter().cloned());
             blocked.extend(fresh_blocks.iter().cloned());
             insert_blocks(tx, &blocked).await?;
+            // Only an operator's SQL lifts a block: a blocked sequence is read from the store.
+            append.with_known(|known| blocked.iter().for_each(|b| known.forget(&b.seq())));
             Ok(seqs)
         }
 
@@ -234,6 +239,11 @@ macro_rules! ordering_sql {
                     }
                 }
             }
+            arrivals.empty = seqs
+                .iter()
+                .filter(|s| !present.contains(*s))
+                .copied()
+                .collect();
             if append.log.is_none() {
                 return Ok(arrivals);
             }

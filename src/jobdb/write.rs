@@ -225,6 +225,11 @@ macro_rules! write_path {
                 true => arrivals(tx, append, &changes.open).await?,
                 false => Default::default(),
             };
+            append.with_known(|known| {
+                for seq in &arrivals.empty {
+                    known.learn_empty(*seq);
+                }
+            });
             // A job born released is fresh, as an unordered one is: no entry, and the log row
             // lists it as accepted. It goes to the scheduler from memory.
             let born: Vec<$crate::job::JobId> = arrivals.born.values().copied().collect();
@@ -257,6 +262,16 @@ macro_rules! write_path {
                     .execute(&mut **tx)
                     .await?;
             }
+            append.with_known(|known| {
+                for o in &changes.open {
+                    if let Some(p) = o.place {
+                        known.entered(p.seq, o.job_id, p.position, !o.released);
+                    }
+                }
+                for job in changes.closed.iter().chain(&changes.leaving) {
+                    known.left(job);
+                }
+            });
             if let Some(open_from) = append.checkpoint {
                 sqlx::query($crate::jobdb::write::UPDATE_CHECKPOINT)
                     .bind($crate::jobdb::int(open_from))
@@ -276,6 +291,12 @@ macro_rules! write_path {
                 let now = chrono::Utc::now();
                 released.extend(release_jobs(tx, append.release_expired, Some(now)).await?);
             }
+            append.with_known(|known| {
+                for r in &released {
+                    known.released(&r.job.id);
+                }
+            });
+            let (mut heads_known, mut heads_misremembered) = (0, 0);
             touched.sort_unstable();
             touched.dedup();
             if append.release_touched {
@@ -297,12 +318,61 @@ macro_rules! write_path {
                     })
                     .copied()
                     .collect();
-                let mut go = Vec::new();
-                for chunk in may_go.chunks(MAX_IDS_PER_SELECT) {
+                // The heads of sequences the writer knows come from its memory; the others
+                // are read.
+                let mut remembered = Vec::new();
+                let unknown: Vec<$crate::job::Seq> = append
+                    .with_known(|known| {
+                        may_go
+                            .iter()
+                            .filter(|seq| match known.head(seq) {
+                                Some(head) => {
+                                    remembered.extend(head.map(|job| (**seq, job)));
+                                    false
+                                }
+                                None => true,
+                            })
+                            .copied()
+                            .collect()
+                    })
+                    .unwrap_or(may_go);
+                heads_known = remembered.len();
+                let mut go: Vec<$crate::job::JobId> =
+                    remembered.iter().map(|(_, job)| *job).collect();
+                for chunk in unknown.chunks(MAX_IDS_PER_SELECT) {
                     let heads = sequence_heads(&mut **tx, Some(chunk)).await?;
                     go.extend(heads.into_values().map(|head| head.job));
                 }
-                for job in release_jobs(tx, &go, None).await? {
+                let mut going = release_jobs(tx, &go, None).await?;
+                // A head remembered that the store does not hold waiting would say memory is
+                // wrong: forget its sequence and read it, so it cannot stall.
+                let got: std::collections::HashSet<$crate::job::JobId> =
+                    going.iter().map(|r| r.job.id).collect();
+                let missed: Vec<$crate::job::Seq> = remembered
+                    .iter()
+                    .filter(|(_, job)| !got.contains(job))
+                    .map(|(seq, _)| *seq)
+                    .collect();
+                heads_misremembered = missed.len();
+                if !missed.is_empty() {
+                    tracing::warn!(
+                        sequences = missed.len(),
+                        "remembered heads not held in the jobdb; reading them"
+                    );
+                    append.with_known(|known| missed.iter().for_each(|seq| known.forget(seq)));
+                    let mut go = Vec::new();
+                    for chunk in missed.chunks(MAX_IDS_PER_SELECT) {
+                        let heads = sequence_heads(&mut **tx, Some(chunk)).await?;
+                        go.extend(heads.into_values().map(|head| head.job));
+                    }
+                    going.extend(release_jobs(tx, &go, None).await?);
+                }
+                append.with_known(|known| {
+                    for r in &going {
+                        known.released(&r.job.id);
+                    }
+                });
+                for job in going {
                     match append.begins(&job) {
                         true => started.push(job),
                         false => released.push(job),
@@ -329,6 +399,8 @@ macro_rules! write_path {
                 touched,
                 born,
                 started,
+                heads_known,
+                heads_misremembered,
             })
         }
 
@@ -720,6 +792,26 @@ pub struct Append<'a> {
     /// (the scheduler offered it: its lane could start one). The attempt a job's end allows
     /// its successor then costs no commit of its own.
     pub begin_released: Option<&'a HashSet<Seq>>,
+    /// The writer's memory of its sequences' entries (with `release_touched`): this write
+    /// keeps it in step with what its statements change, and takes the head of a sequence
+    /// it knows from it instead of reading the store. The writer forgets it all when the
+    /// write fails.
+    pub known: Option<&'a std::sync::Mutex<super::KnownSequences>>,
+}
+
+impl Append<'_> {
+    /// Runs `f` on the writer's memory of sequences, if this write keeps one.
+    pub(crate) fn with_known<T>(
+        &self,
+        f: impl FnOnce(&mut super::KnownSequences) -> T,
+    ) -> Option<T> {
+        self.known.map(|known| {
+            let mut known = known
+                .lock()
+                .unwrap_or_else(|poisoned| poisoned.into_inner());
+            f(&mut known)
+        })
+    }
 }
 
 impl Append<'_> {
@@ -838,6 +930,11 @@ pub struct Written {
     /// [`Append::begin_released`]), with the attempts they had before it: listed in its log
     /// row, not in `released`.
     pub started: Vec<Recovered>,
+    /// Heads this write found in the writer's memory (see [`Append::known`]), not read.
+    pub heads_known: usize,
+    /// Of those, heads the store did not hold waiting: read again, their sequences forgotten
+    /// (memory was wrong; never expected).
+    pub heads_misremembered: usize,
 }
 
 /// How long a bounded write ([`JobDb::append_bounded`]) may take, and until when it may

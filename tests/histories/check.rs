@@ -33,6 +33,7 @@ pub struct Tally {
     pub scheduled: usize,
     pub readiness_samples: usize,
     pub api_checked: usize,
+    pub heads_remembered: u64,
 }
 
 fn v(
@@ -123,6 +124,9 @@ pub struct Inputs<'a> {
     pub active: &'a HashSet<String>,
     /// Alone: every attempt the JobDB's commits list as begun (job, attempt number).
     pub listed: Option<&'a HashSet<(JobId, u16)>>,
+    /// Alone: heads the writer took from its memory of its sequences, and of those, heads
+    /// the JobDB did not hold waiting (the Director's counters over its lives).
+    pub remembered: Option<(u64, u64)>,
 }
 
 pub fn check(i: &Inputs) -> (Vec<Violation>, Tally) {
@@ -421,6 +425,61 @@ pub fn check(i: &Inputs) -> (Vec<Violation>, Tally) {
         }
     }
 
+    // Blocked keys: after a job that asked to block its key ends without success (not an
+    // operator's choice), the key's next job is not tried before an operator released the
+    // blocks (the quiet period releases them too, from its start on).
+    let releases: Vec<DateTime<Utc>> = log
+        .ops
+        .iter()
+        .filter(|(_, text)| text.contains(super::ops::RELEASES_BLOCKS))
+        .map(|(at, _)| *at)
+        .collect();
+    // From the quiet period's start, blocks are deleted every few seconds until the end.
+    let quiet_from = log
+        .ops
+        .iter()
+        .find(|(_, text)| text.starts_with("quiet:"))
+        .map(|(at, _)| *at);
+    for (seq, ids) in &order {
+        for pair in ids.windows(2) {
+            let (a, b) = (pair[0], pair[1]);
+            let Some(stored_a) = i.stored.get(&a) else {
+                continue;
+            };
+            if !stored_a.job.ordering.as_ref().is_some_and(|o| o.blocks) {
+                continue;
+            }
+            let Some(end) =
+                first_end(stored_a).filter(|e| spindle::jobdb::ordering::blocks_sequence(e))
+            else {
+                continue;
+            };
+            let Some(first) = by_job.get(&b.to_string()).and_then(|l| l.first()) else {
+                continue;
+            };
+            let released = quiet_from.is_some_and(|q| q <= first.at)
+                || releases
+                    .iter()
+                    .any(|r| *r >= end.time - Duration::milliseconds(5) && *r <= first.at);
+            if !released {
+                v(
+                    &mut out,
+                    "block-held",
+                    first.at,
+                    [b, a],
+                    format!(
+                        "key {}: job {b} tried at {} though job {a}, which blocks its key, ended {} ({}) at {} and no operator released the key between",
+                        seq.key,
+                        first.at.format("%H:%M:%S%.3f"),
+                        end.state,
+                        end.error_type.as_deref().unwrap_or("-"),
+                        end.time.format("%H:%M:%S%.3f"),
+                    ),
+                );
+            }
+        }
+    }
+
     // Alone: every request that reached the endpoint was listed as begun, with its attempt
     // number, by a commit of the JobDB (durable before it was sent, fenced), whichever commit
     // began it: its own, or the one that ended the job before it in its key.
@@ -441,6 +500,21 @@ pub fn check(i: &Inputs) -> (Vec<Violation>, Tally) {
                     ),
                 );
             }
+        }
+    }
+
+    // Alone: the writer's memory of its sequences never names a head the JobDB does not
+    // hold waiting (kill -9, commands, expiry, blocks and their release all leave it right).
+    if let Some((known, wrong)) = i.remembered {
+        tally.heads_remembered = known;
+        if wrong > 0 {
+            v(
+                &mut out,
+                "misremembered",
+                now,
+                None,
+                format!("the writer's memory named {wrong} of {known} heads that were not held"),
+            );
         }
     }
 

@@ -101,7 +101,10 @@ pub async fn run(world: World, plan: Plan, name: &str) -> Vec<Violation> {
     }
 
     // Quiet: every lane answers, controls are lifted, every process runs, blocks released.
-    rec.op("quiet: lanes answer 200, controls lifted, processes started, blocks released".into());
+    rec.op(format!(
+        "quiet: lanes answer 200, controls lifted, processes started, {}",
+        ops::RELEASES_BLOCKS
+    ));
     world.endpoint.all_ok();
     let consul = world.consul.double.as_ref().unwrap().url();
     for lane in ops::LANES {
@@ -170,6 +173,11 @@ pub async fn run(world: World, plan: Plan, name: &str) -> Vec<Violation> {
         .collect();
     let arrivals = world.endpoint.arrivals();
     let listed = world.listed_attempts().await;
+    world.tally_remembered().await;
+    let remembered = world
+        .alone
+        .is_some()
+        .then(|| *world.remembered.lock().unwrap());
     let violations = {
         let log = rec.log.lock().unwrap();
         let (mut violations, tally) = check::check(&Inputs {
@@ -179,6 +187,7 @@ pub async fn run(world: World, plan: Plan, name: &str) -> Vec<Violation> {
             api: &api,
             active: &active,
             listed: listed.as_ref(),
+            remembered,
         });
         violations.splice(0..0, log.live.iter().cloned());
         println!(

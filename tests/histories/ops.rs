@@ -50,6 +50,10 @@ pub enum Op {
     ReleaseBlocks,
 }
 
+/// How the log names an operator's release of every blocked key (the quiet period's start
+/// releases them too, and again until the end).
+pub const RELEASES_BLOCKS: &str = "operator releases blocked keys";
+
 #[derive(Clone, Copy, Debug)]
 pub enum Target {
     Job { ordered: bool },
@@ -226,6 +230,7 @@ async fn execute(world: &World, rec: &Recorder, op: &Op, rng: &mut StdRng) {
         }
         Op::KillDirector(i, down) => {
             let slot = &world.directors[*i];
+            world.tally_remembered().await;
             slot.kill9().await;
             rec.crash(format!("kill -9 {}", slot.name));
             rec.op(format!(
@@ -288,8 +293,9 @@ async fn execute(world: &World, rec: &Recorder, op: &Op, rng: &mut StdRng) {
             rec.op("outage over: private mariadb unlocked".into());
         }
         Op::ReleaseBlocks => {
+            let at = chrono::Utc::now();
             let n = world.on_every_jobdb("DELETE FROM ordering_blocked").await;
-            rec.op(format!("operator releases blocked keys (in {n} jobdbs)"));
+            rec.op_at(at, format!("{RELEASES_BLOCKS} (in {n} jobdbs)"));
         }
     }
 }

@@ -102,9 +102,13 @@ pub struct Recorder {
 
 impl Recorder {
     pub fn op(&self, text: String) {
-        let now = Utc::now();
-        println!("histories: {} op {text}", now.format("%H:%M:%S%.3f"));
-        self.log.lock().unwrap().ops.push((now, text));
+        self.op_at(Utc::now(), text);
+    }
+
+    /// An operation that took effect from `at` (taken before it began).
+    pub fn op_at(&self, at: DateTime<Utc>, text: String) {
+        println!("histories: {} op {text}", at.format("%H:%M:%S%.3f"));
+        self.log.lock().unwrap().ops.push((at, text));
     }
 
     pub fn crash(&self, what: String) {

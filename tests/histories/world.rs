@@ -114,6 +114,10 @@ pub struct World {
     pub archive: Option<Archive>,
     pub inventory: Option<Inventory>,
     pub mariadb: Option<std::sync::Mutex<PrivateMariaDb>>,
+    /// Alone: the Director's `spindle_ordered_heads_known_total` and
+    /// `spindle_ordered_heads_misremembered_total`, summed over its lives (read before each
+    /// kill -9 and at the end).
+    pub remembered: std::sync::Mutex<(u64, u64)>,
 }
 
 fn strings(list: &[&str]) -> Vec<String> {
@@ -150,6 +154,7 @@ impl World {
             manager: None,
             drainer: None,
             alone: Some(db),
+            remembered: Default::default(),
             s3: None,
             archive: None,
             inventory: None,
@@ -203,6 +208,7 @@ impl World {
             manager: Some(Slot::new("manager", manager, None)),
             drainer: Some(Slot::new("drainer", drainer, None)),
             alone: None,
+            remembered: Default::default(),
             s3: Some(s3),
             archive: Some(archive),
             mariadb: Some(std::sync::Mutex::new(mariadb)),
@@ -350,6 +356,37 @@ impl World {
 }
 
 impl World {
+    /// Alone: adds the Director's counts of heads its writer took from memory, and of those
+    /// it found not held (see [`World::remembered`]), read from its `/metrics` now. A count
+    /// bumped between this read and a kill -9 is lost: the tally is a floor.
+    pub async fn tally_remembered(&self) {
+        if self.alone.is_none() {
+            return;
+        }
+        let Some(director) = self.directors.first() else {
+            return;
+        };
+        let Ok(answer) = self
+            .client
+            .get(format!("{}/metrics", director.base()))
+            .send()
+            .await
+        else {
+            return;
+        };
+        let text = answer.text().await.unwrap_or_default();
+        let count = |name: &str| -> u64 {
+            text.lines()
+                .find_map(|l| l.strip_prefix(name)?.trim().parse::<f64>().ok())
+                .unwrap_or(0.0) as u64
+        };
+        let known = count("spindle_ordered_heads_known_total ");
+        let wrong = count("spindle_ordered_heads_misremembered_total ");
+        let mut tally = self.remembered.lock().unwrap();
+        tally.0 += known;
+        tally.1 += wrong;
+    }
+
     /// Alone: every attempt the JobDB's commits list as begun (`commit_log.started`), as
     /// (job, attempt number); `None` in a cluster (JobDBs retire and are dropped) or when the
     /// JobDB cannot be read.

@@ -16,6 +16,7 @@ crate::on_both_engines!(
     ordered_jobs_wait_held_and_are_released_one_at_a_time,
     ordered_jobs_leave_their_sequence_when_they_end_expire_or_are_flushed,
     a_read_from_elsewhere_sees_a_job_while_it_is_released,
+    a_writer_alone_reads_a_head_its_memory_cannot_vouch_for,
 );
 
 /// `base` as a job of ordering key `key` at `position` (blocking its key when it fails if
@@ -43,6 +44,10 @@ struct Alone {
     begin: std::collections::HashSet<spindle::job::Seq>,
     /// The jobs the last write released and began, with their attempts before it.
     begun: Vec<(JobId, u16)>,
+    /// What it knows of its sequences' entries, as the Director's writer keeps it.
+    known: std::sync::Mutex<jobdb::KnownSequences>,
+    /// How many heads the last write took from `known`, and of those, found not held.
+    heads_known: (usize, usize),
 }
 
 impl Alone {
@@ -90,9 +95,11 @@ impl Alone {
             }),
             release_touched: true,
             begin_released: Some(&self.begin),
+            known: Some(&self.known),
             ..jobdb::Append::default()
         };
         let written = db.append_all(token, &append).await.unwrap();
+        self.heads_known = (written.heads_known, written.heads_misremembered);
         self.begun = written
             .started
             .iter()
@@ -712,4 +719,102 @@ async fn a_read_from_elsewhere_sees_a_job_while_it_is_released(engine: Engine) {
         "reads that found no open job of a sequence that always had one ({reads} reads)"
     );
     db.close().await;
+}
+
+/// A writer alone takes the next head of a sequence it saw empty from its memory of the
+/// entries it made (no read), and when the store does not hold that head waiting (memory
+/// wrong, here an entry deleted behind its back), it forgets the sequence and reads it in the
+/// same commit: the store's head goes, nothing stalls.
+async fn a_writer_alone_reads_a_head_its_memory_cannot_vouch_for(engine: Engine) {
+    let test = TestDb::on(engine, "seqknown");
+    let db = JobDb::open(&test.url, true, 2).await.unwrap();
+    let token = db.take_ownership("test").await.unwrap();
+    let t0 = base_time();
+    let ordered = |n: u8, key: &str| {
+        let base = job(n, "b", "https://x.example/a", t0);
+        Arc::new(keyed(&base, key, false, base.id.0))
+    };
+    let mut alone = Alone::default();
+    let keyed_jobs = |jobs: &[Arc<Job>], from: u64| -> Vec<(u64, Transition)> {
+        jobs.iter()
+            .enumerate()
+            .map(|(i, j)| (from + i as u64, row(j, State::AwaitingScheduling, 0, t0)))
+            .collect()
+    };
+    let g: Vec<Arc<Job>> = (1..=4).map(|n| ordered(n, "g")).collect();
+    // g1 is born released; the read that found its sequence empty teaches the writer it.
+    assert_eq!(
+        alone.write(&db, token, &g, &keyed_jobs(&g, 10)).await,
+        (vec![g[0].id], 1)
+    );
+    let end = |j: &Job, id: u64| [(id, attempt(row(j, State::Succeeded, 1, t0), 200, 5, None))];
+    assert_eq!(
+        alone.write(&db, token, &[], &end(&g[0], 20)).await,
+        (vec![g[1].id], 0)
+    );
+    assert_eq!(alone.heads_known, (1, 0), "g2 came from memory");
+    // Behind the writer's back, g3's entry goes: memory still names it next.
+    crate::scenario::operator_rows(
+        &db,
+        &format!("DELETE FROM open_jobs WHERE job_id = X'{}'", hex(&g[2].id)),
+        0,
+    )
+    .await;
+    assert_eq!(
+        alone.write(&db, token, &[], &end(&g[1], 21)).await,
+        (vec![g[3].id], 0),
+        "the store's head goes in the same commit"
+    );
+    assert_eq!(
+        alone.heads_known,
+        (1, 1),
+        "memory named g3, which was not held"
+    );
+    // Forgotten, the sequence is read from the store from then on.
+    let g5 = ordered(5, "g");
+    assert_eq!(
+        alone
+            .write(
+                &db,
+                token,
+                std::slice::from_ref(&g5),
+                &keyed_jobs(std::slice::from_ref(&g5), 30)
+            )
+            .await,
+        (vec![], 0)
+    );
+    assert_eq!(
+        alone.write(&db, token, &[], &end(&g[3], 31)).await,
+        (vec![g5.id], 0)
+    );
+    assert_eq!(alone.heads_known, (0, 0), "read, not remembered");
+    // A key known to the writer that a failure blocks is forgotten: its next job waits for
+    // the operator, as the store says.
+    let h1 = {
+        let base = job(6, "b", "https://x.example/a", t0);
+        Arc::new(keyed(&base, "h", true, base.id.0))
+    };
+    let h2 = ordered(7, "h");
+    let h = [h1.clone(), h2.clone()];
+    assert_eq!(
+        alone.write(&db, token, &h, &keyed_jobs(&h, 40)).await,
+        (vec![h1.id], 1)
+    );
+    let failed = [(
+        50,
+        attempt(
+            row(&h1, State::Discarded, 1, t0),
+            400,
+            5,
+            Some("client-error"),
+        ),
+    )];
+    assert_eq!(alone.write(&db, token, &[], &failed).await, (vec![], 0));
+    assert_eq!(alone.heads_known, (0, 0));
+    db.close().await;
+}
+
+/// A job id as the hex of its stored bytes.
+fn hex(id: &JobId) -> String {
+    id.to_bytes().iter().map(|b| format!("{b:02X}")).collect()
 }

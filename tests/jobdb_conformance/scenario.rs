@@ -515,7 +515,7 @@ async fn every_store_operation_behaves_as_specified(engine: Engine) {
 }
 
 /// Rows of an operator's query, each column read as text (the same on both engines).
-async fn operator_rows(db: &JobDb, sql: &str, columns: usize) -> Vec<Vec<String>> {
+pub(crate) async fn operator_rows(db: &JobDb, sql: &str, columns: usize) -> Vec<Vec<String>> {
     use sqlx::Row;
     let url = db.url();
     let text = |row: Vec<Option<String>>| {

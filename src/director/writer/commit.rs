@@ -76,9 +76,17 @@ impl Writer {
                 blocks: &blocks,
                 release_touched: self.release_in_commit,
                 begin_released: Some(&begins),
+                known: self.release_in_commit.then_some(&self.known),
             };
             let bounds = self.limits.bounds(batch.not_after());
             let result = self.db.append_bounded(self.token, &append, &bounds).await;
+            if result.is_err() {
+                // It may have changed memory and not the store.
+                self.known
+                    .lock()
+                    .unwrap_or_else(|poisoned| poisoned.into_inner())
+                    .clear();
+            }
             let mut written = Written::default();
             let mut known = true;
             let mut committed = match result {
@@ -178,7 +186,13 @@ impl Writer {
                     touched,
                     born,
                     started: begun,
+                    heads_known,
+                    heads_misremembered,
                 } = written;
+                self.metrics.ordered_heads_known.inc_by(heads_known as u64);
+                self.metrics
+                    .ordered_heads_misremembered
+                    .inc_by(heads_misremembered as u64);
                 if let (false, Some(commit)) = (begun.is_empty(), log_id) {
                     self.metrics.ordered_released.inc_by(begun.len() as u64);
                     self.metrics

@@ -61,7 +61,9 @@ use tokio_util::sync::CancellationToken;
 
 use crate::job::{Job, Seq, Transition};
 use crate::jobdb::lifecycle::Origin;
-use crate::jobdb::{job_row_bytes, transition_row_bytes, Bounds, Fresh, JobDb, OpenRow};
+use crate::jobdb::{
+    job_row_bytes, transition_row_bytes, Bounds, Fresh, JobDb, KnownSequences, OpenRow,
+};
 use crate::metrics::Metrics;
 use batch::{Batch, Reply};
 use open::OpenWork;
@@ -134,6 +136,8 @@ pub struct Writer {
     /// Whether this JobDB is the only live one: a commit releases the next job of the
     /// sequences it touches itself (see [`Append::release_touched`]).
     release_in_commit: bool,
+    /// What it knows of its sequences' entries, when it releases in its commits.
+    known: std::sync::Mutex<KnownSequences>,
     metrics: Arc<Metrics>,
     lock_lost: CancellationToken,
     /// What its commits left open.
@@ -170,6 +174,7 @@ impl Writer {
             scheduler,
             sequencer,
             release_in_commit: false,
+            known: Default::default(),
             metrics,
             lock_lost,
             open: OpenWork::default(),
