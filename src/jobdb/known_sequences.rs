@@ -63,11 +63,18 @@ impl KnownSequences {
         self.seqs.is_empty()
     }
 
-    /// A read inside the current write found no entry and no block of `seq`.
+    /// A read inside the current write found no entry and no block of `seq` (the store is
+    /// right where memory disagrees).
     pub fn learn_empty(&mut self, seq: Seq) {
+        self.forget(&seq);
         if self.jobs.len() < MAX_KNOWN_ENTRIES {
-            self.seqs.entry(seq).or_default();
+            self.seqs.insert(seq, Entries::default());
         }
+    }
+
+    /// The sequence of `job`, when its entry is remembered.
+    pub fn seq_of(&self, job: &JobId) -> Option<Seq> {
+        self.jobs.get(job).map(|(seq, _)| *seq)
     }
 
     /// The current write put (or kept) an entry of `job` in `seq` at `position`, held or
@@ -177,6 +184,7 @@ mod tests {
         // A move's import keeps its old position: it goes first.
         known.entered(seq(1), job(5), Ulid(10), true);
         assert_eq!(known.head(&seq(1)), Some(Some(job(5))));
+        assert_eq!(known.seq_of(&job(5)), Some(seq(1)));
         known.released(&job(5));
         assert_eq!(known.head(&seq(1)), Some(None), "one is under way");
         // A later row of a remembered entry changes nothing.
@@ -206,6 +214,10 @@ mod tests {
         known.learn_empty(seq(2));
         known.entered(seq(2), job(9), Ulid(7), true);
         assert_eq!(known.head(&seq(2)), Some(Some(job(9))));
+        // A read that finds it empty is right where memory disagrees.
+        known.learn_empty(seq(2));
+        assert_eq!(known.head(&seq(2)), Some(None));
+        assert_eq!(known.seq_of(&job(9)), None);
         known.clear();
         assert!(known.is_empty());
     }

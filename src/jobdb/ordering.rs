@@ -145,6 +145,24 @@ macro_rules! ordering_sql {
             let mut seqs = Vec::new();
             let mut blocked: Vec<$crate::jobdb::BlockedKey> = Vec::new();
             let ends = append.last_rows();
+            // A job of a sequence the writer knows whose end cannot block: its sequence from
+            // memory, no read.
+            let mut unknown = Vec::with_capacity(leaving.len());
+            append.with_known(|known| {
+                for id in leaving {
+                    let may_block = ends
+                        .get(id)
+                        .is_none_or(|end| $crate::jobdb::ordering::blocks_sequence(end));
+                    match known.seq_of(id).filter(|_| !may_block) {
+                        Some(seq) => seqs.push(seq),
+                        None => unknown.push(*id),
+                    }
+                }
+            });
+            let leaving = match append.known {
+                Some(_) => &unknown[..],
+                None => leaving,
+            };
             for chunk in leaving.chunks(MAX_IDS_PER_SELECT) {
                 let rows = ids_query($crate::jobdb::ordering::LEFT_SEQUENCES, chunk, ")")
                     .build()

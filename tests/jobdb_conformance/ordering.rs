@@ -811,6 +811,44 @@ async fn a_writer_alone_reads_a_head_its_memory_cannot_vouch_for(engine: Engine)
     )];
     assert_eq!(alone.write(&db, token, &[], &failed).await, (vec![], 0));
     assert_eq!(alone.heads_known, (0, 0));
+    // The same with an entry: i1 rests (a retry), so its end is read from its entry (memory
+    // knows its sequence, but not whether it blocks), and blocks.
+    let i1 = {
+        let base = job(8, "b", "https://x.example/a", t0);
+        Arc::new(keyed(&base, "i", true, base.id.0))
+    };
+    let i2 = ordered(9, "i");
+    let i = [i1.clone(), i2.clone()];
+    assert_eq!(
+        alone.write(&db, token, &i, &keyed_jobs(&i, 60)).await,
+        (vec![i1.id], 1)
+    );
+    let t1 = t0 + TimeDelta::seconds(1);
+    let retry = [(
+        70,
+        attempt(
+            Transition::awaiting_retry(i1.id, 1, t1, t1, Default::default()),
+            503,
+            5,
+            None,
+        ),
+    )];
+    assert_eq!(alone.write(&db, token, &[], &retry).await, (vec![], 0));
+    let failed = [(
+        71,
+        attempt(
+            row(&i1, State::Discarded, 2, t1),
+            400,
+            5,
+            Some("client-error"),
+        ),
+    )];
+    assert_eq!(alone.write(&db, token, &[], &failed).await, (vec![], 0));
+    assert_eq!(
+        db.blocked_keys().await.unwrap().len(),
+        2,
+        "h and i are blocked"
+    );
     db.close().await;
 }
 
