@@ -334,6 +334,20 @@ macro_rules! ordering_sql {
             release_jobs(tx, &go, None).await
         }
 
+        /// The head of each of `seqs` that may go now (see [`sequence_heads`]), read inside
+        /// `tx` a page of sequences at a time.
+        async fn head_jobs(
+            tx: &mut sqlx::Transaction<'_, $db>,
+            seqs: &[$crate::job::Seq],
+        ) -> Result<Vec<$crate::job::JobId>, $crate::jobdb::JobDbError> {
+            let mut go = Vec::new();
+            for chunk in seqs.chunks($crate::jobdb::MAX_IDS_PER_SELECT) {
+                let heads = sequence_heads(&mut **tx, Some(chunk)).await?;
+                go.extend(heads.into_values().map(|head| head.job));
+            }
+            Ok(go)
+        }
+
         /// Releases the held jobs `go` that still wait for an attempt (heads of their
         /// sequences, or with `expired_by`, jobs whose expiry has passed by then: their end is
         /// the scheduler's to write, and it lets their sequence go on) and returns them as

@@ -76,7 +76,7 @@ pub(crate) const UPDATE_CHECKPOINT: &str = "UPDATE jobdb_checkpoint SET open_fro
 /// the engine module provides `INSERT_ORIGINS`, `UPSERT_OPEN_JOBS`, `FENCE_CHECK`,
 /// `refused_code`, (from `engine::backlog_sql!`) `LANE_OPEN`, `LANE_CLOSE`, `LANE_OF_JOB`,
 /// (from `engine::engine_common!`) `ids_query`, (from `ordering::ordering_sql!`)
-/// `left_sequences`, `release_heads`, `release_jobs` and `sequence_heads`, and (from
+/// `left_sequences`, `release_heads`, `release_jobs` and `head_jobs`, and (from
 /// `notices::notices_sql!`) `owe_notices` and `write_notices`.
 macro_rules! write_path {
     ($db:ty) => {
@@ -339,10 +339,7 @@ macro_rules! write_path {
                 heads_known = remembered.len();
                 let mut go: Vec<$crate::job::JobId> =
                     remembered.iter().map(|(_, job)| *job).collect();
-                for chunk in unknown.chunks(MAX_IDS_PER_SELECT) {
-                    let heads = sequence_heads(&mut **tx, Some(chunk)).await?;
-                    go.extend(heads.into_values().map(|head| head.job));
-                }
+                go.extend(head_jobs(tx, &unknown).await?);
                 let mut going = release_jobs(tx, &go, None).await?;
                 // A head remembered that the store does not hold waiting would say memory is
                 // wrong: forget its sequence and read it, so it cannot stall.
@@ -360,11 +357,7 @@ macro_rules! write_path {
                         "remembered heads not held in the jobdb; reading them"
                     );
                     append.with_known(|known| missed.iter().for_each(|seq| known.forget(seq)));
-                    let mut go = Vec::new();
-                    for chunk in missed.chunks(MAX_IDS_PER_SELECT) {
-                        let heads = sequence_heads(&mut **tx, Some(chunk)).await?;
-                        go.extend(heads.into_values().map(|head| head.job));
-                    }
+                    let go = head_jobs(tx, &missed).await?;
                     going.extend(release_jobs(tx, &go, None).await?);
                 }
                 append.with_known(|known| {

@@ -380,7 +380,27 @@ pub fn check(i: &Inputs) -> (Vec<Violation>, Tally) {
         }
     }
 
-    // Ordered keys: job n+1 is not tried before job n ended, in acknowledged order.
+    // Ordered keys: job n+1 is not tried before job n ended, in acknowledged order. And
+    // blocked keys: after a job that asked to block its key ends without success (not an
+    // operator's choice), the key's next job is not tried before an operator released the
+    // blocks; the quiet period deletes them every few seconds from its start on.
+    let releases: Vec<DateTime<Utc>> = log
+        .ops
+        .iter()
+        .filter(|(_, text)| text.contains(super::ops::RELEASES_BLOCKS))
+        .map(|(at, _)| *at)
+        .collect();
+    let quiet_from = log
+        .ops
+        .iter()
+        .find(|(_, text)| text.starts_with("quiet:"))
+        .map(|(at, _)| *at);
+    let released_between = |from: DateTime<Utc>, to: DateTime<Utc>| {
+        quiet_from.is_some_and(|q| q <= to)
+            || releases
+                .iter()
+                .any(|r| *r >= from - Duration::milliseconds(5) && *r <= to)
+    };
     let mut order: BTreeMap<SeqKey, Vec<JobId>> = log.sequences.clone();
     for (key, seq) in &log.uncertain {
         for id in by_spec.get(key.as_str()).into_iter().flatten() {
@@ -395,7 +415,30 @@ pub fn check(i: &Inputs) -> (Vec<Violation>, Tally) {
             let Some(first) = by_job.get(&b.to_string()).and_then(|l| l.first()) else {
                 continue;
             };
-            let end_a = i.stored.get(&a).and_then(first_end);
+            let stored_a = i.stored.get(&a);
+            let end_a = stored_a.and_then(first_end);
+            let blocks =
+                stored_a.is_some_and(|s| s.job.ordering.as_ref().is_some_and(|o| o.blocks));
+            if let Some(end) =
+                end_a.filter(|e| blocks && spindle::jobdb::ordering::blocks_sequence(e))
+            {
+                if !released_between(end.time, first.at) {
+                    v(
+                        &mut out,
+                        "block-held",
+                        first.at,
+                        [b, a],
+                        format!(
+                            "key {}: job {b} tried at {} though job {a}, which blocks its key, ended {} ({}) at {} and no operator released the key between",
+                            seq.key,
+                            first.at.format("%H:%M:%S%.3f"),
+                            end.state,
+                            end.error_type.as_deref().unwrap_or("-"),
+                            end.time.format("%H:%M:%S%.3f"),
+                        ),
+                    );
+                }
+            }
             let via = |id: JobId| {
                 log.accepted
                     .get(&id)
@@ -422,61 +465,6 @@ pub fn check(i: &Inputs) -> (Vec<Violation>, Tally) {
                     via(a)
                 ),
             );
-        }
-    }
-
-    // Blocked keys: after a job that asked to block its key ends without success (not an
-    // operator's choice), the key's next job is not tried before an operator released the
-    // blocks (the quiet period releases them too, from its start on).
-    let releases: Vec<DateTime<Utc>> = log
-        .ops
-        .iter()
-        .filter(|(_, text)| text.contains(super::ops::RELEASES_BLOCKS))
-        .map(|(at, _)| *at)
-        .collect();
-    // From the quiet period's start, blocks are deleted every few seconds until the end.
-    let quiet_from = log
-        .ops
-        .iter()
-        .find(|(_, text)| text.starts_with("quiet:"))
-        .map(|(at, _)| *at);
-    for (seq, ids) in &order {
-        for pair in ids.windows(2) {
-            let (a, b) = (pair[0], pair[1]);
-            let Some(stored_a) = i.stored.get(&a) else {
-                continue;
-            };
-            if !stored_a.job.ordering.as_ref().is_some_and(|o| o.blocks) {
-                continue;
-            }
-            let Some(end) =
-                first_end(stored_a).filter(|e| spindle::jobdb::ordering::blocks_sequence(e))
-            else {
-                continue;
-            };
-            let Some(first) = by_job.get(&b.to_string()).and_then(|l| l.first()) else {
-                continue;
-            };
-            let released = quiet_from.is_some_and(|q| q <= first.at)
-                || releases
-                    .iter()
-                    .any(|r| *r >= end.time - Duration::milliseconds(5) && *r <= first.at);
-            if !released {
-                v(
-                    &mut out,
-                    "block-held",
-                    first.at,
-                    [b, a],
-                    format!(
-                        "key {}: job {b} tried at {} though job {a}, which blocks its key, ended {} ({}) at {} and no operator released the key between",
-                        seq.key,
-                        first.at.format("%H:%M:%S%.3f"),
-                        end.state,
-                        end.error_type.as_deref().unwrap_or("-"),
-                        end.time.format("%H:%M:%S%.3f"),
-                    ),
-                );
-            }
         }
     }
 

@@ -375,13 +375,9 @@ impl World {
             return;
         };
         let text = answer.text().await.unwrap_or_default();
-        let count = |name: &str| -> u64 {
-            text.lines()
-                .find_map(|l| l.strip_prefix(name)?.trim().parse::<f64>().ok())
-                .unwrap_or(0.0) as u64
-        };
-        let known = count("spindle_ordered_heads_known_total ");
-        let wrong = count("spindle_ordered_heads_misremembered_total ");
+        let count = |name: &str| crate::common::metric_value(&text, name) as u64;
+        let known = count("spindle_ordered_heads_known_total");
+        let wrong = count("spindle_ordered_heads_misremembered_total");
         let mut tally = self.remembered.lock().unwrap();
         tally.0 += known;
         tally.1 += wrong;

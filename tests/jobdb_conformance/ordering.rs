@@ -730,9 +730,9 @@ async fn a_writer_alone_reads_a_head_its_memory_cannot_vouch_for(engine: Engine)
     let db = JobDb::open(&test.url, true, 2).await.unwrap();
     let token = db.take_ownership("test").await.unwrap();
     let t0 = base_time();
-    let ordered = |n: u8, key: &str| {
+    let ordered = |n: u8, key: &str, blocks: bool| {
         let base = job(n, "b", "https://x.example/a", t0);
-        Arc::new(keyed(&base, key, false, base.id.0))
+        Arc::new(keyed(&base, key, blocks, base.id.0))
     };
     let mut alone = Alone::default();
     let keyed_jobs = |jobs: &[Arc<Job>], from: u64| -> Vec<(u64, Transition)> {
@@ -741,7 +741,7 @@ async fn a_writer_alone_reads_a_head_its_memory_cannot_vouch_for(engine: Engine)
             .map(|(i, j)| (from + i as u64, row(j, State::AwaitingScheduling, 0, t0)))
             .collect()
     };
-    let g: Vec<Arc<Job>> = (1..=4).map(|n| ordered(n, "g")).collect();
+    let g: Vec<Arc<Job>> = (1..=4).map(|n| ordered(n, "g", false)).collect();
     // g1 is born released; the read that found its sequence empty teaches the writer it.
     assert_eq!(
         alone.write(&db, token, &g, &keyed_jobs(&g, 10)).await,
@@ -771,7 +771,7 @@ async fn a_writer_alone_reads_a_head_its_memory_cannot_vouch_for(engine: Engine)
         "memory named g3, which was not held"
     );
     // Forgotten, the sequence is read from the store from then on.
-    let g5 = ordered(5, "g");
+    let g5 = ordered(5, "g", false);
     assert_eq!(
         alone
             .write(
@@ -790,11 +790,8 @@ async fn a_writer_alone_reads_a_head_its_memory_cannot_vouch_for(engine: Engine)
     assert_eq!(alone.heads_known, (0, 0), "read, not remembered");
     // A key known to the writer that a failure blocks is forgotten: its next job waits for
     // the operator, as the store says.
-    let h1 = {
-        let base = job(6, "b", "https://x.example/a", t0);
-        Arc::new(keyed(&base, "h", true, base.id.0))
-    };
-    let h2 = ordered(7, "h");
+    let h1 = ordered(6, "h", true);
+    let h2 = ordered(7, "h", false);
     let h = [h1.clone(), h2.clone()];
     assert_eq!(
         alone.write(&db, token, &h, &keyed_jobs(&h, 40)).await,
@@ -813,11 +810,8 @@ async fn a_writer_alone_reads_a_head_its_memory_cannot_vouch_for(engine: Engine)
     assert_eq!(alone.heads_known, (0, 0));
     // The same with an entry: i1 rests (a retry), so its end is read from its entry (memory
     // knows its sequence, but not whether it blocks), and blocks.
-    let i1 = {
-        let base = job(8, "b", "https://x.example/a", t0);
-        Arc::new(keyed(&base, "i", true, base.id.0))
-    };
-    let i2 = ordered(9, "i");
+    let i1 = ordered(8, "i", true);
+    let i2 = ordered(9, "i", false);
     let i = [i1.clone(), i2.clone()];
     assert_eq!(
         alone.write(&db, token, &i, &keyed_jobs(&i, 60)).await,
