@@ -107,6 +107,67 @@ pub struct Job {
     /// Its ordering key, if it is delivered in order with the other jobs of its bucket and
     /// endpoint that carry the same key.
     pub ordering: Option<OrderedKey>,
+    /// The event it delivers and the subscription it delivers it to, if an event made it.
+    pub event: Option<EventLink>,
+}
+
+/// Longest event type, in bytes (the `jobs.event_type` column).
+pub const MAX_EVENT_TYPE_BYTES: usize = 255;
+
+/// Whether `text` is an event type: dot-separated names of ASCII letters, digits, `_` and
+/// `-`, at most [`MAX_EVENT_TYPE_BYTES`].
+pub fn valid_event_type(text: &str) -> bool {
+    !text.is_empty()
+        && text.len() <= MAX_EVENT_TYPE_BYTES
+        && text.split('.').all(|name| {
+            !name.is_empty()
+                && name
+                    .bytes()
+                    .all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'-')
+        })
+}
+
+/// Which event a job delivers, and to which subscription: written with the job
+/// (`jobs.event_id`, `jobs.event_type`, `jobs.subscription_id`), kept when a drainer moves it
+/// and in the archive, so "who got event X" is one SQL query and a subscription can be
+/// back-filled.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct EventLink {
+    /// The event (a ULID minted when it was published).
+    pub event_id: Ulid,
+    /// Its type.
+    pub event_type: Arc<str>,
+    /// The subscription the job delivers it to.
+    pub subscription: Ulid,
+}
+
+impl EventLink {
+    /// Its wire form (job views, imports, the archive).
+    pub fn to_wire(&self) -> spindle_client::EventLink {
+        spindle_client::EventLink {
+            event_id: self.event_id.to_string(),
+            event_type: self.event_type.to_string(),
+            subscription_id: self.subscription.to_string(),
+        }
+    }
+
+    /// From its wire form, checked; the error names the field within the link
+    /// (`event_type`, `event_id`, `subscription_id`) and what is wrong.
+    pub fn from_wire(
+        link: &spindle_client::EventLink,
+    ) -> Result<EventLink, (&'static str, &'static str)> {
+        if !valid_event_type(&link.event_type) {
+            return Err(("event_type", "is not an event type"));
+        }
+        let ulid = |text: &str, name: &'static str| {
+            text.parse::<Ulid>().map_err(|_| (name, "is not a ULID"))
+        };
+        Ok(EventLink {
+            event_id: ulid(&link.event_id, "event_id")?,
+            event_type: link.event_type.as_str().into(),
+            subscription: ulid(&link.subscription_id, "subscription_id")?,
+        })
+    }
 }
 
 /// A job's ordered key: the key, whether its failure holds the rest, and its position in
@@ -705,6 +766,7 @@ mod tests {
             idempotency_key: None,
             on_complete: None,
             ordering: None,
+            event: None,
         }
     }
 }

@@ -28,7 +28,9 @@
 //!   - [`dashboard`]: `spindle dashboard`, a web page and JSON API over every live JobDB.
 //! - [`archiver`]: moving jobs of an owned JobDB into the archive exactly once (plan, upload,
 //!   confirm), shared by the Director and the drainer, each with its [`archiver::Recorder`] of
-//!   the `archived` rows.
+//!   the `archived` rows. [`events`]: events and subscriptions: matching an event to its
+//!   subscriptions, the control database they live in and each process's cache of it, the
+//!   subscription API.
 //! - [`registry`]: coordination: the Consul client, JobDB leases with fencing tokens, the JobDB
 //!   inventory, the service catalog, endpoint and bucket controls. [`rpc`]: the intake toolkit
 //!   every HTTP front shares: RPC types, validation and views, the OpenAPI document, tokens,
@@ -56,6 +58,7 @@ pub mod dashboard;
 pub mod delivery;
 pub mod director;
 pub mod drainer;
+pub mod events;
 #[cfg(feature = "fault-injection")]
 pub mod faults;
 pub mod job;

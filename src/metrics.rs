@@ -120,6 +120,10 @@ pub struct Metrics {
     pub ordered_begun_on_release: Counter,
     /// Heads a commit took from the writer's memory of its sequences, not read.
     pub ordered_heads_known: Counter,
+    /// Events published here (`POST /v1/events`), whether or not a subscription matched.
+    pub events_published: Counter,
+    /// Jobs those events made (one per matching subscription).
+    pub event_jobs: Counter,
     /// Of those, heads the JobDB did not hold waiting (memory was wrong; read instead).
     pub ordered_heads_misremembered: Counter,
     /// Ordered jobs whose release waits for an older job of their sequence in another JobDB.
@@ -279,6 +283,18 @@ impl Default for Metrics {
             "Ordered jobs whose attempt began in the commit that released them, the one that \
              ended the job before them (no commit of their own to begin it)",
             ordered_begun_on_release.clone(),
+        );
+        let events_published = Counter::default();
+        registry.register(
+            "events_published",
+            "Events published (POST /v1/events), whether or not a subscription matched",
+            events_published.clone(),
+        );
+        let event_jobs = Counter::default();
+        registry.register(
+            "event_jobs",
+            "Jobs made by published events: one per matching subscription",
+            event_jobs.clone(),
         );
         let ordered_heads_known = Counter::default();
         registry.register(
@@ -580,6 +596,8 @@ impl Default for Metrics {
             ordered_born,
             ordered_begun_on_release,
             ordered_heads_known,
+            events_published,
+            event_jobs,
             ordered_heads_misremembered,
             ordered_waiting_elsewhere,
             ordered_cleared,
@@ -620,6 +638,13 @@ impl Metrics {
                 action: action.to_owned(),
             })
             .inc();
+    }
+
+    /// Counts a published event and the jobs it made (before they are written: a failed
+    /// write is counted by `write_rejected`).
+    pub fn events_published(&self, jobs: usize) {
+        self.events_published.inc();
+        self.event_jobs.inc_by(jobs as u64);
     }
 
     /// Counts a write request refused alone.

@@ -89,6 +89,7 @@ fn expired_jobs(n: usize) -> (Vec<Job>, Vec<ArchivedJob>) {
             idempotency_key: (i % 3 == 0).then(|| format!("idem-{i}")),
             on_complete: None,
             ordering: None,
+            event: None,
         };
         let mut error_body = vec![0u8; rng.random_range(0..64)];
         rng.fill(&mut error_body[..]);

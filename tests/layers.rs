@@ -19,6 +19,7 @@ const RANKS: &[(&str, u8)] = &[
     ("manager", 8),
     ("router", 8),
     ("archiver", 7),
+    ("events", 7),
     ("registry", 6),
     ("rpc", 6),
     ("jobdb", 5),

@@ -299,6 +299,7 @@ async fn fill_retired(
                 idempotency_key: None,
                 on_complete: None,
                 ordering: None,
+                event: None,
             };
             let mut push = |t: Transition| {
                 rows.push((next_id, t));
@@ -440,6 +441,7 @@ fn stored_job(
         idempotency_key: None,
         on_complete: None,
         ordering: None,
+        event: None,
     }
 }
 
@@ -811,6 +813,7 @@ async fn a_job_a_live_director_refuses_waits_for_one_that_takes_it() {
         idempotency_key: None,
         on_complete: None,
         ordering: None,
+        event: None,
     };
     let wide = odd(&"é".repeat(128), life.sink.url("/ok"), b"{}".to_vec());
     let big = odd("b1", life.sink.url("/ok"), vec![b'x'; 100 * 1024]);

@@ -15,7 +15,15 @@ use common::*;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_director_conforms_to_its_openapi_document() {
-    let rig = Rig::start("openapi", |c| c.scheduler.max_in_flight = 0).await;
+    // With a control database, so events and subscriptions are exercised too.
+    let control = Control::start(Engine::MySql).await;
+    let publish = control.tweak();
+    let rig = Rig::start("openapi", |c| {
+        c.scheduler.max_in_flight = 0;
+        publish(c);
+    })
+    .await;
     schemathesis_passes(&format!("{}/openapi.json", rig.base())).await;
     rig.stop().await;
+    control.stop().await;
 }

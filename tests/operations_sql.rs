@@ -11,6 +11,10 @@ use spindle::job::{JobId, State};
 use spindle::rpc::api::SubmitReply;
 use sqlx::{Connection, Row};
 
+/// The example event and subscription ids of the events recipes.
+const EXAMPLE_EVENT: &str = "0192F5E0A1B2C3D4E5F60718293A4B5C";
+const EXAMPLE_SUBSCRIPTION: &str = "0192F5E0A1B2C3D4E5F60718293A4B5D";
+
 fn sql_blocks(markdown: &str) -> Vec<String> {
     let mut blocks = Vec::new();
     let mut current: Option<String> = None;
@@ -31,10 +35,33 @@ fn sql_blocks(markdown: &str) -> Vec<String> {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn every_documented_statement_runs_and_finds_its_rows() {
     // A request left in flight when the test ends is abandoned at once (the JobDB is dropped).
+    // A control database, so the events recipes have events to find.
+    let control = Control::start(Engine::MySql).await;
+    let publish = control.tweak();
     let rig = Rig::start("opsql", |c| {
-        c.scheduler.shutdown_grace = Duration::from_millis(100)
+        c.scheduler.shutdown_grace = Duration::from_millis(100);
+        publish(c);
     })
     .await;
+    // Events: one before a second subscription existed (it missed it), one after (both got it).
+    let api = rig.api();
+    let subscribe = |path: &str| {
+        spindle_client::NewSubscription::new("acme", rig.sink.url(path), ["invoice.*"])
+    };
+    api.add_subscription(&subscribe("/ok")).await.unwrap();
+    let invoice = |n: u32| spindle_client::NewEvent {
+        bucket: "acme".into(),
+        event_type: "invoice.paid".into(),
+        payload: serde_json::value::RawValue::from_string(format!("{{\"n\": {n}}}")).unwrap(),
+        idempotency_key: None,
+        deliver_at: None,
+        on_complete: None,
+    };
+    let missed = api.publish(&invoice(1)).await.unwrap();
+    let late = api.add_subscription(&subscribe("/ok?late")).await.unwrap();
+    let both = api.publish(&invoice(2)).await.unwrap();
+    assert_eq!(both.deliveries.len(), 2);
+    let hex_of = |ulid: &str| ulid.parse::<JobId>().unwrap().to_hex();
     // A request in flight throughout, for the recipe that lists them.
     rig.submit(vec![
         json!({"bucket": "slow", "endpoint": rig.sink.url("/slow/60000"),
@@ -93,7 +120,7 @@ async fn every_documented_statement_runs_and_finds_its_rows() {
         .await);
     rig.wait_in_state(State::AwaitingRetry, 11, Duration::from_secs(10))
         .await;
-    rig.wait_in_state(State::Succeeded, 5, Duration::from_secs(10))
+    rig.wait_in_state(State::Succeeded, 8, Duration::from_secs(10))
         .await;
     rig.wait_in_state(State::Discarded, 2, Duration::from_secs(10))
         .await;
@@ -118,15 +145,21 @@ async fn every_documented_statement_runs_and_finds_its_rows() {
             true => &blocker,
             false => &hex,
         };
-        let sql = regex_free_replace_unhex(&block, id)
-            .replace(
-                "https://hooks.example.com/orders",
-                &rig.sink.url("/status/500"),
-            )
-            .replace(
-                "https://hooks.example.com/legacy",
-                &rig.sink.url("/status/503"),
-            );
+        // The events recipes name an example event and subscription.
+        let sql = match block.contains(EXAMPLE_EVENT) || block.contains(EXAMPLE_SUBSCRIPTION) {
+            true => block
+                .replace(EXAMPLE_EVENT, &hex_of(&both.event_id))
+                .replace(EXAMPLE_SUBSCRIPTION, &hex_of(&late.id)),
+            false => regex_free_replace_unhex(&block, id),
+        }
+        .replace(
+            "https://hooks.example.com/orders",
+            &rig.sink.url("/status/500"),
+        )
+        .replace(
+            "https://hooks.example.com/legacy",
+            &rig.sink.url("/status/503"),
+        );
         if sql
             .trim_start()
             .starts_with("INSERT INTO operator_commands")
@@ -209,6 +242,14 @@ async fn every_documented_statement_runs_and_finds_its_rows() {
             })
             .await;
         }
+        if sql.contains("j.event_id = UNHEX") {
+            assert_eq!(rows.len(), 2, "both subscriptions got the later event");
+        }
+        if sql.contains("FROM events e") {
+            assert_eq!(rows.len(), 1, "the late subscription missed one event");
+            let event: String = rows[0].try_get("event").unwrap();
+            assert_eq!(event, hex_of(&missed.event_id));
+        }
         if sql.contains("FROM attempts_under_way") {
             assert_eq!(rows.len(), 1, "one request in flight");
             assert!(rows[0]
@@ -273,6 +314,7 @@ async fn every_documented_statement_runs_and_finds_its_rows() {
     conn.close().await.unwrap();
     pool.close().await;
     rig.stop().await;
+    control.stop().await;
 }
 
 /// Whether the documented command `action` has changed its `jobs` as documented.

@@ -485,6 +485,7 @@ async fn a_peer_read_before_its_migration_is_read_again_after_it() {
             blocks: false,
             position: id.0,
         }),
+        event: None,
     });
     peer.append_all(
         token,

@@ -15,7 +15,9 @@ use serde::Serialize;
 use url::Url;
 
 use crate::api::{
-    EndpointsView, ErrorBody, ImportRequest, ImportResponse, JobView, NewJob, SubmitReply,
+    EndpointsView, ErrorBody, ImportRequest, ImportResponse, JobView, NewEvent, NewJob,
+    NewSubscription, PublishReply, SubmitReply, SubscriptionList, SubscriptionPatch,
+    SubscriptionView,
 };
 use crate::error::{ApiError, Error};
 
@@ -207,6 +209,56 @@ impl Client {
     pub async fn endpoints(&self) -> Result<EndpointsView, Error> {
         let url = self.url(&["v1", "endpoints"]);
         read_json(self.send(self.http.get(url.clone()), &url).await?, &url).await
+    }
+
+    /// `POST /v1/events`: publishes one event to every matching subscription of its bucket;
+    /// all of its jobs are committed in one transaction before the answer.
+    pub async fn publish(&self, event: &NewEvent) -> Result<PublishReply, Error> {
+        let url = self.url(&["v1", "events"]);
+        let response = self.send(self.http.post(url.clone()).json(event), &url);
+        read_json(response.await?, &url).await
+    }
+
+    /// `POST /v1/subscriptions`: stores a subscription; the answer shows its secret, once.
+    pub async fn add_subscription(
+        &self,
+        subscription: &NewSubscription,
+    ) -> Result<SubscriptionView, Error> {
+        let url = self.url(&["v1", "subscriptions"]);
+        let response = self.send(self.http.post(url.clone()).json(subscription), &url);
+        read_json(response.await?, &url).await
+    }
+
+    /// `GET /v1/subscriptions`: the subscriptions the token may see, of `bucket` if given.
+    pub async fn subscriptions(&self, bucket: Option<&str>) -> Result<SubscriptionList, Error> {
+        let mut url = self.url(&["v1", "subscriptions"]);
+        if let Some(bucket) = bucket {
+            url.query_pairs_mut().append_pair("bucket", bucket);
+        }
+        read_json(self.send(self.http.get(url.clone()), &url).await?, &url).await
+    }
+
+    /// `GET /v1/subscriptions/{id}`.
+    pub async fn subscription(&self, id: &str) -> Result<SubscriptionView, Error> {
+        let url = self.url(&["v1", "subscriptions", id]);
+        read_json(self.send(self.http.get(url.clone()), &url).await?, &url).await
+    }
+
+    /// `PATCH /v1/subscriptions/{id}`: changes the fields `patch` names.
+    pub async fn update_subscription(
+        &self,
+        id: &str,
+        patch: &SubscriptionPatch,
+    ) -> Result<SubscriptionView, Error> {
+        let url = self.url(&["v1", "subscriptions", id]);
+        let response = self.send(self.http.patch(url.clone()).json(patch), &url);
+        read_json(response.await?, &url).await
+    }
+
+    /// `DELETE /v1/subscriptions/{id}`: no new event reaches it; its jobs already made go on.
+    pub async fn remove_subscription(&self, id: &str) -> Result<SubscriptionView, Error> {
+        let url = self.url(&["v1", "subscriptions", id]);
+        read_json(self.send(self.http.delete(url.clone()), &url).await?, &url).await
     }
 
     /// `GET /readyz`: whether the server takes jobs now (`false` on a 503: a Director without

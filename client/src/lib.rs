@@ -52,8 +52,10 @@ mod client;
 mod error;
 
 pub use api::{
-    AcceptedJob, BlockedKey, ImportJob, ImportRequest, ImportResponse, JobDescription, JobState,
-    JobStatus, JobView, NewJob, OrderingFailure, SubmitReply, SubmitRequest, TransitionView,
+    AcceptedJob, BlockedKey, EventDelivery, EventLink, ImportJob, ImportRequest, ImportResponse,
+    JobDescription, JobState, JobStatus, JobView, NewEvent, NewJob, NewSubscription,
+    OrderingFailure, PayloadFilter, PublishReply, SubmitReply, SubmitRequest, SubscriptionList,
+    SubscriptionPatch, SubscriptionView, TransitionView,
 };
 pub use client::{Client, ClientBuilder, DEFAULT_CONNECT_TIMEOUT, DEFAULT_TIMEOUT};
 pub use error::{ApiError, Error};

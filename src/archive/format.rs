@@ -180,6 +180,10 @@ pub struct ArchivedJob {
     /// Whether its unsuccessful end blocked its key's later jobs.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub ordering_blocks: bool,
+    /// The event it delivered, if an event's subscription made it (absent before events
+    /// existed, and for other jobs).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub event: Option<spindle_client::EventLink>,
     /// The whole history, ordered by row id.
     pub transitions: Vec<ArchivedTransition>,
     /// For a [`BatchKind::History`] batch, the JobDB the job now lives in.
@@ -212,6 +216,7 @@ impl ArchivedJob {
             on_complete: job.on_complete.as_deref().map(str::to_owned),
             ordering_key: job.ordering.as_ref().map(|o| o.key.to_string()),
             ordering_blocks: job.ordering.as_ref().is_some_and(|o| o.blocks),
+            event: job.event.as_ref().map(crate::job::EventLink::to_wire),
             transitions: history,
             moved_to,
         }
@@ -266,6 +271,14 @@ impl ArchivedJob {
                     blocks: self.ordering_blocks,
                     position: id.0,
                 }),
+            event: self
+                .event
+                .as_ref()
+                .map(crate::job::EventLink::from_wire)
+                .transpose()
+                .map_err(|(field, message)| {
+                    ArchiveError::Corrupt(format!("job {}: event.{field} {message}", self.id))
+                })?,
         })
     }
 
@@ -458,6 +471,7 @@ mod tests {
             idempotency_key: Some("key-1".into()),
             on_complete: None,
             ordering: None,
+            event: None,
         }
     }
 

@@ -4,6 +4,7 @@
 //! given, parsed by the same CLI), over
 //! - SQLite JobDBs (one file each) under `<data-dir>/jobdbs/`,
 //! - an archive directory with the S3 object layout, `<data-dir>/archive/`,
+//! - the control database (subscriptions) in a SQLite file under `<data-dir>/control/`,
 //! - the router's in-process dedup store,
 //! - and an in-process registry: the Consul-API server of `consul-double`, on loopback, so
 //!   locks, sessions, inventory and catalog go through the very client production uses.
@@ -30,7 +31,7 @@ use crate::registry::inventory::{Inventory, JobDbRecord, JobDbState};
 /// `spindle dev` options.
 #[derive(Clone, Debug, Args)]
 pub struct DevArgs {
-    /// Where everything is kept: `jobdbs/` (SQLite files) and `archive/`.
+    /// Where everything is kept: `jobdbs/` (SQLite files), `archive/` and `control/`.
     #[arg(long, env = "SPINDLE_DATA_DIR", default_value = "spindle-data")]
     pub data_dir: PathBuf,
     /// The producers' API: the router (same `POST /v1/jobs` as a Director, with dedup).
@@ -69,6 +70,10 @@ pub fn commands(args: &DevArgs, data: &Path, registry: &str) -> Vec<Vec<String>>
         .unwrap_or(if args.demo { 30 } else { 1800 })
         .to_string();
     let director = args.director_listen.to_string();
+    let control = format!(
+        "sqlite://{}",
+        data.join("control").join("spindle_control").display()
+    );
     let lines: [&[&str]; 5] = [
         &[
             "manager",
@@ -95,6 +100,8 @@ pub fn commands(args: &DevArgs, data: &Path, registry: &str) -> Vec<Vec<String>>
             &director,
             "--archive-dir",
             &archive,
+            "--control-db",
+            &control,
             // Endpoints on this machine are what a developer tries first.
             "--allow-subnet",
             "127.0.0.0/8",

@@ -9,7 +9,8 @@
 //!   [`PlacementsCommand`]);
 //! - `lifecycle`: `spindle manager` and `spindle drainer` ([`ManagerArgs`], [`DrainerArgs`]);
 //! - `dashboard`: `spindle dashboard` ([`DashboardArgs`], [`DashboardRegistry`]);
-//! - `ops`: operator tooling: `jobs`, `endpoints`, `replay`, `jobdbs`, `tokens`, `sink`.
+//! - `ops`: operator tooling: `jobs`, `endpoints`, `replay`, `jobdbs`, `tokens`, `sink`;
+//! - `subscriptions`: `subscriptions` and `publish` (events).
 //!
 //! The programs that are more than options have modules of their own here: [`dev`] (`spindle
 //! dev`: everything in one process on embedded parts), [`bench`](mod@bench), [`demo`],
@@ -38,6 +39,7 @@ pub mod replay;
 mod router;
 pub mod sink;
 pub mod submit;
+mod subscriptions;
 
 pub use dashboard::{DashboardArgs, DashboardRegistry};
 pub use director::{DirectorArgs, RegistryKind};
@@ -47,6 +49,7 @@ pub use ops::{
     TokensCommand,
 };
 pub use router::{DedupArgs, PlacementsCommand, RouterArgs};
+pub use subscriptions::{AddArgs, ApiArgs, PublishArgs, SubscriptionsCommand};
 
 /// spindle: a database-as-a-queue HTTP delivery engine.
 #[derive(Debug, Parser)]
@@ -116,6 +119,12 @@ pub enum Command {
     /// as new jobs linked to the originals (idempotency key `replay-of:<id>`, header
     /// `spindle-replay-of`), selected by bucket, endpoint and creation time.
     Replay(Box<ReplayArgs>),
+    /// Subscriptions (stored in the control database): who gets which events of a bucket.
+    #[command(subcommand)]
+    Subscriptions(SubscriptionsCommand),
+    /// Publish one event to every matching subscription of its bucket (all of its jobs are
+    /// committed together); prints the event id and each subscription's job.
+    Publish(Box<PublishArgs>),
 }
 
 /// Where the archive is: an S3 bucket, or a local directory (`--archive-dir`). S3 credentials
@@ -267,6 +276,8 @@ pub async fn execute(
         Command::Dev(args) => crate::cli::dev::run(*args, stop).await?,
         Command::Bench(args) => crate::cli::bench::run(args).await?,
         Command::Sink(args) => ops::sink(args).await?,
+        Command::Subscriptions(command) => subscriptions::run(command).await?,
+        Command::Publish(args) => subscriptions::publish(*args).await?,
     }
     Ok(())
 }

@@ -8,7 +8,8 @@
 //! can fail for good) · `/hang` never answers · `/slow/{ms}` answers after a
 //! delay · `/retry-after/{secs}` 429 with `Retry-After` on a job's first attempt, then 200 ·
 //! `/redirect/{code}` that 3xx status pointing at `/ok` · `/capture` 200, keeping the body and
-//! the `webhook-*` headers (for signature checks) · `/down-until/{unix_ms}` 503 until then ·
+//! the `webhook-*` headers (for signature checks) and an event's `spindle-event-*` and
+//! `spindle-subscription-id` headers · `/down-until/{unix_ms}` 503 until then ·
 //! `/outage/{from_ms}/{until_ms}` 500 in that window, 200 outside it.
 //!
 //! Hostile answers, for the tests that a receiver cannot stop a Director:
@@ -399,7 +400,11 @@ async fn big(
 async fn capture(State(s): Shared_, headers: HeaderMap, body: bytes::Bytes) -> StatusCode {
     let kept = headers
         .iter()
-        .filter(|(name, _)| name.as_str().starts_with("webhook-"))
+        .filter(|(name, _)| {
+            name.as_str().starts_with("webhook-")
+                || name.as_str().starts_with("spindle-event-")
+                || name.as_str() == "spindle-subscription-id"
+        })
         .map(|(name, value)| {
             (
                 name.as_str().to_owned(),

@@ -562,6 +562,7 @@ mod tests {
                 blocks: true,
                 position: ulid::Ulid::new(),
             }),
+            event: None,
         };
         let summary = JobSummary {
             job: job.clone(),

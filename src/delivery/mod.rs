@@ -25,6 +25,12 @@ use guard::{AddressPolicy, Blocked, GuardedResolver};
 pub const JOB_ID_HEADER: &str = "spindle-job-id";
 /// Header carrying the 1-based attempt number on every delivery.
 pub const ATTEMPT_HEADER: &str = "spindle-attempt";
+/// Header naming the event an event's job delivers.
+pub const EVENT_ID_HEADER: &str = "spindle-event-id";
+/// Header naming that event's type.
+pub const EVENT_TYPE_HEADER: &str = "spindle-event-type";
+/// Header naming the subscription the job delivers it to.
+pub const SUBSCRIPTION_ID_HEADER: &str = "spindle-subscription-id";
 
 /// Settings of the delivery client.
 #[derive(Clone, Debug)]
@@ -40,6 +46,8 @@ pub struct DeliveryConfig {
     pub allow_subnets: Vec<ipnet::IpNet>,
     /// Which secrets sign which jobs (none by default).
     pub signing: Arc<signing::SigningConfig>,
+    /// Where an event's job finds its subscription's secret (`None`: no control database).
+    pub subscriptions: Option<Arc<dyn signing::SubscriptionSecrets>>,
 }
 
 impl Default for DeliveryConfig {
@@ -50,6 +58,7 @@ impl Default for DeliveryConfig {
             connect_timeout: Duration::from_secs(10),
             allow_subnets: Vec::new(),
             signing: Arc::default(),
+            subscriptions: None,
         }
     }
 }
@@ -135,7 +144,24 @@ impl Deliverer {
             request = request.header(name, value);
         }
         let id = job.id.to_string();
-        let secrets = self.config.signing.secrets_for(job);
+        // An event's job is signed with its subscription's secret, the configured ones
+        // otherwise.
+        let mut own = None;
+        if let Some(e) = &job.event {
+            request = request
+                .header(EVENT_ID_HEADER, e.event_id.to_string())
+                .header(EVENT_TYPE_HEADER, &*e.event_type)
+                .header(SUBSCRIPTION_ID_HEADER, e.subscription.to_string());
+            own = self
+                .config
+                .subscriptions
+                .as_ref()
+                .and_then(|s| s.secret(&e.subscription));
+        }
+        let secrets = match &own {
+            Some(secret) => std::slice::from_ref(secret),
+            None => self.config.signing.secrets_for(job),
+        };
         if !secrets.is_empty() {
             let timestamp = Utc::now().timestamp();
             request = request

@@ -23,6 +23,13 @@ pub const TIMESTAMP_HEADER: &str = "webhook-timestamp";
 /// Header carrying the signatures.
 pub const SIGNATURE_HEADER: &str = "webhook-signature";
 
+/// Where the secret of an event's subscription is found (the subscription cache, which lives
+/// above delivery).
+pub trait SubscriptionSecrets: fmt::Debug + Send + Sync {
+    /// The subscription's signing key, if it is known.
+    fn secret(&self, subscription: &ulid::Ulid) -> Option<SigningSecret>;
+}
+
 /// A signing key, parsed from its `whsec_...` text.
 #[derive(Clone, PartialEq, Eq)]
 pub struct SigningSecret(Vec<u8>);

@@ -1,7 +1,7 @@
 //! Operator intent, watched for the scheduler: commands appended to the JobDB's
 //! `operator_commands` (plain SQL, see docs/operations.md), handed over in order and applied
-//! once each; and the endpoint and bucket controls in the registry, handed over whole on every
-//! change.
+//! once each; the endpoint and bucket controls in the registry, handed over whole on every
+//! change; and the set of disabled subscriptions, likewise.
 
 use std::collections::HashSet;
 use std::time::Duration;
@@ -80,6 +80,31 @@ pub async fn watch_controls(
                 tokio::select! {
                     _ = stop.cancelled() => return,
                     _ = tokio::time::sleep(POLL_EVERY) => {}
+                }
+            }
+        }
+    }
+}
+
+/// Hands the scheduler every new set of disabled subscriptions (the first at once) until
+/// `stop`: their jobs wait until they are enabled again.
+pub async fn watch_disabled(
+    mut disabled: tokio::sync::watch::Receiver<std::sync::Arc<HashSet<ulid::Ulid>>>,
+    scheduler: mpsc::UnboundedSender<Event>,
+    stop: CancellationToken,
+) {
+    loop {
+        let now = disabled.borrow_and_update().clone();
+        if scheduler.send(Event::DisabledSubscriptions(now)).is_err() {
+            return;
+        }
+        tokio::select! {
+            _ = stop.cancelled() => return,
+            changed = disabled.changed() => {
+                if changed.is_err() {
+                    // The cache is gone: nothing will change any more.
+                    stop.cancelled().await;
+                    return;
                 }
             }
         }

@@ -21,6 +21,7 @@ use tokio_util::sync::CancellationToken;
 
 use super::supervise::{Progress, Readiness};
 use super::writer::{Accepted, Ticket, WriteOp, WriteRejected};
+use crate::events::http::SubscriptionApi;
 use crate::job::{JobId, Recovered};
 use crate::jobdb::JobDb;
 use crate::metrics::Metrics;
@@ -60,6 +61,10 @@ pub struct RpcState {
     pub imports: Arc<import::InFlight>,
     /// The scheduler's endpoint health, refreshed once a second.
     pub health: Arc<Mutex<Vec<api::EndpointHealth>>>,
+    /// The subscriptions events are published to; `None`: events and subscriptions are off.
+    pub subscriptions: Option<Arc<crate::events::Subscriptions>>,
+    /// The delivery address guard (a subscription's URL it blocks is refused).
+    pub policy: Arc<crate::delivery::guard::AddressPolicy>,
 }
 
 /// How long a producer's request waits for the writer, and how the handler knows the JobDB
@@ -146,6 +151,42 @@ impl RpcState {
         }
     }
 
+    /// A producer's request begins: its deadline and its caller (refused while stopping).
+    fn intake(&self, headers: &HeaderMap) -> Result<(Instant, Option<auth::Caller>), ApiError> {
+        let deadline = Instant::now() + self.wait.timeout;
+        if self.stopping.is_cancelled() {
+            return Err(ApiError::ShuttingDown);
+        }
+        Ok((deadline, self.caller(headers)?))
+    }
+
+    /// Stores new jobs as one submission (they get their positions first) and waits for the
+    /// commit: its transaction id.
+    async fn store(
+        &self,
+        kind: &'static str,
+        jobs: &mut [Arc<crate::job::Job>],
+        scheduled: &crate::job::Scheduled,
+        deadline: Instant,
+    ) -> Result<ulid::Ulid, ApiError> {
+        self.positions.place(jobs);
+        self.check_writable(kind)?;
+        let (reply, outcome) = oneshot::channel();
+        let ticket = Ticket::new();
+        let op = WriteOp::Submit {
+            jobs: jobs.to_vec(),
+            scheduled: scheduled.clone(),
+            not_after: None,
+            forwarded: false,
+            reply,
+            ticket: ticket.clone(),
+        };
+        Ok(self
+            .write(kind, op, &ticket, outcome, deadline)
+            .await?
+            .transaction)
+    }
+
     /// The caller behind the request's bearer token (`None` when authentication is off).
     fn caller(&self, headers: &HeaderMap) -> Result<Option<auth::Caller>, ApiError> {
         caller_of(self.auth.as_deref(), headers)
@@ -159,8 +200,15 @@ impl RpcState {
 /// The routes of a Director.
 pub fn router(state: RpcState) -> Router {
     let body_limit = state.limits.max_request_bytes;
+    let subscriptions = crate::events::http::routes(SubscriptionApi {
+        subscriptions: state.subscriptions.clone(),
+        auth: state.auth.clone(),
+        limits: state.limits.clone(),
+        policy: state.policy.clone(),
+    });
     Router::new()
         .route("/v1/jobs", post(submit_jobs))
+        .route("/v1/events", post(publish_event))
         .route("/v1/jobs/{id}", get(get_job))
         .route("/v1/endpoints", get(endpoints))
         .route("/v1/import", post(import_jobs))
@@ -170,6 +218,65 @@ pub fn router(state: RpcState) -> Router {
         .route("/openapi.json", get(openapi))
         .layer(DefaultBodyLimit::max(body_limit))
         .with_state(state)
+        .merge(subscriptions)
+}
+
+/// Publish an event: one job per matching subscription, all persisted in one transaction
+/// before the answer (none when the transaction fails).
+async fn publish_event(
+    State(state): State<RpcState>,
+    headers: HeaderMap,
+    body: Result<Bytes, BytesRejection>,
+) -> Result<impl IntoResponse, ApiError> {
+    let (deadline, caller) = state.intake(&headers)?;
+    let subscriptions = state.subscriptions.clone().ok_or_else(|| {
+        ApiError::Unavailable(
+            "no control database is configured (--control-db): events are off".into(),
+        )
+    })?;
+    let body = request_body(body, &state.limits)?;
+    let event: api::NewEvent = rpc::parse_json(&body)?;
+    if let Some(caller) = caller.as_ref().filter(|c| !c.may_use(&event.bucket)) {
+        return Err(ApiError::Forbidden {
+            message: format!(
+                "token {:?} may not publish to bucket {:?}; nothing was stored",
+                caller.name, event.bucket
+            ),
+            field: Some("bucket".to_owned()),
+        });
+    }
+    let event_id = state.next_id().0;
+    let published = crate::events::publish::fan_out(
+        event,
+        &subscriptions.index(),
+        &state.limits,
+        Utc::now(),
+        event_id,
+        || state.next_id(),
+    )?;
+    state.metrics.events_published(published.jobs.len());
+    if published.jobs.is_empty() {
+        return Ok((
+            StatusCode::ACCEPTED,
+            Json(api::PublishReply {
+                event_id: event_id.to_string(),
+                transaction_id: None,
+                deliveries: Vec::new(),
+            }),
+        ));
+    }
+    let mut jobs = published.jobs;
+    let transaction = state
+        .store("publish", &mut jobs, &published.scheduled, deadline)
+        .await?;
+    Ok((
+        StatusCode::ACCEPTED,
+        Json(api::PublishReply {
+            event_id: event_id.to_string(),
+            transaction_id: Some(transaction.to_string()),
+            deliveries: published.deliveries,
+        }),
+    ))
 }
 
 /// Submit jobs. The whole batch is persisted in one transaction before the answer.
@@ -178,31 +285,13 @@ async fn submit_jobs(
     headers: HeaderMap,
     body: Result<Bytes, BytesRejection>,
 ) -> Result<impl IntoResponse, ApiError> {
-    let deadline = Instant::now() + state.wait.timeout;
-    if state.stopping.is_cancelled() {
-        return Err(ApiError::ShuttingDown);
-    }
-    let caller = state.caller(&headers)?;
+    let (deadline, caller) = state.intake(&headers)?;
     let body = request_body(body, &state.limits)?;
     let (mut jobs, scheduled) = check_submission(&body, &state.limits, || state.next_id())?;
     check_buckets(caller.as_ref(), &jobs)?;
-    state.positions.place(&mut jobs);
-    state.check_writable("submit")?;
-
-    let (reply, outcome) = oneshot::channel();
-    let ticket = Ticket::new();
-    let op = WriteOp::Submit {
-        jobs: jobs.clone(),
-        scheduled: scheduled.clone(),
-        not_after: None,
-        forwarded: false,
-        reply,
-        ticket: ticket.clone(),
-    };
     let transaction = state
-        .write("submit", op, &ticket, outcome, deadline)
-        .await?
-        .transaction;
+        .store("submit", &mut jobs, &scheduled, deadline)
+        .await?;
     let response = SubmitReply {
         transaction_id: transaction.to_string(),
         jobs: api::accepted_jobs(&jobs, &scheduled),

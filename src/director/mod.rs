@@ -86,9 +86,19 @@ pub struct DirectorConfig {
     /// least this long before a complete read of the other JobDBs goes without reading them
     /// again (see `director::sequencer`).
     pub max_clock_skew: Duration,
+    /// The subscriptions events are published to (a cache of the control database); `None`:
+    /// `/v1/events` and `/v1/subscriptions` answer 503. Set it with
+    /// [`DirectorConfig::publish_to`], which also signs their jobs with their secrets.
+    pub subscriptions: Option<Arc<crate::events::Subscriptions>>,
 }
 
 impl DirectorConfig {
+    /// Publishes events to `subscriptions` and signs their jobs with their secrets.
+    pub fn publish_to(&mut self, subscriptions: Arc<crate::events::Subscriptions>) {
+        self.delivery.subscriptions = Some(subscriptions.clone());
+        self.subscriptions = Some(subscriptions);
+    }
+
     /// Defaults for a Director on `jobdb`, listening on `listen`.
     pub fn new(listen: SocketAddr, jobdb: JobDbUrl) -> Self {
         DirectorConfig {
@@ -125,6 +135,7 @@ impl DirectorConfig {
             controls: None,
             peers: None,
             max_clock_skew: sequencer::DEFAULT_CLOCK_SKEW,
+            subscriptions: None,
         }
     }
 }
@@ -430,6 +441,20 @@ async fn serve(
             commands::watch_controls(consul, commands_tx.clone(), scheduler_stop.clone()),
         );
     }
+    if let Some(subscriptions) = config.subscriptions.clone() {
+        supervisor.spawn(
+            "subscriptions",
+            subscriptions.clone().run(scheduler_stop.clone()),
+        );
+        supervisor.spawn(
+            "disabled subscriptions watcher",
+            commands::watch_disabled(
+                subscriptions.disabled(),
+                commands_tx.clone(),
+                scheduler_stop.clone(),
+            ),
+        );
+    }
     supervisor.spawn(
         "commands watcher",
         commands::watch(db.clone(), commands_tx, scheduler_stop.clone()),
@@ -470,6 +495,10 @@ async fn serve(
         auth: config.auth.clone(),
         imports: Arc::default(),
         health,
+        subscriptions: config.subscriptions.clone(),
+        policy: Arc::new(crate::delivery::guard::AddressPolicy::new(
+            config.delivery.allow_subnets.clone(),
+        )),
     };
     if config.auth.is_none() {
         tracing::warn!("no --tokens file: the rpc api accepts every caller");

@@ -120,7 +120,8 @@ pub(crate) const MAX_IDS_PER_SELECT: usize = 1000;
 pub(crate) const SELECT_JOBS: &str =
     "SELECT id, bucket, endpoint, method, headers, payload, execution_timeout_ms, \
      backoff_min_delay_ms, backoff_coefficient, created_at, expire_at, idempotency_key, \
-     on_complete, ordering_key, ordering_blocks, ordering_position FROM jobs WHERE id IN (";
+     on_complete, ordering_key, ordering_blocks, ordering_position, event_id, event_type, \
+     subscription_id FROM jobs WHERE id IN (";
 
 /// Errors of the JobDB store.
 #[derive(Debug, thiserror::Error)]

@@ -197,5 +197,6 @@ pub fn notice_job(
         idempotency_key: Some(format!("notice:{job_id}")),
         on_complete: None,
         ordering: None,
+        event: None,
     }
 }

@@ -37,7 +37,16 @@ pub(crate) const INSERT_JOBS: &str =
     "INSERT INTO jobs (id, bucket, endpoint, method, headers, payload, \
                  execution_timeout_ms, backoff_min_delay_ms, backoff_coefficient, created_at, \
                  expire_at, idempotency_key, on_complete, ordering_key, ordering_blocks, \
-                 ordering_position) ";
+                 ordering_position, event_id, event_type, subscription_id) ";
+
+/// The first job of each event among `jobs` (an event's row is written with its jobs).
+pub(crate) fn events_of(jobs: &[Arc<Job>]) -> Vec<&Job> {
+    let mut seen = std::collections::HashSet::new();
+    jobs.iter()
+        .filter(|job| job.event.as_ref().is_some_and(|e| seen.insert(e.event_id)))
+        .map(|job| &**job)
+        .collect()
+}
 
 /// One multi-row INSERT of transitions: the caller adds the rows.
 pub(crate) const INSERT_TRANSITIONS: &str =
@@ -73,7 +82,7 @@ pub(crate) const UPDATE_CHECKPOINT: &str = "UPDATE jobdb_checkpoint SET open_fro
 /// The write path of one engine: INSERT builders for each row type, `write_rows` (every row
 /// a batch adds, and its `open_jobs` changes), the fenced commit, and which errors refuse the
 /// data. It binds and runs the statements above. `$db` is the engine's sqlx database type;
-/// the engine module provides `INSERT_ORIGINS`, `UPSERT_OPEN_JOBS`, `FENCE_CHECK`,
+/// the engine module provides `INSERT_ORIGINS`, `INSERT_EVENTS`, `UPSERT_OPEN_JOBS`, `FENCE_CHECK`,
 /// `refused_code`, (from `engine::backlog_sql!`) `LANE_OPEN`, `LANE_CLOSE`, `LANE_OF_JOB`,
 /// (from `engine::engine_common!`) `ids_query`, (from `ordering::ordering_sql!`)
 /// `left_sequences`, `release_heads`, `release_jobs` and `head_jobs`, and (from
@@ -104,6 +113,13 @@ macro_rules! write_path {
                         job.ordering
                             .as_ref()
                             .map(|o| o.position.to_bytes().to_vec()),
+                    )
+                    .push_bind(job.event.as_ref().map(|e| e.event_id.to_bytes().to_vec()))
+                    .push_bind(job.event.as_ref().map(|e| &*e.event_type))
+                    .push_bind(
+                        job.event
+                            .as_ref()
+                            .map(|e| e.subscription.to_bytes().to_vec()),
                     );
             });
             qb
@@ -141,6 +157,19 @@ macro_rules! write_path {
                 row.push_bind(o.job_id.to_bytes().to_vec())
                     .push_bind(o.from_jobdb.as_str())
                     .push_bind(o.imported_at.naive_utc());
+            });
+            qb
+        }
+
+        /// One multi-row INSERT of events (a repeat, such as a moved job's, is ignored).
+        fn insert_events<'a>(events: &'a [&'a $crate::job::Job]) -> sqlx::QueryBuilder<'a, $db> {
+            let mut qb = sqlx::QueryBuilder::<$db>::new(INSERT_EVENTS);
+            qb.push_values(events, |mut row, job| {
+                let event = job.event.as_ref();
+                row.push_bind(event.map(|e| e.event_id.to_bytes().to_vec()))
+                    .push_bind(&*job.bucket)
+                    .push_bind(event.map(|e| &*e.event_type))
+                    .push_bind(job.created_at.naive_utc());
             });
             qb
         }
@@ -208,6 +237,10 @@ macro_rules! write_path {
             }
             for chunk in append.origins.chunks(MAX_ROWS_PER_INSERT) {
                 insert_origins(chunk).build().execute(&mut **tx).await?;
+            }
+            let events = $crate::jobdb::write::events_of(append.jobs);
+            for chunk in events.chunks(MAX_ROWS_PER_INSERT) {
+                insert_events(chunk).build().execute(&mut **tx).await?;
             }
             owe_notices(tx, append).await?;
             let notices = write_notices(tx, append, limit).await?;
@@ -730,6 +763,7 @@ pub fn job_row_bytes(job: &Job) -> usize {
         + job.payload.len()
         + job.idempotency_key.as_ref().map_or(0, String::len)
         + job.on_complete.as_ref().map_or(0, |url| url.len())
+        + job.event.as_ref().map_or(0, |e| 32 + e.event_type.len())
         + 64
 }
 

@@ -7,9 +7,10 @@
 //! naming the exact field, and [`super::views`] builds the answers that show stored jobs.
 
 pub use spindle_client::api::{
-    AcceptedJob, EndpointHealth, EndpointsView, ErrorBody, ErrorDetail, JobDescription, JobStatus,
-    JobView, NewJob, OrderingFailure, SubmitReply, SubmitRequest, TransitionView,
-    MAX_JOBS_PER_REQUEST,
+    AcceptedJob, EndpointHealth, EndpointsView, ErrorBody, ErrorDetail, EventDelivery, EventLink,
+    JobDescription, JobStatus, JobView, NewEvent, NewJob, NewSubscription, OrderingFailure,
+    PayloadFilter, PublishReply, SubmitReply, SubmitRequest, SubscriptionList, SubscriptionPatch,
+    SubscriptionView, TransitionView, MAX_JOBS_PER_REQUEST,
 };
 
 pub use super::validate::{

@@ -91,6 +91,15 @@ pub fn job_of(spec: &ImportJob, i: usize, limits: &IntakeLimits) -> Result<Job, 
     if spec.expire_at < spec.created_at {
         return Err(FieldError::new(field("expire_at"), "is before created_at"));
     }
+    let event = spec
+        .event
+        .as_ref()
+        .map(|link| {
+            crate::job::EventLink::from_wire(link).map_err(|(name, message)| {
+                FieldError::new(format!("{}.{name}", field("event")), message)
+            })
+        })
+        .transpose()?;
     Ok(Job {
         id,
         bucket: spec.bucket.as_str().into(),
@@ -108,6 +117,7 @@ pub fn job_of(spec: &ImportJob, i: usize, limits: &IntakeLimits) -> Result<Job, 
         idempotency_key: spec.idempotency_key.clone(),
         on_complete: spec.on_complete.as_deref().map(Into::into),
         ordering,
+        event,
     })
 }
 
@@ -259,6 +269,7 @@ mod tests {
             ordering_key: Some("k".into()),
             ordering_failure: None,
             ordering_position: None,
+            event: None,
             attempts: 3,
             retry_at: now,
         }

@@ -188,7 +188,7 @@ pub fn check_forward(
 }
 
 /// Parses a JSON body, naming the path of the first error (`jobs[2].bucket`).
-fn parse_json<T: serde::de::DeserializeOwned>(body: &[u8]) -> Result<T, ApiError> {
+pub(crate) fn parse_json<T: serde::de::DeserializeOwned>(body: &[u8]) -> Result<T, ApiError> {
     let mut de = serde_json::Deserializer::from_slice(body);
     let value = serde_path_to_error::deserialize(&mut de).map_err(|e| {
         let path = e.path().to_string();

@@ -22,7 +22,21 @@ use super::import::{self, ImportRequest, ImportResponse};
         title = "spindle",
         description = "Database-as-a-queue HTTP delivery engine: Director RPC API"
     ),
-    paths(submit_jobs, get_job, endpoints, import_jobs, healthz, readyz, metrics),
+    paths(
+        submit_jobs,
+        get_job,
+        endpoints,
+        import_jobs,
+        publish_event,
+        list_subscriptions,
+        add_subscription,
+        show_subscription,
+        update_subscription,
+        remove_subscription,
+        healthz,
+        readyz,
+        metrics
+    ),
     components(schemas(
         api::SubmitRequest,
         api::NewJob,
@@ -38,7 +52,16 @@ use super::import::{self, ImportRequest, ImportResponse};
         api::ErrorDetail,
         import::ImportRequest,
         import::ImportJob,
-        import::ImportResponse
+        import::ImportResponse,
+        api::EventLink,
+        api::NewEvent,
+        api::PublishReply,
+        api::EventDelivery,
+        api::NewSubscription,
+        api::PayloadFilter,
+        api::SubscriptionPatch,
+        api::SubscriptionView,
+        api::SubscriptionList
     ))
 )]
 pub struct ApiDoc;
@@ -51,6 +74,15 @@ pub fn director_document() -> Result<String, serde_json::Error> {
         let description = payload.get("description").cloned().unwrap_or_default();
         *payload = serde_json::json!({ "description": description });
     }
+    for any in [
+        "/components/schemas/NewEvent/properties/payload",
+        "/components/schemas/PayloadFilter/properties/equals",
+    ] {
+        if let Some(value) = doc.pointer_mut(any) {
+            let description = value.get("description").cloned().unwrap_or_default();
+            *value = serde_json::json!({ "description": description });
+        }
+    }
     if let Some(headers) = doc.pointer_mut("/components/schemas/JobSpec/properties/headers") {
         headers["maxProperties"] = serde_json::json!(api::MAX_HEADERS);
         headers["propertyNames"] =
@@ -60,13 +92,17 @@ pub fn director_document() -> Result<String, serde_json::Error> {
     serde_json::to_string_pretty(&doc)
 }
 
-/// The router's document: the Director's without what only Directors serve (`/v1/import`, and
-/// `/v1/endpoints`: each Director's own view of its endpoints).
+/// The router's document: the Director's without what only Directors serve (`/v1/import`,
+/// `/v1/endpoints`: each Director's own view of its endpoints, and for now events and
+/// subscriptions).
 pub fn router_document() -> Result<String, serde_json::Error> {
     let mut doc: serde_json::Value = serde_json::from_str(&director_document()?)?;
     if let Some(paths) = doc.get_mut("paths").and_then(|p| p.as_object_mut()) {
         paths.remove("/v1/import");
         paths.remove("/v1/endpoints");
+        paths.remove("/v1/events");
+        paths.remove("/v1/subscriptions");
+        paths.remove("/v1/subscriptions/{id}");
     }
     doc["info"]["description"] = serde_json::Value::String(
         "Database-as-a-queue HTTP delivery engine: router RPC API (dedup by idempotency key, \
@@ -142,6 +178,106 @@ fn endpoints() {}
     )
 )]
 fn import_jobs() {}
+
+/// Publish an event: one job per matching subscription of its bucket (exact type, prefix
+/// wildcard, payload filter), all persisted in one transaction before the answer.
+#[utoipa::path(
+    post,
+    path = "/v1/events",
+    request_body = api::NewEvent,
+    responses(
+        (status = 202, description = "The event's jobs are persisted (none when no subscription matched)", body = api::PublishReply),
+        (status = 400, description = "Malformed JSON, or unknown or missing field", body = api::ErrorBody),
+        (status = 401, description = "Missing or invalid bearer token", body = api::ErrorBody),
+        (status = 403, description = "The token may not publish to the bucket; nothing stored", body = api::ErrorBody),
+        (status = 413, description = "Body or payload too large", body = api::ErrorBody),
+        (status = 422, description = "A field has an invalid value", body = api::ErrorBody),
+        (status = 429, description = "The token is over its request rate; nothing stored", body = api::ErrorBody),
+        (status = 503, description = "No control database, JobDB unavailable, or Director stopping; nothing stored", body = api::ErrorBody),
+        (status = 504, description = "The jobs were being written when the write timeout ran out: they may or may not be stored", body = api::ErrorBody)
+    )
+)]
+fn publish_event() {}
+
+/// The subscriptions the token may see (of one bucket with `?bucket=`).
+#[utoipa::path(
+    get,
+    path = "/v1/subscriptions",
+    params(("bucket" = Option<String>, Query, description = "Only this bucket's")),
+    responses(
+        (status = 200, description = "The subscriptions, by id", body = api::SubscriptionList),
+        (status = 401, description = "Missing or invalid bearer token", body = api::ErrorBody),
+        (status = 503, description = "No control database is configured", body = api::ErrorBody)
+    )
+)]
+fn list_subscriptions() {}
+
+/// Add a subscription; the answer shows its signing secret, once.
+#[utoipa::path(
+    post,
+    path = "/v1/subscriptions",
+    request_body = api::NewSubscription,
+    responses(
+        (status = 201, description = "Stored", body = api::SubscriptionView),
+        (status = 400, description = "Malformed JSON, or unknown or missing field", body = api::ErrorBody),
+        (status = 401, description = "Missing or invalid bearer token", body = api::ErrorBody),
+        (status = 403, description = "The token may not use the bucket; nothing stored", body = api::ErrorBody),
+        (status = 413, description = "Body too large", body = api::ErrorBody),
+        (status = 422, description = "A field has an invalid value (a URL in a blocked range, an event type, a filter that is not a JSON pointer); nothing stored", body = api::ErrorBody),
+        (status = 429, description = "The token is over its request rate; nothing stored", body = api::ErrorBody),
+        (status = 503, description = "No control database, or it is unavailable; nothing stored", body = api::ErrorBody)
+    )
+)]
+fn add_subscription() {}
+
+/// One subscription (without its secret).
+#[utoipa::path(
+    get,
+    path = "/v1/subscriptions/{id}",
+    params(("id" = String, Path, description = "Subscription id (a ULID)")),
+    responses(
+        (status = 200, description = "The subscription", body = api::SubscriptionView),
+        (status = 401, description = "Missing or invalid bearer token", body = api::ErrorBody),
+        (status = 404, description = "No such subscription the token may see", body = api::ErrorBody),
+        (status = 422, description = "Not a subscription id", body = api::ErrorBody),
+        (status = 503, description = "No control database is configured", body = api::ErrorBody)
+    )
+)]
+fn show_subscription() {}
+
+/// Change a subscription: enable or disable it (a disabled one's jobs wait), its URL, its
+/// event types.
+#[utoipa::path(
+    patch,
+    path = "/v1/subscriptions/{id}",
+    params(("id" = String, Path, description = "Subscription id (a ULID)")),
+    request_body = api::SubscriptionPatch,
+    responses(
+        (status = 200, description = "Changed", body = api::SubscriptionView),
+        (status = 400, description = "Malformed JSON, or unknown field", body = api::ErrorBody),
+        (status = 401, description = "Missing or invalid bearer token", body = api::ErrorBody),
+        (status = 404, description = "No such subscription the token may see", body = api::ErrorBody),
+        (status = 413, description = "Body too large", body = api::ErrorBody),
+        (status = 422, description = "A field has an invalid value; nothing changed", body = api::ErrorBody),
+        (status = 503, description = "No control database, or it is unavailable; nothing changed", body = api::ErrorBody)
+    )
+)]
+fn update_subscription() {}
+
+/// Remove a subscription: no new event reaches it; its jobs already made go on.
+#[utoipa::path(
+    delete,
+    path = "/v1/subscriptions/{id}",
+    params(("id" = String, Path, description = "Subscription id (a ULID)")),
+    responses(
+        (status = 200, description = "Removed", body = api::SubscriptionView),
+        (status = 401, description = "Missing or invalid bearer token", body = api::ErrorBody),
+        (status = 404, description = "No such subscription the token may see", body = api::ErrorBody),
+        (status = 422, description = "Not a subscription id", body = api::ErrorBody),
+        (status = 503, description = "No control database, or it is unavailable; nothing changed", body = api::ErrorBody)
+    )
+)]
+fn remove_subscription() {}
 
 /// Liveness: the process answers.
 #[utoipa::path(get, path = "/healthz", responses((status = 200, description = "Alive")))]

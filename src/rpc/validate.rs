@@ -73,7 +73,7 @@ pub const MAX_HEADER_BYTES: usize = 8 * 1024;
 pub const METHODS: [&str; 5] = ["POST", "PUT", "PATCH", "DELETE", "GET"];
 /// Headers a job may not set: they describe the connection or the framing, which the client
 /// owns, or they are spindle's own.
-const RESERVED_HEADERS: [&str; 12] = [
+const RESERVED_HEADERS: [&str; 15] = [
     "host",
     "content-length",
     "transfer-encoding",
@@ -83,6 +83,9 @@ const RESERVED_HEADERS: [&str; 12] = [
     "te",
     "spindle-job-id",
     "spindle-attempt",
+    "spindle-event-id",
+    "spindle-event-type",
+    "spindle-subscription-id",
     "webhook-id",
     "webhook-timestamp",
     "webhook-signature",
@@ -384,6 +387,7 @@ fn validate_job(
         idempotency_key: spec.idempotency_key,
         on_complete: spec.on_complete.map(Into::into),
         ordering,
+        event: None,
     };
     Ok((job, deliver_at))
 }

@@ -59,6 +59,7 @@ pub fn describe(job: &Job, trace: &[(u64, Transition)]) -> JobDescription {
         ordering_key: job.ordering.as_ref().map(|o| o.key.to_string()),
         ordering_failure: job.ordering.as_ref().map(|o| o.failure()),
         on_complete: job.on_complete.as_deref().map(str::to_owned),
+        event: job.event.as_ref().map(crate::job::EventLink::to_wire),
         transitions: trace
             .iter()
             .map(|(id, t)| transition_view(*id, t))
@@ -120,6 +121,7 @@ pub fn import_job(job: &Job, attempts: u16, retry_at: DateTime<Utc>) -> ImportJo
         ordering_key: job.ordering.as_ref().map(|o| o.key.to_string()),
         ordering_failure: job.ordering.as_ref().map(crate::job::OrderedKey::failure),
         ordering_position: job.ordering.as_ref().map(|o| o.position.to_string()),
+        event: job.event.as_ref().map(crate::job::EventLink::to_wire),
         attempts,
         retry_at,
     }

@@ -661,6 +661,7 @@ pub fn import_form(
         ordering_key: None,
         ordering_failure: None,
         ordering_position: None,
+        event: None,
         attempts,
         retry_at: now,
     }
@@ -716,4 +717,36 @@ pub fn assert_one_at_a_time(key: &str, seen: &[(usize, u16)], expected: usize) {
         (Some(expected - 1), expected - 1),
         "key {key}: every job delivered"
     );
+}
+
+/// A control database of this test alone (dropped with the value) and its subscription cache.
+pub struct Control {
+    _db: TestDb,
+    pub subscriptions: std::sync::Arc<spindle::events::Subscriptions>,
+}
+
+impl Control {
+    pub async fn start(engine: Engine) -> Control {
+        let db = TestDb::on(engine, "ctl");
+        let store = spindle::events::ControlDb::open(&db.url)
+            .await
+            .expect("control db");
+        let subscriptions = spindle::events::Subscriptions::load(store, Default::default())
+            .await
+            .expect("subscriptions");
+        Control {
+            _db: db,
+            subscriptions,
+        }
+    }
+
+    /// Director settings that publish to these subscriptions.
+    pub fn tweak(&self) -> impl FnOnce(&mut DirectorConfig) + use<> {
+        let subscriptions = self.subscriptions.clone();
+        move |c: &mut DirectorConfig| c.publish_to(subscriptions)
+    }
+
+    pub async fn stop(self) {
+        self.subscriptions.db().close().await;
+    }
 }

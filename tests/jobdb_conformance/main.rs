@@ -46,6 +46,7 @@ fn job(n: u8, bucket: &str, endpoint: &str, at: DateTime<Utc>) -> Arc<Job> {
         idempotency_key: n.is_multiple_of(2).then(|| format!("key-{n}")),
         on_complete: None,
         ordering: None,
+        event: None,
     })
 }
 

@@ -325,7 +325,7 @@ impl Scheduler {
         let Some(entry) = self.cache.get(&id) else {
             return;
         };
-        let ordered = entry.job.seq().map(|seq| (seq, entry.job.bucket.clone()));
+        let ordered = entry.job.seq().map(|seq| (seq, entry.job.clone()));
         let row = match result.verdict {
             Verdict::Succeeded => {
                 self.forget(id);
@@ -361,8 +361,8 @@ impl Scheduler {
         self.cache.gauge();
         let ended = matches!(row.state, State::Succeeded | State::Discarded);
         self.outbox.push(row);
-        if let (true, Some((seq, bucket))) = (ended, ordered) {
-            self.offer_begin(seq, &key, &bucket);
+        if let (true, Some((seq, job))) = (ended, ordered) {
+            self.offer_begin(seq, &key, &job);
         }
         if self.cache.get(&id).is_some_and(|e| e.doomed.is_some()) {
             self.end_doomed(id);
@@ -375,10 +375,12 @@ impl Scheduler {
     /// Nothing is held for it (most keys have no next job waiting): the job begun is checked
     /// against the limits when it arrives. Not for a rate-limited lane, whose token would be
     /// taken after the attempt began.
-    fn offer_begin(&mut self, seq: crate::job::Seq, key: &Arc<str>, bucket: &str) {
+    /// A key's jobs share their bucket and, for an event's jobs, their subscription (its id
+    /// is part of the key): what holds `job` back holds its successor.
+    fn offer_begin(&mut self, seq: crate::job::Seq, key: &Arc<str>, job: &Job) {
         if self.begin_on_release
             && !self.stopping
-            && !self.gates.bucket_paused(bucket)
+            && self.gates.park_key(job).is_none()
             && !self.gates.is_rate_limited(key)
             && matches!(self.gates.limit(key, Instant::now()), Limit::Open(_))
         {

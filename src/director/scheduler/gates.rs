@@ -53,6 +53,15 @@ struct Rate {
     until: Option<Instant>,
 }
 
+/// How a park key names a subscription: a bucket has no control characters, so no bucket
+/// starts with it.
+const SUBSCRIPTION_KEY: &str = "\u{1}subscription:";
+
+/// The park key of a disabled subscription's jobs.
+fn subscription_key(id: &ulid::Ulid) -> Arc<str> {
+    format!("{SUBSCRIPTION_KEY}{id}").into()
+}
+
 /// Former places a paused bucket's list may hold beyond its parked jobs before it is pruned.
 pub(super) const PRUNE_AFTER: usize = 64;
 
@@ -73,11 +82,14 @@ pub(super) struct Gates {
     rates: HashMap<Arc<str>, Rate>,
     /// Endpoint and bucket controls in force.
     controls: Arc<Controls>,
+    /// Disabled subscriptions: their jobs are parked as a paused bucket's are.
+    disabled: Arc<HashSet<ulid::Ulid>>,
     /// Lanes to look at again at an instant (a breaker's next probe, a rate limit's token).
     timers: BinaryHeap<Reverse<(Instant, Arc<str>)>>,
     /// The instant each lane's timer is set for (one timer per lane and instant).
     wakes: HashMap<Arc<str>, Instant>,
-    /// Due jobs of paused buckets, by bucket (ids of jobs that left since are skipped).
+    /// Due jobs of paused buckets and of disabled subscriptions, by bucket or by
+    /// [`subscription_key`] (ids of jobs that left since are skipped).
     parked: HashMap<Arc<str>, Vec<JobId>>,
     /// Jobs parked.
     parked_count: usize,
@@ -96,6 +108,7 @@ impl Gates {
             pruned: Instant::now(),
             rates: HashMap::new(),
             controls: Arc::default(),
+            disabled: Arc::default(),
             timers: BinaryHeap::new(),
             wakes: HashMap::new(),
             parked: HashMap::new(),
@@ -263,6 +276,38 @@ impl Gates {
         self.controls.bucket_paused(bucket)
     }
 
+    /// Whether the subscription is disabled.
+    pub(super) fn subscription_disabled(&self, subscription: &ulid::Ulid) -> bool {
+        self.disabled.contains(subscription)
+    }
+
+    /// Where a due job waits instead of its queue, if it must: under its bucket while the
+    /// bucket is paused, else under its subscription while that is disabled.
+    pub(super) fn park_key(&self, job: &crate::job::Job) -> Option<Arc<str>> {
+        if self.bucket_paused(&job.bucket) {
+            return Some(job.bucket.clone());
+        }
+        job.event
+            .as_ref()
+            .filter(|e| self.subscription_disabled(&e.subscription))
+            .map(|e| subscription_key(&e.subscription))
+    }
+
+    /// Whether what a park key names still holds its jobs.
+    fn holds(&self, key: &str) -> bool {
+        match key.strip_prefix(SUBSCRIPTION_KEY) {
+            Some(id) => id
+                .parse::<ulid::Ulid>()
+                .is_ok_and(|id| self.subscription_disabled(&id)),
+            None => self.controls.bucket_paused(key),
+        }
+    }
+
+    /// Replaces the set of disabled subscriptions.
+    pub(super) fn set_disabled(&mut self, disabled: Arc<HashSet<ulid::Ulid>>) {
+        self.disabled = disabled;
+    }
+
     /// Replaces the controls in force. Rate limits whose rate changed start afresh.
     pub(super) fn set_controls(&mut self, controls: Arc<Controls>) {
         self.controls = controls;
@@ -307,11 +352,10 @@ impl Gates {
 
     /// Ids parked under buckets no longer paused (check each is still parked), forgotten here.
     pub(super) fn take_resumed(&mut self) -> Vec<JobId> {
-        let controls = &self.controls;
         let resumed: Vec<Arc<str>> = self
             .parked
             .keys()
-            .filter(|b| !controls.bucket_paused(b))
+            .filter(|key| !self.holds(key))
             .cloned()
             .collect();
         let ids: Vec<JobId> = resumed

@@ -102,6 +102,8 @@ pub enum Event {
     Command(Box<Command>),
     /// The endpoint and bucket controls in force now (from the registry).
     Controls(Arc<Controls>),
+    /// The subscriptions disabled now (from the control database): their jobs wait.
+    DisabledSubscriptions(Arc<HashSet<ulid::Ulid>>),
     /// The jobs in the JobDB a command names (`None` if the read failed).
     CommandTargets {
         /// The command.
@@ -489,6 +491,7 @@ impl Scheduler {
             Event::ReadBacklog => self.backlog.due_now(),
             Event::Command(command) => self.commands.push_back(*command),
             Event::Controls(controls) => self.set_controls(controls),
+            Event::DisabledSubscriptions(disabled) => self.set_disabled(disabled),
             Event::CommandTargets { command, targets } => self.apply_command(*command, targets),
         }
     }
@@ -558,9 +561,9 @@ impl Scheduler {
         };
         self.queued_by_deadline.insert((entry.deadline, id));
         let bucket = entry.job.bucket.clone();
-        if self.gates.bucket_paused(&bucket) {
+        if let Some(key) = self.gates.park_key(&entry.job) {
             entry.phase = Phase::Parked;
-            self.gates.park(bucket, id);
+            self.gates.park(key, id);
             return;
         }
         entry.phase = Phase::Ready;
@@ -790,13 +793,48 @@ impl Scheduler {
         self.gates.set_controls(controls);
         if !newly_paused.is_empty() {
             // Rare (an operator's pause), so a walk over the paused buckets' queues is fine.
-            for id in self.queues.queued_in(&newly_paused) {
-                if self.cache.get(&id).is_some_and(|e| e.phase == Phase::Ready) {
-                    // Queued again under the paused bucket: parked.
-                    self.enqueue(id);
-                }
+            let queued = self.queues.queued_in(&newly_paused);
+            self.park_queued(queued);
+        }
+        self.gates_changed();
+    }
+
+    /// Applies a new set of disabled subscriptions: parks their queued jobs, queues those of
+    /// subscriptions enabled again.
+    fn set_disabled(&mut self, disabled: Arc<HashSet<ulid::Ulid>>) {
+        tracing::info!(disabled = disabled.len(), "disabled subscriptions changed");
+        self.gates.set_disabled(disabled);
+        // Rare (an operator's change), so a walk over every queue is fine.
+        let all: HashSet<Arc<str>> = self.queues.buckets().cloned().collect();
+        let queued: Vec<JobId> = self
+            .queues
+            .queued_in(&all)
+            .into_iter()
+            .filter(|id| {
+                self.cache.get(id).is_some_and(|e| {
+                    e.job
+                        .event
+                        .as_ref()
+                        .is_some_and(|ev| self.gates.subscription_disabled(&ev.subscription))
+                })
+            })
+            .collect();
+        self.park_queued(queued);
+        self.gates_changed();
+    }
+
+    /// Queues these jobs again where they are still queued: a job a gate now holds is parked.
+    fn park_queued(&mut self, ids: Vec<JobId>) {
+        for id in ids {
+            if self.cache.get(&id).is_some_and(|e| e.phase == Phase::Ready) {
+                self.enqueue(id);
             }
         }
+    }
+
+    /// After a pause or a disable was lifted or set: queues the jobs no gate holds any more,
+    /// and looks at every lane again.
+    fn gates_changed(&mut self) {
         for id in self.gates.take_resumed() {
             if self
                 .cache

@@ -238,6 +238,20 @@ macro_rules! engine_common {
                     }),
                     None => None,
                 },
+                // An operator's SQL may have set one of the three without the others: the job
+                // then delivers no event (it is sent as it is).
+                event: match (
+                    row.try_get::<Option<Vec<u8>>, _>("event_id")?,
+                    text_opt(row, "event_type")?,
+                    row.try_get::<Option<Vec<u8>>, _>("subscription_id")?,
+                ) {
+                    (Some(_), Some(event_type), Some(_)) => Some($crate::job::EventLink {
+                        event_id: ulid_of(row, "event_id")?,
+                        event_type: event_type.into(),
+                        subscription: ulid_of(row, "subscription_id")?,
+                    }),
+                    _ => None,
+                },
             })
         }
 
@@ -538,6 +552,9 @@ macro_rules! spelled_sql {
         /// Origins of imported jobs; a repeat is ignored.
         pub const INSERT_ORIGINS: &str =
             concat!($ignore, " INTO job_origins (job_id, from_jobdb, imported_at) ");
+        /// Events of the jobs written; a repeat is ignored.
+        pub const INSERT_EVENTS: &str =
+            concat!($ignore, " INTO events (id, bucket, event_type, created_at) ");
         /// A confirmed archive batch; a repeat is ignored.
         pub const INSERT_CONFIRMATION: &str = concat!(
             $ignore,
@@ -555,7 +572,7 @@ macro_rules! spelled_sql {
             $empty_blob,
             " AS payload, execution_timeout_ms, backoff_min_delay_ms, backoff_coefficient, \
              created_at, expire_at, idempotency_key, on_complete, ordering_key, ordering_blocks, \
-             ordering_position FROM jobs WHERE id IN ("
+             ordering_position, event_id, event_type, subscription_id FROM jobs WHERE id IN ("
         );
         /// Job summaries (no payload, its size).
         pub const SELECT_JOB_SUMMARIES: &str = concat!(
@@ -563,7 +580,7 @@ macro_rules! spelled_sql {
             $empty_blob,
             " AS payload, execution_timeout_ms, backoff_min_delay_ms, backoff_coefficient, \
              created_at, expire_at, idempotency_key, on_complete, ordering_key, ordering_blocks, \
-             ordering_position, CAST(LENGTH(payload) AS ",
+             ordering_position, event_id, event_type, subscription_id, CAST(LENGTH(payload) AS ",
             $int,
             ") AS payload_bytes FROM jobs WHERE id IN ("
         );
@@ -590,7 +607,8 @@ macro_rules! spelled_sql {
             "SELECT j.id, j.bucket, j.endpoint, j.method, j.headers, j.payload, \
              j.execution_timeout_ms, j.backoff_min_delay_ms, j.backoff_coefficient, \
              j.created_at, j.expire_at, j.idempotency_key, j.on_complete, j.ordering_key, \
-             j.ordering_blocks, j.ordering_position, t.state \
+             j.ordering_blocks, j.ordering_position, j.event_id, j.event_type, j.subscription_id, \
+             t.state \
              FROM jobs j JOIN job_state_transitions t ON t.job_id = j.id \
              WHERE j.id > ? \
                AND t.id = (SELECT MAX(l.id) FROM job_state_transitions l WHERE l.job_id = j.id) \

@@ -1,0 +1,250 @@
+//! `spindle subscriptions add|list|show|disable|enable|rm` and `spindle publish`: events and
+//! subscriptions over the RPC API of a Director or a router, through the `spindle-client`
+//! crate.
+
+use anyhow::Context;
+use clap::{Args, Subcommand};
+use spindle_client::{
+    Client, NewEvent, NewSubscription, OrderingFailure, PayloadFilter, SubscriptionPatch,
+    SubscriptionView,
+};
+
+use crate::secret::Secret;
+
+/// Where the API is, and the token to use.
+#[derive(Debug, Clone, Args)]
+pub struct ApiArgs {
+    /// The RPC API of a Director or a router.
+    #[arg(
+        long,
+        env = "SPINDLE_API",
+        hide_env_values = true,
+        default_value = "http://127.0.0.1:8080"
+    )]
+    pub api: String,
+    /// An API token (of the subscription's bucket, or admin).
+    #[arg(long, env = "SPINDLE_TOKEN", hide_env_values = true)]
+    pub token: Option<Secret>,
+}
+
+impl ApiArgs {
+    fn client(&self) -> anyhow::Result<Client> {
+        Client::new(
+            &self.api,
+            self.token.as_ref().map(|t| t.expose().to_owned()),
+        )
+        .with_context(|| format!("--api {}", self.api))
+    }
+}
+
+/// `spindle subscriptions` subcommands.
+#[derive(Debug, Subcommand)]
+pub enum SubscriptionsCommand {
+    /// Subscribe a URL to event types of a bucket; prints the subscription and its signing
+    /// secret (shown this once).
+    Add(Box<AddArgs>),
+    /// List subscriptions (of one bucket with --bucket).
+    List {
+        /// Only this bucket's.
+        #[arg(long)]
+        bucket: Option<String>,
+        /// The API.
+        #[command(flatten)]
+        api: ApiArgs,
+    },
+    /// Show one subscription as JSON.
+    Show {
+        /// Its id.
+        id: String,
+        /// The API.
+        #[command(flatten)]
+        api: ApiArgs,
+    },
+    /// Disable a subscription: its events' jobs wait (until enabled again, or expiry).
+    Disable {
+        /// Its id.
+        id: String,
+        /// The API.
+        #[command(flatten)]
+        api: ApiArgs,
+    },
+    /// Enable a subscription again: what waited is delivered.
+    Enable {
+        /// Its id.
+        id: String,
+        /// The API.
+        #[command(flatten)]
+        api: ApiArgs,
+    },
+    /// Remove a subscription: no new event reaches it (jobs already made go on).
+    Rm {
+        /// Its id.
+        id: String,
+        /// The API.
+        #[command(flatten)]
+        api: ApiArgs,
+    },
+}
+
+/// `spindle subscriptions add`.
+#[derive(Debug, Args)]
+pub struct AddArgs {
+    /// The bucket (tenant) whose events it gets.
+    #[arg(long)]
+    pub bucket: String,
+    /// Where events go.
+    #[arg(long)]
+    pub url: String,
+    /// An event type it wants (repeat it): `invoice.paid`, `invoice.*` or `*`.
+    #[arg(long = "event-type", required = true)]
+    pub event_types: Vec<String>,
+    /// Only events whose payload has this JSON value at this pointer: `/tier=\"gold\"`.
+    #[arg(long)]
+    pub filter: Option<String>,
+    /// An extra request header, `name: value` (repeat it).
+    #[arg(long = "header", short = 'H')]
+    pub headers: Vec<String>,
+    /// Its signing secret (`whsec_...`); one is made when absent.
+    #[arg(long, env = "SPINDLE_SUBSCRIPTION_SECRET", hide_env_values = true)]
+    pub secret: Option<Secret>,
+    /// A JSON pointer into the payload: events with the same value there arrive in order.
+    #[arg(long)]
+    pub ordering_key: Option<String>,
+    /// With --ordering-key: a failure for good holds the key's later events.
+    #[arg(long, requires = "ordering_key")]
+    pub block_on_failure: bool,
+    /// Make it disabled.
+    #[arg(long)]
+    pub disabled: bool,
+    /// Free text for operators.
+    #[arg(long)]
+    pub description: Option<String>,
+    /// The API.
+    #[command(flatten)]
+    pub api: ApiArgs,
+}
+
+/// `spindle publish`.
+#[derive(Debug, Args)]
+pub struct PublishArgs {
+    /// The bucket (tenant).
+    #[arg(long)]
+    pub bucket: String,
+    /// The event type.
+    #[arg(long = "type")]
+    pub event_type: String,
+    /// The payload, JSON.
+    #[arg(long, default_value = "{}")]
+    pub payload: String,
+    /// An idempotency key (a router drops a repeat).
+    #[arg(long)]
+    pub idempotency_key: Option<String>,
+    /// The API.
+    #[command(flatten)]
+    pub api: ApiArgs,
+}
+
+/// Runs `spindle subscriptions ...`.
+pub(super) async fn run(command: SubscriptionsCommand) -> anyhow::Result<()> {
+    match command {
+        SubscriptionsCommand::Add(args) => {
+            let given = new_subscription(&args)?;
+            let view = args.api.client()?.add_subscription(&given).await?;
+            println!("{}", serde_json::to_string_pretty(&view)?);
+        }
+        SubscriptionsCommand::List { bucket, api } => {
+            let list = api.client()?.subscriptions(bucket.as_deref()).await?;
+            println!(
+                "{:<26} {:<16} {:<8} {:<28} url",
+                "id", "bucket", "state", "event types"
+            );
+            for s in &list.subscriptions {
+                print_line(s);
+            }
+        }
+        SubscriptionsCommand::Show { id, api } => {
+            let view = api.client()?.subscription(&id).await?;
+            println!("{}", serde_json::to_string_pretty(&view)?);
+        }
+        SubscriptionsCommand::Disable { id, api } => set_enabled(&api, &id, false).await?,
+        SubscriptionsCommand::Enable { id, api } => set_enabled(&api, &id, true).await?,
+        SubscriptionsCommand::Rm { id, api } => {
+            let view = api.client()?.remove_subscription(&id).await?;
+            println!("removed {}", view.id);
+        }
+    }
+    Ok(())
+}
+
+/// Runs `spindle publish`: prints the event id and each subscription's job.
+pub(super) async fn publish(args: PublishArgs) -> anyhow::Result<()> {
+    let payload = serde_json::value::RawValue::from_string(args.payload.clone())
+        .context("--payload must be JSON")?;
+    let event = NewEvent {
+        bucket: args.bucket,
+        event_type: args.event_type,
+        payload,
+        idempotency_key: args.idempotency_key,
+        deliver_at: None,
+        on_complete: None,
+    };
+    let reply = args.api.client()?.publish(&event).await?;
+    println!("{}", serde_json::to_string_pretty(&reply)?);
+    Ok(())
+}
+
+async fn set_enabled(api: &ApiArgs, id: &str, enabled: bool) -> anyhow::Result<()> {
+    let patch = SubscriptionPatch {
+        enabled: Some(enabled),
+        ..SubscriptionPatch::default()
+    };
+    let view = api.client()?.update_subscription(id, &patch).await?;
+    print_line(&view);
+    Ok(())
+}
+
+fn print_line(s: &SubscriptionView) {
+    println!(
+        "{:<26} {:<16} {:<8} {:<28} {}",
+        s.id,
+        s.bucket,
+        if s.enabled { "enabled" } else { "disabled" },
+        s.event_types.join(","),
+        s.url
+    );
+}
+
+/// The request `add` sends: filter and headers parsed from their command-line forms.
+fn new_subscription(args: &AddArgs) -> anyhow::Result<NewSubscription> {
+    let filter = match &args.filter {
+        None => None,
+        Some(text) => {
+            let (pointer, value) = text
+                .split_once('=')
+                .context("--filter must be POINTER=JSON, e.g. /tier=\"gold\"")?;
+            let equals = serde_json::from_str(value)
+                .with_context(|| format!("--filter: {value:?} is not JSON"))?;
+            Some(PayloadFilter {
+                pointer: pointer.to_owned(),
+                equals,
+            })
+        }
+    };
+    let mut headers = std::collections::BTreeMap::new();
+    for h in &args.headers {
+        let (name, value) = h
+            .split_once(':')
+            .with_context(|| format!("--header {h:?} must be 'name: value'"))?;
+        headers.insert(name.trim().to_owned(), value.trim().to_owned());
+    }
+    Ok(NewSubscription {
+        filter,
+        headers: (!headers.is_empty()).then_some(headers),
+        secret: args.secret.as_ref().map(|s| s.expose().to_owned()),
+        ordering_key: args.ordering_key.clone(),
+        ordering_failure: args.block_on_failure.then_some(OrderingFailure::Block),
+        enabled: Some(!args.disabled),
+        description: args.description.clone(),
+        ..NewSubscription::new(&args.bucket, &args.url, args.event_types.iter().cloned())
+    })
+}

@@ -1,0 +1,240 @@
+//! Each process's copy of the subscriptions ([`Subscriptions`]): publishing matches from
+//! memory, never from the control database. A refresher reads the rows changed since the
+//! version it holds every [`REFRESH_EVERY`] (and everything every [`RELOAD_EVERY`], for an
+//! operator's SQL that did not take a version), so an edit reaches every router and Director
+//! within about a second.
+
+use std::collections::{HashMap, HashSet};
+use std::sync::{Arc, Mutex, RwLock};
+use std::time::Duration;
+
+use tokio::sync::watch;
+use tokio_util::sync::CancellationToken;
+use ulid::Ulid;
+
+use super::store::{ChangedRow, ControlDb, StoreError};
+use super::subscription::{Stored, Subscription};
+use super::Index;
+use crate::delivery::signing::{SigningSecret, SubscriptionSecrets};
+use crate::rpc::api::IntakeLimits;
+
+/// How often the control database is asked for changes.
+pub const REFRESH_EVERY: Duration = Duration::from_millis(500);
+/// How often everything is read again.
+pub const RELOAD_EVERY: Duration = Duration::from_secs(30);
+
+/// The subscriptions a process knows, and the control database they come from.
+pub struct Subscriptions {
+    db: ControlDb,
+    limits: IntakeLimits,
+    index: RwLock<Arc<Index>>,
+    state: Mutex<State>,
+    disabled: watch::Sender<Arc<HashSet<Ulid>>>,
+}
+
+#[derive(Default)]
+struct State {
+    version: u64,
+    /// By id, removed ones included (their jobs already made are still signed with their
+    /// secret).
+    rows: HashMap<Ulid, Row>,
+}
+
+/// A subscription read from the store.
+struct Row {
+    subscription: Arc<Subscription>,
+    removed: bool,
+}
+
+impl std::fmt::Debug for Subscriptions {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Subscriptions")
+            .field("known", &self.index().len())
+            .finish()
+    }
+}
+
+impl Subscriptions {
+    /// A cache of `db`, read whole before it is returned. `limits` checks stored rows as
+    /// intake checks a job.
+    pub async fn load(
+        db: ControlDb,
+        limits: IntakeLimits,
+    ) -> Result<Arc<Subscriptions>, StoreError> {
+        let (disabled, _) = watch::channel(Arc::default());
+        let cache = Arc::new(Subscriptions {
+            db,
+            limits,
+            index: RwLock::new(Arc::default()),
+            state: Mutex::new(State::default()),
+            disabled,
+        });
+        cache.reload().await?;
+        Ok(cache)
+    }
+
+    /// The control database.
+    pub fn db(&self) -> &ControlDb {
+        &self.db
+    }
+
+    /// The index as of the last refresh.
+    pub fn index(&self) -> Arc<Index> {
+        self.index
+            .read()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+            .clone()
+    }
+
+    /// The subscription's signing key, if it is known here (removed ones included).
+    pub fn secret(&self, id: &Ulid) -> Option<SigningSecret> {
+        <Self as SubscriptionSecrets>::secret(self, id)
+    }
+
+    /// Follows the set of disabled subscriptions (a Director's scheduler parks their jobs).
+    pub fn disabled(&self) -> watch::Receiver<Arc<HashSet<Ulid>>> {
+        self.disabled.subscribe()
+    }
+
+    /// Reads the changes since the version held, and applies them. Returns whether anything
+    /// changed.
+    pub async fn refresh(&self) -> Result<bool, StoreError> {
+        let mut after = self.lock().version;
+        let mut changed = Vec::new();
+        loop {
+            let page = self.db.changes(after).await?;
+            let Some(last) = page.last() else { break };
+            after = last.version;
+            changed.extend(page);
+        }
+        if changed.is_empty() {
+            return Ok(false);
+        }
+        {
+            let mut state = self.lock();
+            for row in changed {
+                state.version = state.version.max(row.version);
+                match self.checked(&row) {
+                    Some(s) => state.rows.insert(row.id, s),
+                    None => state.rows.remove(&row.id),
+                };
+            }
+        }
+        self.publish();
+        Ok(true)
+    }
+
+    /// Reads everything again (an operator's SQL may have changed rows without a version).
+    pub async fn reload(&self) -> Result<(), StoreError> {
+        let mut rows = HashMap::new();
+        let mut after = 0;
+        loop {
+            let page = self.db.changes(after).await?;
+            let Some(last) = page.last() else { break };
+            after = last.version;
+            for row in page {
+                match self.checked(&row) {
+                    Some(s) => rows.insert(row.id, s),
+                    None => rows.remove(&row.id),
+                };
+            }
+        }
+        {
+            let mut state = self.lock();
+            state.version = after;
+            state.rows = rows;
+        }
+        self.publish();
+        Ok(())
+    }
+
+    /// Refreshes every [`REFRESH_EVERY`] and reloads every [`RELOAD_EVERY`] until `stop`. A
+    /// failed read keeps what is known and tries again.
+    pub async fn run(self: Arc<Self>, stop: CancellationToken) {
+        let mut last_reload = tokio::time::Instant::now();
+        loop {
+            tokio::select! {
+                _ = stop.cancelled() => return,
+                _ = tokio::time::sleep(REFRESH_EVERY) => {}
+            }
+            let read = if last_reload.elapsed() >= RELOAD_EVERY {
+                last_reload = tokio::time::Instant::now();
+                self.reload().await.map(|_| true)
+            } else {
+                self.refresh().await
+            };
+            if let Err(e) = read {
+                tracing::warn!(error = %e, "reading subscriptions failed; keeping the ones known");
+            }
+        }
+    }
+
+    /// A changed row as a subscription, or `None` when it cannot be read (an operator's bad
+    /// row is left out, with a warning; it stops nothing else).
+    fn checked(&self, row: &ChangedRow) -> Option<Row> {
+        let stored: Stored = match serde_json::from_str(&row.spec) {
+            Ok(stored) => stored,
+            Err(e) => {
+                tracing::warn!(subscription = %row.id, error = %e, "subscription spec is not readable; left out");
+                return None;
+            }
+        };
+        match Subscription::from_stored(row.id, stored, &self.limits) {
+            Ok(mut s) => {
+                s.spec.given.enabled = Some(row.enabled);
+                Some(Row {
+                    subscription: Arc::new(s),
+                    removed: row.removed,
+                })
+            }
+            Err(e) => {
+                tracing::warn!(subscription = %row.id, field = %e.field, error = %e.message, "stored subscription is not valid; left out");
+                None
+            }
+        }
+    }
+
+    /// Builds the index from the rows held, and tells who follows the disabled set.
+    fn publish(&self) {
+        let (index, disabled) = {
+            let state = self.lock();
+            let (removed, live): (Vec<&Row>, Vec<&Row>) =
+                state.rows.values().partition(|r| r.removed);
+            let index = Index::new(live.iter().map(|r| r.subscription.clone()))
+                .with_removed(removed.iter().map(|r| r.subscription.clone()));
+            let disabled: HashSet<Ulid> = live
+                .iter()
+                .filter(|r| !r.subscription.enabled())
+                .map(|r| r.subscription.id)
+                .collect();
+            (index, disabled)
+        };
+        *self
+            .index
+            .write()
+            .unwrap_or_else(|poisoned| poisoned.into_inner()) = Arc::new(index);
+        self.disabled.send_if_modified(|current| {
+            let changed = **current != disabled;
+            if changed {
+                *current = Arc::new(disabled);
+            }
+            changed
+        });
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, State> {
+        self.state
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+}
+
+impl SubscriptionSecrets for Subscriptions {
+    fn secret(&self, id: &Ulid) -> Option<SigningSecret> {
+        let index = self.index();
+        index
+            .get(id)
+            .or_else(|| index.removed(id))
+            .map(|s| s.secret.clone())
+    }
+}

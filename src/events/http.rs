@@ -1,0 +1,231 @@
+//! The subscription API, served alike by Directors and routers: `GET`/`POST
+//! /v1/subscriptions`, `GET`/`PATCH`/`DELETE /v1/subscriptions/{id}`. A token manages the
+//! subscriptions of the buckets it may use (an admin token, all of them). A change is
+//! committed to the control database and in this process's cache before the answer; other
+//! processes see it within about a second.
+
+use std::sync::Arc;
+
+use axum::extract::rejection::BytesRejection;
+use axum::extract::{DefaultBodyLimit, Path, Query, State};
+use axum::http::{HeaderMap, StatusCode};
+use axum::routing::get;
+use axum::{Json, Router};
+use bytes::Bytes;
+use chrono::Utc;
+use serde::Deserialize;
+use spindle_client::{NewSubscription, SubscriptionList, SubscriptionPatch, SubscriptionView};
+use ulid::Ulid;
+
+use super::{Subscription, Subscriptions};
+use crate::delivery::guard::AddressPolicy;
+use crate::rpc::api::{FieldError, IntakeLimits};
+use crate::rpc::auth::{Caller, TokenStore};
+use crate::rpc::error::ApiError;
+
+/// What the subscription handlers share.
+#[derive(Clone)]
+pub struct SubscriptionApi {
+    /// The cache (and through it the control database); `None` answers 503.
+    pub subscriptions: Option<Arc<Subscriptions>>,
+    /// Known API tokens; `None` leaves the API open.
+    pub auth: Option<Arc<TokenStore>>,
+    /// Intake limits: a subscription's jobs must pass them.
+    pub limits: Arc<IntakeLimits>,
+    /// The delivery address guard: a URL it blocks is refused.
+    pub policy: Arc<AddressPolicy>,
+}
+
+/// The routes of the subscription API.
+pub fn routes(api: SubscriptionApi) -> Router {
+    let body_limit = api.limits.max_request_bytes;
+    Router::new()
+        .route("/v1/subscriptions", get(list).post(add))
+        .route(
+            "/v1/subscriptions/{id}",
+            get(show).patch(update).delete(remove),
+        )
+        .layer(DefaultBodyLimit::max(body_limit))
+        .with_state(api)
+}
+
+impl SubscriptionApi {
+    fn cache(&self) -> Result<&Arc<Subscriptions>, ApiError> {
+        self.subscriptions.as_ref().ok_or_else(|| {
+            ApiError::Unavailable(
+                "no control database is configured (--control-db): subscriptions are off".into(),
+            )
+        })
+    }
+
+    fn caller(&self, headers: &HeaderMap) -> Result<Option<Caller>, ApiError> {
+        crate::rpc::caller_of(self.auth.as_deref(), headers)
+    }
+}
+
+/// Refuses a caller that may not use `bucket` (403).
+fn check_bucket(caller: Option<&Caller>, bucket: &str) -> Result<(), ApiError> {
+    match caller {
+        Some(c) if !c.may_use(bucket) => Err(ApiError::Forbidden {
+            message: format!(
+                "token {:?} may not manage subscriptions of bucket {bucket:?}; nothing was changed",
+                c.name
+            ),
+            field: Some("bucket".to_owned()),
+        }),
+        _ => Ok(()),
+    }
+}
+
+fn parse_id(id: &str) -> Result<Ulid, ApiError> {
+    id.parse::<Ulid>().map_err(|_| {
+        ApiError::InvalidField(FieldError::new("id", "is not a subscription id (a ULID)"))
+    })
+}
+
+fn unavailable(e: crate::events::StoreError) -> ApiError {
+    tracing::warn!(error = %e, "control database write failed");
+    ApiError::Unavailable("the control database is unavailable; nothing was changed".into())
+}
+
+/// The subscription `id`, if the caller may see it (else 404, as if it did not exist).
+fn visible(
+    cache: &Subscriptions,
+    caller: Option<&Caller>,
+    id: &str,
+) -> Result<Arc<Subscription>, ApiError> {
+    let id = parse_id(id)?;
+    cache
+        .index()
+        .get(&id)
+        .filter(|s| caller.is_none_or(|c| c.may_use(s.bucket())))
+        .cloned()
+        .ok_or_else(|| ApiError::NotFound(format!("no subscription {id}")))
+}
+
+/// `?bucket=` of a listing.
+#[derive(Debug, Deserialize)]
+struct ListQuery {
+    bucket: Option<String>,
+}
+
+async fn list(
+    State(api): State<SubscriptionApi>,
+    headers: HeaderMap,
+    Query(query): Query<ListQuery>,
+) -> Result<Json<SubscriptionList>, ApiError> {
+    let caller = api.caller(&headers)?;
+    let cache = api.cache()?;
+    let subscriptions = cache
+        .index()
+        .all()
+        .iter()
+        .filter(|s| query.bucket.as_deref().is_none_or(|b| s.bucket() == b))
+        .filter(|s| caller.as_ref().is_none_or(|c| c.may_use(s.bucket())))
+        .map(|s| s.view(false))
+        .collect();
+    Ok(Json(SubscriptionList { subscriptions }))
+}
+
+async fn show(
+    State(api): State<SubscriptionApi>,
+    headers: HeaderMap,
+    Path(id): Path<String>,
+) -> Result<Json<SubscriptionView>, ApiError> {
+    let caller = api.caller(&headers)?;
+    let s = visible(api.cache()?, caller.as_ref(), &id)?;
+    Ok(Json(s.view(false)))
+}
+
+async fn add(
+    State(api): State<SubscriptionApi>,
+    headers: HeaderMap,
+    body: Result<Bytes, BytesRejection>,
+) -> Result<(StatusCode, Json<SubscriptionView>), ApiError> {
+    let caller = api.caller(&headers)?;
+    let cache = api.cache()?;
+    let body = crate::rpc::request_body(body, &api.limits)?;
+    let given: NewSubscription = crate::rpc::parse_json(&body)?;
+    check_bucket(caller.as_ref(), &given.bucket)?;
+    let s = Subscription::check(Ulid::new(), given, &api.limits, &api.policy, Utc::now())?;
+    cache
+        .db()
+        .insert(s.id, &s.spec)
+        .await
+        .map_err(unavailable)?;
+    refresh(cache).await;
+    tracing::info!(subscription = %s.id, bucket = s.bucket(), "subscription added");
+    Ok((StatusCode::CREATED, Json(s.view(true))))
+}
+
+async fn update(
+    State(api): State<SubscriptionApi>,
+    headers: HeaderMap,
+    Path(id): Path<String>,
+    body: Result<Bytes, BytesRejection>,
+) -> Result<Json<SubscriptionView>, ApiError> {
+    let caller = api.caller(&headers)?;
+    let cache = api.cache()?;
+    let body = crate::rpc::request_body(body, &api.limits)?;
+    let patch: SubscriptionPatch = crate::rpc::parse_json(&body)?;
+    let current = visible(cache, caller.as_ref(), &id)?;
+    let mut given = current.spec.given.clone();
+    if let Some(enabled) = patch.enabled {
+        given.enabled = Some(enabled);
+    }
+    if let Some(url) = patch.url {
+        given.url = url;
+    }
+    if let Some(types) = patch.event_types {
+        given.event_types = types;
+    }
+    let mut s = Subscription::check(current.id, given, &api.limits, &api.policy, Utc::now())?;
+    s.spec.created_at = current.spec.created_at;
+    match cache
+        .db()
+        .update(s.id, &s.spec)
+        .await
+        .map_err(unavailable)?
+    {
+        Some(_) => {}
+        None => return Err(ApiError::NotFound(format!("no subscription {}", s.id))),
+    }
+    refresh(cache).await;
+    tracing::info!(subscription = %s.id, enabled = s.enabled(), "subscription changed");
+    Ok(Json(s.view(false)))
+}
+
+async fn remove(
+    State(api): State<SubscriptionApi>,
+    headers: HeaderMap,
+    Path(id): Path<String>,
+) -> Result<Json<SubscriptionView>, ApiError> {
+    let caller = api.caller(&headers)?;
+    let cache = api.cache()?;
+    let current = visible(cache, caller.as_ref(), &id)?;
+    match cache
+        .db()
+        .remove(current.id, Utc::now())
+        .await
+        .map_err(unavailable)?
+    {
+        Some(_) => {}
+        None => {
+            return Err(ApiError::NotFound(format!(
+                "no subscription {}",
+                current.id
+            )))
+        }
+    }
+    refresh(cache).await;
+    tracing::info!(subscription = %current.id, "subscription removed");
+    Ok(Json(current.view(false)))
+}
+
+/// Reads the change just committed into this process's cache (the answer then shows what
+/// publishing here will use); a failed read is caught up by the refresher.
+async fn refresh(cache: &Subscriptions) {
+    if let Err(e) = cache.refresh().await {
+        tracing::warn!(error = %e, "reading subscriptions back failed; the refresher will");
+    }
+}

@@ -1,0 +1,328 @@
+//! Publishing: an event becomes one job per matching subscription ([`fan_out`]). The jobs go
+//! to the writer as one submission, so they are committed together or not at all.
+//!
+//! Each job's body is the event's envelope, `{"type", "timestamp", "data"}` (Standard
+//! Webhooks' shape); delivery adds `spindle-event-id` and `spindle-event-type` headers and
+//! signs with the subscription's own secret. A subscription with an `ordering_key` pointer
+//! orders its events by the value found there; its id is part of the job's ordering key, so
+//! two subscriptions never share a sequence (disabling one holds only its own).
+
+use std::sync::Arc;
+
+use chrono::{DateTime, SecondsFormat, Utc};
+use serde_json::value::RawValue;
+use sha2::{Digest, Sha256};
+use spindle_client::{EventDelivery, NewEvent, SubmitRequest};
+use ulid::Ulid;
+
+use super::{check_event_type, Index, Subscription};
+use crate::job::{EventLink, Job, JobId, Scheduled};
+use crate::rpc::api::{validate_request, FieldError, IntakeLimits, MAX_ORDERING_KEY_BYTES};
+use crate::rpc::validate;
+
+/// Most subscriptions one event reaches (its jobs are one submission).
+pub const MAX_FAN_OUT: usize = spindle_client::api::MAX_JOBS_PER_REQUEST;
+
+/// An event's jobs, ready for the writer.
+#[derive(Debug)]
+pub struct Published {
+    /// The event's id.
+    pub event_id: Ulid,
+    /// One job per matching subscription, in subscription id order.
+    pub jobs: Vec<Arc<Job>>,
+    /// Their first attempt times, when `deliver_at` is ahead.
+    pub scheduled: Scheduled,
+    /// Which job is whose.
+    pub deliveries: Vec<EventDelivery>,
+}
+
+/// Checks `event` and makes its jobs from the subscriptions `index` matches. Fields are named
+/// as the event's body names them; a subscription whose job intake refuses names itself.
+pub fn fan_out(
+    event: NewEvent,
+    index: &Index,
+    limits: &IntakeLimits,
+    now: DateTime<Utc>,
+    event_id: Ulid,
+    next_id: impl FnMut() -> JobId,
+) -> Result<Published, FieldError> {
+    validate::check_bucket(&event.bucket, "bucket")?;
+    check_event_type(&event.event_type, "event_type")?;
+    if let Some(key) = &event.idempotency_key {
+        validate::check_idempotency_key(key, "idempotency_key")?;
+    }
+    if let Some(url) = &event.on_complete {
+        validate::check_endpoint(url, "on_complete")?;
+    }
+    validate::check_payload(event.payload.get().len(), limits, "payload")?;
+    let candidates = index.matching(&event.bucket, &event.event_type);
+    // Parsed once, and only when a candidate filters or orders by the payload.
+    let needs_tree = candidates
+        .iter()
+        .any(|s| s.spec.given.filter.is_some() || s.spec.given.ordering_key.is_some());
+    let tree: serde_json::Value = match needs_tree {
+        true => serde_json::from_str(event.payload.get())
+            .map_err(|e| FieldError::new("payload", e.to_string()))?,
+        false => serde_json::Value::Null,
+    };
+    let matched: Vec<Arc<Subscription>> =
+        candidates.into_iter().filter(|s| s.passes(&tree)).collect();
+    if matched.len() > MAX_FAN_OUT {
+        return Err(FieldError::new(
+            "event_type",
+            format!(
+                "matches {} subscriptions of the bucket; at most {MAX_FAN_OUT} may share an event",
+                matched.len()
+            ),
+        ));
+    }
+    if matched.is_empty() {
+        return Ok(Published {
+            event_id,
+            jobs: Vec::new(),
+            scheduled: Scheduled::new(),
+            deliveries: Vec::new(),
+        });
+    }
+    let body = envelope(&event.event_type, now, &event.payload)?;
+    let specs = matched
+        .iter()
+        .map(|s| {
+            let mut job = s.job(&body, ordering_key(s, &tree));
+            job.deliver_at = event.deliver_at;
+            job.on_complete = event.on_complete.clone();
+            job.idempotency_key = event.idempotency_key.clone();
+            job
+        })
+        .collect();
+    let (mut jobs, scheduled) = validate_request(
+        SubmitRequest { jobs: specs },
+        limits,
+        now,
+        chrono::Duration::zero(),
+        next_id,
+    )
+    .map_err(|e| name_field(e, &matched))?;
+    let event_type: Arc<str> = event.event_type.as_str().into();
+    let mut deliveries = Vec::with_capacity(jobs.len());
+    for (job, s) in jobs.iter_mut().zip(&matched) {
+        // Fresh from intake: nothing else holds it, so this does not copy.
+        Arc::make_mut(job).event = Some(EventLink {
+            event_id,
+            event_type: event_type.clone(),
+            subscription: s.id,
+        });
+        deliveries.push(EventDelivery {
+            subscription_id: s.id.to_string(),
+            job_id: job.id.to_string(),
+        });
+    }
+    Ok(Published {
+        event_id,
+        jobs,
+        scheduled,
+        deliveries,
+    })
+}
+
+/// The body every subscriber of the event gets.
+fn envelope(
+    event_type: &str,
+    now: DateTime<Utc>,
+    payload: &RawValue,
+) -> Result<Box<RawValue>, FieldError> {
+    let text = format!(
+        "{{\"type\":{},\"timestamp\":\"{}\",\"data\":{}}}",
+        serde_json::Value::from(event_type),
+        now.to_rfc3339_opts(SecondsFormat::Micros, true),
+        payload.get()
+    );
+    RawValue::from_string(text).map_err(|e| FieldError::new("payload", e.to_string()))
+}
+
+/// The job's ordering key: the subscription's id and the value its pointer finds (a string,
+/// or a number's text); hashed when too long. No value there: the event goes unordered.
+fn ordering_key(s: &Subscription, payload: &serde_json::Value) -> Option<String> {
+    let pointer = s.spec.given.ordering_key.as_deref()?;
+    let value = match payload.pointer(pointer)? {
+        serde_json::Value::String(text) if !text.is_empty() => text.clone(),
+        serde_json::Value::Number(n) => n.to_string(),
+        _ => return None,
+    };
+    let key = format!("{}:{value}", s.id);
+    if key.len() <= MAX_ORDERING_KEY_BYTES && !key.chars().any(char::is_control) {
+        return Some(key);
+    }
+    let digest = Sha256::digest(value.as_bytes());
+    let hex: String = digest.iter().map(|b| format!("{b:02x}")).collect();
+    Some(format!("{}:sha256:{hex}", s.id))
+}
+
+/// An intake error of one subscription's job, named for the event: its payload is the
+/// event's; anything else is the subscription's.
+fn name_field(mut e: FieldError, matched: &[Arc<Subscription>]) -> FieldError {
+    let Some(rest) = e.field.strip_prefix("jobs[") else {
+        return e;
+    };
+    let Some((i, field)) = rest.split_once("].") else {
+        return e;
+    };
+    if field == "payload" {
+        e.field = "payload".to_owned();
+        return e;
+    }
+    if let Some(s) = i.parse::<usize>().ok().and_then(|i| matched.get(i)) {
+        e.message = format!("subscription {}: {field} {}", s.id, e.message);
+        e.field = "event_type".to_owned();
+    }
+    e
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use spindle_client::{NewSubscription, PayloadFilter};
+
+    fn sub(given: NewSubscription) -> Arc<Subscription> {
+        Arc::new(crate::events::subscription::check(given).unwrap())
+    }
+
+    fn event(event_type: &str, payload: &str) -> NewEvent {
+        NewEvent {
+            bucket: "t1".into(),
+            event_type: event_type.into(),
+            payload: RawValue::from_string(payload.into()).unwrap(),
+            idempotency_key: None,
+            deliver_at: None,
+            on_complete: None,
+        }
+    }
+
+    fn publish(index: &Index, e: NewEvent) -> Result<Published, FieldError> {
+        fan_out(
+            e,
+            index,
+            &IntakeLimits::default(),
+            Utc::now(),
+            Ulid::new(),
+            || JobId(Ulid::new()),
+        )
+    }
+
+    #[test]
+    fn one_job_per_matching_subscription_with_the_envelope_and_link() {
+        let all = sub(NewSubscription::new("t1", "https://a.example/", ["*"]));
+        let gold = sub(NewSubscription {
+            filter: Some(PayloadFilter {
+                pointer: "/tier".into(),
+                equals: "gold".into(),
+            }),
+            ..NewSubscription::new("t1", "https://b.example/", ["invoice.*"])
+        });
+        let other = sub(NewSubscription::new(
+            "t1",
+            "https://c.example/",
+            ["customer.*"],
+        ));
+        let index = Index::new([all.clone(), gold.clone(), other]);
+
+        let p = publish(&index, event("invoice.paid", r#"{"tier":"gold","n":1}"#)).unwrap();
+        let subs: Vec<Ulid> = p
+            .jobs
+            .iter()
+            .map(|j| j.event.as_ref().unwrap().subscription)
+            .collect();
+        let mut expected = vec![all.id, gold.id];
+        expected.sort();
+        assert_eq!(subs, expected);
+        for (job, d) in p.jobs.iter().zip(&p.deliveries) {
+            assert_eq!(d.job_id, job.id.to_string());
+            let link = job.event.as_ref().unwrap();
+            assert_eq!(link.event_id, p.event_id);
+            assert_eq!(&*link.event_type, "invoice.paid");
+            let body: serde_json::Value = serde_json::from_slice(&job.payload).unwrap();
+            assert_eq!(body["type"], "invoice.paid");
+            assert_eq!(body["data"]["n"], 1);
+        }
+        let p = publish(&index, event("invoice.paid", r#"{"tier":"silver"}"#)).unwrap();
+        assert_eq!(
+            p.jobs.len(),
+            1,
+            "the filter leaves out the gold subscription"
+        );
+        let p = publish(&index, event("invoice.paid", r#"{"tier":"gold"}"#)).unwrap();
+        assert_eq!(p.jobs.len(), 2);
+        let p = publish(
+            &index,
+            NewEvent {
+                bucket: "t2".into(),
+                ..event("invoice.paid", "1")
+            },
+        )
+        .unwrap();
+        assert!(p.jobs.is_empty(), "no subscription in another bucket");
+    }
+
+    #[test]
+    fn ordered_subscriptions_key_by_their_id_and_the_payload_value() {
+        let ordered = sub(NewSubscription {
+            ordering_key: Some("/customer".into()),
+            ..NewSubscription::new("t1", "https://a.example/", ["*"])
+        });
+        let index = Index::new([ordered.clone()]);
+        let key = |payload: &str| {
+            let p = publish(&index, event("x", payload)).unwrap();
+            p.jobs[0].ordering.as_ref().map(|o| o.key.to_string())
+        };
+        assert_eq!(
+            key(r#"{"customer":"c1"}"#),
+            Some(format!("{}:c1", ordered.id))
+        );
+        assert_eq!(
+            key(r#"{"customer":42}"#),
+            Some(format!("{}:42", ordered.id))
+        );
+        assert_eq!(key(r#"{"other":1}"#), None, "no value: unordered");
+        let long = key(&format!(r#"{{"customer":"{}"}}"#, "c".repeat(300))).unwrap();
+        assert!(long.len() <= MAX_ORDERING_KEY_BYTES && long.contains(":sha256:"));
+    }
+
+    #[test]
+    fn bad_events_name_their_field() {
+        let index = Index::default();
+        let cases = [
+            (
+                NewEvent {
+                    bucket: String::new(),
+                    ..event("x", "1")
+                },
+                "bucket",
+            ),
+            (event("bad type", "1"), "event_type"),
+            (event("a.*", "1"), "event_type"),
+            (
+                NewEvent {
+                    on_complete: Some("ftp://x".into()),
+                    ..event("x", "1")
+                },
+                "on_complete",
+            ),
+            (
+                NewEvent {
+                    idempotency_key: Some(String::new()),
+                    ..event("x", "1")
+                },
+                "idempotency_key",
+            ),
+        ];
+        for (e, field) in cases {
+            assert_eq!(publish(&index, e).unwrap_err().field, field);
+        }
+        let big = format!(
+            "\"{}\"",
+            "x".repeat(IntakeLimits::default().max_payload_bytes + 1)
+        );
+        let e = publish(&index, event("x", &big)).unwrap_err();
+        assert_eq!((e.field.as_str(), e.too_large), ("payload", true));
+    }
+}

@@ -1,0 +1,207 @@
+//! The control database: where subscriptions live (they outlive JobDB cycling, so not in a
+//! JobDB). MySQL in production (`--control-db mysql://.../spindle_control`), a SQLite file
+//! under `spindle dev`; the URL syntax is a JobDB's. Every statement is here, written once for
+//! both engines (`with_pool!`); the schema is `migrations/control/`.
+//!
+//! Each change takes the next `control_version.version` inside its transaction and stamps its
+//! row with it, so a cache that holds version `v` learns every later change by reading the
+//! rows past `v` (the version row's lock orders the commits).
+
+use chrono::{DateTime, Utc};
+use sqlx::Row as _;
+use ulid::Ulid;
+
+use super::subscription::Stored;
+use crate::jobdb::engine::{with_pool, Pool};
+use crate::jobdb::{JobDbError, JobDbUrl, Server};
+
+/// The control schema's migrations (`migrations/control/`), MySQL.
+static MYSQL_MIGRATOR: sqlx::migrate::Migrator = sqlx::migrate!("./migrations/control");
+/// The same versions in SQLite's types (`migrations/control/sqlite/`).
+static SQLITE_MIGRATOR: sqlx::migrate::Migrator = sqlx::migrate!("./migrations/control/sqlite");
+
+const NEXT_VERSION: &str = "UPDATE control_version SET version = version + 1 WHERE id = 1";
+const READ_VERSION: &str = "SELECT version FROM control_version WHERE id = 1";
+const INSERT: &str = "INSERT INTO subscriptions \
+     (id, bucket, enabled, removed, spec, version, created_at, updated_at) \
+     VALUES (?, ?, ?, 0, ?, ?, ?, ?)";
+const UPDATE: &str = "UPDATE subscriptions SET enabled = ?, spec = ?, version = ?, updated_at = ? \
+     WHERE id = ? AND removed = 0";
+const REMOVE: &str =
+    "UPDATE subscriptions SET removed = 1, version = ?, updated_at = ? WHERE id = ? AND removed = 0";
+const CHANGES: &str = "SELECT id, enabled, removed, spec, version FROM subscriptions \
+     WHERE version > ? ORDER BY version LIMIT ?";
+
+/// One change in its own transaction: takes the next version (the version row stays locked
+/// until the commit), runs the statement `$query` builds with it, and commits. `Ok(None)`
+/// when the statement changed no row (nothing is committed).
+macro_rules! change {
+    ($db:ident, |$version:ident| $query:expr) => {
+        with_pool!($db, |p, _q| async {
+            let mut tx = p.begin().await?;
+            sqlx::query(NEXT_VERSION).execute(&mut *tx).await?;
+            let v: i64 = sqlx::query_scalar(READ_VERSION).fetch_one(&mut *tx).await?;
+            let $version = u64::try_from(v).unwrap_or(0);
+            let done = $query.execute(&mut *tx).await?;
+            if done.rows_affected() == 0 {
+                tx.rollback().await?;
+                return Ok(None);
+            }
+            tx.commit().await?;
+            Ok::<_, StoreError>(Some($version))
+        }
+        .await)
+    };
+}
+
+/// Most rows one read of changes returns (a cache reads on until it has them all).
+const CHANGES_PER_READ: i64 = 5000;
+
+/// Errors of the control database.
+#[derive(Debug, thiserror::Error)]
+pub enum StoreError {
+    /// The database failed or could not be reached.
+    #[error(transparent)]
+    Db(#[from] JobDbError),
+    /// A row could not be encoded.
+    #[error("subscription {0} cannot be encoded: {1}")]
+    Encode(Ulid, String),
+}
+
+impl From<sqlx::Error> for StoreError {
+    fn from(e: sqlx::Error) -> Self {
+        StoreError::Db(e.into())
+    }
+}
+
+impl From<sqlx::migrate::MigrateError> for StoreError {
+    fn from(e: sqlx::migrate::MigrateError) -> Self {
+        StoreError::Db(e.into())
+    }
+}
+
+/// One changed row, as a cache reads it. `spec` is unchecked text: an operator may have
+/// written it.
+#[derive(Clone, Debug)]
+pub struct ChangedRow {
+    /// The subscription.
+    pub id: Ulid,
+    /// The `enabled` column (it wins over the spec's).
+    pub enabled: bool,
+    /// Removed: forget it.
+    pub removed: bool,
+    /// The `spec` JSON.
+    pub spec: String,
+    /// The change's version.
+    pub version: u64,
+}
+
+/// A connection pool to the control database.
+#[derive(Clone, Debug)]
+pub struct ControlDb {
+    pub(crate) pool: Pool,
+    url: JobDbUrl,
+}
+
+impl ControlDb {
+    /// Opens the control database at `url`, creating it (and its schema) when missing.
+    pub async fn open(url: &JobDbUrl) -> Result<ControlDb, StoreError> {
+        crate::jobdb::create_database(url).await?;
+        let pool = match &url.server {
+            Server::MySql(_) => {
+                Pool::MySql(crate::jobdb::engine::mysql::connect(url, 4, None).await?.0)
+            }
+            Server::Sqlite(_) => {
+                Pool::Sqlite(crate::jobdb::engine::sqlite::connect(url, 4, None).await?.0)
+            }
+        };
+        match &pool {
+            Pool::MySql(p) => MYSQL_MIGRATOR.run(p).await?,
+            Pool::Sqlite(p) => SQLITE_MIGRATOR.run(p).await?,
+        }
+        Ok(ControlDb {
+            pool,
+            url: url.clone(),
+        })
+    }
+
+    /// Where it is (for logs; no password).
+    pub fn url(&self) -> &JobDbUrl {
+        &self.url
+    }
+
+    /// Stores a new subscription; returns the change's version.
+    pub async fn insert(&self, id: Ulid, stored: &Stored) -> Result<u64, StoreError> {
+        let spec = encode(id, stored)?;
+        let enabled = stored.given.enabled.unwrap_or(true);
+        let version = change!(self, |version| sqlx::query(INSERT)
+            .bind(id.to_bytes().to_vec())
+            .bind(stored.given.bucket.as_str())
+            .bind(enabled)
+            .bind(spec)
+            .bind(crate::jobdb::int(version))
+            .bind(stored.created_at.naive_utc())
+            .bind(stored.updated_at.naive_utc()))?;
+        version.ok_or_else(|| StoreError::Encode(id, "the row was not written".into()))
+    }
+
+    /// Replaces a subscription's spec; `Ok(None)` when it does not exist (or was removed).
+    pub async fn update(&self, id: Ulid, stored: &Stored) -> Result<Option<u64>, StoreError> {
+        let spec = encode(id, stored)?;
+        let enabled = stored.given.enabled.unwrap_or(true);
+        change!(self, |version| sqlx::query(UPDATE)
+            .bind(enabled)
+            .bind(spec)
+            .bind(crate::jobdb::int(version))
+            .bind(stored.updated_at.naive_utc())
+            .bind(id.to_bytes().to_vec()))
+    }
+
+    /// Removes a subscription (its row stays, marked); `Ok(None)` when there is none.
+    pub async fn remove(&self, id: Ulid, at: DateTime<Utc>) -> Result<Option<u64>, StoreError> {
+        change!(self, |version| sqlx::query(REMOVE)
+            .bind(crate::jobdb::int(version))
+            .bind(at.naive_utc())
+            .bind(id.to_bytes().to_vec()))
+    }
+
+    /// The latest version.
+    pub async fn version(&self) -> Result<u64, StoreError> {
+        with_pool!(self, |p, _q| {
+            let v: i64 = sqlx::query_scalar(READ_VERSION).fetch_one(p).await?;
+            Ok(u64::try_from(v).unwrap_or(0))
+        })
+    }
+
+    /// Rows changed after version `after`, oldest change first, at most a page of them.
+    pub async fn changes(&self, after: u64) -> Result<Vec<ChangedRow>, StoreError> {
+        with_pool!(self, |p, q| {
+            let rows = sqlx::query(CHANGES)
+                .bind(crate::jobdb::int(after))
+                .bind(CHANGES_PER_READ)
+                .fetch_all(p)
+                .await?;
+            let mut changed = Vec::with_capacity(rows.len());
+            for row in &rows {
+                let version: i64 = row.try_get("version")?;
+                changed.push(ChangedRow {
+                    id: q::ulid_of(row, "id")?,
+                    enabled: row.try_get("enabled")?,
+                    removed: row.try_get("removed")?,
+                    spec: q::text(row, "spec")?,
+                    version: u64::try_from(version).unwrap_or(0),
+                });
+            }
+            Ok(changed)
+        })
+    }
+
+    /// Closes the pool.
+    pub async fn close(&self) {
+        with_pool!(self, |p, _q| p.close().await)
+    }
+}
+
+fn encode(id: Ulid, stored: &Stored) -> Result<String, StoreError> {
+    serde_json::to_string(stored).map_err(|e| StoreError::Encode(id, e.to_string()))
+}
