@@ -100,6 +100,19 @@ fn the_benchmark_measures_both_paths() {
     ]);
     check(&backlog, 1000, &["director", "mariadb"]);
     assert_eq!(backlog["backlog"], 2000);
+    // Events: 200 events to 5 subscriptions each are 1,000 jobs, every one delivered.
+    let events = report(&[
+        "bench",
+        "--events",
+        "--subscribers",
+        "5",
+        "--jobs",
+        "1000",
+        "--concurrency",
+        "4",
+    ]);
+    check(&events, 1000, &["director", "mariadb"]);
+    assert_eq!(events["subscribers"], 5);
 }
 
 /// A program that is not spindle's submits (`--generator`): what the JobDBs accepted is

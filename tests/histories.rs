@@ -13,7 +13,11 @@
 //!   and `unlisted` checks that every request that arrived was listed as begun by a commit
 //!   of the JobDB. The writer takes the heads of sequences it knows from memory:
 //!   `misremembered` checks it never named one the JobDB did not hold waiting, and
-//!   `block-held` (both worlds) that a blocked key waits for the operator.
+//!   `block-held` (both worlds) that a blocked key waits for the operator. The Director has
+//!   a control database: a publisher sends events to two subscriptions (one takes every
+//!   type, one `hist.created` only, and an operation disables it for a while);
+//!   `event-atomic` checks every stored event has exactly one job per matching subscription
+//!   across kill -9s and outages, `subscription-held` that the disabled one's jobs wait.
 //! - `a_cluster_keeps_every_invariant`: three Directors on Consul, two routers (one with its
 //!   clock 1.5 s ahead, under Debian's `faketime`), a manager retiring JobDBs every 12 s, a
 //!   drainer, S3 (moto), JobDBs on the shared MariaDB and on a private one; adds kill -9 of

@@ -178,12 +178,21 @@ impl Client {
     /// `POST /v1/jobs` with a body already encoded as a [`crate::SubmitRequest`] (`{"jobs":
     /// [...]}`): for producers that keep encoded batches, like `spindle bench`.
     pub async fn submit_encoded(&self, body: impl Into<Bytes>) -> Result<SubmitReply, Error> {
-        let url = self.url(&["v1", "jobs"]);
+        self.post_encoded(&["v1", "jobs"], body.into()).await
+    }
+
+    /// `POST` of a JSON body already encoded.
+    async fn post_encoded<T: DeserializeOwned>(
+        &self,
+        path: &[&str],
+        body: Bytes,
+    ) -> Result<T, Error> {
+        let url = self.url(path);
         let request = self
             .http
             .post(url.clone())
             .header(CONTENT_TYPE, "application/json")
-            .body(body.into());
+            .body(body);
         read_json(self.send(request, &url).await?, &url).await
     }
 
@@ -217,6 +226,12 @@ impl Client {
         let url = self.url(&["v1", "events"]);
         let response = self.send(self.http.post(url.clone()).json(event), &url);
         read_json(response.await?, &url).await
+    }
+
+    /// `POST /v1/events` with a body already encoded as a [`crate::NewEvent`] (`spindle
+    /// bench --events`).
+    pub async fn publish_encoded(&self, body: impl Into<Bytes>) -> Result<PublishReply, Error> {
+        self.post_encoded(&["v1", "events"], body.into()).await
     }
 
     /// `POST /v1/subscriptions`: stores a subscription; the answer shows its secret, once.

@@ -428,6 +428,9 @@ async fn serve(
         scheduler.begin_on_release();
     }
     scheduler.applied_by(&config.holder);
+    if let Some(subscriptions) = &config.subscriptions {
+        scheduler.start_disabled(subscriptions.disabled().borrow().clone());
+    }
     scheduler.watched(supervisor.watch(
         "scheduler",
         STEP_STALL_AFTER,

@@ -34,6 +34,8 @@ pub struct Tally {
     pub readiness_samples: usize,
     pub api_checked: usize,
     pub heads_remembered: u64,
+    pub events: usize,
+    pub event_jobs: usize,
 }
 
 fn v(
@@ -127,6 +129,8 @@ pub struct Inputs<'a> {
     /// Alone: heads the writer took from its memory of its sequences, and of those, heads
     /// the JobDB did not hold waiting (the Director's counters over its lives).
     pub remembered: Option<(u64, u64)>,
+    /// Alone: the subscription an operation disables for a while (its jobs must wait).
+    pub held_subscription: Option<ulid::Ulid>,
 }
 
 pub fn check(i: &Inputs) -> (Vec<Violation>, Tally) {
@@ -709,5 +713,80 @@ pub fn check(i: &Inputs) -> (Vec<Violation>, Tally) {
             }
         }
     }
+    events(i, &mut out, &mut tally);
     (out, tally)
+}
+
+/// Events (alone): every stored event has exactly the jobs its type fans out to, one per
+/// subscription, whatever was killed in between (`event-atomic`); the disabled
+/// subscription's jobs reach no endpoint while it is disabled (`subscription-held`, two
+/// seconds after the disable answered, for attempts begun before it).
+fn events(i: &Inputs, out: &mut Vec<Violation>, tally: &mut Tally) {
+    let mut by_event: HashMap<ulid::Ulid, Vec<(JobId, &spindle::job::EventLink)>> = HashMap::new();
+    for (id, s) in i.stored {
+        if let Some(e) = &s.job.event {
+            by_event.entry(e.event_id).or_default().push((*id, e));
+        }
+    }
+    tally.events = by_event.len();
+    tally.event_jobs = by_event.values().map(Vec::len).sum();
+    for (event, jobs) in &by_event {
+        let expected = super::ops::fan_out(&jobs[0].1.event_type);
+        let subscriptions: HashSet<ulid::Ulid> = jobs.iter().map(|(_, e)| e.subscription).collect();
+        if jobs.len() != expected || subscriptions.len() != expected {
+            v(
+                out,
+                "event-atomic",
+                event.datetime().into(),
+                jobs.iter().map(|(id, _)| *id),
+                format!(
+                    "event {event} ({}) stored {} jobs for {} subscriptions; it fans out to {expected}",
+                    jobs[0].1.event_type,
+                    jobs.len(),
+                    subscriptions.len()
+                ),
+            );
+        }
+    }
+    let Some(held) = i.held_subscription else {
+        return;
+    };
+    // The disabled windows, from the log: (disabled, enabled again).
+    let mut windows: Vec<(DateTime<Utc>, DateTime<Utc>)> = Vec::new();
+    let mut from: Option<DateTime<Utc>> = None;
+    for (t, op) in &i.log.ops {
+        if op == super::ops::DISABLES {
+            from = Some(*t);
+        } else if op == super::ops::ENABLES {
+            if let Some(f) = from.take() {
+                windows.push((f, *t));
+            }
+        }
+    }
+    for a in i.arrivals {
+        let Ok(id) = a.job.parse::<JobId>() else {
+            continue;
+        };
+        let Some(s) = i.stored.get(&id) else {
+            continue;
+        };
+        if s.job.event.as_ref().map(|e| e.subscription) != Some(held) {
+            continue;
+        }
+        if let Some((f, t)) = windows
+            .iter()
+            .find(|(f, t)| a.at > *f + Duration::seconds(2) && a.at < *t)
+        {
+            v(
+                out,
+                "subscription-held",
+                a.at,
+                [id],
+                format!(
+                    "job {id} of the disabled subscription arrived at {} (disabled {f} until {t})",
+                    a.at
+                ),
+            );
+        }
+    }
 }

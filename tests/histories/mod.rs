@@ -64,7 +64,11 @@ pub async fn run(world: World, plan: Plan, name: &str) -> Vec<Violation> {
     let world = Arc::new(world);
     let rec = Arc::new(Recorder::default());
     let mut rng = StdRng::seed_from_u64(plan.seed);
-    let ops = ops::schedule(&mut rng, plan.run, ops::Kinds { cluster });
+    let events = world.control.is_some();
+    if events {
+        ops::subscribe(&world).await;
+    }
+    let ops = ops::schedule(&mut rng, plan.run, ops::Kinds { cluster, events });
     println!(
         "histories {name}: {} operations over {} s",
         ops.len(),
@@ -84,6 +88,9 @@ pub async fn run(world: World, plan: Plan, name: &str) -> Vec<Violation> {
         ));
     }
     tasks.spawn(ops::readiness(world.clone(), rec.clone(), until));
+    if events {
+        tasks.spawn(ops::publisher(plan.seed, world.clone(), rec.clone(), until));
+    }
     tasks.spawn(ops::run_schedule(
         world.clone(),
         rec.clone(),
@@ -106,6 +113,10 @@ pub async fn run(world: World, plan: Plan, name: &str) -> Vec<Violation> {
         ops::RELEASES_BLOCKS
     ));
     world.endpoint.all_ok();
+    if events {
+        rec.op(ops::ENABLES.into());
+        ops::set_created_enabled(&world, true).await;
+    }
     let consul = world.consul.double.as_ref().unwrap().url();
     for lane in ops::LANES {
         let url = world.endpoint.lane_url(lane);
@@ -188,6 +199,10 @@ pub async fn run(world: World, plan: Plan, name: &str) -> Vec<Violation> {
             active: &active,
             listed: listed.as_ref(),
             remembered,
+            held_subscription: world
+                .subscriptions
+                .get()
+                .map(|s| s.created.parse().expect("a subscription id")),
         });
         violations.splice(0..0, log.live.iter().cloned());
         println!(

@@ -48,7 +48,15 @@ pub enum Op {
     Outage(Duration),
     /// An operator releases every blocked key (`DELETE FROM ordering_blocked`).
     ReleaseBlocks,
+    /// Alone: the `created` subscription disabled (`false`) or enabled again (`true`).
+    Subscription(bool),
 }
+
+/// The bucket events are published in (alone).
+pub const EVENT_BUCKET: &str = "events";
+/// How the log names the `created` subscription being disabled, and enabled again.
+pub const DISABLES: &str = "subscription created disabled";
+pub const ENABLES: &str = "subscription created enabled";
 
 /// How the log names an operator's release of every blocked key (the quiet period's start
 /// releases them too, and again until the end).
@@ -65,6 +73,8 @@ pub enum Target {
 #[derive(Clone, Copy)]
 pub struct Kinds {
     pub cluster: bool,
+    /// Events published to subscriptions (a Director alone with a control database).
+    pub events: bool,
 }
 
 /// The operations of a run of `run`, in time order, drawn from `rng`.
@@ -113,6 +123,10 @@ pub fn schedule(rng: &mut StdRng, run: Duration, kinds: Kinds) -> Vec<(Duration,
             80..=84 if kinds.cluster => Op::KillRouter(rng.random_range(0..2), secs(rng, 0.0, 1.5)),
             85..=91 if kinds.cluster => Op::Retire,
             92..=99 if kinds.cluster => Op::Outage(secs(rng, 2.0, 6.0)),
+            85..=99 if kinds.events => {
+                ops.push(((t + secs(rng, 1.5, 5.0)).min(run), Op::Subscription(true)));
+                Op::Subscription(false)
+            }
             _ => Op::ReleaseBlocks,
         };
         ops.push((t, op));
@@ -140,6 +154,17 @@ pub async fn run_schedule(
 async fn execute(world: &World, rec: &Recorder, op: &Op, rng: &mut StdRng) {
     let consul = world.consul.double.as_ref().unwrap().url();
     match op {
+        Op::Subscription(enabled) => {
+            // Told before the change when enabling, after it when disabling: the log's
+            // window is never wider than the one the Director saw.
+            if *enabled {
+                rec.op(ENABLES.into());
+            }
+            set_created_enabled(world, *enabled).await;
+            if !*enabled {
+                rec.op(DISABLES.into());
+            }
+        }
         Op::Mode(lane, mode) => {
             world.endpoint.set_mode(lane, *mode);
             rec.op(format!("lane {lane} answers {mode:?}"));
@@ -722,5 +747,161 @@ pub async fn expiry_watch(world: Arc<World>, rec: Arc<Recorder>, until: tokio::t
                 }
             }
         }
+    }
+}
+
+/// Alone: the two subscriptions of [`EVENT_BUCKET`] (see [`super::world::Subscribed`]).
+pub async fn subscribe(world: &World) {
+    let api = events_api(world);
+    let add = |lane: &str, types: &[&str]| {
+        let mut given = spindle_client::NewSubscription::new(
+            EVENT_BUCKET,
+            world.endpoint.lane_url(lane),
+            types.iter().copied(),
+        );
+        given.execution_timeout_ms = Some(1000);
+        given.backoff_min_delay_ms = Some(100);
+        given.backoff_coefficient = Some(1.5);
+        given.ttl_ms = Some(20_000);
+        let api = api.clone();
+        async move { api.add_subscription(&given).await.expect("subscription").id }
+    };
+    let all = add("a", &["hist.*"]).await;
+    let created = add("b", &["hist.created"]).await;
+    let _ = world
+        .subscriptions
+        .set(super::world::Subscribed { all, created });
+}
+
+fn events_api(world: &World) -> spindle_client::Client {
+    spindle_client::Client::from_reqwest(world.client.clone(), &world.api_base(), None)
+        .expect("events api")
+}
+
+/// Enables or disables the `created` subscription, trying until the Director answers.
+pub async fn set_created_enabled(world: &World, enabled: bool) {
+    let Some(s) = world.subscriptions.get() else {
+        return;
+    };
+    let patch = spindle_client::SubscriptionPatch {
+        enabled: Some(enabled),
+        ..Default::default()
+    };
+    let api = events_api(world);
+    for _ in 0..100 {
+        match api.update_subscription(&s.created, &patch).await {
+            Ok(_) => return,
+            Err(e) => {
+                println!("histories: subscription change failed, again: {e}");
+                tokio::time::sleep(Duration::from_millis(200)).await;
+            }
+        }
+    }
+    panic!("the subscription could not be changed");
+}
+
+/// How many jobs an event of this type makes (both subscriptions exist for the whole run).
+pub fn fan_out(event_type: &str) -> usize {
+    match event_type {
+        "hist.created" => 2,
+        _ => 1,
+    }
+}
+
+/// Alone: publishes events until `until`, recording each event's jobs as acknowledged jobs
+/// of one spec (its idempotency key, which every job of the event carries).
+pub async fn publisher(
+    seed: u64,
+    world: Arc<World>,
+    rec: Arc<Recorder>,
+    until: tokio::time::Instant,
+) {
+    let mut rng = StdRng::seed_from_u64(seed ^ 0x00e0_e0e0);
+    let base = world.api_base();
+    let mut n = 0usize;
+    while tokio::time::Instant::now() < until {
+        n += 1;
+        let event_type = ["hist.created", "hist.updated"][rng.random_range(0..2)];
+        let key = format!("{}-ev-{n}", world.tag);
+        let body = json!({"bucket": EVENT_BUCKET, "event_type": event_type,
+                          "payload": {"n": n}, "idempotency_key": key});
+        let spec = Spec {
+            key,
+            json: body.clone(),
+            seq: None,
+            deliver_at: None,
+        };
+        rec.spec(&spec);
+        rec.request();
+        let sent = world
+            .client
+            .post(format!("{base}/v1/events"))
+            .json(&body)
+            .send()
+            .await;
+        let expected = fan_out(event_type);
+        match sent {
+            Ok(r) if r.status() == reqwest::StatusCode::ACCEPTED => {
+                match r.json::<spindle_client::PublishReply>().await {
+                    Ok(reply) => {
+                        for d in &reply.deliveries {
+                            let answer = spindle_client::AcceptedJob {
+                                id: d.job_id.clone(),
+                                status: JobStatus::Accepted,
+                                bucket: EVENT_BUCKET.into(),
+                                created_at: None,
+                                expire_at: None,
+                                deliver_at: None,
+                                idempotency_key: Some(spec.key.clone()),
+                                error: None,
+                            };
+                            rec.outcome(
+                                &spec,
+                                "director0",
+                                Outcome::Accepted(d.job_id.clone()),
+                                Some(&answer),
+                            );
+                        }
+                    }
+                    Err(e) => {
+                        for _ in 0..expected {
+                            rec.outcome(
+                                &spec,
+                                "director0",
+                                Outcome::Unknown(format!("202 without a body: {e}")),
+                                None,
+                            );
+                        }
+                    }
+                }
+            }
+            Ok(r) => {
+                let status = r.status();
+                let text = r.text().await.unwrap_or_default();
+                if status.is_client_error() {
+                    panic!("publish refused: {status} {text}");
+                }
+                rec.outcome(
+                    &spec,
+                    "director0",
+                    Outcome::NotStored(format!("{status}")),
+                    None,
+                );
+            }
+            Err(e) if e.is_connect() => {
+                rec.outcome(
+                    &spec,
+                    "director0",
+                    Outcome::NotStored(format!("connect: {e}")),
+                    None,
+                );
+            }
+            Err(e) => {
+                for _ in 0..expected {
+                    rec.outcome(&spec, "director0", Outcome::Unknown(format!("{e}")), None);
+                }
+            }
+        }
+        tokio::time::sleep(Duration::from_millis(rng.random_range(80..300))).await;
     }
 }

@@ -108,6 +108,10 @@ pub struct World {
     pub drainer: Option<Slot>,
     /// The Director's JobDB when it runs alone.
     pub alone: Option<TestDb>,
+    /// Alone: the control database of its subscriptions, and (once made) the two
+    /// subscriptions events are published to.
+    pub control: Option<TestDb>,
+    pub subscriptions: std::sync::OnceLock<Subscribed>,
     /// Kept for its lifetime: moto stops when it is dropped.
     #[allow(dead_code)]
     pub s3: Option<S3Server>,
@@ -120,6 +124,15 @@ pub struct World {
     pub remembered: std::sync::Mutex<(u64, u64)>,
 }
 
+/// Alone: the subscriptions of bucket [`crate::histories::ops::EVENT_BUCKET`]: `all` takes
+/// every event type (lane a), `created` only `hist.created` (lane b) and is the one an
+/// operation disables for a while.
+pub struct Subscribed {
+    #[allow(dead_code)]
+    pub all: String,
+    pub created: String,
+}
+
 fn strings(list: &[&str]) -> Vec<String> {
     list.iter().map(|s| s.to_string()).collect()
 }
@@ -130,6 +143,7 @@ impl World {
         let consul = ConsulUnderTest::start().await;
         let tag = format!("hs{}", &ulid::Ulid::new().to_string().to_lowercase()[18..]);
         let db = TestDb::on(engine, &tag);
+        let control = TestDb::on(engine, &format!("{tag}c"));
         let consul_url = consul.double.as_ref().unwrap().url();
         let mut args = strings(&[
             "director",
@@ -142,6 +156,7 @@ impl World {
             "127.0.0.0/8",
         ]);
         args.extend(["--jobdb".into(), db.url_string()]);
+        args.extend(["--control-db".into(), control.url_string()]);
         args.extend(director_flags());
         let director = Slot::new("director0", args, None);
         World {
@@ -154,6 +169,8 @@ impl World {
             manager: None,
             drainer: None,
             alone: Some(db),
+            control: Some(control),
+            subscriptions: Default::default(),
             remembered: Default::default(),
             s3: None,
             archive: None,
@@ -208,6 +225,8 @@ impl World {
             manager: Some(Slot::new("manager", manager, None)),
             drainer: Some(Slot::new("drainer", drainer, None)),
             alone: None,
+            control: None,
+            subscriptions: Default::default(),
             remembered: Default::default(),
             s3: Some(s3),
             archive: Some(archive),
@@ -352,6 +371,7 @@ impl World {
         self.endpoint.stop();
         self.consul.stop().await;
         drop(self.alone);
+        drop(self.control);
     }
 }
 

@@ -86,6 +86,14 @@ pub struct BenchArgs {
     /// bucket (0: unordered): each key's jobs are then delivered one at a time, in order.
     #[arg(long, default_value_t = 0)]
     pub ordering_keys: usize,
+    /// Publish events instead of submitting jobs (straight to the Director, which gets a
+    /// control database): each event matches every one of `--subscribers` subscriptions, so
+    /// `--jobs` jobs are `--jobs / --subscribers` events, one per request.
+    #[arg(long, conflicts_with_all = ["via_router", "ordering_keys", "generator"])]
+    pub events: bool,
+    /// With `--events`: subscriptions per event.
+    #[arg(long, default_value_t = 10)]
+    pub subscribers: usize,
     /// Keep the bench JobDBs afterwards.
     #[arg(long)]
     pub keep: bool,
@@ -117,6 +125,8 @@ pub struct BenchReport {
     pub payload_bytes: usize,
     /// Through routers.
     pub via_router: bool,
+    /// Subscriptions per event (0: jobs were submitted, not events published).
+    pub subscribers: usize,
     /// Directors.
     pub directors: usize,
     /// Routers (0: straight to the Director).
@@ -200,6 +210,10 @@ pub async fn run(args: BenchArgs) -> anyhow::Result<()> {
         args.via_router || args.directors == 1,
         "--directors needs --via-router"
     );
+    anyhow::ensure!(
+        !args.events || (1..=1000).contains(&args.subscribers),
+        "--subscribers must be 1 to 1000"
+    );
     let tag = ulid::Ulid::new().to_string().to_lowercase();
     let sink = Sink::start_counting("127.0.0.1:0".parse()?).await?;
     let topology = if args.via_router {
@@ -236,6 +250,12 @@ fn print(report: &BenchReport) -> anyhow::Result<()> {
             String::new()
         }
     );
+    if let Some(events) = report.jobs.checked_div(report.subscribers) {
+        println!(
+            "events          {events} × {} subscribers = {} jobs, one event per request",
+            report.subscribers, report.jobs
+        );
+    }
     println!("accepted        {:>10.0} jobs/s", report.accepted_per_sec);
     println!(
         "delivered       {:>10.0} jobs/s (every outcome committed)",
@@ -315,6 +335,35 @@ fn bodies(
         .collect()
 }
 
+/// With `--events`: `--subscribers` subscriptions of bucket `bench-events` to `endpoint`,
+/// each taking every `bench.*` event. Returns how many events make `--jobs` jobs.
+async fn subscribe(args: &BenchArgs, topology: &Topology, endpoint: &str) -> anyhow::Result<usize> {
+    let client = spindle_client::Client::new(&topology.targets[0], None)?;
+    for _ in 0..args.subscribers {
+        client
+            .add_subscription(&spindle_client::NewSubscription::new(
+                "bench-events",
+                endpoint,
+                ["bench.*"],
+            ))
+            .await
+            .context("adding a subscription")?;
+    }
+    Ok(args.jobs.div_ceil(args.subscribers))
+}
+
+/// One `POST /v1/events` body per event, encoded ahead.
+fn event_bodies(args: &BenchArgs, events: usize) -> Vec<bytes::Bytes> {
+    let payload = "x".repeat(args.payload_bytes.saturating_sub(12));
+    (0..events)
+        .map(|n| {
+            let event = json!({"bucket": "bench-events", "event_type": "bench.created",
+                               "payload": {"n": n, "data": payload}});
+            bytes::Bytes::from(event.to_string())
+        })
+        .collect()
+}
+
 /// Submits every body with `concurrency` producers spread over the targets; returns each
 /// request's latency.
 async fn produce(
@@ -332,6 +381,7 @@ async fn produce(
             .no_timeout()
             .build()?;
         let (bodies, next) = (bodies.clone(), next.clone());
+        let events = args.events;
         producers.push(tokio::spawn(async move {
             let mut latencies = Vec::new();
             loop {
@@ -340,10 +390,11 @@ async fn produce(
                     return Ok::<_, anyhow::Error>(latencies);
                 }
                 let t = Instant::now();
-                client
-                    .submit_encoded(bodies[i].clone())
-                    .await
-                    .context("submit")?;
+                match events {
+                    true => client.publish_encoded(bodies[i].clone()).await.map(|_| ()),
+                    false => client.submit_encoded(bodies[i].clone()).await.map(|_| ()),
+                }
+                .context("submit")?;
                 latencies.push(t.elapsed());
             }
         }));
@@ -428,8 +479,13 @@ async fn measure(
     measured.extend(Measured::start("bench", std::process::id()));
 
     let first = args.backlog;
-    let work = match args.generator {
-        None => bodies(
+    let events = match args.events {
+        true => Some(subscribe(args, topology, &sink.url("/ok")).await?),
+        false => None,
+    };
+    let work = match (&args.generator, events) {
+        (_, Some(events)) => event_bodies(args, events),
+        (None, None) => bodies(
             args,
             &topology.tag,
             &sink.url("/ok"),
@@ -437,7 +493,7 @@ async fn measure(
             args.jobs,
             json!({}),
         ),
-        Some(_) => Vec::new(),
+        (Some(_), None) => Vec::new(),
     };
     // Readers of the JobDBs: the server's write counters (read before and after, not per
     // job), and the count of outcomes once the endpoint has them all.
@@ -451,7 +507,10 @@ async fn measure(
     };
     let started = Instant::now();
     let (mut latencies, jobs) = match &args.generator {
-        None => (produce(args, &topology.targets, work).await?, args.jobs),
+        None => {
+            let jobs = events.map_or(args.jobs, |e| e * args.subscribers);
+            (produce(args, &topology.targets, work).await?, jobs)
+        }
         Some(command) => {
             let env = generator::Env::of(args, topology, &sink.url("/ok"));
             generator::run(command, &env, &mut measured).await?;
@@ -543,6 +602,7 @@ async fn measure(
         concurrency: args.concurrency,
         payload_bytes: args.payload_bytes,
         via_router: args.via_router,
+        subscribers: if args.events { args.subscribers } else { 0 },
         directors: args.directors,
         routers: if args.via_router { args.routers } else { 0 },
         backlog: args.backlog,

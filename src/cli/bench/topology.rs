@@ -36,6 +36,8 @@ pub struct Topology {
     pub targets: Vec<String>,
     /// The JobDBs in use.
     pub jobdbs: Vec<JobDbUrl>,
+    /// With `--events`: the Director's control database.
+    control: Option<JobDbUrl>,
     /// Names jobs' idempotency keys (and the dedup keys in Redis) apart from other runs.
     pub tag: String,
     registry: Option<consul_double::ConsulDouble>,
@@ -96,12 +98,20 @@ impl Topology {
     /// One Director on one fresh JobDB.
     pub async fn direct(args: &BenchArgs, tag: &str) -> anyhow::Result<Topology> {
         let (text, url) = jobdb_url(args, tag, None)?;
-        let director = spawn_director(args, vec!["--jobdb".to_owned(), text])?;
+        let mut first = vec!["--jobdb".to_owned(), text];
+        let mut control = None;
+        if args.events {
+            let (text, url) = jobdb_url(args, &format!("{tag}c"), None)?;
+            first.extend(["--control-db".to_owned(), text]);
+            control = Some(url);
+        }
+        let director = spawn_director(args, first)?;
         let target = director.base.clone();
         let topology = Topology {
             children: vec![director],
             targets: vec![target.clone()],
             jobdbs: vec![url],
+            control,
             tag: tag.to_owned(),
             registry: None,
         };
@@ -177,6 +187,7 @@ impl Topology {
             children,
             targets: targets.clone(),
             jobdbs,
+            control: None,
             tag: tag.to_owned(),
             registry: Some(registry),
         };
@@ -209,7 +220,7 @@ impl Topology {
             registry.stop().await;
         }
         if !keep {
-            for url in &self.jobdbs {
+            for url in self.jobdbs.iter().chain(&self.control) {
                 jobdb::drop_database(url).await?;
             }
         }

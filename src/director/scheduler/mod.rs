@@ -275,6 +275,12 @@ impl Scheduler {
         self.health.clone()
     }
 
+    /// Starts with these subscriptions disabled: a job recovered or accepted before the
+    /// watcher's first word is parked, never begun.
+    pub fn start_disabled(&mut self, disabled: Arc<HashSet<ulid::Ulid>>) {
+        self.gates.set_disabled(disabled);
+    }
+
     /// Names this Director in the results of the operator commands it applies.
     pub fn applied_by(&mut self, holder: &str) {
         self.holder = holder.into();
