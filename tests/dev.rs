@@ -8,7 +8,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use common::browser::{chromium, render};
-use common::procs::free_port;
+use common::procs::{self, free_port};
 use common::*;
 use tokio::io::{AsyncBufReadExt, BufReader};
 use tokio::process::{Child, Command};
@@ -120,6 +120,24 @@ async fn dev_demo_delivers_at_once_and_a_restart_loses_nothing() {
         started.elapsed().as_secs_f64()
     );
     assert!(seconds < 60.0);
+    // Events: the demo's subscriptions live in the control database under the data
+    // directory; `spindle subscriptions list` shows them, crm disabled until 30 s in.
+    dev.line_starting("demo: subscriptions", Duration::from_secs(10))
+        .await;
+    let director = format!("http://127.0.0.1:{}", ports[1]);
+    let out = procs::run(&["subscriptions", "list", "--api", &director]);
+    let listed = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "{listed}");
+    assert_eq!(
+        listed.lines().count(),
+        4,
+        "a header and three subscriptions:\n{listed}"
+    );
+    assert!(
+        listed.contains("disabled") && listed.contains("customer.*"),
+        "{listed}"
+    );
+    assert!(data.path().join("control").exists());
 
     // Our own jobs through the router, with `spindle submit`: a repeat is a duplicate.
     let sink = spindle::cli::sink::Sink::start("127.0.0.1:0".parse().unwrap())

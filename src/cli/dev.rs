@@ -294,6 +294,83 @@ async fn readopt_jobdbs(data: &Path, registry_url: &str) -> anyhow::Result<()> {
     Ok(())
 }
 
+/// The demo's subscriptions: `billing` takes `invoice.*`, `audit` every event, `crm`
+/// `customer.*` and starts disabled (its events wait until it is enabled, 30 s in).
+struct DemoEvents {
+    crm: String,
+    crm_enabled: bool,
+}
+
+async fn demo_subscriptions(
+    director: &spindle_client::Client,
+    sink: &crate::cli::sink::Sink,
+) -> anyhow::Result<DemoEvents> {
+    use spindle_client::NewSubscription;
+    let add = |name: &str, types: &[&str], enabled: bool| NewSubscription {
+        enabled: Some(enabled),
+        description: Some(format!("demo: {name}")),
+        ..NewSubscription::new("shop-1", sink.url("/ok"), types.iter().copied())
+    };
+    // A Director between JobDBs (a campaign round) answers 503 and stores nothing: again.
+    let subscribe = |given: NewSubscription| async move {
+        let deadline = Instant::now() + Duration::from_secs(60);
+        loop {
+            match director.add_subscription(&given).await {
+                Err(e) if e.stored_nothing() && Instant::now() < deadline => {
+                    tokio::time::sleep(Duration::from_millis(200)).await;
+                }
+                done => return done,
+            }
+        }
+    };
+    subscribe(add("billing", &["invoice.*"], true)).await?;
+    subscribe(add("audit", &["*"], true)).await?;
+    let crm = subscribe(add("crm", &["customer.*"], false)).await?;
+    println!(
+        "demo: subscriptions billing (invoice.*), audit (*), crm (customer.*, disabled for 30 s)"
+    );
+    Ok(DemoEvents {
+        crm: crm.id,
+        crm_enabled: false,
+    })
+}
+
+impl DemoEvents {
+    async fn publish(&mut self, director: &spindle_client::Client, n: u64, started: Instant) {
+        let event_type = if n.is_multiple_of(2) {
+            "invoice.paid"
+        } else {
+            "customer.created"
+        };
+        let event = spindle_client::NewEvent {
+            bucket: "shop-1".into(),
+            event_type: event_type.into(),
+            payload: serde_json::value::RawValue::from_string(format!("{{\"n\": {n}}}"))
+                .unwrap_or_else(|_| unreachable!("a JSON object")),
+            idempotency_key: None,
+            deliver_at: None,
+            on_complete: None,
+        };
+        if let Err(e) = director.publish(&event).await {
+            tracing::warn!(error = %e, "demo publish failed");
+        }
+        if !self.crm_enabled && started.elapsed() > Duration::from_secs(30) {
+            let patch = spindle_client::SubscriptionPatch {
+                enabled: Some(true),
+                ..Default::default()
+            };
+            if director
+                .update_subscription(&self.crm, &patch)
+                .await
+                .is_ok()
+            {
+                self.crm_enabled = true;
+                println!("demo: subscription crm enabled: its waiting events go now");
+            }
+        }
+    }
+}
+
 /// A producer and a local endpoint: a steady mix of jobs that succeed, fail and retry, are
 /// rate limited, are refused, and repeat an idempotency key.
 async fn demo(
@@ -324,6 +401,7 @@ async fn demo(
         "demo: endpoint at {}, producing {rate} jobs/s through the router",
         sink.url("/")
     );
+    let mut events = demo_subscriptions(&director, &sink).await?;
     let mut tick = tokio::time::interval(Duration::from_millis(1000 / u64::from(rate).min(1000)));
     let mut n: u64 = 0;
     let mut first_delivery = false;
@@ -369,6 +447,10 @@ async fn demo(
                 }
             }
             Err(e) => tracing::warn!(error = %e, "demo submit failed"),
+        }
+        // An event every second: to the Director, which fans it out to the subscriptions.
+        if n.is_multiple_of(u64::from(rate)) {
+            events.publish(&director, n, started).await;
         }
         if !first_delivery && sink.total() > 0 {
             first_delivery = true;
