@@ -44,6 +44,8 @@ struct State {
 struct Row {
     subscription: Arc<Subscription>,
     removed: bool,
+    /// The change it was read at.
+    version: u64,
 }
 
 impl std::fmt::Debug for Subscriptions {
@@ -114,6 +116,15 @@ impl Subscriptions {
             let mut state = self.lock();
             for row in changed {
                 state.version = state.version.max(row.version);
+                // Two refreshes at once (the refresher's, a handler's after its write) may
+                // apply in either order: a row read at an older change never replaces newer.
+                if state
+                    .rows
+                    .get(&row.id)
+                    .is_some_and(|held| held.version > row.version)
+                {
+                    continue;
+                }
                 match self.checked(&row) {
                     Some(s) => state.rows.insert(row.id, s),
                     None => state.rows.remove(&row.id),
@@ -185,6 +196,7 @@ impl Subscriptions {
                 Some(Row {
                     subscription: Arc::new(s),
                     removed: row.removed,
+                    version: row.version,
                 })
             }
             Err(e) => {
