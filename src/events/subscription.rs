@@ -127,11 +127,12 @@ impl Subscription {
         limits: &IntakeLimits,
     ) -> Result<Subscription, FieldError> {
         let (created_at, updated_at) = (stored.created_at, stored.updated_at);
-        let mut checked =
-            Subscription::check(id, stored.given, limits, &any_address(), updated_at)?;
-        if checked.spec.given.secret.is_none() {
+        // Checked before `check`, which would make a new one: each process its own.
+        if stored.given.secret.is_none() {
             return Err(FieldError::new("secret", "is missing"));
         }
+        let mut checked =
+            Subscription::check(id, stored.given, limits, &any_address(), updated_at)?;
         checked.spec.created_at = created_at;
         checked.spec.updated_at = updated_at;
         Ok(checked)
@@ -383,6 +384,18 @@ mod tests {
             let e = check(given).unwrap_err();
             assert_eq!(e.field, field, "{}", e.message);
         }
+    }
+
+    #[test]
+    fn a_stored_row_keeps_its_secret_and_one_without_is_refused() {
+        let made = check(valid()).unwrap();
+        let again = Subscription::from_stored(made.id, made.spec.clone(), &IntakeLimits::default())
+            .unwrap();
+        assert_eq!(again.spec.given.secret, made.spec.given.secret);
+        let mut lost = made.spec.clone();
+        lost.given.secret = None;
+        let e = Subscription::from_stored(made.id, lost, &IntakeLimits::default()).unwrap_err();
+        assert_eq!(e.field, "secret");
     }
 
     #[test]
