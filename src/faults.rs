@@ -5,6 +5,10 @@
 //! Buckets are named per test, so tests running side by side never trip each other's fault.
 //! A process of the `spindle` binary built with the feature takes the bucket from
 //! `SPINDLE_FAULT_PANIC_BUCKET`.
+//!
+//! A router built with it ends at once, as a kill -9 would, at a named step of a publish
+//! whose idempotency key `SPINDLE_FAULT_CRASH` names (`step:key`), so a test can stop it
+//! between claiming a key and storing, or between storing and confirming.
 
 use std::sync::Mutex;
 
@@ -27,5 +31,16 @@ pub(crate) fn on_accepted(bucket: &str) {
     let from_env = std::env::var("SPINDLE_FAULT_PANIC_BUCKET").is_ok_and(|b| b == bucket);
     if listed || from_env {
         panic!("injected fault: the scheduler accepted a job of bucket {bucket:?}");
+    }
+}
+
+/// Ends the process at once (no unwinding, nothing flushed) if `SPINDLE_FAULT_CRASH` is
+/// `step:key`.
+pub(crate) fn crash_at(step: &str, key: &str) {
+    let armed =
+        std::env::var("SPINDLE_FAULT_CRASH").is_ok_and(|v| v.split_once(':') == Some((step, key)));
+    if armed {
+        eprintln!("injected fault: crashing at {step} of key {key:?}");
+        std::process::abort();
     }
 }

@@ -320,11 +320,15 @@ pub enum ErrorType {
     OperatorFlush,
     /// `operator-discard`: an operator command ended a waiting job `discarded`.
     OperatorDiscard,
+    /// `unknown-subscription`: an event's job whose subscription this Director does not know
+    /// (its cache has not seen it yet, or it has no control database), so it cannot be signed
+    /// with the subscription's secret: not sent, retried.
+    UnknownSubscription,
 }
 
 impl ErrorType {
     /// Every variant, in declaration order.
-    pub const ALL: [ErrorType; 22] = [
+    pub const ALL: [ErrorType; 23] = [
         ErrorType::Redirect,
         ErrorType::RequestTimeout,
         ErrorType::RateLimited,
@@ -347,6 +351,7 @@ impl ErrorType {
         ErrorType::OperatorPostpone,
         ErrorType::OperatorFlush,
         ErrorType::OperatorDiscard,
+        ErrorType::UnknownSubscription,
     ];
 
     /// The value stored in the `error_type` column.
@@ -374,6 +379,7 @@ impl ErrorType {
             ErrorType::OperatorPostpone => "operator-postpone",
             ErrorType::OperatorFlush => "operator-flush",
             ErrorType::OperatorDiscard => "operator-discard",
+            ErrorType::UnknownSubscription => "unknown-subscription",
         }
     }
 }

@@ -11,7 +11,7 @@ use std::time::Duration;
 
 use common::*;
 use serde_json::json;
-use spindle::delivery::signing::{sign, SigningSecret};
+use spindle::delivery::signing::SigningSecret;
 use spindle::job::State;
 use spindle_client::{NewEvent, NewSubscription, PayloadFilter, SubscriptionPatch};
 
@@ -162,7 +162,11 @@ async fn events_reach_every_matching_subscription(engine: Engine) {
         .publish(&event("nobody", "x", json!(null)))
         .await
         .unwrap();
-    assert!(nobody.deliveries.is_empty() && nobody.transaction_id.is_none());
+    assert!(
+        nobody.deliveries.is_empty()
+            && nobody.transaction_id.is_none()
+            && nobody.event_id.is_none()
+    );
     // Bad events: 422 naming the field, nothing stored.
     for (bad, field) in [
         (event("acme", "bad type", json!(1)), "event_type"),
@@ -186,28 +190,9 @@ async fn events_reach_every_matching_subscription(engine: Engine) {
     assert_eq!(received.len(), 6);
     let mut per_subscription: HashMap<String, Vec<i64>> = HashMap::new();
     for r in &received {
-        let header = |name: &str| {
-            r.headers
-                .iter()
-                .find(|(n, _)| n == name)
-                .map(|(_, v)| v.clone())
-                .unwrap_or_else(|| panic!("{name} missing"))
-        };
-        let subscription = header("spindle-subscription-id");
-        let timestamp: i64 = header("webhook-timestamp").parse().unwrap();
-        let expected = sign(
-            std::slice::from_ref(&secrets[&subscription]),
-            &header("webhook-id"),
-            timestamp,
-            &r.body,
-        );
-        assert_eq!(
-            header("webhook-signature"),
-            expected,
-            "signed with its own secret"
-        );
-        let body: serde_json::Value = serde_json::from_slice(&r.body).unwrap();
-        assert_eq!(body["type"], header("spindle-event-type"));
+        let arrival = event_arrival(r, &secrets);
+        let (subscription, body) = (arrival.subscription, arrival.body);
+        assert_eq!(body["type"], arrival.event_type.as_str());
         per_subscription
             .entry(subscription)
             .or_default()
@@ -230,7 +215,7 @@ async fn events_reach_every_matching_subscription(engine: Engine) {
         .unwrap()
         .job_id;
     let view = rig.job_view(gold_job).await;
-    assert_eq!(view["event"]["event_id"], golden.event_id);
+    assert_eq!(view["event"]["event_id"], golden.event_id.clone().unwrap());
     assert_eq!(view["event"]["subscription_id"], gold.id);
     rig.stop().await;
     control.stop().await;
@@ -329,5 +314,187 @@ async fn a_disabled_subscription_holds_its_jobs_until_enabled(engine: Engine) {
 
 on_both_engines!(
     events_reach_every_matching_subscription,
-    a_disabled_subscription_holds_its_jobs_until_enabled
+    a_disabled_subscription_holds_its_jobs_until_enabled,
+    processes_starting_together_share_a_new_control_database,
+    a_later_subscription_is_backfilled_from_the_jobdb_and_from_s3
 );
+
+/// Processes starting together on a new control database (a cluster's first boot) all open
+/// it: creating and migrating it is safe to race.
+async fn processes_starting_together_share_a_new_control_database(engine: Engine) {
+    let db = TestDb::on(engine, "ctlrace");
+    let opens = (0..4).map(|_| spindle::events::ControlDb::open(&db.url));
+    for opened in futures::future::join_all(opens).await {
+        opened.expect("opened").close().await;
+    }
+}
+
+/// Runs `spindle subscriptions backfill` and returns what it printed.
+fn backfill(args: &[&str]) -> String {
+    let mut all = vec!["subscriptions", "backfill"];
+    all.extend_from_slice(args);
+    procs::run_ok(&all)
+}
+
+/// Events published before a subscription existed reach it by a back-fill, from the JobDB and
+/// from the S3 archive (moto), each once, with the event's own id and timestamp, signed with
+/// the new subscription's secret; the types and filter it was made with decide; a second
+/// back-fill sends nothing again.
+async fn a_later_subscription_is_backfilled_from_the_jobdb_and_from_s3(engine: Engine) {
+    use common::s3::{ArchiveStore, Backend};
+    let store = ArchiveStore::start(Backend::S3, "backfill").await;
+    let archive = spindle::archive::Archive::open(&store.config())
+        .await
+        .expect("archive");
+    let control = Control::start(engine).await;
+    let tweak = control.tweak();
+    let rig = Rig::start_on(engine, "backfill", move |c| {
+        tweak(c);
+        c.archive = Some(archive);
+    })
+    .await;
+    let api = rig.api();
+    // The first subscriber is down: its jobs expire within a second, into the archive.
+    let early = NewSubscription {
+        ttl_ms: Some(1000),
+        backoff_min_delay_ms: Some(200),
+        ..NewSubscription::new("shop", rig.sink.url("/status/503"), ["order.*"])
+    };
+    api.add_subscription(&early).await.unwrap();
+    let since = chrono::Utc::now() - chrono::Duration::seconds(1);
+    let mut published = HashMap::new();
+    for n in 0..6 {
+        let event_type = if n == 5 {
+            "order.refunded"
+        } else {
+            "order.paid"
+        };
+        let tier = if n % 2 == 0 { "gold" } else { "silver" };
+        let reply = api
+            .publish(&event("shop", event_type, json!({"n": n, "tier": tier})))
+            .await
+            .unwrap();
+        published.insert(reply.event_id.clone().unwrap(), (n, event_type, tier));
+    }
+    rig.wait_in_state(State::Archived, 6, Duration::from_secs(30))
+        .await;
+
+    // From the JobDB: the five `order.paid` events; `order.refunded` is not wanted.
+    let paid = api
+        .add_subscription(&NewSubscription::new(
+            "shop",
+            rig.sink.url("/capture?s=paid"),
+            ["order.paid"],
+        ))
+        .await
+        .unwrap();
+    let (url, base) = (rig.db.url_string(), rig.base());
+    let since_text = since.to_rfc3339();
+    let from_jobdb = |id: &str| {
+        backfill(&[
+            id,
+            "--since",
+            &since_text,
+            "--from-jobdb",
+            &url,
+            "--api",
+            &base,
+        ])
+    };
+    let out = from_jobdb(&paid.id);
+    assert!(out.contains("selected 6, delivered 5, skipped 1"), "{out}");
+    // Again: the five have its jobs now; the other one is still not wanted.
+    let out = from_jobdb(&paid.id);
+    assert!(out.contains("selected 1, delivered 0, skipped 1"), "{out}");
+
+    // From S3: the gold ones of every order event.
+    let gold = api
+        .add_subscription(&NewSubscription {
+            filter: Some(PayloadFilter {
+                pointer: "/tier".into(),
+                equals: json!("gold"),
+            }),
+            ..NewSubscription::new("shop", rig.sink.url("/capture?s=gold"), ["order.*"])
+        })
+        .await
+        .unwrap();
+    let mut args = vec![
+        gold.id.as_str(),
+        "--since",
+        &since_text,
+        "--from-archive",
+        "--api",
+        &base,
+    ];
+    let archive_args = store.cli_args();
+    args.extend(archive_args.iter().map(String::as_str));
+    let out = backfill(&args);
+    assert!(out.contains("selected 6, delivered 3, skipped 3"), "{out}");
+    // Again: the archive does not know of the new jobs, the Director's JobDB does.
+    let out = backfill(&args);
+    assert!(out.contains("selected 6, delivered 0, skipped 6"), "{out}");
+
+    // Bad back-fills: the field named, nothing stored.
+    let past = |event_id: &str, event_type: &str| spindle_client::PastEvent {
+        event_id: event_id.into(),
+        event_type: event_type.into(),
+        timestamp: chrono::Utc::now(),
+        data: serde_json::value::RawValue::from_string("{}".into()).unwrap(),
+    };
+    let fresh = ulid::Ulid::new().to_string();
+    for (events, field) in [
+        (vec![past("nope", "order.paid")], "events[0].event_id"),
+        (
+            vec![past(&fresh, "order.paid"), past(&fresh, "order paid")],
+            "events[1].event_type",
+        ),
+        (vec![], "events"),
+    ] {
+        let request = spindle_client::BackfillRequest { events };
+        let (status, named) = refused(api.backfill(&paid.id, &request).await.unwrap_err());
+        assert_eq!((status, named.as_deref()), (422, Some(field)));
+    }
+    let request = spindle_client::BackfillRequest {
+        events: vec![past(&fresh, "order.paid")],
+    };
+    let (status, _) = refused(api.backfill(&fresh, &request).await.unwrap_err());
+    assert_eq!(status, 404);
+
+    // Delivered once each, as the events were, signed for each subscription.
+    let expected: usize = 5 + 3;
+    wait_for(
+        Duration::from_secs(20),
+        "back-filled jobs delivered",
+        || async {
+            rig.sink
+                .received()
+                .iter()
+                .filter(|r| r.status == 200)
+                .count()
+                >= expected
+        },
+    )
+    .await;
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let secrets: HashMap<String, SigningSecret> = [&paid, &gold]
+        .iter()
+        .map(|s| (s.id.clone(), s.secret.clone().unwrap().parse().unwrap()))
+        .collect();
+    let mut got: HashMap<String, Vec<i64>> = HashMap::new();
+    for r in rig.sink.received().iter().filter(|r| r.status == 200) {
+        let arrival = event_arrival(r, &secrets);
+        let (n, event_type, tier) = published[&arrival.event_id];
+        let (subscription, body) = (arrival.subscription, arrival.body);
+        assert_eq!(body["type"], event_type);
+        assert_eq!(body["data"]["n"], n);
+        assert_eq!(body["data"]["tier"], tier);
+        got.entry(subscription).or_default().push(n);
+    }
+    for list in got.values_mut() {
+        list.sort();
+    }
+    assert_eq!(got[&paid.id], vec![0, 1, 2, 3, 4]);
+    assert_eq!(got[&gold.id], vec![0, 2, 4]);
+    rig.stop().await;
+    control.stop().await;
+}

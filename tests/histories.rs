@@ -22,7 +22,9 @@
 //!   clock 1.5 s ahead, under Debian's `faketime`), a manager retiring JobDBs every 12 s, a
 //!   drainer, S3 (moto), JobDBs on the shared MariaDB and on a private one; adds kill -9 of
 //!   routers, retirements and a JobDB outage (`FLUSH TABLES WITH READ LOCK` on the private
-//!   server).
+//!   server). Events go through the routers (a control database on the shared server), again
+//!   with the same key until settled and sometimes on purpose: `event-once` checks each key
+//!   stored one event and every answer named its jobs, across router kills.
 //!
 //! Every run prints its seed; `SPINDLE_HISTORY_SEED=<seed>` replays its schedule and its
 //! producers' choices (timing differs run to run), `SPINDLE_HISTORY_SECS` sets how long the

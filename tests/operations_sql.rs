@@ -148,7 +148,10 @@ async fn every_documented_statement_runs_and_finds_its_rows() {
         // The events recipes name an example event and subscription.
         let sql = match block.contains(EXAMPLE_EVENT) || block.contains(EXAMPLE_SUBSCRIPTION) {
             true => block
-                .replace(EXAMPLE_EVENT, &hex_of(&both.event_id))
+                .replace(
+                    EXAMPLE_EVENT,
+                    &hex_of(both.event_id.as_deref().expect("an event")),
+                )
                 .replace(EXAMPLE_SUBSCRIPTION, &hex_of(&late.id)),
             false => regex_free_replace_unhex(&block, id),
         }
@@ -248,7 +251,7 @@ async fn every_documented_statement_runs_and_finds_its_rows() {
         if sql.contains("FROM events e") {
             assert_eq!(rows.len(), 1, "the late subscription missed one event");
             let event: String = rows[0].try_get("event").unwrap();
-            assert_eq!(event, hex_of(&missed.event_id));
+            assert_eq!(event, hex_of(missed.event_id.as_deref().expect("an event")));
         }
         if sql.contains("FROM attempts_under_way") {
             assert_eq!(rows.len(), 1, "one request in flight");

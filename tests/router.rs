@@ -556,7 +556,14 @@ async fn a_random_schedule_of_faults_loses_and_duplicates_nothing() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_router_conforms_to_its_openapi_document() {
     let _one = ONE_AT_A_TIME.lock().await;
-    let cluster = start(1, 1, None, None).await;
+    // With a control database: events and subscriptions are part of the document.
+    let cluster = Cluster::builder("rt")
+        .jobdbs(1)
+        .directors(1)
+        .router(1)
+        .control()
+        .start()
+        .await;
     schemathesis_passes(&format!("{}/openapi.json", cluster.router_base())).await;
     cluster.stop().await;
 }
@@ -826,5 +833,188 @@ async fn a_bucket_stays_on_its_shard_and_a_hanging_tenant_does_not_slow_the_othe
             "calm p99 {n99:.1} ms beside the hanging tenant vs {b99:.1} ms without"
         );
     }
+    cluster.stop().await;
+}
+
+/// `POST /v1/events` through routers, with a router crashing (a test fault: abort, as a
+/// kill -9) right after claiming an event's key and another right after its jobs were stored
+/// but before the key was confirmed: every key's event is stored once, with one job per
+/// matching subscription, and every answer for the key names that event; a repeat is answered
+/// `duplicate` with the event's jobs; each subscription gets each of its events once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_event_is_published_once_through_router_crashes() {
+    use spindle_client::{Client, NewEvent, NewSubscription, PayloadFilter, PublishReply};
+    let _one = ONE_AT_A_TIME.lock().await;
+    let cluster = Cluster::builder("rev")
+        .jobdbs(2)
+        .directors(2)
+        .service_ttl_ms(2000)
+        .redis(None)
+        .router(2)
+        .control()
+        .start()
+        .await;
+    let api = Client::new(&cluster.router_base(), None).unwrap();
+    let capture = |name: &str| cluster.sink.url(&format!("/capture?s={name}"));
+    let all_orders = NewSubscription::new("shop", capture("all"), ["order.*"]);
+    let paid_in_order = NewSubscription {
+        ordering_key: Some("/customer".into()),
+        ..NewSubscription::new("shop", capture("paid"), ["order.paid"])
+    };
+    let gold = NewSubscription {
+        filter: Some(PayloadFilter {
+            pointer: "/tier".into(),
+            equals: json!("gold"),
+        }),
+        ..NewSubscription::new("shop", capture("gold"), ["*"])
+    };
+    // Published at once: a Director that has not read a subscription yet retries its jobs
+    // (`unknown-subscription`) rather than send them without its signature.
+    let mut secrets = HashMap::new();
+    for s in [all_orders, paid_in_order, gold] {
+        let added = api.add_subscription(&s).await.unwrap();
+        let secret = added.secret.unwrap().parse().unwrap();
+        secrets.insert(added.id, secret);
+    }
+    let event = |n: usize, key: &str| NewEvent {
+        bucket: "shop".into(),
+        event_type: "order.paid".into(),
+        payload: serde_json::value::RawValue::from_string(
+            json!({"n": n, "customer": format!("c{}", n % 3),
+                   "tier": if n.is_multiple_of(2) { "gold" } else { "silver" }})
+            .to_string(),
+        )
+        .unwrap(),
+        idempotency_key: Some(key.to_owned()),
+        deliver_at: None,
+        on_complete: None,
+    };
+    // Publishes through `via` until it answers (503s and transport errors: again).
+    let settle = |via: Client, event: NewEvent| async move {
+        let started = Instant::now();
+        loop {
+            match via.publish(&event).await {
+                Ok(reply) => return reply,
+                Err(e) => {
+                    assert!(
+                        e.status().is_none_or(|s| s == 503 || s == 504),
+                        "publish refused: {e}"
+                    );
+                    assert!(
+                        started.elapsed() < Duration::from_secs(60),
+                        "unsettled: {e}"
+                    );
+                    tokio::time::sleep(Duration::from_millis(200)).await;
+                }
+            }
+        }
+    };
+    let sorted = |reply: &PublishReply| {
+        let mut d: Vec<(String, String)> = reply
+            .deliveries
+            .iter()
+            .map(|d| (d.subscription_id.clone(), d.job_id.clone()))
+            .collect();
+        d.sort();
+        d
+    };
+
+    // Ten events, then five of their keys again.
+    let mut answers: HashMap<String, Vec<PublishReply>> = HashMap::new();
+    for n in 0..10 {
+        let key = format!("k{n}");
+        let reply = settle(api.clone(), event(n, &key)).await;
+        assert!(!reply.duplicate);
+        assert_eq!(
+            reply.deliveries.len(),
+            if n.is_multiple_of(2) { 3 } else { 2 }
+        );
+        answers.entry(key).or_default().push(reply);
+    }
+    for n in 0..5 {
+        let key = format!("k{n}");
+        let reply = settle(api.clone(), event(n, &key)).await;
+        let first = &answers[&key][0];
+        assert!(reply.duplicate, "{key}: a repeat is a duplicate");
+        assert_eq!(reply.event_id, first.event_id, "{key}: the first event");
+        assert_eq!(
+            sorted(&reply),
+            sorted(first),
+            "{key}: the first event's jobs"
+        );
+        answers.entry(key).or_default().push(reply);
+    }
+
+    // A router that crashes after storing (before confirming), and one that crashes after
+    // claiming (before forwarding): the retry through the cluster's router settles both.
+    for (step, n, stored) in [("stored", 10, true), ("claimed", 11, false)] {
+        let key = format!("crash-{step}");
+        let crash = format!("{step}:{key}");
+        let mut doomed = cluster.spawn_router(2, &[("SPINDLE_FAULT_CRASH", &crash)]);
+        cluster.wait_ready([&doomed]).await;
+        let lost = Client::new(&doomed.base(), None)
+            .unwrap()
+            .publish(&event(n, &key))
+            .await;
+        assert!(lost.is_err(), "the router crashed at {step}: {lost:?}");
+        let reply = settle(api.clone(), event(n, &key)).await;
+        assert_eq!(reply.duplicate, stored, "{key}: {reply:?}");
+        assert_eq!(
+            reply.deliveries.len(),
+            if n.is_multiple_of(2) { 3 } else { 2 }
+        );
+        let again = settle(api.clone(), event(n, &key)).await;
+        assert!(again.duplicate && again.event_id == reply.event_id, "{key}");
+        answers.entry(key).or_default().extend([reply, again]);
+        doomed.kill9().await;
+    }
+
+    // Stored: per key, exactly the jobs of the one event every answer names.
+    let expected: usize = answers.values().map(|a| a[0].deliveries.len()).sum();
+    wait_for(
+        Duration::from_secs(30),
+        "every event job delivered",
+        || async { cluster.sink.received().len() >= expected },
+    )
+    .await;
+    let mut stored: HashMap<String, Vec<String>> = HashMap::new();
+    for (id, key, _, _) in cluster.stored().await {
+        stored.entry(key.expect("a key")).or_default().push(id);
+    }
+    assert_eq!(stored.len(), answers.len(), "one set of jobs per key");
+    let mut delivered_pairs = std::collections::BTreeSet::new();
+    for (key, replies) in &answers {
+        let event_id = replies[0].event_id.as_ref().expect("an event");
+        assert!(
+            replies
+                .iter()
+                .all(|r| r.event_id.as_ref() == Some(event_id)),
+            "{key}"
+        );
+        let mut jobs: Vec<String> = replies
+            .iter()
+            .find(|r| !r.deliveries.is_empty())
+            .unwrap()
+            .deliveries
+            .iter()
+            .map(|d| d.job_id.clone())
+            .collect();
+        jobs.sort();
+        let mut held = stored[key].clone();
+        held.sort();
+        assert_eq!(held, jobs, "{key}: stored jobs are the event's");
+        for d in &replies[0].deliveries {
+            delivered_pairs.insert((event_id.clone(), d.subscription_id.clone()));
+        }
+    }
+    // Delivered: each (event, subscription) once, signed for that subscription.
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let mut seen = std::collections::BTreeSet::new();
+    for r in cluster.sink.received() {
+        let arrival = event_arrival(&r, &secrets);
+        let pair = (arrival.event_id, arrival.subscription);
+        assert!(seen.insert(pair.clone()), "{pair:?} delivered twice");
+    }
+    assert_eq!(seen, delivered_pairs);
     cluster.stop().await;
 }

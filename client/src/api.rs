@@ -992,14 +992,84 @@ pub struct NewEvent {
 #[derive(Clone, Debug, Serialize, Deserialize)]
 #[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct PublishReply {
-    /// The event's id (a ULID).
-    pub event_id: String,
+    /// The event's id (a ULID); absent when no subscription matched (nothing was stored, so
+    /// there is no event to name).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub event_id: Option<String>,
     /// The JobDB transaction that stored its jobs (absent when no subscription matched:
     /// nothing was stored).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub transaction_id: Option<String>,
     /// One job per matching subscription.
     pub deliveries: Vec<EventDelivery>,
+    /// Through a router: the idempotency key was published before, within the dedup window.
+    /// `event_id` is that event's, `deliveries` its jobs (when a Director could tell them),
+    /// and nothing new was stored.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub duplicate: bool,
+}
+
+/// `GET /v1/events/{id}` answer: an event as the JobDB of the Director asked holds it.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+pub struct EventView {
+    /// The event's id (a ULID).
+    pub event_id: String,
+    /// Its bucket.
+    pub bucket: String,
+    /// Its type.
+    pub event_type: String,
+    /// When it was published.
+    pub created_at: DateTime<Utc>,
+    /// Its jobs in this JobDB, one per subscription it reached, by subscription.
+    pub deliveries: Vec<EventDelivery>,
+}
+
+/// `POST /v1/subscriptions/{id}/backfill` body: past events to deliver to one subscription
+/// (added after they were published), as a back-fill reads them from a JobDB or the archive.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+#[serde(deny_unknown_fields)]
+pub struct BackfillRequest {
+    /// 1 to 1000 events of the subscription's bucket; those its types or filter do not want,
+    /// and those it already has a job for in this Director's JobDB, are skipped.
+    pub events: Vec<PastEvent>,
+}
+
+/// An event as it was published: its id, type, time and data (its envelope's parts).
+#[derive(Clone, Debug, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+#[serde(deny_unknown_fields)]
+pub struct PastEvent {
+    /// The event's id (a ULID): the subscriber sees the same `spindle-event-id`.
+    pub event_id: String,
+    /// Its type.
+    pub event_type: String,
+    /// When it was published (its envelope's `timestamp`).
+    pub timestamp: DateTime<Utc>,
+    /// Its data, any JSON value.
+    #[cfg_attr(feature = "openapi", schema(value_type = Object))]
+    pub data: Box<serde_json::value::RawValue>,
+}
+
+/// `POST /v1/subscriptions/{id}/backfill` answer: the jobs made, all committed together.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+pub struct BackfillReply {
+    /// One job per event delivered now: its `subscription_id` is the back-filled one.
+    pub deliveries: Vec<BackfilledEvent>,
+    /// Events skipped: not wanted by the subscription, or already given a job for it here.
+    pub skipped: usize,
+}
+
+/// A back-filled event's job.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+pub struct BackfilledEvent {
+    /// The event.
+    pub event_id: String,
+    /// Its job for the subscription.
+    pub job_id: String,
 }
 
 /// One subscription's job of an event.

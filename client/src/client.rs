@@ -15,9 +15,9 @@ use serde::Serialize;
 use url::Url;
 
 use crate::api::{
-    EndpointsView, ErrorBody, ImportRequest, ImportResponse, JobView, NewEvent, NewJob,
-    NewSubscription, PublishReply, SubmitReply, SubscriptionList, SubscriptionPatch,
-    SubscriptionView,
+    BackfillReply, BackfillRequest, EndpointsView, ErrorBody, EventView, ImportRequest,
+    ImportResponse, JobView, NewEvent, NewJob, NewSubscription, PublishReply, SubmitReply,
+    SubscriptionList, SubscriptionPatch, SubscriptionView,
 };
 use crate::error::{ApiError, Error};
 
@@ -226,6 +226,25 @@ impl Client {
         let url = self.url(&["v1", "events"]);
         let response = self.send(self.http.post(url.clone()).json(event), &url);
         read_json(response.await?, &url).await
+    }
+
+    /// `POST /v1/subscriptions/{id}/backfill` (Directors only): delivers past events to a
+    /// subscription, all of a request's jobs committed together.
+    pub async fn backfill(
+        &self,
+        id: &str,
+        request: &BackfillRequest,
+    ) -> Result<BackfillReply, Error> {
+        let url = self.url(&["v1", "subscriptions", id, "backfill"]);
+        let response = self.send(self.http.post(url.clone()).json(request), &url);
+        read_json(response.await?, &url).await
+    }
+
+    /// `GET /v1/events/{id}`: the event and its jobs, from the JobDB of the Director asked
+    /// (404 when that JobDB has no row of it).
+    pub async fn event(&self, id: &str) -> Result<EventView, Error> {
+        let url = self.url(&["v1", "events", id]);
+        read_json(self.send(self.http.get(url.clone()), &url).await?, &url).await
     }
 
     /// `POST /v1/events` with a body already encoded as a [`crate::NewEvent`] (`spindle

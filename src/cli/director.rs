@@ -174,11 +174,9 @@ pub struct DirectorArgs {
     /// With `--registry consul`: pause between campaign rounds that found no free JobDB, in ms.
     #[arg(long, env = "SPINDLE_CAMPAIGN_RETRY_MS", default_value_t = 2_000)]
     pub campaign_retry_ms: u64,
-    /// The control database that keeps subscriptions (`mysql://user@host/spindle_control`,
-    /// created when missing; a password comes from the URL): turns on `/v1/events` and
-    /// `/v1/subscriptions`. Without it both answer 503.
-    #[arg(long, env = "SPINDLE_CONTROL_DB", hide_env_values = true)]
-    pub control_db: Option<SecretUrl>,
+    /// The control database (subscriptions).
+    #[command(flatten)]
+    pub control: super::subscriptions::ControlArgs,
     /// The archive for expired jobs.
     #[command(flatten)]
     pub s3: S3Args,
@@ -189,14 +187,7 @@ impl DirectorArgs {
     /// the control database (its subscriptions loaded) when one is.
     pub async fn to_config_with_archive(&self) -> anyhow::Result<DirectorConfig> {
         let mut config = self.to_config()?;
-        if let Some(url) = &self.control_db {
-            let url = url.expose().parse().context("--control-db")?;
-            let db = crate::events::ControlDb::open(&url)
-                .await
-                .context("opening the control database (--control-db)")?;
-            let subscriptions = crate::events::Subscriptions::load(db, config.intake.clone())
-                .await
-                .context("reading subscriptions")?;
+        if let Some(subscriptions) = self.control.subscriptions(config.intake.clone()).await? {
             config.publish_to(subscriptions);
         }
         if let Some(archive) = self.s3.to_config() {

@@ -10,12 +10,12 @@
 //! - `lifecycle`: `spindle manager` and `spindle drainer` ([`ManagerArgs`], [`DrainerArgs`]);
 //! - `dashboard`: `spindle dashboard` ([`DashboardArgs`], [`DashboardRegistry`]);
 //! - `ops`: operator tooling: `jobs`, `endpoints`, `replay`, `jobdbs`, `tokens`, `sink`;
-//! - `subscriptions`: `subscriptions` and `publish` (events).
+//! - `subscriptions`: `subscriptions` (with `backfill`) and `publish` (events).
 //!
 //! The programs that are more than options have modules of their own here: [`dev`] (`spindle
 //! dev`: everything in one process on embedded parts), [`bench`](mod@bench), [`demo`],
-//! [`submit`] (through the `spindle-client` crate), [`replay`] (re-sending archived jobs) and
-//! [`sink`] (a recording HTTP endpoint for demos, benchmarks and tests).
+//! [`submit`] (through the `spindle-client` crate), [`replay`] (re-sending archived jobs),
+//! [`backfill`] (past events to a new subscription) and [`sink`] (a recording HTTP endpoint for demos, benchmarks and tests).
 //!
 //! Every type is re-exported here: `spindle::cli::ManagerArgs` and the like are the paths to
 //! use.
@@ -28,6 +28,7 @@ use tracing_subscriber::EnvFilter;
 
 use crate::secret::Secret;
 
+pub mod backfill;
 pub mod bench;
 mod dashboard;
 pub mod demo;

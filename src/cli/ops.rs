@@ -13,14 +13,15 @@ use clap::{Args, Subcommand};
 use super::{ConsulArgs, S3Args};
 use crate::secret::{Secret, SecretUrl};
 
-/// Options of `spindle replay`.
+/// Where `spindle replay` and `spindle subscriptions backfill` read past jobs: a JobDB or the
+/// archive.
 #[derive(Debug, Clone, Args)]
-pub struct ReplayArgs {
-    /// Read ended jobs from this JobDB (`mysql://user[:password]@host:port/name`).
+pub struct SourceArgs {
+    /// Read from this JobDB (`mysql://user[:password]@host:port/name`).
     #[arg(long, conflicts_with = "from_archive")]
     pub from_jobdb: Option<SecretUrl>,
-    /// Read ended jobs from the archive (the `--s3-*` options, or `--archive-dir`), every
-    /// JobDB's batches or those of `--archive-jobdb`.
+    /// Read from the archive (the `--s3-*` options, or `--archive-dir`), every JobDB's
+    /// batches or those of `--archive-jobdb`.
     #[arg(long)]
     pub from_archive: bool,
     /// With `--from-archive`: only this JobDB's batches.
@@ -29,6 +30,41 @@ pub struct ReplayArgs {
     /// The archive.
     #[command(flatten)]
     pub s3: S3Args,
+}
+
+impl SourceArgs {
+    /// Opens the JobDB (a reader) or the archive.
+    pub async fn open(&self) -> anyhow::Result<crate::cli::replay::ReplaySource> {
+        use crate::cli::replay::ReplaySource;
+        Ok(match (&self.from_jobdb, self.from_archive) {
+            (Some(url), false) => {
+                let url: crate::jobdb::JobDbUrl = url.expose().parse().context("--from-jobdb")?;
+                ReplaySource::JobDb(Box::new(crate::jobdb::JobDb::open_reader(&url, 2).await?))
+            }
+            (None, true) => {
+                let mut config = self.s3.to_config().context(
+                    "--from-archive needs --s3-bucket (and the other --s3-* options) or --archive-dir",
+                )?;
+                // A reader: a mistyped directory is an error, not a new empty archive.
+                if let crate::archive::ArchiveConfig::Dir(dir) = &mut config {
+                    dir.create_bucket = false;
+                }
+                ReplaySource::Archive {
+                    archive: crate::archive::Archive::open(&config).await?,
+                    jobdb: self.archive_jobdb.clone(),
+                }
+            }
+            _ => anyhow::bail!("give --from-jobdb URL or --from-archive"),
+        })
+    }
+}
+
+/// Options of `spindle replay`.
+#[derive(Debug, Clone, Args)]
+pub struct ReplayArgs {
+    /// Where the ended jobs are read.
+    #[command(flatten)]
+    pub source: SourceArgs,
     /// Only jobs of this bucket.
     #[arg(long)]
     pub bucket: Option<String>,
@@ -404,29 +440,10 @@ pub(super) async fn endpoints(command: EndpointsCommand) -> anyhow::Result<()> {
 
 /// `spindle replay`: selects the ended jobs and submits them as new ones.
 pub(super) async fn replay(args: ReplayArgs) -> anyhow::Result<()> {
-    use crate::cli::replay::{ReplayOptions, ReplaySource};
+    use crate::cli::replay::ReplayOptions;
     let (discarded, archived) =
         crate::cli::replay::states(&args.states).map_err(anyhow::Error::msg)?;
-    let source = match (&args.from_jobdb, args.from_archive) {
-        (Some(url), false) => {
-            let url: crate::jobdb::JobDbUrl = url.expose().parse().context("--from-jobdb")?;
-            ReplaySource::JobDb(Box::new(crate::jobdb::JobDb::open_reader(&url, 2).await?))
-        }
-        (None, true) => {
-            let mut config = args.s3.to_config().context(
-                "--from-archive needs --s3-bucket (and the other --s3-* options) or --archive-dir",
-            )?;
-            // A reader: a mistyped directory is an error, not a new empty archive.
-            if let crate::archive::ArchiveConfig::Dir(dir) = &mut config {
-                dir.create_bucket = false;
-            }
-            ReplaySource::Archive {
-                archive: crate::archive::Archive::open(&config).await?,
-                jobdb: args.archive_jobdb.clone(),
-            }
-        }
-        _ => anyhow::bail!("give --from-jobdb URL or --from-archive"),
-    };
+    let source = args.source.open().await?;
     let options = ReplayOptions {
         filter: crate::jobdb::replay::EndedFilter {
             bucket: args.bucket,

@@ -93,7 +93,7 @@ pub enum ReplayError {
 
 impl ReplayError {
     /// A failed submission to `to`: refused by the API, or not answered.
-    fn submitting(to: &str, error: spindle_client::Error) -> Self {
+    pub(super) fn submitting(to: &str, error: spindle_client::Error) -> Self {
         match error {
             spindle_client::Error::Api(answer) => ReplayError::Refused {
                 status: answer.status,

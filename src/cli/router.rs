@@ -80,6 +80,18 @@ pub struct RouterArgs {
     /// How long a forward whose outcome is unknown is re-sent to its JobDB, in ms.
     #[arg(long, env = "SPINDLE_ROUTER_RESOLVE_MS", default_value_t = 30_000)]
     pub resolve_ms: u64,
+    /// The control database (subscriptions): the router publishes events from it and serves
+    /// the subscription API. Give it the Directors' database.
+    #[command(flatten)]
+    pub control: super::subscriptions::ControlArgs,
+    /// Special-purpose subnets the Directors' deliveries may reach (their `--allow-subnet`):
+    /// a subscription URL in a blocked range outside them is refused.
+    #[arg(
+        long = "allow-subnet",
+        env = "SPINDLE_ALLOW_SUBNETS",
+        value_delimiter = ','
+    )]
+    pub allow_subnets: Vec<ipnet::IpNet>,
 }
 
 /// Dedup settings. Every router of a deployment must use the same values (they decide where
@@ -252,6 +264,10 @@ impl RouterArgs {
         settings.pending_wait = Duration::from_millis(self.pending_wait_ms);
         settings.forward_timeout = Duration::from_millis(self.forward_timeout_ms);
         settings.resolve_for = Duration::from_millis(self.resolve_ms);
+        settings.subscriptions = self.control.subscriptions(settings.intake.clone()).await?;
+        settings.policy = std::sync::Arc::new(crate::delivery::guard::AddressPolicy::new(
+            self.allow_subnets.clone(),
+        ));
         let directors = std::sync::Arc::new(directors::Directors::new(
             shuffle::ShardSizes {
                 default: self.shard_size,

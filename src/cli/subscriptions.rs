@@ -9,7 +9,11 @@ use spindle_client::{
     SubscriptionView,
 };
 
-use crate::secret::Secret;
+use std::sync::Arc;
+
+use crate::events::Subscriptions;
+use crate::rpc::api::IntakeLimits;
+use crate::secret::{Secret, SecretUrl};
 
 /// Where the API is, and the token to use.
 #[derive(Debug, Clone, Args)]
@@ -34,6 +38,37 @@ impl ApiArgs {
             self.token.as_ref().map(|t| t.expose().to_owned()),
         )
         .with_context(|| format!("--api {}", self.api))
+    }
+}
+
+/// The control database of a Director or a router.
+#[derive(Debug, Clone, Args)]
+pub struct ControlArgs {
+    /// The control database that keeps subscriptions (`mysql://user@host/spindle_control`,
+    /// created when missing; a password comes from the URL): turns on `/v1/events` and
+    /// `/v1/subscriptions`. Without it both answer 503.
+    #[arg(long, env = "SPINDLE_CONTROL_DB", hide_env_values = true)]
+    pub control_db: Option<SecretUrl>,
+}
+
+impl ControlArgs {
+    /// Opens the control database (migrating it) and loads its subscriptions, when one is
+    /// given; jobs they make must pass `intake`.
+    pub async fn subscriptions(
+        &self,
+        intake: IntakeLimits,
+    ) -> anyhow::Result<Option<Arc<Subscriptions>>> {
+        let Some(url) = &self.control_db else {
+            return Ok(None);
+        };
+        let url = url.expose().parse().context("--control-db")?;
+        let db = crate::events::ControlDb::open(&url)
+            .await
+            .context("opening the control database (--control-db)")?;
+        let subscriptions = Subscriptions::load(db, intake)
+            .await
+            .context("reading subscriptions")?;
+        Ok(Some(subscriptions))
     }
 }
 
@@ -76,6 +111,9 @@ pub enum SubscriptionsCommand {
         #[command(flatten)]
         api: ApiArgs,
     },
+    /// Deliver a bucket's past events to a subscription added after them, read from a JobDB
+    /// or the archive, through a Director (events it already has a job for are skipped).
+    Backfill(Box<BackfillArgs>),
     /// Remove a subscription: no new event reaches it (jobs already made go on).
     Rm {
         /// Its id.
@@ -144,6 +182,28 @@ pub struct PublishArgs {
     pub api: ApiArgs,
 }
 
+/// Options of `spindle subscriptions backfill`.
+#[derive(Debug, Clone, Args)]
+pub struct BackfillArgs {
+    /// The subscription's id.
+    pub id: String,
+    /// Only events published at or after this time (RFC 3339, e.g. 2026-11-21T10:00:00Z).
+    #[arg(long)]
+    pub since: chrono::DateTime<chrono::Utc>,
+    /// Where the events are read.
+    #[command(flatten)]
+    pub source: super::ops::SourceArgs,
+    /// The RPC API of a Director (routers do not serve back-fills).
+    #[command(flatten)]
+    pub api: ApiArgs,
+    /// At most this many events.
+    #[arg(long, default_value_t = 100_000)]
+    pub limit: usize,
+    /// Count what would be sent; send nothing.
+    #[arg(long)]
+    pub dry_run: bool,
+}
+
 /// Runs `spindle subscriptions ...`.
 pub(super) async fn run(command: SubscriptionsCommand) -> anyhow::Result<()> {
     match command {
@@ -168,6 +228,28 @@ pub(super) async fn run(command: SubscriptionsCommand) -> anyhow::Result<()> {
         }
         SubscriptionsCommand::Disable { id, api } => set_enabled(&api, &id, false).await?,
         SubscriptionsCommand::Enable { id, api } => set_enabled(&api, &id, true).await?,
+        SubscriptionsCommand::Backfill(args) => {
+            let view = args.api.client()?.subscription(&args.id).await?;
+            let options = crate::cli::backfill::BackfillOptions {
+                subscription: view.id.parse().context("the subscription's id")?,
+                bucket: view.bucket,
+                since: args.since,
+                to: args.api.api.clone(),
+                token: args.api.token.as_ref().map(|t| t.expose().to_owned()),
+                dry_run: args.dry_run,
+                limit: args.limit,
+            };
+            let source = args.source.open().await?;
+            let report = crate::cli::backfill::backfill(&source, &options).await?;
+            println!(
+                "selected {}, delivered {}, skipped {}, unreadable {}{}",
+                report.selected,
+                report.delivered,
+                report.skipped,
+                report.unreadable,
+                if args.dry_run { " (dry run)" } else { "" }
+            );
+        }
         SubscriptionsCommand::Rm { id, api } => {
             let view = api.client()?.remove_subscription(&id).await?;
             println!("removed {}", view.id);

@@ -118,6 +118,27 @@ impl Deliverer {
         }
     }
 
+    /// The verdict for an event's job whose subscription's secret is not known here: not
+    /// sent (it would go unsigned, or signed with another secret), retried after its backoff.
+    fn unknown_subscription(&self, subscription: &ulid::Ulid, started: Instant) -> AttemptResult {
+        AttemptResult {
+            verdict: Verdict::Retry {
+                error_type: ErrorType::UnknownSubscription,
+                retry_after: None,
+            },
+            record: AttemptRecord {
+                error_type: Some(ErrorType::UnknownSubscription.into()),
+                error_response: Some(Bytes::from(format!(
+                    "subscription {subscription} is not known to this director (no control \
+                     database, or not read yet): not sent"
+                ))),
+                response_status: None,
+                duration: Some(started.elapsed()),
+                started: None,
+            },
+        }
+    }
+
     /// Makes attempt number `attempt` (1-based) of `job`.
     pub async fn attempt(&self, job: &Job, attempt: u16) -> AttemptResult {
         let started = Instant::now();
@@ -157,6 +178,9 @@ impl Deliverer {
                 .subscriptions
                 .as_ref()
                 .and_then(|s| s.secret(&e.subscription));
+            if own.is_none() {
+                return self.unknown_subscription(&e.subscription, started);
+            }
         }
         let secrets = match &own {
             Some(secret) => std::slice::from_ref(secret),
@@ -294,4 +318,75 @@ pub(crate) fn error_chain(err: &dyn std::error::Error) -> String {
         source = cause.source();
     }
     text
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::job::{EventLink, JobId, RetryPolicy};
+
+    #[derive(Debug)]
+    struct Known(ulid::Ulid);
+
+    impl signing::SubscriptionSecrets for Known {
+        fn secret(&self, subscription: &ulid::Ulid) -> Option<signing::SigningSecret> {
+            (*subscription == self.0).then(|| {
+                "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw"
+                    .parse()
+                    .expect("a secret")
+            })
+        }
+    }
+
+    fn event_job(subscription: ulid::Ulid) -> Job {
+        let now = chrono::Utc::now();
+        Job {
+            id: JobId(ulid::Ulid::new()),
+            bucket: "b".into(),
+            endpoint: "http://127.0.0.1:9/hook".into(),
+            method: "POST".into(),
+            headers: Vec::new(),
+            payload: Bytes::from_static(b"{}"),
+            execution_timeout: Duration::from_secs(1),
+            retry: RetryPolicy {
+                min_delay: Duration::from_secs(1),
+                coefficient: 2.0,
+            },
+            created_at: now,
+            expire_at: now + chrono::Duration::hours(1),
+            idempotency_key: None,
+            on_complete: None,
+            ordering: None,
+            event: Some(EventLink {
+                event_id: ulid::Ulid::new(),
+                event_type: "a.b".into(),
+                subscription,
+            }),
+        }
+    }
+
+    /// An event's job is never sent without its subscription's own signature: unknown here,
+    /// it is retried unsent; known, it goes (to a closed port here: a connect error).
+    #[tokio::test]
+    async fn an_event_job_waits_for_its_subscription_secret() {
+        let subscription = ulid::Ulid::new();
+        let config = |known: Option<Arc<dyn signing::SubscriptionSecrets>>| DeliveryConfig {
+            allow_subnets: vec!["127.0.0.0/8".parse().expect("a subnet")],
+            subscriptions: known,
+            ..DeliveryConfig::default()
+        };
+        for known in [None, Some(Arc::new(Known(ulid::Ulid::new())) as Arc<_>)] {
+            let deliverer = Deliverer::new(config(known)).expect("a deliverer");
+            let result = deliverer.attempt(&event_job(subscription), 1).await;
+            assert_eq!(
+                result.record.error_type.as_deref(),
+                Some("unknown-subscription")
+            );
+            assert!(matches!(result.verdict, Verdict::Retry { .. }));
+        }
+        let deliverer =
+            Deliverer::new(config(Some(Arc::new(Known(subscription))))).expect("a deliverer");
+        let result = deliverer.attempt(&event_job(subscription), 1).await;
+        assert_eq!(result.record.error_type.as_deref(), Some("connect"));
+    }
 }

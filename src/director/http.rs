@@ -209,6 +209,8 @@ pub fn router(state: RpcState) -> Router {
     Router::new()
         .route("/v1/jobs", post(submit_jobs))
         .route("/v1/events", post(publish_event))
+        .route("/v1/events/{id}", get(get_event))
+        .route("/v1/subscriptions/{id}/backfill", post(backfill))
         .route("/v1/jobs/{id}", get(get_job))
         .route("/v1/endpoints", get(endpoints))
         .route("/v1/import", post(import_jobs))
@@ -229,22 +231,10 @@ async fn publish_event(
     body: Result<Bytes, BytesRejection>,
 ) -> Result<impl IntoResponse, ApiError> {
     let (deadline, caller) = state.intake(&headers)?;
-    let subscriptions = state.subscriptions.clone().ok_or_else(|| {
-        ApiError::Unavailable(
-            "no control database is configured (--control-db): events are off".into(),
-        )
-    })?;
+    let subscriptions = crate::events::configured(&state.subscriptions)?;
     let body = request_body(body, &state.limits)?;
     let event: api::NewEvent = rpc::parse_json(&body)?;
-    if let Some(caller) = caller.as_ref().filter(|c| !c.may_use(&event.bucket)) {
-        return Err(ApiError::Forbidden {
-            message: format!(
-                "token {:?} may not publish to bucket {:?}; nothing was stored",
-                caller.name, event.bucket
-            ),
-            field: Some("bucket".to_owned()),
-        });
-    }
+    rpc::check_publisher(caller.as_ref(), &event.bucket)?;
     let event_id = state.next_id().0;
     let published = crate::events::publish::fan_out(
         event,
@@ -259,9 +249,10 @@ async fn publish_event(
         return Ok((
             StatusCode::ACCEPTED,
             Json(api::PublishReply {
-                event_id: event_id.to_string(),
+                event_id: None,
                 transaction_id: None,
                 deliveries: Vec::new(),
+                duplicate: false,
             }),
         ));
     }
@@ -272,9 +263,10 @@ async fn publish_event(
     Ok((
         StatusCode::ACCEPTED,
         Json(api::PublishReply {
-            event_id: event_id.to_string(),
+            event_id: Some(event_id.to_string()),
             transaction_id: Some(transaction.to_string()),
             deliveries: published.deliveries,
+            duplicate: false,
         }),
     ))
 }
@@ -351,6 +343,110 @@ async fn get_job(
     }
     let trace = state.db.get_transitions(id).await.map_err(unavailable)?;
     Ok(Json(api::job_view(&job, &trace)))
+}
+
+/// Deliver past events to a subscription (one added after them): one job per event it wants
+/// and has no job for in this JobDB, all committed together.
+async fn backfill(
+    State(state): State<RpcState>,
+    headers: HeaderMap,
+    Path(id): Path<String>,
+    body: Result<Bytes, BytesRejection>,
+) -> Result<impl IntoResponse, ApiError> {
+    let (deadline, caller) = state.intake(&headers)?;
+    let subscriptions = crate::events::configured(&state.subscriptions)?;
+    let id: ulid::Ulid = id
+        .parse()
+        .map_err(|_| ApiError::NotFound(format!("no subscription {id:?}")))?;
+    let subscription = subscriptions
+        .index()
+        .get(&id)
+        .cloned()
+        .ok_or_else(|| ApiError::NotFound(format!("no subscription {id}")))?;
+    rpc::check_publisher(caller.as_ref(), subscription.bucket())?;
+    let body = request_body(body, &state.limits)?;
+    let request: api::BackfillRequest = rpc::parse_json(&body)?;
+    let total = request.events.len();
+    let made = crate::events::publish::backfill(
+        &subscription,
+        request.events,
+        &state.limits,
+        Utc::now(),
+        || state.next_id(),
+    )?;
+    let events: Vec<ulid::Ulid> = made
+        .jobs
+        .iter()
+        .filter_map(|j| j.event.as_ref().map(|e| e.event_id))
+        .collect();
+    let present = state
+        .db
+        .events_delivered_to(id, &events)
+        .await
+        .map_err(|e| {
+            tracing::warn!(error = %e, "backfill: reading the subscription's events failed");
+            ApiError::Unavailable("the jobdb is unavailable; nothing was stored".into())
+        })?;
+    let mut jobs: Vec<Arc<crate::job::Job>> = made
+        .jobs
+        .into_iter()
+        .filter(|j| {
+            j.event
+                .as_ref()
+                .is_some_and(|e| !present.contains(&e.event_id))
+        })
+        .collect();
+    if !jobs.is_empty() {
+        state
+            .store("backfill", &mut jobs, &Default::default(), deadline)
+            .await?;
+    }
+    let deliveries: Vec<api::BackfilledEvent> = jobs
+        .iter()
+        .filter_map(|j| {
+            let e = j.event.as_ref()?;
+            Some(api::BackfilledEvent {
+                event_id: e.event_id.to_string(),
+                job_id: j.id.to_string(),
+            })
+        })
+        .collect();
+    Ok((
+        StatusCode::ACCEPTED,
+        Json(api::BackfillReply {
+            skipped: total - deliveries.len(),
+            deliveries,
+        }),
+    ))
+}
+
+/// An event and its jobs, as this Director's JobDB holds them.
+async fn get_event(
+    State(state): State<RpcState>,
+    headers: HeaderMap,
+    Path(id): Path<String>,
+) -> Result<Json<api::EventView>, ApiError> {
+    let caller = state.caller(&headers)?;
+    let id = parse_job_id(&id)?.0;
+    let event = state
+        .db
+        .event(id)
+        .await
+        .map_err(|e| {
+            tracing::warn!(error = %e, "event lookup failed");
+            ApiError::Unavailable("the jobdb is unavailable".into())
+        })?
+        .ok_or_else(|| ApiError::NotFound(format!("no event {id} in this director's jobdb")))?;
+    if let Some(caller) = caller.filter(|c| !c.may_use(&event.bucket)) {
+        return Err(ApiError::Forbidden {
+            message: format!(
+                "token {:?} may not read events of bucket {:?}",
+                caller.name, event.bucket
+            ),
+            field: None,
+        });
+    }
+    Ok(Json(crate::events::publish::event_view(&event)))
 }
 
 /// Liveness: the process answers.

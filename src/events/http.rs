@@ -51,11 +51,7 @@ pub fn routes(api: SubscriptionApi) -> Router {
 
 impl SubscriptionApi {
     fn cache(&self) -> Result<&Arc<Subscriptions>, ApiError> {
-        self.subscriptions.as_ref().ok_or_else(|| {
-            ApiError::Unavailable(
-                "no control database is configured (--control-db): subscriptions are off".into(),
-            )
-        })
+        super::configured(&self.subscriptions)
     }
 
     fn caller(&self, headers: &HeaderMap) -> Result<Option<Caller>, ApiError> {

@@ -89,6 +89,19 @@ impl Pattern {
     }
 }
 
+/// A process's subscriptions, or the `503` every events and subscriptions route answers when
+/// it runs without a control database.
+pub fn configured(
+    subscriptions: &Option<std::sync::Arc<Subscriptions>>,
+) -> Result<&std::sync::Arc<Subscriptions>, crate::rpc::error::ApiError> {
+    subscriptions.as_ref().ok_or_else(|| {
+        crate::rpc::error::ApiError::Unavailable(
+            "no control database is configured (--control-db): events and subscriptions are off"
+                .into(),
+        )
+    })
+}
+
 /// Checks a JSON pointer (RFC 6901): empty, or `/`-separated tokens where `~` is only ever
 /// `~0` or `~1`.
 pub fn check_pointer(pointer: &str, field: &str) -> Result<(), FieldError> {

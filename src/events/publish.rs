@@ -12,7 +12,7 @@ use std::sync::Arc;
 use chrono::{DateTime, SecondsFormat, Utc};
 use serde_json::value::RawValue;
 use sha2::{Digest, Sha256};
-use spindle_client::{EventDelivery, NewEvent, SubmitRequest};
+use spindle_client::{EventDelivery, NewEvent, PastEvent, SubmitRequest};
 use ulid::Ulid;
 
 use super::{check_event_type, Index, Subscription};
@@ -123,6 +123,105 @@ pub fn fan_out(
         scheduled,
         deliveries,
     })
+}
+
+/// A back-fill's jobs for one subscription, ready for the writer (after the JobDB's own
+/// jobs of it are left out).
+#[derive(Debug)]
+pub struct Backfilled {
+    /// One job per wanted event, in request order.
+    pub jobs: Vec<Arc<Job>>,
+    /// How many events the subscription does not want (type or filter).
+    pub unwanted: usize,
+}
+
+/// Checks past events (a back-fill of `subscription`) and makes a job of each it wants: the
+/// envelope as it was published (type, time, data), linked to the event's own id, with the
+/// idempotency key `backfill:<event id>`. Fields are named `events[i].…`.
+pub fn backfill(
+    subscription: &Subscription,
+    events: Vec<PastEvent>,
+    limits: &IntakeLimits,
+    now: DateTime<Utc>,
+    next_id: impl FnMut() -> JobId,
+) -> Result<Backfilled, FieldError> {
+    if events.is_empty() || events.len() > MAX_FAN_OUT {
+        return Err(FieldError::new(
+            "events",
+            format!("must hold 1 to {MAX_FAN_OUT} events"),
+        ));
+    }
+    let mut specs = Vec::with_capacity(events.len());
+    let mut links = Vec::with_capacity(events.len());
+    let mut unwanted = 0;
+    for (i, event) in events.iter().enumerate() {
+        let field = |name: &str| format!("events[{i}].{name}");
+        let event_id: Ulid = event
+            .event_id
+            .parse()
+            .map_err(|_| FieldError::new(field("event_id"), "must be a ULID"))?;
+        check_event_type(&event.event_type, &field("event_type"))?;
+        validate::check_payload(event.data.get().len(), limits, &field("data"))?;
+        let tree: serde_json::Value = serde_json::from_str(event.data.get())
+            .map_err(|e| FieldError::new(field("data"), e.to_string()))?;
+        if !subscription.wants(&event.event_type) || !subscription.passes(&tree) {
+            unwanted += 1;
+            continue;
+        }
+        let body = envelope(&event.event_type, event.timestamp, &event.data)
+            .map_err(|e| FieldError::new(field("data"), e.message))?;
+        let mut job = subscription.job(&body, ordering_key(subscription, &tree));
+        job.idempotency_key = Some(format!("backfill:{event_id}"));
+        specs.push(job);
+        links.push(EventLink {
+            event_id,
+            event_type: event.event_type.as_str().into(),
+            subscription: subscription.id,
+        });
+    }
+    if specs.is_empty() {
+        return Ok(Backfilled {
+            jobs: Vec::new(),
+            unwanted,
+        });
+    }
+    let (mut jobs, _) = validate_request(
+        SubmitRequest { jobs: specs },
+        limits,
+        now,
+        chrono::Duration::zero(),
+        next_id,
+    )
+    .map_err(|mut e| {
+        e.message = format!(
+            "subscription {}: {} {}",
+            subscription.id, e.field, e.message
+        );
+        e.field = "events".to_owned();
+        e
+    })?;
+    for (job, link) in jobs.iter_mut().zip(links) {
+        Arc::make_mut(job).event = Some(link);
+    }
+    Ok(Backfilled { jobs, unwanted })
+}
+
+/// The wire form of an event a JobDB holds.
+pub fn event_view(event: &crate::jobdb::events::StoredEvent) -> spindle_client::EventView {
+    spindle_client::EventView {
+        event_id: event.id.to_string(),
+        bucket: event.bucket.clone(),
+        event_type: event.event_type.clone(),
+        created_at: event.created_at,
+        deliveries: event
+            .jobs
+            .iter()
+            .map(|(job, subscription)| EventDelivery {
+                subscription_id: subscription.to_string(),
+                job_id: job.to_string(),
+            })
+            .collect(),
+    }
 }
 
 /// The body every subscriber of the event gets.

@@ -20,6 +20,10 @@ static MYSQL_MIGRATOR: sqlx::migrate::Migrator = sqlx::migrate!("./migrations/co
 /// The same versions in SQLite's types (`migrations/control/sqlite/`).
 static SQLITE_MIGRATOR: sqlx::migrate::Migrator = sqlx::migrate!("./migrations/control/sqlite");
 
+/// Serialises the migrations of one control database across processes (waits up to a minute).
+const MIGRATION_LOCK: &str = "SELECT GET_LOCK(CONCAT('spindle-control-migrate:', DATABASE()), 60)";
+const MIGRATION_UNLOCK: &str =
+    "SELECT RELEASE_LOCK(CONCAT('spindle-control-migrate:', DATABASE()))";
 const NEXT_VERSION: &str = "UPDATE control_version SET version = version + 1 WHERE id = 1";
 const READ_VERSION: &str = "SELECT version FROM control_version WHERE id = 1";
 const INSERT: &str = "INSERT INTO subscriptions \
@@ -66,6 +70,9 @@ pub enum StoreError {
     /// A row could not be encoded.
     #[error("subscription {0} cannot be encoded: {1}")]
     Encode(Ulid, String),
+    /// Another process held the migration lock for a minute.
+    #[error("another process has been migrating the control database for a minute")]
+    Busy,
 }
 
 impl From<sqlx::Error> for StoreError {
@@ -116,8 +123,34 @@ impl ControlDb {
             }
         };
         match &pool {
-            Pool::MySql(p) => MYSQL_MIGRATOR.run(p).await?,
-            Pool::Sqlite(p) => SQLITE_MIGRATOR.run(p).await?,
+            Pool::MySql(p) => {
+                // Every Director and router of a site opens it, often at once on first boot.
+                // sqlx's own migration lock does not hold on MariaDB (its `GET_LOCK(name, -1)`
+                // does not wait there), so the migration runs under a lock of ours, on the
+                // connection that holds it.
+                let mut conn = p.acquire().await?;
+                let locked: Option<i64> = sqlx::query_scalar(MIGRATION_LOCK)
+                    .fetch_one(&mut *conn)
+                    .await?;
+                if locked != Some(1) {
+                    return Err(StoreError::Busy);
+                }
+                let migrated = MYSQL_MIGRATOR.run_direct(&mut *conn).await;
+                let _ = sqlx::query(MIGRATION_UNLOCK).execute(&mut *conn).await;
+                migrated?;
+            }
+            // SQLite migrates each version in one transaction: a process that lost the race
+            // rolled back and finds it applied the next time.
+            Pool::Sqlite(p) => {
+                let mut tries = 0;
+                while let Err(e) = SQLITE_MIGRATOR.run(p).await {
+                    tries += 1;
+                    if tries >= 10 {
+                        return Err(e.into());
+                    }
+                    tokio::time::sleep(std::time::Duration::from_millis(50 * tries)).await;
+                }
+            }
         }
         Ok(ControlDb {
             pool,

@@ -148,6 +148,11 @@ impl Subscription {
         self.spec.given.enabled.unwrap_or(true)
     }
 
+    /// Whether it wants events of `event_type` (one of its patterns matches).
+    pub fn wants(&self, event_type: &str) -> bool {
+        self.patterns.iter().any(|p| p.matches(event_type))
+    }
+
     /// Whether an event's payload passes its filter (`payload` parsed once per event, and
     /// only when some matching subscription has a filter).
     pub fn passes(&self, payload: &serde_json::Value) -> bool {

@@ -60,6 +60,7 @@
 //! | stats      | [`JobDb::job_summaries`]                                      | `stats.rs`     |
 //! | stats      | [`JobDb::server_writes`] (a benchmark's disk cost)            | `stats.rs`     |
 //! | replay     | [`JobDb::ended_jobs`]                                         | `replay.rs`    |
+//! | events     | [`JobDb::event`], [`JobDb::event_sources`] (back-fill)        | `events.rs`    |
 //!
 //! # Layout
 //! - this module: [`JobDb`] (open, close, the reads of jobs and their progress), the errors,
@@ -75,14 +76,16 @@
 //! - [`owner`]: the fencing token, and evicting a stalled previous owner;
 //! - [`lock`]: exclusive ownership without Consul ([`lock::ServerLock`]: MySQL `GET_LOCK`, or
 //!   a file lock beside a SQLite JobDB);
-//! - [`commands`], [`lifecycle`], [`replay`], [`stats`]: the statements of operator commands,
-//!   of the JobDB lifecycle (imports, moves, archive batches), of replay, and of the dashboard.
+//! - [`commands`], [`lifecycle`], [`replay`], [`events`], [`stats`]: the statements of
+//!   operator commands, of the JobDB lifecycle (imports, moves, archive batches), of replay, of
+//!   events (one event's jobs, a back-fill's sources), and of the dashboard.
 //!
 //! The store names nothing above it: the Director's writer (which owns the requests it
 //! takes), the archiver and the drainer use it.
 
 pub mod commands;
 pub mod engine;
+pub mod events;
 pub mod known_sequences;
 pub mod lifecycle;
 pub mod lock;

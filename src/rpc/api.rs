@@ -7,9 +7,10 @@
 //! naming the exact field, and [`super::views`] builds the answers that show stored jobs.
 
 pub use spindle_client::api::{
-    AcceptedJob, EndpointHealth, EndpointsView, ErrorBody, ErrorDetail, EventDelivery, EventLink,
-    JobDescription, JobStatus, JobView, NewEvent, NewJob, NewSubscription, OrderingFailure,
-    PayloadFilter, PublishReply, SubmitReply, SubmitRequest, SubscriptionList, SubscriptionPatch,
+    AcceptedJob, BackfillReply, BackfillRequest, BackfilledEvent, EndpointHealth, EndpointsView,
+    ErrorBody, ErrorDetail, EventDelivery, EventLink, EventView, JobDescription, JobStatus,
+    JobView, NewEvent, NewJob, NewSubscription, OrderingFailure, PastEvent, PayloadFilter,
+    PublishReply, SubmitReply, SubmitRequest, SubscriptionList, SubscriptionPatch,
     SubscriptionView, TransitionView, MAX_JOBS_PER_REQUEST,
 };
 

@@ -115,6 +115,20 @@ pub fn request_body(
     })
 }
 
+/// Refuses (403) a caller that may not publish events to `bucket`.
+pub fn check_publisher(caller: Option<&auth::Caller>, bucket: &str) -> Result<(), ApiError> {
+    match caller {
+        Some(caller) if !caller.may_use(bucket) => Err(ApiError::Forbidden {
+            message: format!(
+                "token {:?} may not publish to bucket {bucket:?}; nothing was stored",
+                caller.name
+            ),
+            field: Some("bucket".to_owned()),
+        }),
+        _ => Ok(()),
+    }
+}
+
 /// Refuses the whole batch (403, naming the first offending job) when the caller may not use
 /// one of its buckets.
 pub fn check_buckets(

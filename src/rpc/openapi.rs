@@ -28,11 +28,13 @@ use super::import::{self, ImportRequest, ImportResponse};
         endpoints,
         import_jobs,
         publish_event,
+        get_event,
         list_subscriptions,
         add_subscription,
         show_subscription,
         update_subscription,
         remove_subscription,
+        backfill_subscription,
         healthz,
         readyz,
         metrics
@@ -56,12 +58,17 @@ use super::import::{self, ImportRequest, ImportResponse};
         api::EventLink,
         api::NewEvent,
         api::PublishReply,
+        api::EventView,
         api::EventDelivery,
         api::NewSubscription,
         api::PayloadFilter,
         api::SubscriptionPatch,
         api::SubscriptionView,
-        api::SubscriptionList
+        api::SubscriptionList,
+        api::BackfillRequest,
+        api::PastEvent,
+        api::BackfillReply,
+        api::BackfilledEvent
     ))
 )]
 pub struct ApiDoc;
@@ -76,6 +83,7 @@ pub fn director_document() -> Result<String, serde_json::Error> {
     }
     for any in [
         "/components/schemas/NewEvent/properties/payload",
+        "/components/schemas/PastEvent/properties/data",
         "/components/schemas/PayloadFilter/properties/equals",
     ] {
         if let Some(value) = doc.pointer_mut(any) {
@@ -93,16 +101,15 @@ pub fn director_document() -> Result<String, serde_json::Error> {
 }
 
 /// The router's document: the Director's without what only Directors serve (`/v1/import`,
-/// `/v1/endpoints`: each Director's own view of its endpoints, and for now events and
-/// subscriptions).
+/// `/v1/endpoints`: each Director's own view of its endpoints, `/v1/events/{id}`: one
+/// JobDB's view of an event, and back-fills, which skip what one JobDB already has).
 pub fn router_document() -> Result<String, serde_json::Error> {
     let mut doc: serde_json::Value = serde_json::from_str(&director_document()?)?;
     if let Some(paths) = doc.get_mut("paths").and_then(|p| p.as_object_mut()) {
         paths.remove("/v1/import");
         paths.remove("/v1/endpoints");
-        paths.remove("/v1/events");
-        paths.remove("/v1/subscriptions");
-        paths.remove("/v1/subscriptions/{id}");
+        paths.remove("/v1/events/{id}");
+        paths.remove("/v1/subscriptions/{id}/backfill");
     }
     doc["info"]["description"] = serde_json::Value::String(
         "Database-as-a-queue HTTP delivery engine: router RPC API (dedup by idempotency key, \
@@ -180,7 +187,9 @@ fn endpoints() {}
 fn import_jobs() {}
 
 /// Publish an event: one job per matching subscription of its bucket (exact type, prefix
-/// wildcard, payload filter), all persisted in one transaction before the answer.
+/// wildcard, payload filter), all persisted in one transaction before the answer. Through a
+/// router, a repeated `idempotency_key` (within the dedup window) stores nothing and answers
+/// the first event, `duplicate: true`.
 #[utoipa::path(
     post,
     path = "/v1/events",
@@ -193,11 +202,29 @@ fn import_jobs() {}
         (status = 413, description = "Body or payload too large", body = api::ErrorBody),
         (status = 422, description = "A field has an invalid value", body = api::ErrorBody),
         (status = 429, description = "The token is over its request rate; nothing stored", body = api::ErrorBody),
-        (status = 503, description = "No control database, JobDB unavailable, or Director stopping; nothing stored", body = api::ErrorBody),
-        (status = 504, description = "The jobs were being written when the write timeout ran out: they may or may not be stored", body = api::ErrorBody)
+        (status = 503, description = "No control database, JobDB unavailable, Director stopping, or (router) another publish of the key still being stored; nothing stored", body = api::ErrorBody),
+        (status = 504, description = "The jobs were being written when the write timeout ran out: they may or may not be stored; publish again with the same idempotency key", body = api::ErrorBody)
     )
 )]
 fn publish_event() {}
+
+/// An event and its jobs, as this Director's JobDB holds them (its other JobDBs' jobs of it,
+/// moved or archived, are not listed).
+#[utoipa::path(
+    get,
+    path = "/v1/events/{id}",
+    params(("id" = String, Path, description = "Event id: ULID, or 32 hex digits as HEX(id) prints",
+        pattern = "^([0-7][0-9A-HJKMNP-TV-Za-hjkmnp-tv-z]{25}|[0-9A-Fa-f]{32})$")),
+    responses(
+        (status = 200, description = "The event and its jobs here", body = api::EventView),
+        (status = 400, description = "Not an event id", body = api::ErrorBody),
+        (status = 401, description = "Missing or invalid bearer token", body = api::ErrorBody),
+        (status = 403, description = "The token may not read this event's bucket", body = api::ErrorBody),
+        (status = 404, description = "No such event in this Director's JobDB", body = api::ErrorBody),
+        (status = 503, description = "JobDB unavailable", body = api::ErrorBody)
+    )
+)]
+fn get_event() {}
 
 /// The subscriptions the token may see (of one bucket with `?bucket=`).
 #[utoipa::path(
@@ -291,3 +318,27 @@ fn readyz() {}
 /// Prometheus metrics: OpenMetrics when the scraper asks for it, else the classic text format.
 #[utoipa::path(get, path = "/metrics", responses((status = 200, description = "Metrics")))]
 fn metrics() {}
+
+/// Deliver past events to a subscription added after them (`spindle subscriptions backfill`
+/// reads them from a JobDB or the archive): one job per event it wants (types, filter) and has
+/// no job for in this Director's JobDB, with the event's own id and timestamp, all persisted in
+/// one transaction before the answer.
+#[utoipa::path(
+    post,
+    path = "/v1/subscriptions/{id}/backfill",
+    params(("id" = String, Path, description = "The subscription's id (ULID)")),
+    request_body = api::BackfillRequest,
+    responses(
+        (status = 202, description = "The jobs made (none when every event was skipped)", body = api::BackfillReply),
+        (status = 400, description = "Malformed JSON, or unknown or missing field", body = api::ErrorBody),
+        (status = 401, description = "Missing or invalid bearer token", body = api::ErrorBody),
+        (status = 403, description = "The token may not use the subscription's bucket; nothing stored", body = api::ErrorBody),
+        (status = 404, description = "No such subscription", body = api::ErrorBody),
+        (status = 413, description = "Body or an event's data too large", body = api::ErrorBody),
+        (status = 422, description = "A field has an invalid value; nothing stored", body = api::ErrorBody),
+        (status = 429, description = "The token is over its request rate; nothing stored", body = api::ErrorBody),
+        (status = 503, description = "No control database, JobDB unavailable, or Director stopping; nothing stored", body = api::ErrorBody),
+        (status = 504, description = "The jobs were being written when the write timeout ran out: they may or may not be stored (a repeat skips those stored)", body = api::ErrorBody)
+    )
+)]
+fn backfill_subscription() {}

@@ -139,6 +139,7 @@ pub struct Builder {
     redis: Option<Option<PrivateRedis>>,
     router: Option<usize>,
     s3: bool,
+    control: bool,
 }
 
 impl Builder {
@@ -194,6 +195,13 @@ impl Builder {
         self
     }
 
+    /// A control database (`{tag}_control`) the Directors and routers share: events and
+    /// subscriptions on.
+    pub fn control(mut self) -> Self {
+        self.control = true;
+        self
+    }
+
     pub async fn start(self) -> Cluster {
         let consul = ConsulUnderTest::start().await;
         assert!(
@@ -220,6 +228,9 @@ impl Builder {
             .mariadb
             .as_ref()
             .map_or_else(mysql_server, |m| m.server());
+        let control = self
+            .control
+            .then(|| words(&format!("--control-db {mysql}/{tag}_control")));
         let mut cluster = Cluster {
             inventory: Inventory::new(consul.client.clone()),
             sink: Sink::start("127.0.0.1:0".parse().unwrap()).await.unwrap(),
@@ -240,6 +251,7 @@ impl Builder {
             consul,
             mysql,
             service_ttl_ms: self.service_ttl_ms,
+            control,
             director_args: self.director_args,
             stores,
             dedup,
@@ -374,6 +386,8 @@ pub struct Cluster {
     /// The MySQL server of the JobDBs (no database).
     pub mysql: String,
     service_ttl_ms: u64,
+    /// `--control-db` of every Director and router, when the cluster has one.
+    control: Option<Vec<String>>,
     director_args: Vec<String>,
     /// The routers' `--redis`, and whether they deduplicate there (not in memory).
     stores: String,
@@ -400,6 +414,7 @@ impl Cluster {
             redis: None,
             router: None,
             s3: false,
+            control: false,
         }
     }
 
@@ -446,6 +461,7 @@ impl Cluster {
     pub fn director_with(&self, id: &str, extra: &[&str]) -> Proc {
         let mut args = director_args(&self.consul_url(), id, self.service_ttl_ms);
         args.extend(self.director_args.iter().cloned());
+        args.extend(self.control.iter().flatten().cloned());
         args.extend(self.s3_args());
         args.extend(extra.iter().map(|a| a.to_string()));
         Proc::spawn(&args, 0)
@@ -455,6 +471,10 @@ impl Cluster {
         let consul = self.consul_url();
         let mut args = router_args(&consul, &self.stores, shard_size, &self.placement_prefix());
         args.extend(words("--forward-timeout-ms 5000 --resolve-ms 20000"));
+        if let Some(control) = &self.control {
+            args.extend(control.iter().cloned());
+            args.extend(words("--allow-subnet 127.0.0.0/8"));
+        }
         if self.dedup {
             args.extend(dedup_args(&format!("{}:", self.tag), 60));
             args.extend(words("--placement-period-s 2 --placement-lead-ms 4000"));

@@ -750,3 +750,49 @@ impl Control {
         self.subscriptions.db().close().await;
     }
 }
+
+/// An event's job as a subscriber received it, its signature checked.
+pub struct EventArrival {
+    /// `spindle-event-id`.
+    pub event_id: String,
+    /// `spindle-subscription-id`.
+    pub subscription: String,
+    /// `spindle-event-type`.
+    pub event_type: String,
+    /// The envelope.
+    pub body: serde_json::Value,
+}
+
+/// Reads an event's job from what the sink received, asserting it is signed (Standard
+/// Webhooks) with its subscription's own secret among `secrets` (by subscription id).
+pub fn event_arrival(
+    r: &spindle::cli::sink::Received,
+    secrets: &std::collections::HashMap<String, spindle::delivery::signing::SigningSecret>,
+) -> EventArrival {
+    let header = |name: &str| {
+        r.headers
+            .iter()
+            .find(|(n, _)| n == name)
+            .map(|(_, v)| v.clone())
+            .unwrap_or_else(|| panic!("{name} missing"))
+    };
+    let subscription = header("spindle-subscription-id");
+    let timestamp: i64 = header("webhook-timestamp").parse().expect("a timestamp");
+    let expected = spindle::delivery::signing::sign(
+        std::slice::from_ref(&secrets[&subscription]),
+        &header("webhook-id"),
+        timestamp,
+        &r.body,
+    );
+    assert_eq!(
+        header("webhook-signature"),
+        expected,
+        "signed with the secret of subscription {subscription}"
+    );
+    EventArrival {
+        event_id: header("spindle-event-id"),
+        event_type: header("spindle-event-type"),
+        body: serde_json::from_slice(&r.body).expect("a JSON envelope"),
+        subscription,
+    }
+}

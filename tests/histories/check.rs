@@ -235,7 +235,12 @@ pub fn check(i: &Inputs) -> (Vec<Violation>, Tally) {
         }
         let via_routers_only =
             !outcomes.is_empty() && outcomes.iter().all(|(via, _)| via.starts_with("router"));
-        if via_routers_only {
+        // An event's key holds one job per subscription: `event-once` judges it.
+        let event = log
+            .specs
+            .get(*key)
+            .is_some_and(|s| s.json.get("event_type").is_some());
+        if via_routers_only && !event {
             if ids.len() > 1 {
                 v(
                     &mut out,
@@ -717,8 +722,9 @@ pub fn check(i: &Inputs) -> (Vec<Violation>, Tally) {
     (out, tally)
 }
 
-/// Events (alone): every stored event has exactly the jobs its type fans out to, one per
-/// subscription, whatever was killed in between (`event-atomic`); the disabled
+/// Events: every stored event has exactly the jobs its type fans out to, one per
+/// subscription, whatever was killed in between (`event-atomic`); through the routers, a key
+/// stores one event and every answer names its jobs (`event-once`); the disabled
 /// subscription's jobs reach no endpoint while it is disabled (`subscription-held`, two
 /// seconds after the disable answered, for attempts begun before it).
 fn events(i: &Inputs, out: &mut Vec<Violation>, tally: &mut Tally) {
@@ -744,6 +750,43 @@ fn events(i: &Inputs, out: &mut Vec<Violation>, tally: &mut Tally) {
                     jobs[0].1.event_type,
                     jobs.len(),
                     subscriptions.len()
+                ),
+            );
+        }
+    }
+    // Through the routers, one event per key, and every answer names its jobs.
+    let mut by_key: HashMap<&str, (HashSet<ulid::Ulid>, HashSet<String>)> = HashMap::new();
+    for (id, s) in i.stored {
+        if let (Some(e), Some(key)) = (&s.job.event, s.job.idempotency_key.as_deref()) {
+            let entry = by_key.entry(key).or_default();
+            entry.0.insert(e.event_id);
+            entry.1.insert(id.to_string());
+        }
+    }
+    for (key, (events, jobs)) in &by_key {
+        let outcomes = i.log.outcomes.get(*key).map(Vec::as_slice).unwrap_or(&[]);
+        if outcomes.is_empty() || !outcomes.iter().all(|(via, _)| via.starts_with("router")) {
+            continue;
+        }
+        let strays: Vec<&str> = outcomes
+            .iter()
+            .filter_map(|(_, o)| match o {
+                Outcome::Accepted(id) | Outcome::Duplicate(id) if !id.is_empty() => {
+                    (!jobs.contains(id)).then_some(id.as_str())
+                }
+                _ => None,
+            })
+            .collect();
+        if events.len() > 1 || !strays.is_empty() {
+            v(
+                out,
+                "event-once",
+                Utc::now(),
+                None,
+                format!(
+                    "key {key}: {} events stored through the routers ({events:?}); answers \
+                     naming jobs of none of them: {strays:?}",
+                    events.len()
                 ),
             );
         }

@@ -48,11 +48,11 @@ pub enum Op {
     Outage(Duration),
     /// An operator releases every blocked key (`DELETE FROM ordering_blocked`).
     ReleaseBlocks,
-    /// Alone: the `created` subscription disabled (`false`) or enabled again (`true`).
+    /// The `created` subscription disabled (`false`) or enabled again (`true`).
     Subscription(bool),
 }
 
-/// The bucket events are published in (alone).
+/// The bucket events are published in.
 pub const EVENT_BUCKET: &str = "events";
 /// How the log names the `created` subscription being disabled, and enabled again.
 pub const DISABLES: &str = "subscription created disabled";
@@ -73,7 +73,7 @@ pub enum Target {
 #[derive(Clone, Copy)]
 pub struct Kinds {
     pub cluster: bool,
-    /// Events published to subscriptions (a Director alone with a control database).
+    /// Events published to subscriptions (a control database).
     pub events: bool,
 }
 
@@ -122,7 +122,8 @@ pub fn schedule(rng: &mut StdRng, run: Duration, kinds: Kinds) -> Vec<(Duration,
             75..=79 => Op::ReleaseBlocks,
             80..=84 if kinds.cluster => Op::KillRouter(rng.random_range(0..2), secs(rng, 0.0, 1.5)),
             85..=91 if kinds.cluster => Op::Retire,
-            92..=99 if kinds.cluster => Op::Outage(secs(rng, 2.0, 6.0)),
+            92..=96 if kinds.cluster => Op::Outage(secs(rng, 2.0, 6.0)),
+            97..=99 if kinds.cluster && !kinds.events => Op::Outage(secs(rng, 2.0, 6.0)),
             85..=99 if kinds.events => {
                 ops.push(((t + secs(rng, 1.5, 5.0)).min(run), Op::Subscription(true)));
                 Op::Subscription(false)
@@ -750,7 +751,7 @@ pub async fn expiry_watch(world: Arc<World>, rec: Arc<Recorder>, until: tokio::t
     }
 }
 
-/// Alone: the two subscriptions of [`EVENT_BUCKET`] (see [`super::world::Subscribed`]).
+/// The two subscriptions of [`EVENT_BUCKET`] (see [`super::world::Subscribed`]).
 pub async fn subscribe(world: &World) {
     let api = events_api(world);
     let add = |lane: &str, types: &[&str]| {
@@ -808,8 +809,11 @@ pub fn fan_out(event_type: &str) -> usize {
     }
 }
 
-/// Alone: publishes events until `until`, recording each event's jobs as acknowledged jobs
-/// of one spec (its idempotency key, which every job of the event carries).
+/// Publishes events until `until`, recording each event's jobs as acknowledged jobs of one
+/// spec (its idempotency key, which every job of the event carries). Alone, straight to the
+/// Director, once (an unknown outcome stays unknown: no dedup there). In a cluster, through
+/// the routers, again with the same key until an answer settles it: a repeat is answered
+/// with the first event's jobs (`duplicate`), and a few keys are published twice on purpose.
 pub async fn publisher(
     seed: u64,
     world: Arc<World>,
@@ -817,90 +821,104 @@ pub async fn publisher(
     until: tokio::time::Instant,
 ) {
     let mut rng = StdRng::seed_from_u64(seed ^ 0x00e0_e0e0);
-    let base = world.api_base();
+    let fronts: Vec<(String, String)> = match world.routers.is_empty() {
+        true => vec![("director0".to_owned(), world.api_base())],
+        false => world
+            .routers
+            .iter()
+            .map(|r| (r.name.clone(), r.base()))
+            .collect(),
+    };
+    let retries = fronts.len() > 1;
+    let mut settled: Vec<Spec> = Vec::new();
     let mut n = 0usize;
     while tokio::time::Instant::now() < until {
-        n += 1;
-        let event_type = ["hist.created", "hist.updated"][rng.random_range(0..2)];
-        let key = format!("{}-ev-{n}", world.tag);
-        let body = json!({"bucket": EVENT_BUCKET, "event_type": event_type,
-                          "payload": {"n": n}, "idempotency_key": key});
-        let spec = Spec {
-            key,
-            json: body.clone(),
-            seq: None,
-            deliver_at: None,
+        let again = retries && rng.random_range(0..100) < 10 && !settled.is_empty();
+        let spec = match again {
+            true => {
+                settled[rng.random_range(settled.len().saturating_sub(5)..settled.len())].clone()
+            }
+            false => {
+                n += 1;
+                let event_type = ["hist.created", "hist.updated"][rng.random_range(0..2)];
+                let key = format!("{}-ev-{n}", world.tag);
+                Spec {
+                    json: json!({"bucket": EVENT_BUCKET, "event_type": event_type,
+                                 "payload": {"n": n}, "idempotency_key": key}),
+                    key,
+                    seq: None,
+                    deliver_at: None,
+                }
+            }
         };
+        let expected = fan_out(spec.json["event_type"].as_str().unwrap_or_default());
         rec.spec(&spec);
-        rec.request();
-        let sent = world
-            .client
-            .post(format!("{base}/v1/events"))
-            .json(&body)
-            .send()
-            .await;
-        let expected = fan_out(event_type);
-        match sent {
-            Ok(r) if r.status() == reqwest::StatusCode::ACCEPTED => {
-                match r.json::<spindle_client::PublishReply>().await {
-                    Ok(reply) => {
-                        for d in &reply.deliveries {
-                            let answer = spindle_client::AcceptedJob {
-                                id: d.job_id.clone(),
-                                status: JobStatus::Accepted,
-                                bucket: EVENT_BUCKET.into(),
-                                created_at: None,
-                                expire_at: None,
-                                deliver_at: None,
-                                idempotency_key: Some(spec.key.clone()),
-                                error: None,
-                            };
-                            rec.outcome(
-                                &spec,
-                                "director0",
-                                Outcome::Accepted(d.job_id.clone()),
-                                Some(&answer),
-                            );
-                        }
-                    }
-                    Err(e) => {
-                        for _ in 0..expected {
-                            rec.outcome(
-                                &spec,
-                                "director0",
-                                Outcome::Unknown(format!("202 without a body: {e}")),
-                                None,
-                            );
-                        }
-                    }
-                }
-            }
-            Ok(r) => {
-                let status = r.status();
-                let text = r.text().await.unwrap_or_default();
-                if status.is_client_error() {
-                    panic!("publish refused: {status} {text}");
-                }
-                rec.outcome(
-                    &spec,
-                    "director0",
-                    Outcome::NotStored(format!("{status}")),
-                    None,
-                );
-            }
-            Err(e) if e.is_connect() => {
-                rec.outcome(
-                    &spec,
-                    "director0",
-                    Outcome::NotStored(format!("connect: {e}")),
-                    None,
-                );
-            }
-            Err(e) => {
+        for attempt in 0..40usize {
+            let (via, base) = &fronts[(n + attempt) % fronts.len()];
+            rec.request();
+            let sent = world
+                .client
+                .post(format!("{base}/v1/events"))
+                .json(&spec.json)
+                .send()
+                .await;
+            let outcome = |o: Outcome| rec.outcome(&spec, via, o, None);
+            let unknown = |why: String| {
                 for _ in 0..expected {
-                    rec.outcome(&spec, "director0", Outcome::Unknown(format!("{e}")), None);
+                    outcome(Outcome::Unknown(why.clone()));
                 }
+            };
+            match sent {
+                Ok(r) if r.status() == reqwest::StatusCode::ACCEPTED => {
+                    match r.json::<spindle_client::PublishReply>().await {
+                        Ok(reply) => {
+                            for d in &reply.deliveries {
+                                let answer = spindle_client::AcceptedJob {
+                                    id: d.job_id.clone(),
+                                    status: JobStatus::Accepted,
+                                    bucket: EVENT_BUCKET.into(),
+                                    created_at: None,
+                                    expire_at: None,
+                                    deliver_at: None,
+                                    idempotency_key: Some(spec.key.clone()),
+                                    error: None,
+                                };
+                                let o = match reply.duplicate {
+                                    true => Outcome::Duplicate(d.job_id.clone()),
+                                    false => Outcome::Accepted(d.job_id.clone()),
+                                };
+                                rec.outcome(&spec, via, o, Some(&answer));
+                            }
+                            if reply.duplicate && reply.deliveries.is_empty() {
+                                outcome(Outcome::Duplicate(String::new()));
+                            }
+                            if !again {
+                                settled.push(spec.clone());
+                            }
+                            break;
+                        }
+                        Err(e) => unknown(format!("202 without a body: {e}")),
+                    }
+                }
+                // A write that ran out of time, or a router's unresolved forward.
+                Ok(r) if r.status() == reqwest::StatusCode::GATEWAY_TIMEOUT => {
+                    unknown(format!("504: {}", r.text().await.unwrap_or_default()))
+                }
+                Ok(r) => {
+                    let status = r.status();
+                    let text = r.text().await.unwrap_or_default();
+                    if status.is_client_error() {
+                        panic!("publish refused: {status} {text}");
+                    }
+                    outcome(Outcome::NotStored(format!("{status}")));
+                }
+                Err(e) if e.is_connect() => outcome(Outcome::NotStored(format!("connect: {e}"))),
+                Err(e) => unknown(format!("{e}")),
             }
+            if !retries {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(rng.random_range(100..400))).await;
         }
         tokio::time::sleep(Duration::from_millis(rng.random_range(80..300))).await;
     }

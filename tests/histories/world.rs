@@ -108,8 +108,8 @@ pub struct World {
     pub drainer: Option<Slot>,
     /// The Director's JobDB when it runs alone.
     pub alone: Option<TestDb>,
-    /// Alone: the control database of its subscriptions, and (once made) the two
-    /// subscriptions events are published to.
+    /// The control database of the subscriptions, and (once made) the two subscriptions
+    /// events are published to.
     pub control: Option<TestDb>,
     pub subscriptions: std::sync::OnceLock<Subscribed>,
     /// Kept for its lifetime: moto stops when it is dropped.
@@ -124,7 +124,7 @@ pub struct World {
     pub remembered: std::sync::Mutex<(u64, u64)>,
 }
 
-/// Alone: the subscriptions of bucket [`crate::histories::ops::EVENT_BUCKET`]: `all` takes
+/// The subscriptions of bucket [`crate::histories::ops::EVENT_BUCKET`]: `all` takes
 /// every event type (lane a), `created` only `hist.created` (lane b) and is the one an
 /// operation disables for a while.
 pub struct Subscribed {
@@ -195,10 +195,13 @@ impl World {
         let manager = manager_args(&consul_url, &servers, &tag, "m0", 2, max_age_s());
         let mut drainer = drainer_args(&consul_url, "dr0");
         drainer.extend(s3_args.clone());
+        let control = TestDb::on(Engine::MySql, &format!("{tag}c"));
+        let control_db = ["--control-db".to_owned(), control.url_string()];
         let directors = (0..3)
             .map(|i| {
                 let mut args = director_args(&consul_url, &format!("{tag}-d{i}"), 3000);
                 args.extend(s3_args.clone());
+                args.extend(control_db.iter().cloned());
                 args.extend(director_flags());
                 Slot::new(&format!("director{i}"), args, None)
             })
@@ -210,6 +213,8 @@ impl World {
                 let mut args = router_args(&consul_url, &redis, 2, &placements);
                 args.extend(dedup_args(&format!("{tag}:"), 120));
                 args.extend(words("--forward-timeout-ms 4000 --resolve-ms 15000"));
+                args.extend(words("--allow-subnet 127.0.0.0/8"));
+                args.extend(control_db.iter().cloned());
                 let skew = (i == 1).then(|| format!("+{:.1}s", SKEW_MS as f64 / 1000.0));
                 Slot::new(&format!("router{i}"), args, skew)
             })
@@ -225,7 +230,7 @@ impl World {
             manager: Some(Slot::new("manager", manager, None)),
             drainer: Some(Slot::new("drainer", drainer, None)),
             alone: None,
-            control: None,
+            control: Some(control),
             subscriptions: Default::default(),
             remembered: Default::default(),
             s3: Some(s3),

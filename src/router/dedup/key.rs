@@ -9,6 +9,9 @@ use sha2::{Digest, Sha256};
 /// Domain separation of the key hash (and its version: changing it forgets every claim).
 const KEY_DOMAIN: &[u8] = b"spindle/dedup/v1\0";
 
+/// Domain separation of an event's key hash.
+const EVENT_DOMAIN: &[u8] = b"spindle/dedup/event/v1\0";
+
 /// A dedup key: 128 bits of SHA-256 over (bucket, idempotency key).
 #[derive(Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct DedupKey([u8; 16]);
@@ -17,8 +20,18 @@ impl DedupKey {
     /// The key of `idempotency_key` in `bucket` (the bucket is length-prefixed, so
     /// `("ab", "c")` and `("a", "bc")` differ).
     pub fn new(bucket: &str, idempotency_key: &str) -> Self {
+        Self::derive(KEY_DOMAIN, bucket, idempotency_key)
+    }
+
+    /// The key of an event's `idempotency_key` in `bucket`: apart from every job's key (its
+    /// own domain), so an event and a job may use the same idempotency key.
+    pub fn event(bucket: &str, idempotency_key: &str) -> Self {
+        Self::derive(EVENT_DOMAIN, bucket, idempotency_key)
+    }
+
+    fn derive(domain: &[u8], bucket: &str, idempotency_key: &str) -> Self {
         let mut hasher = Sha256::new();
-        hasher.update(KEY_DOMAIN);
+        hasher.update(domain);
         hasher.update((bucket.len() as u64).to_be_bytes());
         hasher.update(bucket.as_bytes());
         hasher.update(idempotency_key.as_bytes());
@@ -77,6 +90,7 @@ mod tests {
     #[test]
     fn keys_are_length_prefixed_and_stable() {
         assert_ne!(DedupKey::new("ab", "c"), DedupKey::new("a", "bc"));
+        assert_ne!(DedupKey::new("b", "k"), DedupKey::event("b", "k"));
         assert_eq!(DedupKey::new("b", "k"), DedupKey::new("b", "k"));
         // Pinned: changing the derivation silently forgets every stored claim.
         assert_eq!(

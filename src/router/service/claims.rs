@@ -17,15 +17,57 @@ use crate::rpc::error::ApiError;
 /// Claims the keys of `routed`, filling in the result of every job that is not to be
 /// forwarded (a duplicate, or a key still pending elsewhere after `pending_wait`).
 pub(super) async fn claim_keys(shared: &Shared, routed: &mut [Routed]) -> Result<(), ApiError> {
-    let batch_ids: HashSet<JobId> = routed.iter().map(|r| r.job.id).collect();
-    let mut open: Vec<usize> = (0..routed.len())
+    let keyed: Vec<usize> = (0..routed.len())
         .filter(|&i| routed[i].claim.is_some())
         .collect();
+    let claims: Vec<Claim> = keyed.iter().filter_map(|&i| routed[i].claim).collect();
+    let outcomes = claim(shared, &claims, Holds::Jobs).await?;
+    for (i, outcome) in keyed.into_iter().zip(outcomes) {
+        let r = &mut routed[i];
+        r.result = match outcome {
+            Keyed::Free => None,
+            Keyed::Duplicate(owner) => Some(r.answer(JobStatus::Duplicate, owner, None)),
+            Keyed::Pending(owner, why) => Some(r.answer(JobStatus::Pending, owner, Some(why))),
+        };
+    }
+    Ok(())
+}
+
+/// What became of a claimed key.
+pub(super) enum Keyed {
+    /// This request holds it now: forward.
+    Free,
+    /// A stored job or event holds it (or another job of this very request, settled with
+    /// it): the holder.
+    Duplicate(JobId),
+    /// Another submission of it is being stored, or one that cannot be checked now: retry
+    /// later (the holder, why).
+    Pending(JobId, String),
+}
+
+/// What the owners of claims are: jobs (looked up by job id) or events (by event id).
+#[derive(Clone, Copy, Debug)]
+pub(super) enum Holds {
+    Jobs,
+    Events,
+}
+
+/// Claims `claims` (whose owners are this request's jobs or events), waiting up to
+/// `pending_wait` for another submission's pending claim of the same key and finishing the
+/// work of a router that died (a lapsed claim). One answer per claim, in order.
+pub(super) async fn claim(
+    shared: &Shared,
+    claims: &[Claim],
+    holds: Holds,
+) -> Result<Vec<Keyed>, ApiError> {
+    let ours: HashSet<JobId> = claims.iter().map(|c| c.owner).collect();
+    let mut answers: Vec<Option<Keyed>> = claims.iter().map(|_| None).collect();
+    let mut open: Vec<usize> = (0..claims.len()).collect();
     let started = Instant::now();
     let mut pause = Duration::from_millis(50);
     while !open.is_empty() {
-        let claims: Vec<Claim> = open.iter().filter_map(|&i| routed[i].claim).collect();
-        let outcomes = shared.dedup.claim(&claims).await.map_err(|e| {
+        let asked: Vec<Claim> = open.iter().map(|&i| claims[i]).collect();
+        let outcomes = shared.dedup.claim(&asked).await.map_err(|e| {
             tracing::warn!(error = %e, "router: dedup claim failed");
             ApiError::Unavailable("the dedup store is unavailable; nothing was stored".into())
         })?;
@@ -37,62 +79,60 @@ pub(super) async fn claim_keys(shared: &Shared, routed: &mut [Routed]) -> Result
         let mut still = Vec::new();
         let mut lapsed: Vec<(usize, JobId)> = Vec::new();
         for (&i, outcome) in open.iter().zip(outcomes) {
-            let r = &mut routed[i];
-            match outcome {
-                ClaimOutcome::Lapsed { owner } => lapsed.push((i, owner)),
-                ClaimOutcome::Claimed | ClaimOutcome::Mine => {}
+            answers[i] = match outcome {
+                ClaimOutcome::Lapsed { owner } => {
+                    lapsed.push((i, owner));
+                    None
+                }
+                ClaimOutcome::Claimed | ClaimOutcome::Mine => Some(Keyed::Free),
                 ClaimOutcome::Duplicate {
                     owner,
                     confirmed: true,
-                } => r.result = Some(r.answer(JobStatus::Duplicate, owner, None)),
+                } => Some(Keyed::Duplicate(owner)),
                 // Held by another job of this very request: settled once that one is.
-                ClaimOutcome::Duplicate { owner, .. } if batch_ids.contains(&owner) => {
-                    r.result = Some(r.answer(JobStatus::Duplicate, owner, None))
+                ClaimOutcome::Duplicate { owner, .. } if ours.contains(&owner) => {
+                    Some(Keyed::Duplicate(owner))
                 }
-                ClaimOutcome::Duplicate { owner, .. } if waited_enough => {
-                    r.result = Some(
-                        r.answer(
-                            JobStatus::Pending,
-                            owner,
-                            Some(
-                                "another submission of this key is being stored; submit again \
-                             later with the same key"
-                                    .into(),
-                            ),
-                        ),
-                    )
+                ClaimOutcome::Duplicate { owner, .. } if waited_enough => Some(Keyed::Pending(
+                    owner,
+                    "another submission of this key is being stored; submit again later with \
+                     the same key"
+                        .into(),
+                )),
+                ClaimOutcome::Duplicate { .. } => {
+                    still.push(i);
+                    None
                 }
-                ClaimOutcome::Duplicate { .. } => still.push(i),
-            }
+            };
         }
-        // Lapsed claims: their router stopped before confirming, perhaps after storing the job.
+        // Lapsed claims: their router stopped before confirming, perhaps after storing.
         for (i, holder) in lapsed {
-            let r = &mut routed[i];
-            let Some(claim) = r.claim else { continue };
-            match holder_stored(shared, holder).await {
+            let claim = claims[i];
+            match holder_stored(shared, holder, holds).await {
                 Holder::Stored => {
-                    // Finish the dead router's work: the key is the stored job's.
+                    // Finish the dead router's work: the key is the stored holder's.
                     let holder_claim = Claim {
                         owner: holder,
                         ..claim
                     };
                     match shared.dedup.confirm(&[holder_claim]).await {
-                        Ok(_) => r.result = Some(r.answer(JobStatus::Duplicate, holder, None)),
+                        Ok(_) => answers[i] = Some(Keyed::Duplicate(holder)),
                         Err(_) => still.push(i),
                     }
                 }
                 Holder::Absent => match shared.dedup.take_over(&[claim]).await {
-                    Ok(o) if matches!(o[..], [ClaimOutcome::Claimed | ClaimOutcome::Mine]) => {}
+                    Ok(o) if matches!(o[..], [ClaimOutcome::Claimed | ClaimOutcome::Mine]) => {
+                        answers[i] = Some(Keyed::Free)
+                    }
                     Ok(_) | Err(_) => still.push(i),
                 },
                 Holder::Unknown(why) if waited_enough => {
-                    r.result = Some(r.answer(
-                        JobStatus::Pending,
+                    answers[i] = Some(Keyed::Pending(
                         holder,
-                        Some(format!(
-                            "an earlier submission of this key (job {holder}) may have been \
+                        format!(
+                            "an earlier submission of this key ({holder}) may have been \
                              stored and cannot be checked now ({why}); submit again later"
-                        )),
+                        ),
                     ))
                 }
                 Holder::Unknown(_) => still.push(i),
@@ -104,7 +144,10 @@ pub(super) async fn claim_keys(shared: &Shared, routed: &mut [Routed]) -> Result
             pause = (pause * 2).min(Duration::from_millis(500));
         }
     }
-    Ok(())
+    Ok(answers
+        .into_iter()
+        .map(|a| a.unwrap_or(Keyed::Free))
+        .collect())
 }
 
 /// Whether the job holding a lapsed claim was stored.
@@ -114,10 +157,10 @@ enum Holder {
     Unknown(String),
 }
 
-/// Looks for `holder` in every live JobDB. It is absent only if every healthy Director answers
-/// 404, every active JobDB has one of them, and no JobDB left service since the job was made
-/// (it could have been stored there, and delivered or moved since).
-async fn holder_stored(shared: &Shared, holder: JobId) -> Holder {
+/// Looks for `holder` (a job, or an event's row) in every live JobDB. It is absent only if
+/// every healthy Director answers 404, every active JobDB has one of them, and no JobDB left
+/// service since it was made (it could have been stored there, and delivered or moved since).
+async fn holder_stored(shared: &Shared, holder: JobId, holds: Holds) -> Holder {
     let records = match crate::registry::inventory::Inventory::new(shared.consul.clone())
         .list()
         .await
@@ -144,7 +187,13 @@ async fn holder_stored(shared: &Shared, holder: JobId) -> Holder {
     let holder = holder.to_string();
     let lookups = directors.iter().map(|d| {
         let holder = &holder;
-        async move { shared.director_client(d)?.job(holder).await }
+        async move {
+            let client = shared.director_client(d)?;
+            match holds {
+                Holds::Jobs => client.job(holder).await.map(drop),
+                Holds::Events => client.event(holder).await.map(drop),
+            }
+        }
     });
     let mut absent = true;
     for answer in futures::future::join_all(lookups).await {

@@ -32,9 +32,15 @@
 //! # Files
 //! This file: the settings, starting and stopping, `POST /v1/jobs` from request to answer, and
 //! the other routes. `claims.rs`: steps 1 and 3 (claim, keep alive, confirm or release).
-//! `forward.rs`: step 2. `metrics.rs`: the `spindle_router_*` metrics.
+//! `forward.rs`: step 2. `events.rs`: `POST /v1/events`, the same three steps for a whole
+//! event (one claim, one forward). `metrics.rs`: the `spindle_router_*` metrics.
+//!
+//! With a control database the router also serves the subscription API
+//! (`/v1/subscriptions`, [`crate::events::http`]) and publishes events from its own cache of
+//! the subscriptions.
 
 mod claims;
+mod events;
 mod forward;
 mod metrics;
 
@@ -87,6 +93,10 @@ pub struct RouterSettings {
     pub forward_timeout: Duration,
     /// How long a forward whose outcome is unknown is re-sent to its JobDB.
     pub resolve_for: Duration,
+    /// The subscriptions events are published to; `None`: events and subscriptions are off.
+    pub subscriptions: Option<Arc<crate::events::Subscriptions>>,
+    /// The delivery address guard of the Directors: a subscription URL it blocks is refused.
+    pub policy: Arc<crate::delivery::guard::AddressPolicy>,
 }
 
 impl RouterSettings {
@@ -102,6 +112,8 @@ impl RouterSettings {
             pending_wait: Duration::from_secs(5),
             forward_timeout: Duration::from_secs(10),
             resolve_for: Duration::from_secs(30),
+            subscriptions: None,
+            policy: Arc::new(crate::delivery::guard::AddressPolicy::new(Vec::new())),
         }
     }
 }
@@ -158,15 +170,23 @@ impl Router {
             stopping: stop.clone(),
             ready: AtomicBool::new(true),
         });
+        let subscriptions = crate::events::http::routes(crate::events::http::SubscriptionApi {
+            subscriptions: shared.settings.subscriptions.clone(),
+            auth: shared.settings.auth.clone(),
+            limits: Arc::new(shared.settings.intake.clone()),
+            policy: shared.settings.policy.clone(),
+        });
         let app = axum::Router::new()
             .route("/v1/jobs", post(submit_jobs))
+            .route("/v1/events", post(events::publish_event))
             .route("/v1/jobs/{id}", get(get_job))
             .route("/healthz", get(|| async { "ok\n" }))
             .route("/readyz", get(readyz))
             .route("/metrics", get(metrics))
             .route("/openapi.json", get(openapi))
             .layer(DefaultBodyLimit::max(body_limit))
-            .with_state(shared.clone());
+            .with_state(shared.clone())
+            .merge(subscriptions);
         let mut tasks = JoinSet::new();
         tasks.spawn(
             directors
@@ -214,6 +234,22 @@ impl Router {
 }
 
 impl Shared {
+    /// A producer's request begins (refused while stopping): its caller and its body.
+    fn intake(
+        &self,
+        headers: &HeaderMap,
+        body: Result<Bytes, BytesRejection>,
+    ) -> Result<(Option<crate::rpc::auth::Caller>, Bytes), ApiError> {
+        if self.stopping.is_cancelled() {
+            return Err(ApiError::ShuttingDown);
+        }
+        let caller = crate::rpc::caller_of(self.settings.auth.as_deref(), headers)?;
+        Ok((
+            caller,
+            crate::rpc::request_body(body, &self.settings.intake)?,
+        ))
+    }
+
     fn next_id(&self) -> JobId {
         crate::rpc::next_id(&self.ids)
     }
@@ -291,11 +327,7 @@ async fn submit_jobs(
     headers: HeaderMap,
     body: Result<Bytes, BytesRejection>,
 ) -> Result<Response, ApiError> {
-    if shared.stopping.is_cancelled() {
-        return Err(ApiError::ShuttingDown);
-    }
-    let caller = crate::rpc::caller_of(shared.settings.auth.as_deref(), &headers)?;
-    let body = crate::rpc::request_body(body, &shared.settings.intake)?;
+    let (caller, body) = shared.intake(&headers, body)?;
     let (jobs, scheduled) = crate::rpc::check_forward(
         &body,
         &shared.settings.intake,

@@ -1,0 +1,137 @@
+//! The JobDB side of events: one event's row and jobs (`GET /v1/events/{id}`, and a router
+//! finding out whether a publish it lost track of was stored), and the events a back-fill
+//! replays to a subscription, a page at a time.
+
+use chrono::{DateTime, Utc};
+use ulid::Ulid;
+
+use super::{with_pool, JobDb, JobDbError};
+use crate::job::{Job, JobId};
+
+/// An event's row.
+const EVENT: &str = "SELECT bucket, event_type, created_at FROM events WHERE id = ?";
+
+/// An event's jobs, with their subscriptions.
+const EVENT_JOBS: &str =
+    "SELECT id, subscription_id FROM jobs WHERE event_id = ? ORDER BY subscription_id, id";
+
+/// Events with a job of a subscription: the caller binds the subscription, then adds
+/// ` AND event_id IN (…)`.
+const EVENTS_OF_SUBSCRIPTION: &str = "SELECT event_id FROM jobs WHERE subscription_id = ";
+
+/// The first job of each event of a bucket made at or after a time, after an id (job id order),
+/// whose event has no job of a subscription here: the caller binds bucket, since, after, the
+/// subscription and a limit.
+const EVENT_SOURCES: &str = concat!(
+    "SELECT id, bucket, endpoint, method, headers, payload, execution_timeout_ms, ",
+    "backoff_min_delay_ms, backoff_coefficient, created_at, expire_at, idempotency_key, ",
+    "on_complete, ordering_key, ordering_blocks, ordering_position, event_id, event_type, ",
+    "subscription_id FROM jobs j WHERE j.bucket = ? AND j.event_id IS NOT NULL ",
+    "AND j.created_at >= ? AND j.id > ? ",
+    "AND j.id = (SELECT MIN(k.id) FROM jobs k WHERE k.event_id = j.event_id) ",
+    "AND NOT EXISTS (SELECT 1 FROM jobs m WHERE m.event_id = j.event_id ",
+    "AND m.subscription_id = ?) ORDER BY j.id LIMIT ?"
+);
+
+/// An event as this JobDB has it: its row and the jobs of it stored here.
+#[derive(Clone, Debug, PartialEq)]
+pub struct StoredEvent {
+    /// The event's id.
+    pub id: Ulid,
+    /// Its bucket.
+    pub bucket: String,
+    /// Its type.
+    pub event_type: String,
+    /// When it was published.
+    pub created_at: DateTime<Utc>,
+    /// Its jobs here: (job, subscription), by subscription.
+    pub jobs: Vec<(JobId, Ulid)>,
+}
+
+impl JobDb {
+    /// The event `id`, if this JobDB has its row.
+    pub async fn event(&self, id: Ulid) -> Result<Option<StoredEvent>, JobDbError> {
+        let key = id.to_bytes().to_vec();
+        with_pool!(self, |p, q| {
+            let Some(row) = sqlx::query(EVENT)
+                .bind(key.clone())
+                .fetch_optional(p)
+                .await?
+            else {
+                return Ok(None);
+            };
+            let jobs = sqlx::query(EVENT_JOBS)
+                .bind(key)
+                .fetch_all(p)
+                .await?
+                .iter()
+                .map(|row| {
+                    Ok((
+                        q::job_id_of(row, "id")?,
+                        q::ulid_of(row, "subscription_id")?,
+                    ))
+                })
+                .collect::<Result<Vec<_>, JobDbError>>()?;
+            Ok(Some(StoredEvent {
+                id,
+                bucket: q::text(&row, "bucket")?,
+                event_type: q::text(&row, "event_type")?,
+                created_at: q::time_of(&row, "created_at")?,
+                jobs,
+            }))
+        })
+    }
+
+    /// Which of `events` already have a job of `subscription` in this JobDB (a back-fill
+    /// skips them).
+    pub async fn events_delivered_to(
+        &self,
+        subscription: Ulid,
+        events: &[Ulid],
+    ) -> Result<std::collections::HashSet<Ulid>, JobDbError> {
+        let mut out = std::collections::HashSet::new();
+        for chunk in events.chunks(super::MAX_IDS_PER_SELECT) {
+            with_pool!(self, |p, q| {
+                let mut query = sqlx::QueryBuilder::<q::Db>::new(EVENTS_OF_SUBSCRIPTION);
+                query.push_bind(subscription.to_bytes().to_vec());
+                query.push(" AND event_id IN (");
+                let mut ids = query.separated(", ");
+                for id in chunk {
+                    ids.push_bind(id.to_bytes().to_vec());
+                }
+                query.push(")");
+                for row in query.build().fetch_all(p).await? {
+                    out.insert(q::ulid_of(&row, "event_id")?);
+                }
+            });
+        }
+        Ok(out)
+    }
+
+    /// Up to `limit` events of `bucket` published at or after `since` that have no job of
+    /// `subscription` in this JobDB, each as its first job here (whose payload is the event's
+    /// envelope), after the job `after` in id order.
+    pub async fn event_sources(
+        &self,
+        bucket: &str,
+        since: DateTime<Utc>,
+        subscription: Ulid,
+        after: Option<JobId>,
+        limit: usize,
+    ) -> Result<Vec<Job>, JobDbError> {
+        let after = after.map_or_else(|| vec![0u8; 16], |id| id.to_bytes().to_vec());
+        with_pool!(self, |p, q| {
+            sqlx::query(EVENT_SOURCES)
+                .bind(bucket)
+                .bind(since.naive_utc())
+                .bind(after)
+                .bind(subscription.to_bytes().to_vec())
+                .bind(i64::try_from(limit).unwrap_or(i64::MAX))
+                .fetch_all(p)
+                .await?
+                .iter()
+                .map(q::job_from_row)
+                .collect()
+        })
+    }
+}
