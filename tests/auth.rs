@@ -167,3 +167,95 @@ async fn a_token_over_its_rate_is_told_to_wait() {
     assert_eq!(post().await.unwrap().status().as_u16(), 202);
     rig.stop().await;
 }
+
+/// Subscriptions are managed by tokens given their bucket to manage (or admin tokens), not by
+/// tokens that only use the bucket: a subscription decides where a bucket's events go.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn only_managers_of_a_bucket_touch_its_subscriptions() {
+    let store = TokenStore::default()
+        .with_token(
+            "spt_producer",
+            "producer",
+            Scope::Buckets(HashSet::from(["t1".to_owned()])),
+        )
+        .with_token("spt_manager", "manager", Scope::Buckets(HashSet::new()))
+        .managing(&["t1"])
+        .with_token("spt_admin", "ops", Scope::Admin);
+    let control = Control::start(Engine::MySql).await;
+    let tweak = control.tweak();
+    let rig = Rig::start("authsub", move |c| {
+        tweak(c);
+        c.auth = Some(Arc::new(store));
+    })
+    .await;
+    let as_token =
+        |token: &str| spindle_client::Client::new(&rig.base(), Some(token.to_owned())).unwrap();
+    let (producer, manager, admin) = (
+        as_token("spt_producer"),
+        as_token("spt_manager"),
+        as_token("spt_admin"),
+    );
+    let subscription =
+        |bucket: &str| spindle_client::NewSubscription::new(bucket, rig.sink.url("/ok"), ["a.*"]);
+    let status = |e: spindle_client::Error| e.status();
+    assert_eq!(
+        status(
+            producer
+                .add_subscription(&subscription("t1"))
+                .await
+                .unwrap_err()
+        ),
+        Some(403)
+    );
+    let made = manager.add_subscription(&subscription("t1")).await.unwrap();
+    assert_eq!(
+        status(
+            manager
+                .add_subscription(&subscription("t2"))
+                .await
+                .unwrap_err()
+        ),
+        Some(403)
+    );
+    admin.add_subscription(&subscription("t2")).await.unwrap();
+    // Each sees what it manages; a producer, nothing (not even a 404 tells it more).
+    assert_eq!(
+        manager
+            .subscriptions(None)
+            .await
+            .unwrap()
+            .subscriptions
+            .len(),
+        1
+    );
+    assert_eq!(
+        admin.subscriptions(None).await.unwrap().subscriptions.len(),
+        2
+    );
+    assert!(producer
+        .subscriptions(None)
+        .await
+        .unwrap()
+        .subscriptions
+        .is_empty());
+    assert_eq!(
+        status(producer.subscription(&made.id).await.unwrap_err()),
+        Some(404)
+    );
+    // Publishing is using the bucket: the producer may, the manager may not.
+    let event = spindle_client::NewEvent {
+        bucket: "t1".into(),
+        event_type: "a.b".into(),
+        payload: serde_json::value::RawValue::from_string("{}".into()).unwrap(),
+        idempotency_key: None,
+        deliver_at: None,
+        on_complete: None,
+    };
+    assert_eq!(producer.publish(&event).await.unwrap().deliveries.len(), 1);
+    assert_eq!(
+        status(manager.publish(&event).await.unwrap_err()),
+        Some(403)
+    );
+    rig.stop().await;
+    control.stop().await;
+}

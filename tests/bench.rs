@@ -100,12 +100,15 @@ fn the_benchmark_measures_both_paths() {
     ]);
     check(&backlog, 1000, &["director", "mariadb"]);
     assert_eq!(backlog["backlog"], 2000);
-    // Events: 200 events to 5 subscriptions each are 1,000 jobs, every one delivered.
+    // Events: 200 events to 5 subscriptions each are 1,000 jobs, every one delivered, beside
+    // 2,000 subscriptions of other buckets that get none.
     let events = report(&[
         "bench",
         "--events",
         "--subscribers",
         "5",
+        "--other-subscriptions",
+        "2000",
         "--jobs",
         "1000",
         "--concurrency",
@@ -113,6 +116,7 @@ fn the_benchmark_measures_both_paths() {
     ]);
     check(&events, 1000, &["director", "mariadb"]);
     assert_eq!(events["subscribers"], 5);
+    assert_eq!(events["other_subscriptions"], 2000);
 }
 
 /// A program that is not spindle's submits (`--generator`): what the JobDBs accepted is

@@ -124,8 +124,9 @@ async fn dev_demo_delivers_at_once_and_a_restart_loses_nothing() {
     // directory; `spindle subscriptions list` shows them, crm disabled until 30 s in.
     dev.line_starting("demo: subscriptions", Duration::from_secs(10))
         .await;
-    let director = format!("http://127.0.0.1:{}", ports[1]);
-    let out = procs::run(&["subscriptions", "list", "--api", &director]);
+    // Through the router, which serves the subscription API from the same control database.
+    let router = format!("http://127.0.0.1:{}", ports[0]);
+    let out = procs::run(&["subscriptions", "list", "--api", &router]);
     let listed = String::from_utf8_lossy(&out.stdout);
     assert!(out.status.success(), "{listed}");
     assert_eq!(
@@ -143,7 +144,6 @@ async fn dev_demo_delivers_at_once_and_a_restart_loses_nothing() {
     let sink = spindle::cli::sink::Sink::start("127.0.0.1:0".parse().unwrap())
         .await
         .unwrap();
-    let router = format!("http://127.0.0.1:{}", ports[0]);
     let ok = sink.url("/ok");
     let jobs: String = (0..5)
         .map(|i| {

@@ -115,6 +115,33 @@ async fn events_reach_every_matching_subscription(engine: Engine) {
         1
     );
 
+    // A page at a time, by id: 2 + 2 + 1.
+    let mut after: Option<String> = None;
+    let mut pages = Vec::new();
+    loop {
+        let page = api
+            .subscriptions_page(None, after.as_deref(), 2)
+            .await
+            .unwrap();
+        pages.push(page.subscriptions.len());
+        let ids: Vec<&String> = page.subscriptions.iter().map(|s| &s.id).collect();
+        assert!(ids.windows(2).all(|w| w[0] < w[1]), "by id");
+        assert!(after.as_ref().is_none_or(|a| ids.iter().all(|id| *id > a)));
+        match page.next_after {
+            Some(next) => after = Some(next),
+            None => break,
+        }
+    }
+    assert_eq!(pages, vec![2, 2, 1]);
+    for (bad_after, limit, field) in [(None, 0, "limit"), (Some("x"), 1, "after")] {
+        let (status, named) = refused(
+            api.subscriptions_page(None, bad_after, limit)
+                .await
+                .unwrap_err(),
+        );
+        assert_eq!((status, named.as_deref()), (422, Some(field)));
+    }
+
     // Exact and wildcard; the filter leaves gold out.
     let silver = api
         .publish(&event(
@@ -316,7 +343,8 @@ on_both_engines!(
     events_reach_every_matching_subscription,
     a_disabled_subscription_holds_its_jobs_until_enabled,
     processes_starting_together_share_a_new_control_database,
-    a_later_subscription_is_backfilled_from_the_jobdb_and_from_s3
+    a_later_subscription_is_backfilled_from_the_jobdb_and_from_s3,
+    a_subscription_caps_the_requests_to_its_url
 );
 
 /// Processes starting together on a new control database (a cluster's first boot) all open
@@ -495,6 +523,93 @@ async fn a_later_subscription_is_backfilled_from_the_jobdb_and_from_s3(engine: E
     }
     assert_eq!(got[&paid.id], vec![0, 1, 2, 3, 4]);
     assert_eq!(got[&gold.id], vec![0, 2, 4]);
+    rig.stop().await;
+    control.stop().await;
+}
+
+/// A subscription's caps hold its URL's requests on the Director: concurrency 1 on an endpoint
+/// answering in 200 ms (one request at a time), 5 per second on another; out-of-range caps are
+/// refused naming the field.
+async fn a_subscription_caps_the_requests_to_its_url(engine: Engine) {
+    let control = Control::start(engine).await;
+    let rig = Rig::start_on(engine, "caps", control.tweak()).await;
+    let api = rig.api();
+    for (bad, field) in [
+        (
+            NewSubscription {
+                max_concurrency: Some(0),
+                ..NewSubscription::new("caps", rig.sink.url("/ok"), ["*"])
+            },
+            "max_concurrency",
+        ),
+        (
+            NewSubscription {
+                max_per_second: Some(-1.0),
+                ..NewSubscription::new("caps", rig.sink.url("/ok"), ["*"])
+            },
+            "max_per_second",
+        ),
+    ] {
+        let (status, named) = refused(api.add_subscription(&bad).await.unwrap_err());
+        assert_eq!((status, named.as_deref()), (422, Some(field)));
+    }
+    let one_at_a_time = NewSubscription {
+        max_concurrency: Some(1),
+        ..NewSubscription::new("caps", rig.sink.url("/slow/200"), ["slow.*"])
+    };
+    let paced = NewSubscription {
+        max_per_second: Some(5.0),
+        ..NewSubscription::new("caps", rig.sink.url("/status/203"), ["paced.*"])
+    };
+    for s in [one_at_a_time, paced] {
+        let view = api.add_subscription(&s).await.unwrap();
+        assert!(view.max_concurrency.is_some() || view.max_per_second.is_some());
+    }
+    let started = std::time::Instant::now();
+    for n in 0..6 {
+        api.publish(&event("caps", "slow.x", json!({"n": n})))
+            .await
+            .unwrap();
+    }
+    for n in 0..15 {
+        api.publish(&event("caps", "paced.x", json!({"n": n})))
+            .await
+            .unwrap();
+    }
+    wait_for(Duration::from_secs(20), "the capped events", || async {
+        let received = rig.sink.received();
+        received.iter().filter(|r| r.path == "/slow/200").count() == 6
+            && received.iter().filter(|r| r.path == "/status/203").count() == 15
+    })
+    .await;
+    let arrivals = |path: &str| -> Vec<Duration> {
+        let mut at: Vec<Duration> = rig
+            .sink
+            .received()
+            .iter()
+            .filter(|r| r.path == path)
+            .map(|r| r.at.duration_since(started))
+            .collect();
+        at.sort();
+        at
+    };
+    let slow = arrivals("/slow/200");
+    let gaps = slow.windows(2).map(|w| w[1] - w[0]).min().unwrap();
+    let paced = arrivals("/status/203");
+    let span = *paced.last().unwrap() - paced[0];
+    println!(
+        "caps: concurrency 1 at 200 ms: closest starts {} ms apart; 5/s: 15 took {:.2} s",
+        gaps.as_millis(),
+        span.as_secs_f64()
+    );
+    assert!(
+        gaps >= Duration::from_millis(190),
+        "one at a time: {gaps:?}"
+    );
+    assert!(
+        span >= Duration::from_millis(1800),
+        "5 per second: {span:?}"
+    );
     rig.stop().await;
     control.stop().await;
 }

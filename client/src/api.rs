@@ -874,6 +874,14 @@ pub struct NewSubscription {
     /// Free text for operators (at most 256 characters).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub description: Option<String>,
+    /// Most requests to its URL in flight at once, per Director (1 to 10,000). Its URL's
+    /// endpoint control in Consul, when lower, still rules.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_concurrency: Option<u32>,
+    /// Most requests to its URL started per second, per Director (above 0, at most
+    /// 1,000,000).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_per_second: Option<f64>,
 }
 
 impl NewSubscription {
@@ -950,6 +958,12 @@ pub struct SubscriptionView {
     /// Its description.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub description: Option<String>,
+    /// Its cap on requests in flight, per Director.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_concurrency: Option<u32>,
+    /// Its cap on requests started per second, per Director.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_per_second: Option<f64>,
     /// When it was made.
     pub created_at: DateTime<Utc>,
     /// When it last changed.
@@ -962,7 +976,13 @@ pub struct SubscriptionView {
 pub struct SubscriptionList {
     /// The subscriptions, by id.
     pub subscriptions: Vec<SubscriptionView>,
+    /// More follow: ask again with `?after=` this id.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub next_after: Option<String>,
 }
+
+/// Most subscriptions one page of `GET /v1/subscriptions` lists (`?limit=`; 100 unless given).
+pub const MAX_SUBSCRIPTIONS_PER_PAGE: usize = 1000;
 
 /// `POST /v1/events` body: one event of a bucket, delivered to every matching subscription.
 #[derive(Clone, Debug, Serialize, Deserialize)]

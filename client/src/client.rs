@@ -263,11 +263,47 @@ impl Client {
         read_json(response.await?, &url).await
     }
 
-    /// `GET /v1/subscriptions`: the subscriptions the token may see, of `bucket` if given.
+    /// `GET /v1/subscriptions`: every subscription the token may see, of `bucket` if given,
+    /// a page at a time.
     pub async fn subscriptions(&self, bucket: Option<&str>) -> Result<SubscriptionList, Error> {
+        let mut all = SubscriptionList {
+            subscriptions: Vec::new(),
+            next_after: None,
+        };
+        let mut after = None;
+        loop {
+            let page = self
+                .subscriptions_page(
+                    bucket,
+                    after.as_deref(),
+                    crate::api::MAX_SUBSCRIPTIONS_PER_PAGE,
+                )
+                .await?;
+            all.subscriptions.extend(page.subscriptions);
+            match page.next_after {
+                Some(next) => after = Some(next),
+                None => return Ok(all),
+            }
+        }
+    }
+
+    /// One page of `GET /v1/subscriptions`: up to `limit` (1 to 1000) after the id `after`.
+    pub async fn subscriptions_page(
+        &self,
+        bucket: Option<&str>,
+        after: Option<&str>,
+        limit: usize,
+    ) -> Result<SubscriptionList, Error> {
         let mut url = self.url(&["v1", "subscriptions"]);
-        if let Some(bucket) = bucket {
-            url.query_pairs_mut().append_pair("bucket", bucket);
+        {
+            let mut query = url.query_pairs_mut();
+            if let Some(bucket) = bucket {
+                query.append_pair("bucket", bucket);
+            }
+            if let Some(after) = after {
+                query.append_pair("after", after);
+            }
+            query.append_pair("limit", &limit.to_string());
         }
         read_json(self.send(self.http.get(url.clone()), &url).await?, &url).await
     }

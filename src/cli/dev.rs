@@ -129,6 +129,13 @@ pub fn commands(args: &DevArgs, data: &Path, registry: &str) -> Vec<Vec<String>>
             &args.listen.to_string(),
             "--catalog-ms",
             "500",
+            // Events and subscriptions through the front door, as in production.
+            "--control-db",
+            &control,
+            "--allow-subnet",
+            "127.0.0.0/8",
+            "--allow-subnet",
+            "::1/128",
         ],
         &[
             "dashboard",
@@ -401,7 +408,7 @@ async fn demo(
         "demo: endpoint at {}, producing {rate} jobs/s through the router",
         sink.url("/")
     );
-    let mut events = demo_subscriptions(&director, &sink).await?;
+    let mut events = demo_subscriptions(&client, &sink).await?;
     let mut tick = tokio::time::interval(Duration::from_millis(1000 / u64::from(rate).min(1000)));
     let mut n: u64 = 0;
     let mut first_delivery = false;
@@ -448,9 +455,10 @@ async fn demo(
             }
             Err(e) => tracing::warn!(error = %e, "demo submit failed"),
         }
-        // An event every second: to the Director, which fans it out to the subscriptions.
+        // An event every second, through the router: it fans the event out to the
+        // subscriptions and sends all its jobs to the Director in one forward.
         if n.is_multiple_of(u64::from(rate)) {
-            events.publish(&director, n, started).await;
+            events.publish(&client, n, started).await;
         }
         if !first_delivery && sink.total() > 0 {
             first_delivery = true;

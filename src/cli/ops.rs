@@ -209,14 +209,18 @@ pub enum EndpointsCommand {
 #[derive(Debug, Subcommand)]
 pub enum TokensCommand {
     /// Print a new random token, and the entry to add to the `--tokens` file (which stores only
-    /// its SHA-256). Give it buckets (a producer) or `--admin`.
+    /// its SHA-256). Give it buckets (a producer), buckets to manage, or `--admin`.
     New {
         /// A name for the token, shown in errors and logs instead of the token.
         #[arg(long)]
         name: String,
-        /// A bucket the token may submit to and read (repeatable; `*` for all).
+        /// A bucket the token may submit to, publish to and read (repeatable; `*` for all).
         #[arg(long = "bucket")]
         buckets: Vec<String>,
+        /// A bucket whose subscriptions the token may manage: add, list, change, remove,
+        /// back-fill (repeatable; `*` for all).
+        #[arg(long = "manage-bucket")]
+        manages: Vec<String>,
         /// Operator actions and every bucket.
         #[arg(long)]
         admin: bool,
@@ -299,13 +303,14 @@ pub(super) fn tokens(command: TokensCommand) -> anyhow::Result<()> {
         TokensCommand::New {
             name,
             buckets,
+            manages,
             admin,
         } => {
             anyhow::ensure!(
-                admin || !buckets.is_empty(),
-                "give --bucket (repeatable) or --admin"
+                admin || !buckets.is_empty() || !manages.is_empty(),
+                "give --bucket or --manage-bucket (repeatable), or --admin"
             );
-            let (token, entry) = crate::rpc::auth::new_token(&name, &buckets, admin);
+            let (token, entry) = crate::rpc::auth::new_token(&name, &buckets, &manages, admin);
             println!("token (give it to the caller; it is not stored): {token}");
             println!("entry for the --tokens file: {entry}");
         }

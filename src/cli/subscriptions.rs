@@ -157,6 +157,12 @@ pub struct AddArgs {
     /// Free text for operators.
     #[arg(long)]
     pub description: Option<String>,
+    /// Most requests to the URL in flight at once, per Director.
+    #[arg(long)]
+    pub max_concurrency: Option<u32>,
+    /// Most requests to the URL started per second, per Director.
+    #[arg(long)]
+    pub max_per_second: Option<f64>,
     /// The API.
     #[command(flatten)]
     pub api: ApiArgs,
@@ -327,6 +333,8 @@ fn new_subscription(args: &AddArgs) -> anyhow::Result<NewSubscription> {
         ordering_failure: args.block_on_failure.then_some(OrderingFailure::Block),
         enabled: Some(!args.disabled),
         description: args.description.clone(),
+        max_concurrency: args.max_concurrency,
+        max_per_second: args.max_per_second,
         ..NewSubscription::new(&args.bucket, &args.url, args.event_types.iter().cloned())
     })
 }

@@ -1,7 +1,8 @@
 //! Operator intent, watched for the scheduler: commands appended to the JobDB's
 //! `operator_commands` (plain SQL, see docs/operations.md), handed over in order and applied
 //! once each; the endpoint and bucket controls in the registry, handed over whole on every
-//! change; and the set of disabled subscriptions, likewise.
+//! change; and the set of disabled subscriptions and the caps subscriptions put on their
+//! URLs, likewise.
 
 use std::collections::HashSet;
 use std::time::Duration;
@@ -103,6 +104,29 @@ pub async fn watch_disabled(
             changed = disabled.changed() => {
                 if changed.is_err() {
                     // The cache is gone: nothing will change any more.
+                    stop.cancelled().await;
+                    return;
+                }
+            }
+        }
+    }
+}
+
+/// Hands the scheduler every new set of subscription caps (the first at once) until `stop`.
+pub async fn watch_caps(
+    mut caps: tokio::sync::watch::Receiver<std::sync::Arc<crate::events::EndpointCaps>>,
+    scheduler: mpsc::UnboundedSender<Event>,
+    stop: CancellationToken,
+) {
+    loop {
+        let now = caps.borrow_and_update().clone();
+        if scheduler.send(Event::SubscriptionCaps(now)).is_err() {
+            return;
+        }
+        tokio::select! {
+            _ = stop.cancelled() => return,
+            changed = caps.changed() => {
+                if changed.is_err() {
                     stop.cancelled().await;
                     return;
                 }

@@ -241,6 +241,7 @@ async fn publish_event(
         &subscriptions.index(),
         &state.limits,
         Utc::now(),
+        chrono::Duration::zero(),
         event_id,
         || state.next_id(),
     )?;
@@ -363,7 +364,7 @@ async fn backfill(
         .get(&id)
         .cloned()
         .ok_or_else(|| ApiError::NotFound(format!("no subscription {id}")))?;
-    rpc::check_publisher(caller.as_ref(), subscription.bucket())?;
+    crate::events::http::check_manager(caller.as_ref(), subscription.bucket())?;
     let body = request_body(body, &state.limits)?;
     let request: api::BackfillRequest = rpc::parse_json(&body)?;
     let total = request.events.len();

@@ -457,6 +457,14 @@ async fn serve(
                 scheduler_stop.clone(),
             ),
         );
+        supervisor.spawn(
+            "subscription caps watcher",
+            commands::watch_caps(
+                subscriptions.caps(),
+                commands_tx.clone(),
+                scheduler_stop.clone(),
+            ),
+        );
     }
     supervisor.spawn(
         "commands watcher",

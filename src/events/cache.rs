@@ -30,7 +30,37 @@ pub struct Subscriptions {
     index: RwLock<Arc<Index>>,
     state: Mutex<State>,
     disabled: watch::Sender<Arc<HashSet<Ulid>>>,
+    caps: watch::Sender<Arc<EndpointCaps>>,
 }
+
+/// Caps on an endpoint's requests, per Director.
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub struct Cap {
+    /// Most requests in flight.
+    pub max_concurrency: Option<u32>,
+    /// Most requests started per second.
+    pub max_per_second: Option<f64>,
+}
+
+impl Cap {
+    /// The tighter of each of the two caps.
+    pub fn tighter(self, other: Cap) -> Cap {
+        fn least<T: PartialOrd>(a: Option<T>, b: Option<T>) -> Option<T> {
+            match (a, b) {
+                (Some(a), Some(b)) => Some(if b < a { b } else { a }),
+                (a, b) => a.or(b),
+            }
+        }
+        Cap {
+            max_concurrency: least(self.max_concurrency, other.max_concurrency),
+            max_per_second: least(self.max_per_second, other.max_per_second),
+        }
+    }
+}
+
+/// The subscriptions' caps by endpoint (`job::endpoint_key` of their URLs), the tightest when
+/// several subscriptions share one.
+pub type EndpointCaps = HashMap<String, Cap>;
 
 #[derive(Default)]
 struct State {
@@ -64,12 +94,14 @@ impl Subscriptions {
         limits: IntakeLimits,
     ) -> Result<Arc<Subscriptions>, StoreError> {
         let (disabled, _) = watch::channel(Arc::default());
+        let (caps, _) = watch::channel(Arc::default());
         let cache = Arc::new(Subscriptions {
             db,
             limits,
             index: RwLock::new(Arc::default()),
             state: Mutex::new(State::default()),
             disabled,
+            caps,
         });
         cache.reload().await?;
         Ok(cache)
@@ -96,6 +128,12 @@ impl Subscriptions {
     /// Follows the set of disabled subscriptions (a Director's scheduler parks their jobs).
     pub fn disabled(&self) -> watch::Receiver<Arc<HashSet<Ulid>>> {
         self.disabled.subscribe()
+    }
+
+    /// Follows the caps subscriptions put on their URLs (a Director's scheduler applies them
+    /// with the endpoint controls, the tighter of the two).
+    pub fn caps(&self) -> watch::Receiver<Arc<EndpointCaps>> {
+        self.caps.subscribe()
     }
 
     /// Reads the changes since the version held, and applies them. Returns whether anything
@@ -206,9 +244,10 @@ impl Subscriptions {
         }
     }
 
-    /// Builds the index from the rows held, and tells who follows the disabled set.
+    /// Builds the index from the rows held, and tells who follows the disabled set or the
+    /// caps.
     fn publish(&self) {
-        let (index, disabled) = {
+        let (index, disabled, caps) = {
             let state = self.lock();
             let (removed, live): (Vec<&Row>, Vec<&Row>) =
                 state.rows.values().partition(|r| r.removed);
@@ -219,7 +258,19 @@ impl Subscriptions {
                 .filter(|r| !r.subscription.enabled())
                 .map(|r| r.subscription.id)
                 .collect();
-            (index, disabled)
+            let mut caps = EndpointCaps::new();
+            for s in live.iter().map(|r| &r.subscription) {
+                if let Some((max_concurrency, max_per_second)) = s.caps() {
+                    let cap = Cap {
+                        max_concurrency,
+                        max_per_second,
+                    };
+                    let endpoint = crate::job::endpoint_key(&s.spec.given.url).to_owned();
+                    let held = caps.entry(endpoint).or_insert(cap);
+                    *held = held.tighter(cap);
+                }
+            }
+            (index, disabled, caps)
         };
         *self
             .index
@@ -229,6 +280,13 @@ impl Subscriptions {
             let changed = **current != disabled;
             if changed {
                 *current = Arc::new(disabled);
+            }
+            changed
+        });
+        self.caps.send_if_modified(|current| {
+            let changed = **current != caps;
+            if changed {
+                *current = Arc::new(caps);
             }
             changed
         });

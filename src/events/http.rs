@@ -1,19 +1,21 @@
 //! The subscription API, served alike by Directors and routers: `GET`/`POST
-//! /v1/subscriptions`, `GET`/`PATCH`/`DELETE /v1/subscriptions/{id}`. A token manages the
-//! subscriptions of the buckets it may use (an admin token, all of them). A change is
+//! /v1/subscriptions`, `GET`/`PATCH`/`DELETE /v1/subscriptions/{id}`. A token sees and manages
+//! the subscriptions of the buckets it was given to manage (`manages` in the token file; an
+//! admin token, all of them): using a bucket is not enough, since a subscription decides where
+//! the bucket's events go and may carry credentials in its headers. A change is
 //! committed to the control database and in this process's cache before the answer; other
 //! processes see it within about a second.
 
 use std::sync::Arc;
 
 use axum::extract::rejection::BytesRejection;
-use axum::extract::{DefaultBodyLimit, Path, Query, State};
+use axum::extract::{DefaultBodyLimit, Path, RawQuery, State};
 use axum::http::{HeaderMap, StatusCode};
 use axum::routing::get;
 use axum::{Json, Router};
 use bytes::Bytes;
 use chrono::Utc;
-use serde::Deserialize;
+use spindle_client::api::MAX_SUBSCRIPTIONS_PER_PAGE;
 use spindle_client::{NewSubscription, SubscriptionList, SubscriptionPatch, SubscriptionView};
 use ulid::Ulid;
 
@@ -59,10 +61,10 @@ impl SubscriptionApi {
     }
 }
 
-/// Refuses a caller that may not use `bucket` (403).
-fn check_bucket(caller: Option<&Caller>, bucket: &str) -> Result<(), ApiError> {
+/// Refuses (403) a caller that may not manage `bucket`'s subscriptions.
+pub fn check_manager(caller: Option<&Caller>, bucket: &str) -> Result<(), ApiError> {
     match caller {
-        Some(c) if !c.may_use(bucket) => Err(ApiError::Forbidden {
+        Some(c) if !c.may_manage(bucket) => Err(ApiError::Forbidden {
             message: format!(
                 "token {:?} may not manage subscriptions of bucket {bucket:?}; nothing was changed",
                 c.name
@@ -94,33 +96,88 @@ fn visible(
     cache
         .index()
         .get(&id)
-        .filter(|s| caller.is_none_or(|c| c.may_use(s.bucket())))
+        .filter(|s| caller.is_none_or(|c| c.may_manage(s.bucket())))
         .cloned()
         .ok_or_else(|| ApiError::NotFound(format!("no subscription {id}")))
 }
 
-/// `?bucket=` of a listing.
-#[derive(Debug, Deserialize)]
+/// `?bucket=&after=&limit=` of a listing.
+#[derive(Debug, Default)]
 struct ListQuery {
     bucket: Option<String>,
+    after: Option<String>,
+    limit: Option<String>,
 }
+
+impl ListQuery {
+    /// Parsed by hand, so that a bad query is answered as every bad field is (422, naming
+    /// it); other parameters are ignored.
+    fn parse(query: Option<&str>) -> Result<ListQuery, FieldError> {
+        let mut parsed = ListQuery::default();
+        for (name, value) in url::form_urlencoded::parse(query.unwrap_or("").as_bytes()) {
+            let slot = match &*name {
+                "bucket" => &mut parsed.bucket,
+                "after" => &mut parsed.after,
+                "limit" => &mut parsed.limit,
+                _ => continue,
+            };
+            if slot.replace(value.into_owned()).is_some() {
+                return Err(FieldError::new(
+                    name.into_owned(),
+                    "is given more than once",
+                ));
+            }
+        }
+        Ok(parsed)
+    }
+}
+
+/// A page of listing when `?limit=` is not given.
+const DEFAULT_PAGE: usize = 100;
 
 async fn list(
     State(api): State<SubscriptionApi>,
     headers: HeaderMap,
-    Query(query): Query<ListQuery>,
+    RawQuery(query): RawQuery,
 ) -> Result<Json<SubscriptionList>, ApiError> {
     let caller = api.caller(&headers)?;
     let cache = api.cache()?;
-    let subscriptions = cache
-        .index()
-        .all()
-        .iter()
+    let query = ListQuery::parse(query.as_deref())?;
+    let after = query
+        .after
+        .as_deref()
+        .map(|a| a.parse::<Ulid>())
+        .transpose()
+        .map_err(|_| FieldError::new("after", "must be a subscription id (a ULID)"))?;
+    let limit = match query.limit.as_deref() {
+        None => DEFAULT_PAGE,
+        Some(text) => text
+            .parse::<usize>()
+            .ok()
+            .filter(|n| (1..=MAX_SUBSCRIPTIONS_PER_PAGE).contains(n))
+            .ok_or_else(|| {
+                FieldError::new(
+                    "limit",
+                    format!("must be 1 to {MAX_SUBSCRIPTIONS_PER_PAGE}"),
+                )
+            })?,
+    };
+    let index = cache.index();
+    let mut page: Vec<SubscriptionView> = index
+        .after(after)
         .filter(|s| query.bucket.as_deref().is_none_or(|b| s.bucket() == b))
-        .filter(|s| caller.as_ref().is_none_or(|c| c.may_use(s.bucket())))
+        .filter(|s| caller.as_ref().is_none_or(|c| c.may_manage(s.bucket())))
+        .take(limit + 1)
         .map(|s| s.view(false))
         .collect();
-    Ok(Json(SubscriptionList { subscriptions }))
+    let next_after = (page.len() > limit).then(|| {
+        page.truncate(limit);
+        page.last().map(|s| s.id.clone()).unwrap_or_default()
+    });
+    Ok(Json(SubscriptionList {
+        subscriptions: page,
+        next_after,
+    }))
 }
 
 async fn show(
@@ -142,7 +199,7 @@ async fn add(
     let cache = api.cache()?;
     let body = crate::rpc::request_body(body, &api.limits)?;
     let given: NewSubscription = crate::rpc::parse_json(&body)?;
-    check_bucket(caller.as_ref(), &given.bucket)?;
+    check_manager(caller.as_ref(), &given.bucket)?;
     let s = Subscription::check(Ulid::new(), given, &api.limits, &api.policy, Utc::now())?;
     cache
         .db()

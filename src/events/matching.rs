@@ -3,7 +3,7 @@
 //! `invoice.line.*`), then `*`. A lookup costs the type's depth, not the number of
 //! subscriptions.
 
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
 
 use super::{Pattern, Subscription};
@@ -12,7 +12,7 @@ use super::{Pattern, Subscription};
 /// each change; never changed in place.
 #[derive(Debug, Default)]
 pub struct Index {
-    by_id: HashMap<ulid::Ulid, Arc<Subscription>>,
+    by_id: BTreeMap<ulid::Ulid, Arc<Subscription>>,
     /// Removed subscriptions: matched by nothing, kept for their jobs' signatures.
     removed: HashMap<ulid::Ulid, Arc<Subscription>>,
     buckets: HashMap<String, BucketIndex>,
@@ -64,9 +64,14 @@ impl Index {
 
     /// Every subscription, in id order (creation order).
     pub fn all(&self) -> Vec<Arc<Subscription>> {
-        let mut all: Vec<_> = self.by_id.values().cloned().collect();
-        all.sort_by_key(|s| s.id);
-        all
+        self.by_id.values().cloned().collect()
+    }
+
+    /// The subscriptions after the id `after` (all without it), in id order.
+    pub fn after(&self, after: Option<ulid::Ulid>) -> impl Iterator<Item = &Arc<Subscription>> {
+        use std::ops::Bound::{Excluded, Unbounded};
+        let from = after.map_or(Unbounded, Excluded);
+        self.by_id.range((from, Unbounded)).map(|(_, s)| s)
     }
 
     /// How many subscriptions it holds.

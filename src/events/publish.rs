@@ -38,11 +38,16 @@ pub struct Published {
 
 /// Checks `event` and makes its jobs from the subscriptions `index` matches. Fields are named
 /// as the event's body names them; a subscription whose job intake refuses names itself.
+/// `skew`: how far this clock may run ahead of the Director that stores the jobs (a router's
+/// `--dedup-max-skew-ms`; zero on the Director): a `deliver_at` passed by less is kept for the
+/// Director to judge, as for jobs through a router.
+#[allow(clippy::too_many_arguments)]
 pub fn fan_out(
     event: NewEvent,
     index: &Index,
     limits: &IntakeLimits,
     now: DateTime<Utc>,
+    skew: chrono::Duration,
     event_id: Ulid,
     next_id: impl FnMut() -> JobId,
 ) -> Result<Published, FieldError> {
@@ -95,14 +100,9 @@ pub fn fan_out(
             job
         })
         .collect();
-    let (mut jobs, scheduled) = validate_request(
-        SubmitRequest { jobs: specs },
-        limits,
-        now,
-        chrono::Duration::zero(),
-        next_id,
-    )
-    .map_err(|e| name_field(e, &matched))?;
+    let (mut jobs, scheduled) =
+        validate_request(SubmitRequest { jobs: specs }, limits, now, skew, next_id)
+            .map_err(|e| name_field(e, &matched))?;
     let event_type: Arc<str> = event.event_type.as_str().into();
     let mut deliveries = Vec::with_capacity(jobs.len());
     for (job, s) in jobs.iter_mut().zip(&matched) {
@@ -303,6 +303,7 @@ mod tests {
             index,
             &IntakeLimits::default(),
             Utc::now(),
+            chrono::Duration::zero(),
             Ulid::new(),
             || JobId(Ulid::new()),
         )

@@ -25,6 +25,13 @@ const MIGRATION_LOCK: &str = "SELECT GET_LOCK(CONCAT('spindle-control-migrate:',
 const MIGRATION_UNLOCK: &str =
     "SELECT RELEASE_LOCK(CONCAT('spindle-control-migrate:', DATABASE()))";
 const NEXT_VERSION: &str = "UPDATE control_version SET version = version + 1 WHERE id = 1";
+/// Takes as many versions as the caller binds.
+const ADVANCE_VERSION: &str = "UPDATE control_version SET version = version + ? WHERE id = 1";
+/// The head of a multi-row insert (the caller pushes the rows).
+const INSERT_ROWS: &str =
+    "INSERT INTO subscriptions (id, bucket, enabled, removed, spec, version, created_at, updated_at) ";
+/// Rows per statement of [`ControlDb::insert_many`].
+const ROWS_PER_INSERT: usize = 500;
 const READ_VERSION: &str = "SELECT version FROM control_version WHERE id = 1";
 const INSERT: &str = "INSERT INTO subscriptions \
      (id, bucket, enabled, removed, spec, version, created_at, updated_at) \
@@ -176,6 +183,44 @@ impl ControlDb {
             .bind(stored.created_at.naive_utc())
             .bind(stored.updated_at.naive_utc()))?;
         version.ok_or_else(|| StoreError::Encode(id, "the row was not written".into()))
+    }
+
+    /// Stores many new subscriptions in one transaction (an import; a benchmark's set-up),
+    /// each with a version of its own, so that a cache reading changes a page at a time sees
+    /// every one. Returns the last version.
+    pub async fn insert_many(&self, rows: &[(Ulid, Stored)]) -> Result<u64, StoreError> {
+        let count = i64::try_from(rows.len()).unwrap_or(i64::MAX);
+        let mut encoded = Vec::with_capacity(rows.len());
+        for (id, stored) in rows {
+            encoded.push((*id, stored, encode(*id, stored)?));
+        }
+        with_pool!(self, |p, q| async {
+            let mut tx = p.begin().await?;
+            sqlx::query(ADVANCE_VERSION)
+                .bind(count)
+                .execute(&mut *tx)
+                .await?;
+            let last: i64 = sqlx::query_scalar(READ_VERSION).fetch_one(&mut *tx).await?;
+            let mut version = last - count;
+            for chunk in encoded.chunks(ROWS_PER_INSERT) {
+                let mut query = sqlx::QueryBuilder::<q::Db>::new(INSERT_ROWS);
+                query.push_values(chunk, |mut row, (id, stored, spec)| {
+                    version += 1;
+                    row.push_bind(id.to_bytes().to_vec())
+                        .push_bind(stored.given.bucket.clone())
+                        .push_bind(stored.given.enabled.unwrap_or(true))
+                        .push_bind(false)
+                        .push_bind(spec.clone())
+                        .push_bind(version)
+                        .push_bind(stored.created_at.naive_utc())
+                        .push_bind(stored.updated_at.naive_utc());
+                });
+                query.build().execute(&mut *tx).await?;
+            }
+            tx.commit().await?;
+            Ok::<_, StoreError>(u64::try_from(last).unwrap_or(0))
+        }
+        .await)
     }
 
     /// Replaces a subscription's spec; `Ok(None)` when it does not exist (or was removed).

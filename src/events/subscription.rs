@@ -20,6 +20,10 @@ use crate::rpc::api::{check_job, FieldError, IntakeLimits};
 pub const MAX_EVENT_TYPES: usize = 64;
 /// Longest description, in characters.
 pub const MAX_DESCRIPTION_CHARS: usize = 256;
+/// Highest `max_concurrency` of a subscription.
+pub const MAX_CONCURRENCY: u32 = 10_000;
+/// Highest `max_per_second` of a subscription.
+pub const MAX_PER_SECOND: f64 = 1_000_000.0;
 
 /// A checked subscription, as the cache and publishing use it.
 #[derive(Clone, Debug)]
@@ -82,6 +86,24 @@ impl Subscription {
                     ),
                 ));
             }
+        }
+        if given
+            .max_concurrency
+            .is_some_and(|n| !(1..=MAX_CONCURRENCY).contains(&n))
+        {
+            return Err(FieldError::new(
+                "max_concurrency",
+                format!("must be 1 to {MAX_CONCURRENCY}"),
+            ));
+        }
+        if given
+            .max_per_second
+            .is_some_and(|r| !(r.is_finite() && r > 0.0 && r <= MAX_PER_SECOND))
+        {
+            return Err(FieldError::new(
+                "max_per_second",
+                format!("must be above 0 and at most {MAX_PER_SECOND}"),
+            ));
         }
         let secret = match &given.secret {
             Some(text) => text
@@ -153,6 +175,13 @@ impl Subscription {
         self.patterns.iter().any(|p| p.matches(event_type))
     }
 
+    /// Its caps on its URL's requests, per Director, if it has any.
+    pub fn caps(&self) -> Option<(Option<u32>, Option<f64>)> {
+        let given = &self.spec.given;
+        (given.max_concurrency.is_some() || given.max_per_second.is_some())
+            .then_some((given.max_concurrency, given.max_per_second))
+    }
+
     /// Whether an event's payload passes its filter (`payload` parsed once per event, and
     /// only when some matching subscription has a filter).
     pub fn passes(&self, payload: &serde_json::Value) -> bool {
@@ -176,6 +205,8 @@ impl Subscription {
             ordering_key: given.ordering_key.clone(),
             enabled: self.enabled(),
             description: given.description.clone(),
+            max_concurrency: given.max_concurrency,
+            max_per_second: given.max_per_second,
             created_at: self.spec.created_at,
             updated_at: self.spec.updated_at,
         }

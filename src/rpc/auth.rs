@@ -39,6 +39,8 @@ pub struct Caller {
     pub name: String,
     /// What it may do.
     pub scope: Scope,
+    /// Buckets whose subscriptions it may manage (an admin token: every bucket's).
+    manages: HashSet<String>,
     limiter: Option<Arc<DefaultDirectRateLimiter>>,
 }
 
@@ -68,6 +70,15 @@ impl Caller {
             Scope::Admin => true,
             Scope::Buckets(buckets) => buckets.contains(bucket) || buckets.contains("*"),
         }
+    }
+
+    /// Whether it may manage `bucket`'s subscriptions (add, list, change, remove, back-fill):
+    /// an admin token, or a token given the bucket to manage (`manages`); using a bucket is
+    /// not enough, since a subscription decides where the bucket's events go.
+    pub fn may_manage(&self, bucket: &str) -> bool {
+        matches!(self.scope, Scope::Admin)
+            || self.manages.contains(bucket)
+            || self.manages.contains("*")
     }
 }
 
@@ -120,6 +131,9 @@ struct TokenEntry {
     buckets: Vec<String>,
     #[serde(default)]
     admin: bool,
+    /// Buckets whose subscriptions it may manage.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    manages: Vec<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     requests_per_second: Option<u32>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -170,10 +184,10 @@ impl TokenStore {
                     format!("{}: sha256 must be 64 hex digits", entry.name),
                 )
             })?;
-            if !entry.admin && entry.buckets.is_empty() {
+            if !entry.admin && entry.buckets.is_empty() && entry.manages.is_empty() {
                 return Err(TokenFileError::Invalid(
                     name.clone(),
-                    format!("{}: give buckets or admin", entry.name),
+                    format!("{}: give buckets, manages or admin", entry.name),
                 ));
             }
             store.entries.push(Entry {
@@ -185,6 +199,7 @@ impl TokenStore {
                     } else {
                         Scope::Buckets(entry.buckets.into_iter().collect())
                     },
+                    manages: entry.manages.into_iter().collect(),
                     limiter: limiter(entry.requests_per_second, entry.burst),
                 },
             });
@@ -206,6 +221,7 @@ impl TokenStore {
             caller: Caller {
                 name: name.to_owned(),
                 scope,
+                manages: HashSet::new(),
                 limiter: limiter(Some(per_second), Some(burst)),
             },
         });
@@ -219,9 +235,21 @@ impl TokenStore {
             caller: Caller {
                 name: name.to_owned(),
                 scope,
+                manages: HashSet::new(),
                 limiter: None,
             },
         });
+        self
+    }
+
+    /// Lets the token added last manage these buckets' subscriptions.
+    pub fn managing(mut self, buckets: &[&str]) -> Self {
+        if let Some(entry) = self.entries.last_mut() {
+            entry
+                .caller
+                .manages
+                .extend(buckets.iter().map(|b| b.to_string()));
+        }
         self
     }
 
@@ -240,7 +268,12 @@ impl TokenStore {
 }
 
 /// A fresh random token (`spt_` + 32 random bytes, base64url) and its token-file entry.
-pub fn new_token(name: &str, buckets: &[String], admin: bool) -> (String, String) {
+pub fn new_token(
+    name: &str,
+    buckets: &[String],
+    manages: &[String],
+    admin: bool,
+) -> (String, String) {
     let bytes: [u8; 32] = rand::random();
     let token = format!(
         "spt_{}",
@@ -251,6 +284,7 @@ pub fn new_token(name: &str, buckets: &[String], admin: bool) -> (String, String
         sha256: hex(&hash(&token)),
         buckets: buckets.to_vec(),
         admin,
+        manages: manages.to_vec(),
         requests_per_second: None,
         burst: None,
     };
@@ -264,7 +298,7 @@ mod tests {
 
     #[test]
     fn tokens_authenticate_by_hash_and_scopes_apply() {
-        let (token, entry) = new_token("p", &["t1".to_owned()], false);
+        let (token, entry) = new_token("p", &["t1".to_owned()], &["t3".to_owned()], false);
         let file = tempfile::NamedTempFile::new().unwrap();
         std::fs::write(file.path(), format!(r#"{{"tokens": [{entry}]}}"#)).unwrap();
         let store = TokenStore::load(file.path()).unwrap();
@@ -273,10 +307,16 @@ mod tests {
         assert_eq!(caller.name, "p");
         assert!(caller.may_use("t1"));
         assert!(!caller.may_use("t2"));
+        assert!(caller.may_manage("t3") && !caller.may_use("t3"));
+        assert!(
+            !caller.may_manage("t1"),
+            "using a bucket is not managing it"
+        );
         assert!(store.authenticate("spt_wrong").is_none());
         assert!(store.authenticate("").is_none());
         let admin = TokenStore::default().with_token("a", "ops", Scope::Admin);
-        assert!(admin.authenticate("a").unwrap().may_use("anything"));
+        let admin = admin.authenticate("a").unwrap();
+        assert!(admin.may_use("anything") && admin.may_manage("anything"));
     }
 
     #[test]

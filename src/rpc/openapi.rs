@@ -226,14 +226,20 @@ fn publish_event() {}
 )]
 fn get_event() {}
 
-/// The subscriptions the token may see (of one bucket with `?bucket=`).
+/// The subscriptions the token may see (of one bucket with `?bucket=`), by id, a page at a
+/// time: `next_after` names where the next page starts.
 #[utoipa::path(
     get,
     path = "/v1/subscriptions",
-    params(("bucket" = Option<String>, Query, description = "Only this bucket's")),
+    params(
+        ("bucket" = Option<String>, Query, description = "Only this bucket's"),
+        ("after" = Option<String>, Query, description = "Only those after this id (a ULID): the previous page's `next_after`"),
+        ("limit" = Option<usize>, Query, description = "At most this many (1 to 1000; 100 unless given)", minimum = 1, maximum = 1000)
+    ),
     responses(
         (status = 200, description = "The subscriptions, by id", body = api::SubscriptionList),
         (status = 401, description = "Missing or invalid bearer token", body = api::ErrorBody),
+        (status = 422, description = "`after` is not an id, `limit` is not 1 to 1000, or a parameter is given twice", body = api::ErrorBody),
         (status = 503, description = "No control database is configured", body = api::ErrorBody)
     )
 )]

@@ -131,6 +131,8 @@ pub struct Inputs<'a> {
     pub remembered: Option<(u64, u64)>,
     /// Alone: the subscription an operation disables for a while (its jobs must wait).
     pub held_subscription: Option<ulid::Ulid>,
+    /// How many Directors deliver (each applies a subscription's caps on its own).
+    pub directors: usize,
 }
 
 pub fn check(i: &Inputs) -> (Vec<Violation>, Tally) {
@@ -794,6 +796,7 @@ fn events(i: &Inputs, out: &mut Vec<Violation>, tally: &mut Tally) {
     let Some(held) = i.held_subscription else {
         return;
     };
+    capped(i, out);
     // The disabled windows, from the log: (disabled, enabled again).
     let mut windows: Vec<(DateTime<Utc>, DateTime<Utc>)> = Vec::new();
     let mut from: Option<DateTime<Utc>> = None;
@@ -830,6 +833,49 @@ fn events(i: &Inputs, out: &mut Vec<Violation>, tally: &mut Tally) {
                     a.at
                 ),
             );
+        }
+    }
+}
+
+/// The `created` subscription caps its URL (lane b) at [`super::ops::CREATED_PER_SECOND`]
+/// requests a second per Director: no second holds more than a burst and a second's worth per
+/// Director, away from Director restarts (a new limiter starts with a full burst)
+/// (`subscription-cap`).
+fn capped(i: &Inputs, out: &mut Vec<Violation>) {
+    let rate = super::ops::CREATED_PER_SECOND;
+    let allowed = (2.0 * rate * i.directors as f64).ceil() as usize;
+    let mut at: Vec<DateTime<Utc>> = i
+        .arrivals
+        .iter()
+        .filter(|a| a.path == "lane/b")
+        .map(|a| a.at)
+        .collect();
+    at.sort();
+    let restarted = |from: DateTime<Utc>, to: DateTime<Utc>| {
+        i.log
+            .crashes
+            .iter()
+            .any(|(c, _)| *c >= from - Duration::seconds(3) && *c <= to + Duration::seconds(1))
+    };
+    let mut start = 0;
+    for end in 0..at.len() {
+        while at[end] - at[start] >= Duration::seconds(1) {
+            start += 1;
+        }
+        let n = end - start + 1;
+        if n > allowed && !restarted(at[start], at[end]) {
+            v(
+                out,
+                "subscription-cap",
+                at[end],
+                None,
+                format!(
+                    "{n} requests reached lane b within a second ({} to {}); its subscription \
+                     caps it at {rate}/s per Director, {allowed} a second with a burst",
+                    at[start], at[end]
+                ),
+            );
+            return;
         }
     }
 }

@@ -199,6 +199,7 @@ pub async fn run(world: World, plan: Plan, name: &str) -> Vec<Violation> {
             active: &active,
             listed: listed.as_ref(),
             remembered,
+            directors: world.directors.len(),
             held_subscription: world
                 .subscriptions
                 .get()

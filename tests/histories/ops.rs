@@ -52,6 +52,10 @@ pub enum Op {
     Subscription(bool),
 }
 
+/// The cap the `created` subscription puts on its URL (lane b, which producers' jobs use too),
+/// per Director.
+pub const CREATED_PER_SECOND: f64 = 15.0;
+
 /// The bucket events are published in.
 pub const EVENT_BUCKET: &str = "events";
 /// How the log names the `created` subscription being disabled, and enabled again.
@@ -754,7 +758,7 @@ pub async fn expiry_watch(world: Arc<World>, rec: Arc<Recorder>, until: tokio::t
 /// The two subscriptions of [`EVENT_BUCKET`] (see [`super::world::Subscribed`]).
 pub async fn subscribe(world: &World) {
     let api = events_api(world);
-    let add = |lane: &str, types: &[&str]| {
+    let add = |lane: &str, types: &[&str], per_second: Option<f64>| {
         let mut given = spindle_client::NewSubscription::new(
             EVENT_BUCKET,
             world.endpoint.lane_url(lane),
@@ -764,11 +768,12 @@ pub async fn subscribe(world: &World) {
         given.backoff_min_delay_ms = Some(100);
         given.backoff_coefficient = Some(1.5);
         given.ttl_ms = Some(20_000);
+        given.max_per_second = per_second;
         let api = api.clone();
         async move { api.add_subscription(&given).await.expect("subscription").id }
     };
-    let all = add("a", &["hist.*"]).await;
-    let created = add("b", &["hist.created"]).await;
+    let all = add("a", &["hist.*"], None).await;
+    let created = add("b", &["hist.created"], Some(CREATED_PER_SECOND)).await;
     let _ = world
         .subscriptions
         .set(super::world::Subscribed { all, created });

@@ -94,6 +94,10 @@ pub struct BenchArgs {
     /// With `--events`: subscriptions per event.
     #[arg(long, default_value_t = 10)]
     pub subscribers: usize,
+    /// With `--events`: this many more subscriptions, of 1,000 other buckets (stored in bulk
+    /// before the run), to show that publishing does not slow with them.
+    #[arg(long, default_value_t = 0, requires = "events")]
+    pub other_subscriptions: usize,
     /// Keep the bench JobDBs afterwards.
     #[arg(long)]
     pub keep: bool,
@@ -127,6 +131,9 @@ pub struct BenchReport {
     pub via_router: bool,
     /// Subscriptions per event (0: jobs were submitted, not events published).
     pub subscribers: usize,
+    /// Subscriptions of other buckets stored before the run (`--other-subscriptions`).
+    #[serde(default)]
+    pub other_subscriptions: usize,
     /// Directors.
     pub directors: usize,
     /// Routers (0: straight to the Director).
@@ -349,7 +356,67 @@ async fn subscribe(args: &BenchArgs, topology: &Topology, endpoint: &str) -> any
             .await
             .context("adding a subscription")?;
     }
+    if args.other_subscriptions > 0 {
+        let control = topology
+            .control()
+            .context("--other-subscriptions needs the Director's control database")?;
+        others(control, args.other_subscriptions, &client).await?;
+    }
     Ok(args.jobs.div_ceil(args.subscribers))
+}
+
+/// Stores `n` subscriptions of 1,000 buckets other than the bench's (exact types, prefixes
+/// and `*`, a third each) in bulk, and waits until the Director's cache holds them all.
+async fn others(
+    control: &crate::jobdb::JobDbUrl,
+    n: usize,
+    client: &spindle_client::Client,
+) -> anyhow::Result<()> {
+    let started = std::time::Instant::now();
+    let db = crate::events::ControlDb::open(control).await?;
+    let (limits, policy) = (
+        crate::rpc::api::IntakeLimits::default(),
+        crate::delivery::guard::AddressPolicy::new(Vec::new()),
+    );
+    let mut ids = ulid::Generator::new();
+    let mut last = None;
+    for chunk in (0..n).collect::<Vec<_>>().chunks(10_000) {
+        let mut rows = Vec::with_capacity(chunk.len());
+        for &i in chunk {
+            let pattern = ["bench.created", "bench.*", "*"][i % 3];
+            let given = spindle_client::NewSubscription::new(
+                format!("bench-other-{}", i % 1000),
+                format!("https://example.com/hooks/{i}"),
+                [pattern],
+            );
+            let id = ids.generate().context("ulid")?;
+            let made =
+                crate::events::Subscription::check(id, given, &limits, &policy, chrono::Utc::now())
+                    .map_err(|e| anyhow::anyhow!("{}: {}", e.field, e.message))?;
+            rows.push((id, made.spec));
+            last = Some(id);
+        }
+        db.insert_many(&rows).await?;
+    }
+    db.close().await;
+    let stored = started.elapsed();
+    if let Some(last) = last {
+        let deadline = std::time::Instant::now() + Duration::from_secs(300);
+        while client.subscription(&last.to_string()).await.is_err() {
+            anyhow::ensure!(
+                std::time::Instant::now() < deadline,
+                "the Director did not read the other subscriptions within 300 s"
+            );
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+    }
+    println!(
+        "other subscriptions {n} in 1,000 other buckets: stored in {:.1} s, in the Director's \
+         cache {:.1} s later",
+        stored.as_secs_f64(),
+        (started.elapsed() - stored).as_secs_f64()
+    );
+    Ok(())
 }
 
 /// One `POST /v1/events` body per event, encoded ahead.
@@ -603,6 +670,7 @@ async fn measure(
         payload_bytes: args.payload_bytes,
         via_router: args.via_router,
         subscribers: if args.events { args.subscribers } else { 0 },
+        other_subscriptions: args.other_subscriptions,
         directors: args.directors,
         routers: if args.via_router { args.routers } else { 0 },
         backlog: args.backlog,

@@ -95,6 +95,11 @@ fn spawn_director(args: &BenchArgs, mut first: Vec<String>) -> anyhow::Result<Ch
 }
 
 impl Topology {
+    /// With `--events`: the Director's control database.
+    pub fn control(&self) -> Option<&JobDbUrl> {
+        self.control.as_ref()
+    }
+
     /// One Director on one fresh JobDB.
     pub async fn direct(args: &BenchArgs, tag: &str) -> anyhow::Result<Topology> {
         let (text, url) = jobdb_url(args, tag, None)?;

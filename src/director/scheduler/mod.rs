@@ -47,7 +47,7 @@ use crate::job::{AttemptStart, Job, JobId, Progress, Transition};
 use crate::jobdb::commands::Command;
 use crate::jobdb::JobDb;
 use crate::metrics::Metrics;
-use crate::registry::controls::Controls;
+use crate::registry::controls::{Controls, EndpointControl};
 
 use super::breaker::BreakerConfig;
 use super::writer::{WriteOp, WriteRejected};
@@ -104,6 +104,9 @@ pub enum Event {
     Controls(Arc<Controls>),
     /// The subscriptions disabled now (from the control database): their jobs wait.
     DisabledSubscriptions(Arc<HashSet<ulid::Ulid>>),
+    /// The caps subscriptions put on their URLs now (from the control database): applied
+    /// with the registry's endpoint controls, the tighter of the two.
+    SubscriptionCaps(Arc<crate::events::EndpointCaps>),
     /// The jobs in the JobDB a command names (`None` if the read failed).
     CommandTargets {
         /// The command.
@@ -164,6 +167,9 @@ pub struct Scheduler {
     cache: Cache,
     queues: Queues,
     gates: Gates,
+    /// The registry's controls and the subscriptions' caps, merged into the gates' controls.
+    registry_controls: Arc<Controls>,
+    subscription_caps: Arc<crate::events::EndpointCaps>,
     backlog: Backlog,
     /// Ready and parked jobs by deadline: gated queues (paused, breaker open, rate-limited)
     /// expire their jobs on time without being walked.
@@ -231,6 +237,8 @@ impl Scheduler {
             ),
             queues: Queues::default(),
             gates: Gates::new(limits.per_endpoint, limits.breaker),
+            registry_controls: Arc::default(),
+            subscription_caps: Arc::default(),
             // The JobDB may hold unfinished jobs: the first pass reads them in.
             backlog: Backlog::pending(),
             queued_by_deadline: BTreeSet::new(),
@@ -496,7 +504,14 @@ impl Scheduler {
             }
             Event::ReadBacklog => self.backlog.due_now(),
             Event::Command(command) => self.commands.push_back(*command),
-            Event::Controls(controls) => self.set_controls(controls),
+            Event::Controls(controls) => {
+                self.registry_controls = controls;
+                self.merge_controls();
+            }
+            Event::SubscriptionCaps(caps) => {
+                self.subscription_caps = caps;
+                self.merge_controls();
+            }
             Event::DisabledSubscriptions(disabled) => self.set_disabled(disabled),
             Event::CommandTargets { command, targets } => self.apply_command(*command, targets),
         }
@@ -771,6 +786,30 @@ impl Scheduler {
         let entry = self.cache.remove(id)?;
         self.backlog.left_cache(id);
         Some(entry)
+    }
+
+    /// Applies the registry's controls with the subscriptions' caps: on an endpoint both
+    /// cap, the tighter of each.
+    fn merge_controls(&mut self) {
+        if self.subscription_caps.is_empty() {
+            self.set_controls(self.registry_controls.clone());
+            return;
+        }
+        let mut merged = (*self.registry_controls).clone();
+        for (endpoint, cap) in self.subscription_caps.iter() {
+            let control = merged
+                .endpoints
+                .entry(endpoint.clone())
+                .or_insert_with(|| EndpointControl::unset(endpoint, "subscriptions"));
+            let tighter = crate::events::Cap {
+                max_concurrency: control.max_concurrency,
+                max_per_second: control.max_per_second,
+            }
+            .tighter(*cap);
+            control.max_concurrency = tighter.max_concurrency;
+            control.max_per_second = tighter.max_per_second;
+        }
+        self.set_controls(Arc::new(merged));
     }
 
     /// Applies a new set of controls: parks the due jobs of newly paused buckets, queues

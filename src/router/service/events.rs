@@ -47,6 +47,8 @@ pub(super) async fn publish_event(
         &subscriptions.index(),
         &shared.settings.intake,
         now,
+        chrono::Duration::from_std(shared.dedup.config().max_skew)
+            .unwrap_or(chrono::Duration::zero()),
         event_id,
         || shared.next_id(),
     )?;
