@@ -122,17 +122,7 @@ async fn pause_resume_and_caps_reach_a_running_director() {
         seen(&rig, "/slow/200") == 12 && seen(&rig, "/status/203") == 15
     })
     .await;
-    let arrivals = |path: &str| -> Vec<Duration> {
-        let mut at: Vec<_> = rig
-            .sink
-            .received()
-            .iter()
-            .filter(|r| r.path == path)
-            .map(|r| r.at.duration_since(started))
-            .collect();
-        at.sort();
-        at
-    };
+    let arrivals = |path: &str| arrivals_at(&rig.sink, path, started);
     let slow_at = arrivals("/slow/200");
     // At most 2 requests start within any 200 ms (each holds its slot that long).
     let most_in_200ms = slow_at

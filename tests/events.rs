@@ -582,17 +582,7 @@ async fn a_subscription_caps_the_requests_to_its_url(engine: Engine) {
             && received.iter().filter(|r| r.path == "/status/203").count() == 15
     })
     .await;
-    let arrivals = |path: &str| -> Vec<Duration> {
-        let mut at: Vec<Duration> = rig
-            .sink
-            .received()
-            .iter()
-            .filter(|r| r.path == path)
-            .map(|r| r.at.duration_since(started))
-            .collect();
-        at.sort();
-        at
-    };
+    let arrivals = |path: &str| arrivals_at(&rig.sink, path, started);
     let slow = arrivals("/slow/200");
     let gaps = slow.windows(2).map(|w| w[1] - w[0]).min().unwrap();
     let paced = arrivals("/status/203");

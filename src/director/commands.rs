@@ -90,43 +90,40 @@ pub async fn watch_controls(
 /// Hands the scheduler every new set of disabled subscriptions (the first at once) until
 /// `stop`: their jobs wait until they are enabled again.
 pub async fn watch_disabled(
-    mut disabled: tokio::sync::watch::Receiver<std::sync::Arc<HashSet<ulid::Ulid>>>,
+    disabled: tokio::sync::watch::Receiver<std::sync::Arc<HashSet<ulid::Ulid>>>,
     scheduler: mpsc::UnboundedSender<Event>,
     stop: CancellationToken,
 ) {
-    loop {
-        let now = disabled.borrow_and_update().clone();
-        if scheduler.send(Event::DisabledSubscriptions(now)).is_err() {
-            return;
-        }
-        tokio::select! {
-            _ = stop.cancelled() => return,
-            changed = disabled.changed() => {
-                if changed.is_err() {
-                    // The cache is gone: nothing will change any more.
-                    stop.cancelled().await;
-                    return;
-                }
-            }
-        }
-    }
+    follow(disabled, Event::DisabledSubscriptions, scheduler, stop).await
 }
 
 /// Hands the scheduler every new set of subscription caps (the first at once) until `stop`.
 pub async fn watch_caps(
-    mut caps: tokio::sync::watch::Receiver<std::sync::Arc<crate::events::EndpointCaps>>,
+    caps: tokio::sync::watch::Receiver<std::sync::Arc<crate::events::EndpointCaps>>,
+    scheduler: mpsc::UnboundedSender<Event>,
+    stop: CancellationToken,
+) {
+    follow(caps, Event::SubscriptionCaps, scheduler, stop).await
+}
+
+/// Hands the scheduler each value `watched` takes (the current one at once), as `event`,
+/// until `stop`.
+async fn follow<T: Clone>(
+    mut watched: tokio::sync::watch::Receiver<T>,
+    event: fn(T) -> Event,
     scheduler: mpsc::UnboundedSender<Event>,
     stop: CancellationToken,
 ) {
     loop {
-        let now = caps.borrow_and_update().clone();
-        if scheduler.send(Event::SubscriptionCaps(now)).is_err() {
+        let now = watched.borrow_and_update().clone();
+        if scheduler.send(event(now)).is_err() {
             return;
         }
         tokio::select! {
             _ = stop.cancelled() => return,
-            changed = caps.changed() => {
+            changed = watched.changed() => {
                 if changed.is_err() {
+                    // The cache is gone: nothing will change any more.
                     stop.cancelled().await;
                     return;
                 }

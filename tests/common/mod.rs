@@ -796,3 +796,19 @@ pub fn event_arrival(
         subscription,
     }
 }
+
+/// When requests for `path` reached `sink`, after `since`, in order.
+pub fn arrivals_at(
+    sink: &spindle::cli::sink::Sink,
+    path: &str,
+    since: std::time::Instant,
+) -> Vec<Duration> {
+    let mut at: Vec<Duration> = sink
+        .received()
+        .iter()
+        .filter(|r| r.path == path)
+        .map(|r| r.at.duration_since(since))
+        .collect();
+    at.sort();
+    at
+}
