@@ -76,6 +76,18 @@ struct Row {
     removed: bool,
     /// The change it was read at.
     version: u64,
+    /// What it was made from (its stored columns, hashed): a reload that reads the same keeps
+    /// it instead of checking it again.
+    read: u64,
+}
+
+/// The stored columns a row is made from, hashed.
+fn read_of(row: &ChangedRow) -> u64 {
+    let mut h = xxhash_rust::xxh3::Xxh3::new();
+    h.update(row.spec.as_bytes());
+    h.update(&[u8::from(row.enabled), u8::from(row.removed)]);
+    h.update(&row.version.to_le_bytes());
+    h.digest()
 }
 
 impl std::fmt::Debug for Subscriptions {
@@ -174,26 +186,43 @@ impl Subscriptions {
     }
 
     /// Reads everything again (an operator's SQL may have changed rows without a version).
+    /// Rows read as they were are kept as they are: only what changed is checked again, and
+    /// the index is rebuilt only if anything did.
     pub async fn reload(&self) -> Result<(), StoreError> {
-        let mut rows = HashMap::new();
+        let mut read = Vec::new();
         let mut after = 0;
         loop {
             let page = self.db.changes(after).await?;
             let Some(last) = page.last() else { break };
             after = last.version;
-            for row in page {
-                match self.checked(&row) {
-                    Some(s) => rows.insert(row.id, s),
-                    None => rows.remove(&row.id),
-                };
-            }
+            read.extend(page);
         }
-        {
+        let changed = {
             let mut state = self.lock();
+            let mut rows = HashMap::with_capacity(read.len());
+            let mut changed = read.len() != state.rows.len();
+            for row in read {
+                let same = read_of(&row);
+                match state.rows.remove(&row.id) {
+                    Some(held) if held.read == same => {
+                        rows.insert(row.id, held);
+                    }
+                    _ => {
+                        changed = true;
+                        if let Some(s) = self.checked(&row) {
+                            rows.insert(row.id, s);
+                        }
+                    }
+                }
+            }
+            changed |= !state.rows.is_empty();
             state.version = after;
             state.rows = rows;
+            changed
+        };
+        if changed {
+            self.publish();
         }
-        self.publish();
         Ok(())
     }
 
@@ -235,6 +264,7 @@ impl Subscriptions {
                     subscription: Arc::new(s),
                     removed: row.removed,
                     version: row.version,
+                    read: read_of(row),
                 })
             }
             Err(e) => {
