@@ -631,3 +631,87 @@ fn screenshot_path() -> PathBuf {
         .expect("the target dir")
         .join("dashboard-screenshot.png")
 }
+
+/// With a control database the page lists the subscriptions: state, caps, and their jobs not
+/// yet finished over the JobDBs (a disabled one's parked jobs); without one, the panel stays
+/// hidden.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn dashboard_lists_subscriptions_with_their_waiting_jobs() {
+    let control = Control::start(Engine::MySql).await;
+    let rig = Rig::start("dashsub", control.tweak()).await;
+    let api = rig.api();
+    let on = api
+        .add_subscription(&spindle_client::NewSubscription {
+            max_concurrency: Some(3),
+            ..spindle_client::NewSubscription::new("shop", rig.sink.url("/ok"), ["order.*"])
+        })
+        .await
+        .unwrap();
+    let off = api
+        .add_subscription(&spindle_client::NewSubscription {
+            enabled: Some(false),
+            ..spindle_client::NewSubscription::new("shop", rig.sink.url("/ok"), ["*"])
+        })
+        .await
+        .unwrap();
+    for n in 0..3 {
+        let event = spindle_client::NewEvent {
+            bucket: "shop".into(),
+            event_type: "order.paid".into(),
+            payload: serde_json::value::RawValue::from_string(format!("{{\"n\":{n}}}")).unwrap(),
+            idempotency_key: None,
+            deliver_at: None,
+            on_complete: None,
+        };
+        assert_eq!(api.publish(&event).await.unwrap().deliveries.len(), 2);
+    }
+    rig.wait_in_state(spindle::job::State::Succeeded, 3, Duration::from_secs(20))
+        .await;
+
+    let mut config =
+        DashboardConfig::new("127.0.0.1:0".parse().unwrap(), vec![rig.db.url_string()]);
+    config.subscriptions = Some(control.subscriptions.clone());
+    let dash = dashboard::serve(config).await.expect("dashboard starts");
+    let base = format!("http://{}", dash.addr());
+    let client = reqwest::Client::new();
+    let view = get(&client, &format!("{base}/api/subscriptions"), 200).await;
+    assert_eq!(view["configured"], true);
+    let rows = view["subscriptions"].as_array().unwrap();
+    let row = |id: &str| rows.iter().find(|r| r["id"] == id).unwrap().clone();
+    assert_eq!(rows.len(), 2);
+    assert_eq!(row(&on.id)["waiting"], 0);
+    assert_eq!(row(&on.id)["max_concurrency"], 3);
+    assert_eq!(row(&off.id)["waiting"], 3, "the disabled one's jobs wait");
+    assert_eq!(row(&off.id)["enabled"], false);
+    assert!(rows.iter().all(|r| r.get("secret").is_none()));
+
+    let dom = render(chromium(), &["--dump-dom", &format!("{base}/?minutes=5")]).await;
+    let dom = String::from_utf8_lossy(&dom).into_owned();
+    let panel = section(&dom, "subscriptions");
+    assert!(
+        !panel.starts_with(r#"id="subscriptions" hidden"#),
+        "{panel}"
+    );
+    assert!(
+        panel.contains(&format!(r#"data-subscription="{}""#, off.id)),
+        "{panel}"
+    );
+    assert!(
+        panel.contains("disabled") && panel.contains("3 at once"),
+        "{panel}"
+    );
+    dash.stop().await;
+
+    // Without a control database: not configured, the panel hidden.
+    let dash = dashboard::serve(DashboardConfig::new(
+        "127.0.0.1:0".parse().unwrap(),
+        vec![rig.db.url_string()],
+    ))
+    .await
+    .unwrap();
+    let bare = format!("http://{}/api/subscriptions", dash.addr());
+    assert_eq!(get(&client, &bare, 200).await["configured"], false);
+    dash.stop().await;
+    rig.stop().await;
+    control.stop().await;
+}

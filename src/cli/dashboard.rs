@@ -69,6 +69,9 @@ pub struct DashboardArgs {
     /// (`Authorization: Bearer`; the page asks for it once and keeps it in the browser).
     #[arg(long, env = "SPINDLE_DASHBOARD_TOKENS")]
     pub tokens: Option<std::path::PathBuf>,
+    /// The control database: the page lists the subscriptions and their waiting jobs.
+    #[command(flatten)]
+    pub control: super::subscriptions::ControlArgs,
 }
 
 impl DashboardArgs {
@@ -104,9 +107,19 @@ pub(super) async fn run(
     args: &DashboardArgs,
     stop: tokio_util::sync::CancellationToken,
 ) -> anyhow::Result<()> {
-    let dashboard = crate::dashboard::serve(args.to_config()?).await?;
+    let mut config = args.to_config()?;
+    config.subscriptions = args
+        .control
+        .subscriptions(crate::rpc::api::IntakeLimits::default())
+        .await?;
+    let stop_cache = tokio_util::sync::CancellationToken::new();
+    if let Some(cache) = config.subscriptions.clone() {
+        tokio::spawn(cache.run(stop_cache.clone()));
+    }
+    let dashboard = crate::dashboard::serve(config).await?;
     println!("dashboard at http://{}/", dashboard.addr());
     stop.cancelled().await;
+    stop_cache.cancel();
     dashboard.stop().await;
     Ok(())
 }

@@ -147,6 +147,8 @@ pub fn commands(args: &DevArgs, data: &Path, registry: &str) -> Vec<Vec<String>>
             &args.dashboard_listen.to_string(),
             "--discover-every-ms",
             "1000",
+            "--control-db",
+            &control,
         ],
     ];
     lines

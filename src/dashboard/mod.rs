@@ -68,6 +68,8 @@ pub struct DashboardConfig {
     pub db_connections: u32,
     /// API tokens; with them the JSON API needs an admin token. `None`: open.
     pub auth: Option<Arc<crate::rpc::auth::TokenStore>>,
+    /// The subscriptions (a control database), shown with their waiting jobs.
+    pub subscriptions: Option<Arc<crate::events::Subscriptions>>,
 }
 
 impl std::fmt::Debug for DashboardConfig {
@@ -100,6 +102,7 @@ impl DashboardConfig {
             query_timeout: Duration::from_secs(5),
             db_connections: 2,
             auth: None,
+            subscriptions: None,
         }
     }
 }
@@ -194,6 +197,7 @@ pub async fn serve(config: DashboardConfig) -> Result<Dashboard, DashboardError>
         query_timeout: config.query_timeout,
         consul,
         auth: config.auth.clone(),
+        subscriptions: config.subscriptions.clone(),
     });
     let shutdown = stop.clone();
     let server = tokio::spawn(async move {
@@ -255,6 +259,8 @@ struct AppState {
     consul: Option<ConsulClient>,
     /// API tokens; `None`: the API is open.
     auth: Option<Arc<crate::rpc::auth::TokenStore>>,
+    /// The subscriptions, when a control database is given.
+    subscriptions: Option<Arc<crate::events::Subscriptions>>,
 }
 
 /// The page and its API; with tokens, every API route needs an admin token (the page itself
@@ -265,6 +271,7 @@ fn router(state: AppState) -> Router {
         .route("/api/endpoints", get(endpoints))
         .route("/api/attempts", get(attempts))
         .route("/api/jobdbs", get(jobdbs))
+        .route("/api/subscriptions", get(subscriptions))
         .route("/api/jobs", get(jobs_by_key))
         .route("/api/jobs/{id}", get(job_by_id))
         .route(
@@ -497,6 +504,39 @@ async fn attempts(State(app): State<AppState>) -> Json<Attempts> {
 
 /// `GET /api/jobdbs`: every JobDB with its inventory state, age, size, owner and whether it
 /// answers.
+/// `/api/subscriptions`: every subscription (no secrets) with its unfinished jobs over the
+/// reachable JobDBs.
+async fn subscriptions(State(app): State<AppState>) -> Json<views::SubscriptionsView> {
+    let Some(cache) = app.subscriptions.clone() else {
+        return Json(views::SubscriptionsView::default());
+    };
+    let members = app.fleet.members();
+    let (answers, unreachable) = across(&members, app.query_timeout, |db| async move {
+        db.waiting_by_subscription().await
+    })
+    .await;
+    let mut waiting: std::collections::HashMap<ulid::Ulid, u64> = Default::default();
+    for (_, counts) in answers {
+        for (id, n) in counts {
+            *waiting.entry(id).or_default() += n;
+        }
+    }
+    let subscriptions = cache
+        .index()
+        .all()
+        .iter()
+        .map(|s| views::SubscriptionRow {
+            waiting: waiting.get(&s.id).copied().unwrap_or(0),
+            subscription: s.view(false),
+        })
+        .collect();
+    Json(views::SubscriptionsView {
+        configured: true,
+        subscriptions,
+        unreachable,
+    })
+}
+
 async fn jobdbs(State(app): State<AppState>) -> Json<JobDbs> {
     let members = app.fleet.members();
     let (answers, unreachable) = across(&members, app.query_timeout, |db| async move {

@@ -431,6 +431,28 @@ impl Attempts {
     }
 }
 
+/// `GET /api/subscriptions`: the control database's subscriptions, each with its jobs not
+/// yet finished over the JobDBs read.
+#[derive(Clone, Debug, Default, Serialize, Deserialize)]
+pub struct SubscriptionsView {
+    /// Whether the dashboard has a control database (`--control-db`).
+    pub configured: bool,
+    /// Every subscription, by id.
+    pub subscriptions: Vec<SubscriptionRow>,
+    /// JobDBs whose waiting jobs are not counted.
+    pub unreachable: Vec<Unreachable>,
+}
+
+/// One subscription and its waiting jobs.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct SubscriptionRow {
+    /// The subscription (no secret).
+    #[serde(flatten)]
+    pub subscription: spindle_client::SubscriptionView,
+    /// Its jobs not finished yet (waiting, retrying, under way; parked while it is disabled).
+    pub waiting: u64,
+}
+
 /// `GET /api/jobdbs`: the inventory as the dashboard sees it.
 #[derive(Clone, Debug, Serialize, Deserialize)]
 pub struct JobDbs {

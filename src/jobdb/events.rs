@@ -15,6 +15,13 @@ const EVENT: &str = "SELECT bucket, event_type, created_at FROM events WHERE id 
 const EVENT_JOBS: &str =
     "SELECT id, subscription_id FROM jobs WHERE event_id = ? ORDER BY subscription_id, id";
 
+/// Unfinished jobs per subscription (the dashboard's "waiting" column): those without a
+/// terminal row (a job fresh in its Director's cache has no `open_jobs` entry yet).
+const WAITING_BY_SUBSCRIPTION: &str = "SELECT j.subscription_id, COUNT(*) AS n FROM jobs j \
+     WHERE j.subscription_id IS NOT NULL AND NOT EXISTS (SELECT 1 FROM job_state_transitions t \
+     WHERE t.job_id = j.id AND t.state IN ('succeeded', 'discarded', 'archived', 'moved')) \
+     GROUP BY j.subscription_id";
+
 /// Events with a job of a subscription: the caller binds the subscription, then adds
 /// ` AND event_id IN (…)`.
 const EVENTS_OF_SUBSCRIPTION: &str = "SELECT event_id FROM jobs WHERE subscription_id = ";
@@ -79,6 +86,20 @@ impl JobDb {
                 created_at: q::time_of(&row, "created_at")?,
                 jobs,
             }))
+        })
+    }
+
+    /// How many jobs of each subscription are unfinished here (waiting, retrying, under way).
+    pub async fn waiting_by_subscription(
+        &self,
+    ) -> Result<std::collections::HashMap<Ulid, u64>, JobDbError> {
+        with_pool!(self, |p, q| {
+            sqlx::query(WAITING_BY_SUBSCRIPTION)
+                .fetch_all(p)
+                .await?
+                .iter()
+                .map(|row| Ok((q::ulid_of(row, "subscription_id")?, q::count_of(row, "n")?)))
+                .collect()
         })
     }
 

@@ -61,6 +61,7 @@
 //! | stats      | [`JobDb::server_writes`] (a benchmark's disk cost)            | `stats.rs`     |
 //! | replay     | [`JobDb::ended_jobs`]                                         | `replay.rs`    |
 //! | events     | [`JobDb::event`], [`JobDb::event_sources`] (back-fill)        | `events.rs`    |
+//! | events     | [`JobDb::events_delivered_to`], [`JobDb::waiting_by_subscription`] | `events.rs` |
 //!
 //! # Layout
 //! - this module: [`JobDb`] (open, close, the reads of jobs and their progress), the errors,

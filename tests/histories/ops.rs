@@ -774,6 +774,8 @@ pub async fn subscribe(world: &World) {
     };
     let all = add("a", &["hist.*"], None).await;
     let created = add("b", &["hist.created"], Some(CREATED_PER_SECOND)).await;
+    // Every router's and Director's cache reads them within about a second.
+    tokio::time::sleep(Duration::from_secs(2)).await;
     let _ = world
         .subscriptions
         .set(super::world::Subscribed { all, created });
@@ -896,6 +898,20 @@ pub async fn publisher(
                             }
                             if reply.duplicate && reply.deliveries.is_empty() {
                                 outcome(Outcome::Duplicate(String::new()));
+                            }
+                            if !reply.duplicate && reply.deliveries.len() != expected {
+                                rec.violation(Violation {
+                                    invariant: "event-fan-out",
+                                    at: Utc::now(),
+                                    jobs: Vec::new(),
+                                    what: format!(
+                                        "{via} answered event {} ({}) with {} jobs; it fans out \
+                                         to {expected}",
+                                        spec.key,
+                                        spec.json["event_type"],
+                                        reply.deliveries.len()
+                                    ),
+                                });
                             }
                             if !again {
                                 settled.push(spec.clone());

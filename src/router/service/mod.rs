@@ -188,6 +188,10 @@ impl Router {
             .with_state(shared.clone())
             .merge(subscriptions);
         let mut tasks = JoinSet::new();
+        if let Some(cache) = shared.settings.subscriptions.clone() {
+            // Edits made through other routers and Directors reach this one's index.
+            tasks.spawn(cache.run(stop.clone()));
+        }
         tasks.spawn(
             directors
                 .clone()
