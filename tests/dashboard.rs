@@ -700,6 +700,37 @@ async fn dashboard_lists_subscriptions_with_their_waiting_jobs() {
         panel.contains("disabled") && panel.contains("3 at once"),
         "{panel}"
     );
+    assert!(
+        panel.contains(&format!(r#"data-toggle="{}""#, off.id)),
+        "{panel}"
+    );
+
+    // Enabled from the dashboard: its waiting jobs go.
+    let post = |body: Value| {
+        client
+            .post(format!("{base}/api/subscriptions"))
+            .json(&body)
+            .send()
+    };
+    let answer = post(json!({"id": off.id, "enabled": true})).await.unwrap();
+    assert_eq!(answer.status(), 200);
+    let view: Value = answer.json().await.unwrap();
+    let rows = view["subscriptions"].as_array().unwrap();
+    assert!(rows
+        .iter()
+        .any(|r| r["id"] == off.id.as_str() && r["enabled"] == true));
+    rig.wait_in_state(spindle::job::State::Succeeded, 6, Duration::from_secs(20))
+        .await;
+    for (body, status) in [
+        (json!({"id": "nope", "enabled": true}), 400),
+        (
+            json!({"id": ulid::Ulid::new().to_string(), "enabled": true}),
+            404,
+        ),
+        (json!({"id": off.id}), 400),
+    ] {
+        assert_eq!(post(body.clone()).await.unwrap().status(), status, "{body}");
+    }
     dash.stop().await;
 
     // Without a control database: not configured, the panel hidden.

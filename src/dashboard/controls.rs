@@ -1,6 +1,7 @@
 //! The dashboard's endpoint controls: the same Consul records `spindle endpoints` writes
 //! (pause and resume an endpoint or a bucket, cap an endpoint), read and written over the
-//! dashboard's API, and its token check.
+//! dashboard's API; enabling and disabling subscriptions (the control database, as `spindle
+//! subscriptions enable|disable` does); and its token check.
 
 use axum::extract::State;
 use axum::http::HeaderMap;
@@ -183,4 +184,47 @@ pub(super) async fn post_controls(
         }
     }
     get_controls(State(state)).await
+}
+
+/// `POST /api/subscriptions` body: enable or disable one subscription.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct SubscriptionChange {
+    /// The subscription's id.
+    pub id: String,
+    /// Whether it receives events (disabled: its jobs wait).
+    pub enabled: bool,
+}
+
+/// `POST /api/subscriptions`: enables or disables a subscription; answers the panel again.
+pub(super) async fn post_subscription(
+    State(state): State<AppState>,
+    Extension(ApiCaller(caller)): Extension<ApiCaller>,
+    body: Result<Json<SubscriptionChange>, axum::extract::rejection::JsonRejection>,
+) -> Result<Json<super::views::SubscriptionsView>, QueryError> {
+    let Json(change) = body.map_err(|e| QueryError::BadParameter {
+        field: "body",
+        message: e.body_text(),
+    })?;
+    let Some(cache) = state.subscriptions.clone() else {
+        return Err(QueryError::Unavailable(
+            "subscriptions need the dashboard to run with --control-db".into(),
+        ));
+    };
+    let id: ulid::Ulid = change.id.parse().map_err(|_| QueryError::BadParameter {
+        field: "id",
+        message: format!("id must be a subscription id (a ULID), not {:?}", change.id),
+    })?;
+    match cache.set_enabled(id, change.enabled).await {
+        Ok(Some(_)) => {
+            tracing::info!(subscription = %id, enabled = change.enabled, by = %caller, "subscription changed from the dashboard");
+        }
+        Ok(None) => return Err(QueryError::NotFound(format!("no subscription {id}"))),
+        Err(e) => {
+            return Err(QueryError::Unavailable(format!(
+                "writing the control database: {e}"
+            )))
+        }
+    }
+    Ok(super::subscriptions(State(state)).await)
 }

@@ -271,7 +271,10 @@ fn router(state: AppState) -> Router {
         .route("/api/endpoints", get(endpoints))
         .route("/api/attempts", get(attempts))
         .route("/api/jobdbs", get(jobdbs))
-        .route("/api/subscriptions", get(subscriptions))
+        .route(
+            "/api/subscriptions",
+            get(subscriptions).post(controls::post_subscription),
+        )
         .route("/api/jobs", get(jobs_by_key))
         .route("/api/jobs/{id}", get(job_by_id))
         .route(

@@ -148,6 +148,27 @@ impl Subscriptions {
         self.caps.subscribe()
     }
 
+    /// Enables or disables the subscription `id` (its other fields as they are), committed to
+    /// the control database and read back here; `Ok(None)` when there is no such live
+    /// subscription.
+    pub async fn set_enabled(
+        &self,
+        id: Ulid,
+        enabled: bool,
+    ) -> Result<Option<Arc<Subscription>>, StoreError> {
+        let Some(current) = self.index().get(&id).cloned() else {
+            return Ok(None);
+        };
+        let mut spec = current.spec.clone();
+        spec.given.enabled = Some(enabled);
+        spec.updated_at = chrono::Utc::now();
+        if self.db.update(id, &spec).await?.is_none() {
+            return Ok(None);
+        }
+        self.refresh().await?;
+        Ok(self.index().get(&id).cloned())
+    }
+
     /// Reads the changes since the version held, and applies them. Returns whether anything
     /// changed.
     pub async fn refresh(&self) -> Result<bool, StoreError> {
