@@ -568,7 +568,16 @@ async fn ordered_keys_keep_their_order_through_a_router_a_kill_9_a_retirement_an
             let mut accepted: HashMap<String, Vec<JobId>> = HashMap::new();
             // Per key, the jobs not yet answered `accepted` or `duplicate`, oldest first.
             let mut owed: Vec<Vec<usize>> = vec![(0..per_key).collect(); KEYS];
+            // A key whose earlier submission cannot be settled (answered `pending` for ever)
+            // fails the test instead of hanging it.
+            let deadline = Instant::now() + Duration::from_secs(600);
+            let mut last_answer = String::new();
             while owed.iter().any(|n| !n.is_empty()) {
+                assert!(
+                    Instant::now() < deadline,
+                    "jobs still unsettled after 600 s: {:?}; last answer: {last_answer}",
+                    owed.iter().map(Vec::len).collect::<Vec<_>>()
+                );
                 let mut jobs = Vec::new();
                 for (k, nths) in owed.iter().enumerate() {
                     for nth in nths.iter().take(PER_REQUEST) {
@@ -588,7 +597,9 @@ async fn ordered_keys_keep_their_order_through_a_router_a_kill_9_a_retirement_an
                     if r.status() == reqwest::StatusCode::ACCEPTED {
                         let body: Value = r.json().await.unwrap();
                         for (job, sent) in body["jobs"].as_array().unwrap().iter().zip(&jobs) {
-                            if job["status"] == "accepted" || job["status"] == "duplicate" {
+                            if job["status"] != "accepted" && job["status"] != "duplicate" {
+                                last_answer = job.to_string();
+                            } else {
                                 let key = sent["ordering_key"].as_str().unwrap().to_owned();
                                 let k: usize = key[1..].parse().unwrap();
                                 let nth: usize = sent["idempotency_key"].as_str().unwrap()

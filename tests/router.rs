@@ -1037,3 +1037,115 @@ async fn an_event_is_published_once_through_router_crashes() {
     assert_eq!(seen, delivered_pairs);
     cluster.stop().await;
 }
+
+/// A router dies after claiming an event's key (nothing stored) and another after storing
+/// one (not confirmed); then every JobDB that could hold them retires and its Director moves
+/// to a spare. A retry through a live router finds both claims lapsed with their holders in
+/// no JobDB a Director serves: it reads the retired JobDBs itself, so the stored event is
+/// answered `duplicate` and the other is published fresh (before, both were answered 503
+/// "cannot be checked now" for as long as the retired JobDBs existed).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lapsed_claim_is_settled_by_reading_a_retired_jobdb() {
+    use spindle::registry::inventory::JobDbState;
+    use spindle_client::{Client, NewEvent, NewSubscription};
+    let _one = ONE_AT_A_TIME.lock().await;
+    let cluster = Cluster::builder("rlc")
+        .jobdbs(2)
+        .directors(1)
+        .service_ttl_ms(2000)
+        .redis(None)
+        .router(1)
+        .control()
+        .start()
+        .await;
+    let api = Client::new(&cluster.router_base(), None).unwrap();
+    let sub = NewSubscription::new("shop", cluster.sink.url("/ok"), ["order.*"]);
+    api.add_subscription(&sub).await.unwrap();
+    let event = |key: &str| NewEvent {
+        bucket: "shop".into(),
+        event_type: "order.paid".into(),
+        payload: serde_json::value::RawValue::from_string("{}".into()).unwrap(),
+        idempotency_key: Some(key.to_owned()),
+        deliver_at: None,
+        on_complete: None,
+    };
+    for step in ["stored", "claimed"] {
+        let key = format!("crash-{step}");
+        let mut doomed =
+            cluster.spawn_router(1, &[("SPINDLE_FAULT_CRASH", &format!("{step}:{key}"))]);
+        cluster.wait_ready([&doomed]).await;
+        let lost = Client::new(&doomed.base(), None)
+            .unwrap()
+            .publish(&event(&key))
+            .await;
+        assert!(lost.is_err(), "the router crashed at {step}: {lost:?}");
+        doomed.kill9().await;
+    }
+    let stored = cluster.stored().await;
+    assert_eq!(stored.len(), 1, "{stored:?}");
+    // The active JobDB retires; the Director takes the spare.
+    let listed = cluster.inventory.list().await.unwrap();
+    let active = listed
+        .iter()
+        .find(|l| l.record.state == JobDbState::Active)
+        .expect("an active jobdb");
+    assert!(cluster
+        .inventory
+        .set_state(active, JobDbState::Retiring, "test")
+        .await
+        .unwrap());
+    let retired = active.record.name.clone();
+    wait_for(
+        Duration::from_secs(30),
+        "the director on the spare",
+        || async {
+            cluster
+                .catalog()
+                .await
+                .values()
+                .all(|jobdb| *jobdb != retired)
+                && cluster.in_state(JobDbState::Active).await == 1
+        },
+    )
+    .await;
+
+    let started = Instant::now();
+    let mut answers = Vec::new();
+    for key in ["crash-stored", "crash-claimed"] {
+        let reply = loop {
+            match api.publish(&event(key)).await {
+                Ok(reply) => break reply,
+                Err(e) => {
+                    assert_eq!(e.status(), Some(503), "{key}: {e}");
+                    assert!(
+                        started.elapsed() < Duration::from_secs(30),
+                        "{key} unsettled: {e}"
+                    );
+                    tokio::time::sleep(Duration::from_millis(200)).await;
+                }
+            }
+        };
+        answers.push(reply);
+    }
+    println!(
+        "both lapsed claims settled {} ms after the retirement",
+        started.elapsed().as_millis()
+    );
+    assert!(
+        answers[0].duplicate && answers[0].event_id.is_some(),
+        "{:?}",
+        answers[0]
+    );
+    assert!(!answers[1].duplicate, "{:?}", answers[1]);
+    let mut keys: Vec<(Option<String>, String)> = cluster
+        .stored()
+        .await
+        .into_iter()
+        .map(|(id, key, _, _)| (key, id))
+        .collect();
+    keys.sort();
+    assert_eq!(keys.len(), 2, "one event per key: {keys:?}");
+    assert_eq!(keys[0].0.as_deref(), Some("crash-claimed"));
+    assert_eq!(keys[1], (Some("crash-stored".into()), stored[0].0.clone()));
+    cluster.stop().await;
+}

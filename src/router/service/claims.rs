@@ -106,9 +106,11 @@ pub(super) async fn claim(
             };
         }
         // Lapsed claims: their router stopped before confirming, perhaps after storing.
-        for (i, holder) in lapsed {
+        let holders: Vec<JobId> = lapsed.iter().map(|&(_, holder)| holder).collect();
+        let found = holders_stored(shared, &holders, holds).await;
+        for ((i, holder), found) in lapsed.into_iter().zip(found) {
             let claim = claims[i];
-            match holder_stored(shared, holder, holds).await {
+            match found {
                 Holder::Stored => {
                     // Finish the dead router's work: the key is the stored holder's.
                     let holder_claim = Claim {
@@ -157,57 +159,160 @@ enum Holder {
     Unknown(String),
 }
 
-/// Looks for `holder` (a job, or an event's row) in every live JobDB. It is absent only if
-/// every healthy Director answers 404, every active JobDB has one of them, and no JobDB left
-/// service since it was made (it could have been stored there, and delivered or moved since).
-async fn holder_stored(shared: &Shared, holder: JobId, holds: Holds) -> Holder {
-    let records = match crate::registry::inventory::Inventory::new(shared.consul.clone())
-        .list()
-        .await
-    {
+/// How long a direct read of a JobDB no Director serves may take.
+const DIRECT_SEARCH_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// Looks for each of `holders` (jobs, or events' rows) in every JobDB that could hold it,
+/// one answer per holder. A JobDB a healthy Director serves is asked through it; one that no
+/// Director serves but still exists (active without its Director, retiring, draining or
+/// drained: a drain moves and archives jobs but deletes no rows) is read directly. A holder
+/// is absent only if every one of them was searched; a JobDB dropped since the holder was
+/// made leaves it unknown (it could have been stored there and delivered since).
+async fn holders_stored(shared: &Shared, holders: &[JobId], holds: Holds) -> Vec<Holder> {
+    if holders.is_empty() {
+        return Vec::new();
+    }
+    let inventory = crate::registry::inventory::Inventory::new(shared.consul.clone());
+    let records = match inventory.list().await {
         Ok(records) => records,
-        Err(e) => return Holder::Unknown(format!("inventory unreadable: {e}")),
+        Err(e) => {
+            return holders
+                .iter()
+                .map(|_| Holder::Unknown(format!("inventory unreadable: {e}")))
+                .collect()
+        }
     };
-    let made = DateTime::<Utc>::from_timestamp_millis(holder.0.timestamp_ms() as i64)
-        .unwrap_or(DateTime::<Utc>::UNIX_EPOCH)
-        - chrono::Duration::seconds(60);
+    let made = |holder: &JobId| {
+        DateTime::<Utc>::from_timestamp_millis(holder.0.timestamp_ms() as i64)
+            .unwrap_or(DateTime::<Utc>::UNIX_EPOCH)
+            - chrono::Duration::seconds(60)
+    };
+    let earliest = holders
+        .iter()
+        .map(made)
+        .min()
+        .unwrap_or(DateTime::<Utc>::UNIX_EPOCH);
     let directors = shared.directors.all();
+    let mut answers: Vec<Option<Holder>> = holders.iter().map(|_| None).collect();
     for listed in &records {
         use crate::registry::inventory::JobDbState as S;
         let record = &listed.record;
-        let unseen = match record.state {
+        let direct = match record.state {
             S::Active => !directors.iter().any(|d| d.jobdb == record.name),
-            S::Retiring | S::Draining | S::Drained | S::Dropped => record.changed_at >= made,
+            S::Retiring | S::Draining | S::Drained => record.changed_at >= earliest,
+            S::Dropped => {
+                for (answer, holder) in answers.iter_mut().zip(holders) {
+                    if answer.is_none() && record.changed_at >= made(holder) {
+                        *answer = Some(Holder::Unknown(format!(
+                            "jobdb {} was dropped since",
+                            record.name
+                        )));
+                    }
+                }
+                false
+            }
             S::Spare => false,
         };
-        if unseen {
-            return Holder::Unknown(format!("jobdb {} cannot be searched", record.name));
+        if !direct {
+            continue;
         }
-    }
-    let holder = holder.to_string();
-    let lookups = directors.iter().map(|d| {
-        let holder = &holder;
-        async move {
-            let client = shared.director_client(d)?;
-            match holds {
-                Holds::Jobs => client.job(holder).await.map(drop),
-                Holds::Events => client.event(holder).await.map(drop),
+        let searched = tokio::time::timeout(
+            DIRECT_SEARCH_TIMEOUT,
+            search_directly(&inventory, record, holders, holds),
+        )
+        .await
+        .unwrap_or_else(|_| Err("timed out".into()));
+        match searched {
+            Ok(found) => {
+                for (answer, found) in answers.iter_mut().zip(found) {
+                    if found {
+                        *answer = Some(Holder::Stored);
+                    }
+                }
+            }
+            Err(why) => {
+                for answer in answers.iter_mut().filter(|a| a.is_none()) {
+                    *answer = Some(Holder::Unknown(format!(
+                        "jobdb {} cannot be searched: {why}",
+                        record.name
+                    )));
+                }
             }
         }
-    });
-    let mut absent = true;
-    for answer in futures::future::join_all(lookups).await {
-        match answer {
-            Ok(_) => return Holder::Stored,
-            Err(e) if e.status() == Some(404) => {}
-            Err(_) => absent = false,
+    }
+    let asked = holders.iter().zip(&answers).map(|(holder, answer)| {
+        let holder = holder.to_string();
+        async move {
+            if answer.is_some() {
+                return None;
+            }
+            let replies = shared
+                .ask_directors(|client| {
+                    let holder = holder.clone();
+                    async move {
+                        match holds {
+                            Holds::Jobs => client.job(&holder).await.map(drop),
+                            Holds::Events => client.event(&holder).await.map(drop),
+                        }
+                    }
+                })
+                .await;
+            let mut absent = true;
+            for reply in replies {
+                match reply {
+                    Ok(()) => return Some(Holder::Stored),
+                    Err(e) if e.status() == Some(404) => {}
+                    Err(_) => absent = false,
+                }
+            }
+            Some(if absent {
+                Holder::Absent
+            } else {
+                Holder::Unknown("a director did not answer".into())
+            })
         }
-    }
-    if absent {
-        Holder::Absent
-    } else {
-        Holder::Unknown("a director did not answer".into())
-    }
+    });
+    let asked = futures::future::join_all(asked).await;
+    answers
+        .into_iter()
+        .zip(asked)
+        .map(|(known, asked)| known.or(asked).unwrap_or(Holder::Absent))
+        .collect()
+}
+
+/// Which of `holders` the JobDB of `record` holds, read directly (no Director serves it).
+async fn search_directly(
+    inventory: &crate::registry::inventory::Inventory,
+    record: &crate::registry::inventory::JobDbRecord,
+    holders: &[JobId],
+    holds: Holds,
+) -> Result<Vec<bool>, String> {
+    let url = inventory.jobdb_url(record).map_err(|e| e.to_string())?;
+    let (db, _) = crate::jobdb::JobDb::open_peer(&url, 1)
+        .await
+        .map_err(|e| e.to_string())?;
+    let found = match holds {
+        Holds::Jobs => db
+            .existing_jobs(holders)
+            .await
+            .map(|have| holders.iter().map(|h| have.contains(h)).collect()),
+        Holds::Events => {
+            let mut found = Vec::with_capacity(holders.len());
+            let mut failed = None;
+            for holder in holders {
+                match db.event(holder.0).await {
+                    Ok(event) => found.push(event.is_some()),
+                    Err(e) => {
+                        failed = Some(e);
+                        break;
+                    }
+                }
+            }
+            failed.map_or(Ok(found), Err)
+        }
+    };
+    db.close().await;
+    found.map_err(|e| e.to_string())
 }
 
 /// Confirms the claims of stored jobs and releases those of jobs certainly not stored.

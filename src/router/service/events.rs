@@ -144,15 +144,14 @@ fn reply(
 /// The event `id` as the first healthy Director's JobDB that has it tells.
 async fn find_event(shared: &Shared, id: JobId) -> Option<EventView> {
     let id = id.to_string();
-    let lookups = shared.directors.all().into_iter().map(|d| {
-        let id = &id;
-        async move { shared.director_client(&d).ok()?.event(id).await.ok() }
-    });
-    futures::future::join_all(lookups)
+    shared
+        .ask_directors(|client| {
+            let id = id.clone();
+            async move { client.event(&id).await }
+        })
         .await
         .into_iter()
-        .flatten()
-        .next()
+        .find_map(Result::ok)
 }
 
 /// A test's crash point (feature `fault-injection`); nothing otherwise.

@@ -274,6 +274,22 @@ impl Shared {
         )
     }
 
+    /// Asks every healthy Director the same question (`ask`, given its API), all at once:
+    /// their answers, in no particular order (a Director whose client cannot be built
+    /// answers that error).
+    async fn ask_directors<T, F, Fut>(&self, ask: F) -> Vec<Result<T, spindle_client::Error>>
+    where
+        F: Fn(spindle_client::Client) -> Fut,
+        Fut: std::future::Future<Output = Result<T, spindle_client::Error>>,
+    {
+        let asked = self.directors.all().into_iter().map(|d| {
+            let client = self.director_client(&d);
+            let ask = &ask;
+            async move { ask(client?).await }
+        });
+        futures::future::join_all(asked).await
+    }
+
     /// The latest instant a Director may store a job whose claim was made or refreshed at
     /// `claimed`: the claim's deadline less the clock skew bound (between the router's clock,
     /// Redis' and the Director's).
