@@ -488,6 +488,29 @@ async fn a_later_subscription_is_backfilled_from_the_jobdb_and_from_s3(engine: E
     let (status, _) = refused(api.backfill(&fresh, &request).await.unwrap_err());
     assert_eq!(status, 404);
 
+    // Four back-fills of one subscription at once: one job per event between them (its
+    // endpoint answers 503: they stay out of the deliveries below).
+    let racing = api
+        .add_subscription(&NewSubscription::new(
+            "shop",
+            rig.sink.url("/status/503"),
+            ["order.paid"],
+        ))
+        .await
+        .unwrap();
+    let request = spindle_client::BackfillRequest {
+        events: (0..8)
+            .map(|_| past(&ulid::Ulid::new().to_string(), "order.paid"))
+            .collect(),
+    };
+    let replies =
+        futures::future::join_all((0..4).map(|_| api.backfill(&racing.id, &request))).await;
+    let made: usize = replies
+        .into_iter()
+        .map(|r| r.unwrap().deliveries.len())
+        .sum();
+    assert_eq!(made, 8, "one job per event across concurrent back-fills");
+
     // Delivered once each, as the events were, signed for each subscription.
     let expected: usize = 5 + 3;
     wait_for(

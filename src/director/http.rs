@@ -65,6 +65,9 @@ pub struct RpcState {
     pub subscriptions: Option<Arc<crate::events::Subscriptions>>,
     /// The delivery address guard (a subscription's URL it blocks is refused).
     pub policy: Arc<crate::delivery::guard::AddressPolicy>,
+    /// Held by a back-fill from its look for the events that have their job to its store:
+    /// two back-fills of one subscription cannot both find an event without one.
+    pub backfills: Arc<tokio::sync::Mutex<()>>,
 }
 
 /// How long a producer's request waits for the writer, and how the handler knows the JobDB
@@ -380,6 +383,7 @@ async fn backfill(
         .iter()
         .filter_map(|j| j.event.as_ref().map(|e| e.event_id))
         .collect();
+    let _one_at_a_time = state.backfills.lock().await;
     let present = state
         .db
         .events_delivered_to(id, &events)

@@ -510,6 +510,7 @@ async fn serve(
         policy: Arc::new(crate::delivery::guard::AddressPolicy::new(
             config.delivery.allow_subnets.clone(),
         )),
+        backfills: Default::default(),
     };
     if config.auth.is_none() {
         tracing::warn!("no --tokens file: the rpc api accepts every caller");
