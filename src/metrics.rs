@@ -128,6 +128,8 @@ pub struct Metrics {
     pub ordered_heads_misremembered: Counter,
     /// Ordered jobs whose release waits for an older job of their sequence in another JobDB.
     pub ordered_waiting_elsewhere: Gauge,
+    /// 1 while the writer's last commit found no other live JobDB (it released in itself).
+    pub ordered_alone: Gauge,
     /// Ordered heads released without reading the other JobDBs: an earlier complete read
     /// cleared their position (see `director::sequencer`).
     pub ordered_cleared: Counter,
@@ -274,7 +276,7 @@ impl Default for Metrics {
         registry.register(
             "ordered_born",
             "Ordered jobs released in the commit that stored them: their sequence had no open \
-             job and no block here, and no other JobDB is live",
+             job and no block here, and no other JobDB was live",
             ordered_born.clone(),
         );
         let ordered_begun_on_release = Counter::default();
@@ -315,6 +317,13 @@ impl Default for Metrics {
             "ordered_waiting_elsewhere",
             "Sequences whose next job waits for an older job of theirs in another JobDB",
             ordered_waiting_elsewhere.clone(),
+        );
+        let ordered_alone = Gauge::default();
+        registry.register(
+            "ordered_alone",
+            "1 while the last commit found no other live JobDB and released the next jobs of \
+             its sequences in itself (always 1 for a Director without peers once it commits)",
+            ordered_alone.clone(),
         );
         let ordered_cleared = Counter::default();
         registry.register(
@@ -600,6 +609,7 @@ impl Default for Metrics {
             event_jobs,
             ordered_heads_misremembered,
             ordered_waiting_elsewhere,
+            ordered_alone,
             ordered_cleared,
             ordered_survey_failures,
             jobs_archived,

@@ -24,7 +24,11 @@
 //!   routers, retirements and a JobDB outage (`FLUSH TABLES WITH READ LOCK` on the private
 //!   server). Events go through the routers (a control database on the shared server), again
 //!   with the same key until settled and sometimes on purpose: `event-once` checks each key
-//!   stored one event and every answer named its jobs, across router kills.
+//!   stored one event and every answer named its jobs, across router kills. Directors 1 and
+//!   2 join after the first seconds: until then director 0's JobDB is the only live one and
+//!   its commits release ordered jobs in themselves (born released, the next in the commit
+//!   that ends one), then they leave releases to the sequencer; the key-order checks hold
+//!   across the change (the log prints how many jobs were born released before it).
 //!
 //! Every run prints its seed; `SPINDLE_HISTORY_SEED=<seed>` replays its schedule and its
 //! producers' choices (timing differs run to run), `SPINDLE_HISTORY_SECS` sets how long the

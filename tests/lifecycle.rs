@@ -674,45 +674,9 @@ async fn ordered_keys_keep_their_order_through_a_router_a_kill_9_a_retirement_an
     let accepted = producer.await.unwrap();
     life.wait_drained(&retired.record.name, Duration::from_secs(300))
         .await;
-    let ids: HashSet<JobId> = accepted.values().flatten().copied().collect();
-    assert_eq!(ids.len(), total);
-    let settle = Instant::now();
-    let mut census = life.census().await;
-    while ids
-        .iter()
-        .any(|id| census.finals.get(id).is_none_or(Vec::is_empty))
-        && settle.elapsed() < Duration::from_secs(300)
-    {
-        tokio::time::sleep(Duration::from_secs(1)).await;
-        census = life.census().await;
-    }
+    let census = assert_delivered_in_key_order(&life, &accepted, per_key, 300).await;
     let took = started.elapsed();
-    let by_state = census.assert_exactly_once(&ids);
-    assert_eq!(
-        by_state.get(&State::Succeeded),
-        Some(&total),
-        "{by_state:?}"
-    );
-    // Each key's requests, by the job's place in its key's acceptance order.
-    // The producer waits for each answer before its next request: a key's jobs were
-    // accepted in the order they were acknowledged, whatever their ids say.
-    let mut place: HashMap<String, (String, usize)> = HashMap::new();
-    for (key, jobs) in &accepted {
-        for (i, id) in jobs.iter().enumerate() {
-            place.insert(id.to_string(), (key.clone(), i));
-        }
-    }
-    let mut seen: HashMap<String, Vec<(usize, u16)>> = HashMap::new();
     let log = life.sink.received();
-    for r in &log {
-        if let Some((key, i)) = place.get(&r.job_id) {
-            seen.entry(key.clone()).or_default().push((*i, r.status));
-        }
-    }
-    for k in 0..KEYS {
-        let key = format!("k{k}");
-        assert_one_at_a_time(&key, &seen[&key], per_key);
-    }
     println!(
         "ordering: {total} ordered jobs ({KEYS} keys) delivered in order in {:.1} s: {:.0} jobs/s, {} requests ({} moved by the drain)",
         took.as_secs_f64(),
@@ -1395,4 +1359,169 @@ async fn a_blocked_key_stays_blocked_when_its_jobs_move_to_another_jobdb() {
     drainer.term().await;
     director.term().await;
     life.stop().await;
+}
+
+/// In a cluster, a Director whose JobDB is the only live one releases ordered jobs in its own
+/// commits, as a Director without peers does (a key's first job born released, the next in
+/// the commit that ends one: no sequencer round trip); once a second JobDB is live, its
+/// commits find it and leave releases to the sequencer. Every key keeps its order across
+/// the change, with its jobs in both JobDBs.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cluster_director_alone_releases_in_its_commits_until_a_peer_is_live() {
+    const KEYS: usize = 6;
+    const PER_REQUEST: usize = 2;
+    const PER_KEY: usize = 30;
+    let life = start().await;
+    for i in 0..2 {
+        life.add_jobdb(&format!("a{i}"), JobDbState::Spare).await;
+    }
+    let fast = ["--min-retry-delay-ms", "20"];
+    let mut directors = vec![life.director_with("d0", &fast)];
+    let mut router = life.spawn_router(2, &[]);
+    let live = || async { life.in_state(JobDbState::Active).await };
+    wait_for(Duration::from_secs(30), "d0 on its jobdb", || async {
+        live().await == 1
+    })
+    .await;
+    life.wait_ready([&router]).await;
+    let base = router.base();
+    let url = life.sink.url("/flaky/20");
+    // Requests of two jobs per key, one after another: a key's jobs were accepted in the order
+    // of their answers.
+    let submit = |from: usize, to: usize| {
+        let (client, base, url) = (life.client.clone(), base.clone(), url.clone());
+        async move {
+            let mut accepted: HashMap<String, Vec<JobId>> = HashMap::new();
+            for first in (from..to).step_by(PER_REQUEST) {
+                let mut jobs = Vec::new();
+                for k in 0..KEYS {
+                    for nth in first..(first + PER_REQUEST).min(to) {
+                        jobs.push(json!({"bucket": "ord", "endpoint": url,
+                            "ordering_key": format!("k{k}"), "backoff_min_delay_ms": 20,
+                            "idempotency_key": format!("k{k}-{nth}"), "ttl_ms": 3_600_000}));
+                    }
+                }
+                let body: Value =
+                    loop {
+                        let reply = client
+                            .post(format!("{base}/v1/jobs"))
+                            .json(&json!({ "jobs": jobs }))
+                            .send()
+                            .await;
+                        if let Ok(r) = reply {
+                            if r.status() == reqwest::StatusCode::ACCEPTED {
+                                let body: Value = r.json().await.unwrap();
+                                if body["jobs"].as_array().unwrap().iter().all(|j| {
+                                    j["status"] == "accepted" || j["status"] == "duplicate"
+                                }) {
+                                    break body;
+                                }
+                            }
+                        }
+                        tokio::time::sleep(Duration::from_millis(100)).await;
+                    };
+                for (job, sent) in body["jobs"].as_array().unwrap().iter().zip(&jobs) {
+                    let key = sent["ordering_key"].as_str().unwrap().to_owned();
+                    let id = job["id"].as_str().unwrap().parse().unwrap();
+                    let ids: &mut Vec<JobId> = accepted.entry(key).or_default();
+                    if !ids.contains(&id) {
+                        ids.push(id);
+                    }
+                }
+            }
+            accepted
+        }
+    };
+    let mut accepted = submit(0, PER_KEY / 2).await;
+    let d0 = &directors[0];
+    let alone = d0.metric(&life.client, "spindle_ordered_alone").await;
+    let born = d0
+        .metric(&life.client, "spindle_ordered_born_total")
+        .await
+        .unwrap_or(0.0);
+    println!("alone in the cluster: spindle_ordered_alone {alone:?}, born released {born}");
+    assert_eq!(alone, Some(1.0), "d0's commits found no other live jobdb");
+    assert!(
+        born >= KEYS as f64,
+        "keys' first jobs were born released: {born}"
+    );
+
+    // A second Director takes the other spare: two live JobDBs.
+    directors.push(life.director_with("d1", &fast));
+    wait_for(Duration::from_secs(30), "two live jobdbs", || async {
+        live().await == 2
+    })
+    .await;
+    wait_for(Duration::from_secs(30), "the router sees both", || async {
+        match life.client.get(format!("{base}/readyz")).send().await {
+            Ok(r) => r.text().await.is_ok_and(|t| t.contains("2 directors")),
+            Err(_) => false,
+        }
+    })
+    .await;
+    let rest = submit(PER_KEY / 2, PER_KEY).await;
+    for (key, ids) in rest {
+        accepted.entry(key).or_default().extend(ids);
+    }
+    wait_for(Duration::from_secs(10), "d0 sees its peer", || async {
+        directors[0]
+            .metric(&life.client, "spindle_ordered_alone")
+            .await
+            == Some(0.0)
+    })
+    .await;
+
+    assert_delivered_in_key_order(&life, &accepted, PER_KEY, 120).await;
+    router.term().await;
+    for d in &mut directors {
+        d.term().await;
+    }
+    life.stop().await;
+}
+
+/// Waits up to `settle_s` for every job of `accepted` (per key, in acceptance order) to end,
+/// then asserts each succeeded exactly once and each key's jobs went one at a time in that
+/// order; returns the census.
+async fn assert_delivered_in_key_order(
+    life: &Cluster,
+    accepted: &HashMap<String, Vec<JobId>>,
+    per_key: usize,
+    settle_s: u64,
+) -> common::cluster::Census {
+    let ids: HashSet<JobId> = accepted.values().flatten().copied().collect();
+    assert_eq!(ids.len(), accepted.len() * per_key);
+    let settle = Instant::now();
+    let mut census = life.census().await;
+    while ids
+        .iter()
+        .any(|id| census.finals.get(id).is_none_or(Vec::is_empty))
+        && settle.elapsed() < Duration::from_secs(settle_s)
+    {
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        census = life.census().await;
+    }
+    let by_state = census.assert_exactly_once(&ids);
+    assert_eq!(
+        by_state.get(&State::Succeeded),
+        Some(&ids.len()),
+        "{by_state:?}"
+    );
+    // The producer waits for each answer before its next request: a key's jobs were
+    // accepted in the order they were acknowledged, whatever their ids say.
+    let mut place: HashMap<String, (String, usize)> = HashMap::new();
+    for (key, jobs) in accepted {
+        for (i, id) in jobs.iter().enumerate() {
+            place.insert(id.to_string(), (key.clone(), i));
+        }
+    }
+    let mut seen: HashMap<String, Vec<(usize, u16)>> = HashMap::new();
+    for r in &life.sink.received() {
+        if let Some((key, i)) = place.get(&r.job_id) {
+            seen.entry(key.clone()).or_default().push((*i, r.status));
+        }
+    }
+    for key in accepted.keys() {
+        assert_one_at_a_time(key, &seen[key], per_key);
+    }
+    census
 }

@@ -377,9 +377,9 @@ async fn serve(
         )
         .watched(writer_progress.clone());
         // Without peers no other live JobDB can hold an older job of a sequence.
-        match config.peers.is_none() {
-            true => writer.alone(),
-            false => writer,
+        match config.peers.clone() {
+            None => writer.alone(),
+            Some(peers) => writer.in_cluster(peers),
         }
         .run()
     });
@@ -423,10 +423,10 @@ async fn serve(
             None
         }
     };
-    if config.peers.is_none() {
-        // The writer releases in the commit that ends (alone, above): it may begin there too.
-        scheduler.begin_on_release();
-    }
+    // A writer alone (always without peers; in a cluster, a commit that finds no other live
+    // JobDB) releases in the commit that ends: it may begin there too. A commit that does not
+    // release in itself leaves the offer untaken, which costs nothing.
+    scheduler.begin_on_release();
     scheduler.applied_by(&config.holder);
     if let Some(subscriptions) = &config.subscriptions {
         scheduler.start_disabled(subscriptions.disabled().borrow().clone());

@@ -143,6 +143,13 @@ impl Peers {
     }
 }
 
+impl Peers {
+    /// The live JobDBs (this one among them), listed now.
+    pub async fn list(&self) -> Result<Vec<Peer>, String> {
+        (self.0)().await
+    }
+}
+
 impl std::fmt::Debug for Peers {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.write_str("Peers")
@@ -504,7 +511,7 @@ impl Sequencer {
         let Some(list) = &self.peers else {
             return Ok(Vec::new());
         };
-        let mut peers = (list.0)().await?;
+        let mut peers = list.list().await?;
         peers.retain(|p| p.name != self.db.name());
         Ok(peers)
     }

@@ -98,6 +98,13 @@ pub async fn run(world: World, plan: Plan, name: &str) -> Vec<Violation> {
         start,
         plan.seed,
     ));
+    if cluster {
+        tasks.spawn(ops::join_directors(
+            world.clone(),
+            rec.clone(),
+            (plan.run / 4).min(ops::JOIN_AFTER),
+        ));
+    }
     let watch = tokio::spawn(ops::expiry_watch(
         world.clone(),
         rec.clone(),

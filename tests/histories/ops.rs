@@ -707,6 +707,33 @@ pub async fn readiness(world: Arc<World>, rec: Arc<Recorder>, until: tokio::time
     }
 }
 
+/// How long the cluster runs with one Director (one live JobDB) at most.
+pub const JOIN_AFTER: Duration = Duration::from_secs(6);
+
+/// The cluster's start: director 0 alone for `after` (its JobDB the only live one, so its
+/// commits release ordered jobs in themselves), then the other Directors join (their JobDBs go
+/// live and director 0's commits leave releases to its sequencer). The key-order checks hold
+/// across the change; what director 0 did alone is printed.
+pub async fn join_directors(world: Arc<World>, rec: Arc<Recorder>, after: Duration) {
+    tokio::time::sleep(after).await;
+    let base = world.directors[0].base();
+    let client = reqwest::Client::new();
+    // Director 0 may be down (a kill -9 of the schedule): then nothing is read.
+    let text = match client.get(format!("{base}/metrics")).send().await {
+        Ok(r) => r.text().await.unwrap_or_default(),
+        Err(_) => String::new(),
+    };
+    let born = crate::common::metric_value(&text, "spindle_ordered_born_total");
+    let alone = crate::common::metric_value(&text, "spindle_ordered_alone");
+    rec.op(format!(
+        "directors 1 and 2 join (director 0 alone until now: {born} ordered jobs born \
+         released, spindle_ordered_alone {alone})"
+    ));
+    for slot in &world.directors[1..] {
+        slot.start().await;
+    }
+}
+
 /// While the run goes on: every few seconds, a job still open in a live JobDB more than
 /// [`EXPIRY_BOUND`] past its expiry, not counting JobDB outages since, is a violation (reported
 /// once per job).

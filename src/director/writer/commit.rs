@@ -39,13 +39,15 @@ impl Writer {
             // included). Then its log row when it accepts jobs or begins attempts, and the
             // rests of jobs that waited long without a row.
             let checkpoint = self.checkpoint_due(started);
-            let begins = match self.release_in_commit {
+            // Listed after every job of the batch got its position: see `alone_now`.
+            let alone = self.alone_now(&batch).await;
+            let begins = match alone {
                 true => batch.begins(),
                 false => Default::default(),
             };
             let log_id = (!batch.accepted.is_empty()
                 || !batch.starts.is_empty()
-                || (self.release_in_commit && (batch.may_bear() || !begins.is_empty())))
+                || (alone && (batch.may_bear() || !begins.is_empty())))
             .then(|| self.take_id());
             let accepted: Vec<JobId> = batch.accepted.iter().map(|(id, _)| *id).collect();
             let mut rests = batch.rests.clone();
@@ -74,9 +76,9 @@ impl Writer {
                 release: &batch.release,
                 release_expired: &expired,
                 blocks: &blocks,
-                release_touched: self.release_in_commit,
+                release_touched: alone,
                 begin_released: Some(&begins),
-                known: self.release_in_commit.then_some(&self.known),
+                known: alone.then_some(&self.known),
             };
             let bounds = self.limits.bounds(batch.not_after());
             let result = self.db.append_bounded(self.token, &append, &bounds).await;
@@ -129,7 +131,7 @@ impl Writer {
                     Committed::No
                 }
             };
-            if committed == Committed::Yes && !known && self.release_in_commit {
+            if committed == Committed::Yes && !known && alone {
                 // Jobs it bore were not told: they are the new ordered ones it left without an
                 // entry.
                 match self.born_unheard(&batch).await {
@@ -207,7 +209,7 @@ impl Writer {
                     self.metrics.ordered_born.inc_by(born.len() as u64);
                     let _ = self.scheduler.send(Event::HandedOver(released));
                 }
-                if !touched.is_empty() && !self.release_in_commit {
+                if !touched.is_empty() && !alone {
                     let _ = self.sequencer.send(touched);
                 }
                 if !notices.is_empty() {

@@ -70,6 +70,7 @@ use open::OpenWork;
 pub use ops::{Accepted, Ticket, WriteOp, WriteRejected};
 
 use super::scheduler::Event;
+use super::sequencer::Peers;
 use super::supervise::Progress;
 
 /// Limits of one group commit.
@@ -123,6 +124,13 @@ impl WriterLimits {
 /// the JobDB can be written again.
 const PROBE_EVERY: Duration = Duration::from_secs(1);
 
+/// How long a listing of the live JobDBs before a commit may take (past it: not alone).
+const LIST_TIMEOUT: Duration = Duration::from_millis(250);
+/// How long after a listing that found another live JobDB the next is made.
+const RELIST_AFTER: Duration = Duration::from_secs(1);
+/// How long after the last ordered job arrived commits still list the live JobDBs.
+const ORDERED_QUIET_AFTER: Duration = Duration::from_secs(60);
+
 /// The writer task's state.
 pub struct Writer {
     db: JobDb,
@@ -136,6 +144,15 @@ pub struct Writer {
     /// Whether this JobDB is the only live one: a commit releases the next job of the
     /// sequences it touches itself (see [`Append::release_touched`]).
     release_in_commit: bool,
+    /// In a cluster, the other live JobDBs, listed before a commit with ordered work to find
+    /// out whether this JobDB is alone *now* (see [`Writer::alone_now`]).
+    peers: Option<Peers>,
+    /// After a listing that found another live JobDB (or failed), the next is not before this.
+    relist_at: Option<Instant>,
+    /// When the last ordered job arrived: only commits near it list the peers.
+    ordered_seen: Option<Instant>,
+    /// Whether the last commit released in itself: its memory of sequences is current.
+    was_alone: bool,
     /// What it knows of its sequences' entries, when it releases in its commits.
     known: std::sync::Mutex<KnownSequences>,
     metrics: Arc<Metrics>,
@@ -174,6 +191,10 @@ impl Writer {
             scheduler,
             sequencer,
             release_in_commit: false,
+            peers: None,
+            relist_at: None,
+            ordered_seen: None,
+            was_alone: false,
             known: Default::default(),
             metrics,
             lock_lost,
@@ -363,6 +384,56 @@ impl Writer {
     pub fn alone(mut self) -> Self {
         self.release_in_commit = true;
         self
+    }
+
+    /// In a cluster: a commit releases in itself while `peers` lists no other live JobDB.
+    pub fn in_cluster(mut self, peers: Peers) -> Self {
+        self.peers = Some(peers);
+        self
+    }
+
+    /// Whether the commit of `batch` may release the next job of the sequences it touches
+    /// itself (and bear new ordered jobs released). Always, for a JobDB without peers. In a
+    /// cluster, when a listing of the live JobDBs begun now, after every job of the batch and
+    /// every head it could release got its position, names no other: a job that must go
+    /// before one of them was accepted before it was, so it is stored in a JobDB live now
+    /// (or moved from it into one), and there is none but this. A JobDB that turns live
+    /// later only holds jobs accepted after these. A listing that finds another (or fails)
+    /// leaves releases to the sequencer, and is not repeated for [`RELIST_AFTER`]; nor is
+    /// one made while no ordered job arrived for [`ORDERED_QUIET_AFTER`]. Entering the state
+    /// forgets what the writer knew of its sequences (commits without it do not keep that).
+    async fn alone_now(&mut self, batch: &Batch) -> bool {
+        let Some(peers) = &self.peers else {
+            self.metrics
+                .ordered_alone
+                .set(i64::from(self.release_in_commit));
+            return self.release_in_commit;
+        };
+        let now = Instant::now();
+        if batch.rests.iter().any(|r| r.place.is_some()) {
+            self.ordered_seen = Some(now);
+        }
+        let quiet = self
+            .ordered_seen
+            .is_none_or(|at| now.duration_since(at) > ORDERED_QUIET_AFTER);
+        let alone = !quiet
+            && self.relist_at.is_none_or(|at| now >= at)
+            && match tokio::time::timeout(LIST_TIMEOUT, peers.list()).await {
+                Ok(Ok(live)) => live.iter().all(|p| p.name == self.db.name()),
+                _ => false,
+            };
+        if !alone && !quiet && self.relist_at.is_none_or(|at| now >= at) {
+            self.relist_at = Some(now + RELIST_AFTER);
+        }
+        if alone && !self.was_alone {
+            self.known
+                .lock()
+                .unwrap_or_else(|poisoned| poisoned.into_inner())
+                .clear();
+        }
+        self.was_alone = alone;
+        self.metrics.ordered_alone.set(i64::from(alone));
+        alone
     }
 
     fn take_id(&mut self) -> u64 {
