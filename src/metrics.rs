@@ -130,6 +130,8 @@ pub struct Metrics {
     pub ordered_waiting_elsewhere: Gauge,
     /// 1 while the writer's last commit found no other live JobDB (it released in itself).
     pub ordered_alone: Gauge,
+    /// Sequences of new ordered jobs the intake's survey of the other JobDBs cleared.
+    pub ordered_cleared_at_intake: Counter,
     /// Ordered heads released without reading the other JobDBs: an earlier complete read
     /// cleared their position (see `director::sequencer`).
     pub ordered_cleared: Counter,
@@ -324,6 +326,13 @@ impl Default for Metrics {
             "1 while the last commit found no other live JobDB and released the next jobs of \
              its sequences in itself (always 1 for a Director without peers once it commits)",
             ordered_alone.clone(),
+        );
+        let ordered_cleared_at_intake = Counter::default();
+        registry.register(
+            "ordered_cleared_at_intake",
+            "Sequences of new ordered jobs an intake's survey found held and blocked nowhere \
+             else: their jobs go in the writer's commits (see director::sequencer::Clearance)",
+            ordered_cleared_at_intake.clone(),
         );
         let ordered_cleared = Counter::default();
         registry.register(
@@ -610,6 +619,7 @@ impl Default for Metrics {
             ordered_heads_misremembered,
             ordered_waiting_elsewhere,
             ordered_alone,
+            ordered_cleared_at_intake,
             ordered_cleared,
             ordered_survey_failures,
             jobs_archived,

@@ -27,8 +27,10 @@
 //!   stored one event and every answer named its jobs, across router kills. Directors 1 and
 //!   2 join after the first seconds: until then director 0's JobDB is the only live one and
 //!   its commits release ordered jobs in themselves (born released, the next in the commit
-//!   that ends one), then they leave releases to the sequencer; the key-order checks hold
-//!   across the change (the log prints how many jobs were born released before it).
+//!   that ends one); after, a job whose key no other JobDB holds is *cleared* at intake and
+//!   goes in the writer's commits too, the others through the sequencer (producers send a
+//!   key's jobs to several Directors and routers, so keys do meet in two JobDBs). The
+//!   key-order checks hold across both (the log prints how many jobs went each way).
 //!
 //! Every run prints its seed; `SPINDLE_HISTORY_SEED=<seed>` replays its schedule and its
 //! producers' choices (timing differs run to run), `SPINDLE_HISTORY_SECS` sets how long the

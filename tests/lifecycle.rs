@@ -674,7 +674,7 @@ async fn ordered_keys_keep_their_order_through_a_router_a_kill_9_a_retirement_an
     let accepted = producer.await.unwrap();
     life.wait_drained(&retired.record.name, Duration::from_secs(300))
         .await;
-    let census = assert_delivered_in_key_order(&life, &accepted, per_key, 300).await;
+    let census = assert_delivered_in_key_order(&life, &accepted, per_key, &[], 300).await;
     let took = started.elapsed();
     let log = life.sink.received();
     println!(
@@ -1363,9 +1363,10 @@ async fn a_blocked_key_stays_blocked_when_its_jobs_move_to_another_jobdb() {
 
 /// In a cluster, a Director whose JobDB is the only live one releases ordered jobs in its own
 /// commits, as a Director without peers does (a key's first job born released, the next in
-/// the commit that ends one: no sequencer round trip); once a second JobDB is live, its
-/// commits find it and leave releases to the sequencer. Every key keeps its order across
-/// the change, with its jobs in both JobDBs.
+/// the commit that ends one: no sequencer round trip); once a second JobDB is live, only jobs
+/// its intake cleared against the other JobDB go so (their keys held nowhere else), the
+/// others through the sequencer. Every key keeps its order across the change, with its
+/// jobs in both JobDBs.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_cluster_director_alone_releases_in_its_commits_until_a_peer_is_live() {
     const KEYS: usize = 6;
@@ -1446,12 +1447,36 @@ async fn a_cluster_director_alone_releases_in_its_commits_until_a_peer_is_live()
         "keys' first jobs were born released: {born}"
     );
 
+    // A job of key `long` born released on d0 while it is alone, its attempt taking 5 s...
+    let long = life.sink.url("/slow/5000");
+    let submit_long = |base: String| {
+        let (client, long) = (life.client.clone(), long.clone());
+        async move {
+            let reply: Value = client
+                .post(format!("{base}/v1/jobs"))
+                .json(&json!({"jobs": [{"bucket": "long", "endpoint": long,
+                    "ordering_key": "long", "ttl_ms": 3_600_000}]}))
+                .send()
+                .await
+                .unwrap()
+                .json()
+                .await
+                .unwrap();
+            reply["jobs"][0]["id"].as_str().unwrap().to_owned()
+        }
+    };
+    let first_long = submit_long(directors[0].base()).await;
+
     // A second Director takes the other spare: two live JobDBs.
     directors.push(life.director_with("d1", &fast));
     wait_for(Duration::from_secs(30), "two live jobdbs", || async {
         live().await == 2
     })
     .await;
+    life.wait_ready([&directors[1]]).await;
+    // ...and the key's next job, accepted on d1 while the first is under way: d1 must see
+    // the first (a born job keeps an entry in a cluster) and wait for it to end.
+    let second_long = submit_long(directors[1].base()).await;
     wait_for(Duration::from_secs(30), "the router sees both", || async {
         match life.client.get(format!("{base}/readyz")).send().await {
             Ok(r) => r.text().await.is_ok_and(|t| t.contains("2 directors")),
@@ -1470,8 +1495,47 @@ async fn a_cluster_director_alone_releases_in_its_commits_until_a_peer_is_live()
             == Some(0.0)
     })
     .await;
+    // With a peer, new jobs of keys held nowhere else were cleared at intake and went in
+    // the commits that stored them; a key whose older jobs wait in the other JobDB was not.
+    let mut cleared = 0.0;
+    for d in &directors {
+        cleared += d
+            .metric(&life.client, "spindle_ordered_cleared_at_intake_total")
+            .await
+            .unwrap_or(0.0);
+    }
+    let born_after = directors[1]
+        .metric(&life.client, "spindle_ordered_born_total")
+        .await
+        .unwrap_or(0.0);
+    println!(
+        "with a peer: {cleared} sequences cleared at intake, {born_after} born released on d1"
+    );
+    assert!(cleared > 0.0, "intakes cleared sequences against the peer");
 
-    assert_delivered_in_key_order(&life, &accepted, PER_KEY, 120).await;
+    let longs: Vec<JobId> = [&first_long, &second_long]
+        .iter()
+        .map(|id| id.parse().unwrap())
+        .collect();
+    assert_delivered_in_key_order(&life, &accepted, PER_KEY, &longs, 120).await;
+    let ended = |id: &str| {
+        life.sink
+            .received()
+            .iter()
+            .find(|r| r.job_id == id && r.status == 200)
+            .map(|r| r.at)
+    };
+    wait_for(Duration::from_secs(30), "key long delivered", || async {
+        ended(&second_long).is_some()
+    })
+    .await;
+    let (first, second) = (ended(&first_long).unwrap(), ended(&second_long).unwrap());
+    // Each attempt takes 5 s: the second began after the first ended.
+    assert!(
+        second.duration_since(first) >= Duration::from_millis(4500),
+        "key long's second job overlapped its first: they ended {:?} apart",
+        second.saturating_duration_since(first)
+    );
     router.term().await;
     for d in &mut directors {
         d.term().await;
@@ -1479,17 +1543,19 @@ async fn a_cluster_director_alone_releases_in_its_commits_until_a_peer_is_live()
     life.stop().await;
 }
 
-/// Waits up to `settle_s` for every job of `accepted` (per key, in acceptance order) to end,
-/// then asserts each succeeded exactly once and each key's jobs went one at a time in that
+/// Waits up to `settle_s` for every job of `accepted` (per key, in acceptance order) and of
+/// `others` to end, then asserts each succeeded exactly once and each key's jobs went one at a time in that
 /// order; returns the census.
 async fn assert_delivered_in_key_order(
     life: &Cluster,
     accepted: &HashMap<String, Vec<JobId>>,
     per_key: usize,
+    others: &[JobId],
     settle_s: u64,
 ) -> common::cluster::Census {
-    let ids: HashSet<JobId> = accepted.values().flatten().copied().collect();
+    let mut ids: HashSet<JobId> = accepted.values().flatten().copied().collect();
     assert_eq!(ids.len(), accepted.len() * per_key);
+    ids.extend(others);
     let settle = Instant::now();
     let mut census = life.census().await;
     while ids

@@ -65,6 +65,8 @@ pub struct RpcState {
     pub subscriptions: Option<Arc<crate::events::Subscriptions>>,
     /// The delivery address guard (a subscription's URL it blocks is refused).
     pub policy: Arc<crate::delivery::guard::AddressPolicy>,
+    /// In a cluster, the intake's clearance of new ordered jobs against the other live JobDBs.
+    pub clearance: Option<crate::director::sequencer::Clearance>,
     /// Held by a back-fill from its look for the events that have their job to its store:
     /// two back-fills of one subscription cannot both find an event without one.
     pub backfills: Arc<tokio::sync::Mutex<()>>,
@@ -177,6 +179,7 @@ impl RpcState {
         let (reply, outcome) = oneshot::channel();
         let ticket = Ticket::new();
         let op = WriteOp::Submit {
+            cleared: self.cleared(jobs).await,
             jobs: jobs.to_vec(),
             scheduled: scheduled.clone(),
             not_after: None,
@@ -188,6 +191,15 @@ impl RpcState {
             .write(kind, op, &ticket, outcome, deadline)
             .await?
             .transaction)
+    }
+
+    /// Which of `jobs` (positions placed) the intake's survey of the other live JobDBs
+    /// cleared: none without peers (a writer alone releases every job in its commits).
+    async fn cleared(&self, jobs: &[Arc<crate::job::Job>]) -> Vec<JobId> {
+        match &self.clearance {
+            Some(clearance) => clearance.cleared(jobs).await,
+            None => Vec::new(),
+        }
     }
 
     /// The caller behind the request's bearer token (`None` when authentication is off).
@@ -661,8 +673,10 @@ async fn import_jobs(
                     .collect();
                 // The deadline travels with the write: checked when its batch is assembled
                 // and again just before every COMMIT that carries the jobs.
+                let jobs: Vec<Arc<crate::job::Job>> = fresh.into_iter().map(|r| r.job).collect();
                 let op = WriteOp::Submit {
-                    jobs: fresh.into_iter().map(|r| r.job).collect(),
+                    cleared: state.cleared(&jobs).await,
+                    jobs,
                     scheduled,
                     not_after: request.not_after,
                     forwarded: true,

@@ -487,6 +487,13 @@ async fn serve(
         ))
         .run(scheduler_stop.clone()),
     );
+    let clearance = config.peers.clone().map(|peers| {
+        let survey = sequencer::PeerSurvey::new(peers, db.name().to_owned());
+        let (clearance, task) =
+            sequencer::Clearance::start(survey, metrics.clone(), scheduler_stop.clone());
+        supervisor.spawn("clearance", task);
+        clearance
+    });
     let scheduler_task = supervisor.spawn("scheduler", scheduler.run(scheduler_stop.clone()));
 
     let state = RpcState {
@@ -511,6 +518,7 @@ async fn serve(
             config.delivery.allow_subnets.clone(),
         )),
         backfills: Default::default(),
+        clearance,
     };
     if config.auth.is_none() {
         tracing::warn!("no --tokens file: the rpc api accepts every caller");

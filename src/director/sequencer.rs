@@ -173,12 +173,11 @@ pub struct Sequencer {
     db: JobDb,
     writer: mpsc::Sender<WriteOp>,
     touched: mpsc::UnboundedReceiver<Vec<Seq>>,
-    peers: Option<Peers>,
+    /// Reads of the other live JobDBs (`None`: there are none, no registry).
+    survey: Option<PeerSurvey>,
     metrics: Arc<Metrics>,
     /// How far the Directors' clocks may disagree.
     skew: Duration,
-    /// Readers of the peers, by name, with their schema versions.
-    readers: HashMap<String, (JobDb, i64)>,
     /// Sequences held back by an older job elsewhere, and when to look again.
     rechecks: BTreeMap<Seq, Instant>,
     /// Per sequence, the position below which no other JobDB can hold a job of it.
@@ -199,14 +198,14 @@ impl Sequencer {
         skew: Duration,
         metrics: Arc<Metrics>,
     ) -> Self {
+        let own = db.name().to_owned();
         Sequencer {
             db,
             writer,
             touched,
-            peers,
+            survey: peers.map(|peers| PeerSurvey::new(peers, own)),
             metrics,
             skew,
-            readers: HashMap::new(),
             rechecks: BTreeMap::new(),
             clearance: HashMap::new(),
             progress: Default::default(),
@@ -266,7 +265,9 @@ impl Sequencer {
                 next_sweep = now + SWEEP_EVERY;
                 pending.clear();
                 // A peer may have been upgraded or moved since: its reader is opened again.
-                self.readers.clear();
+                if let Some(survey) = &mut self.survey {
+                    survey.forget_readers();
+                }
                 self.db.sequence_heads(None).await
             } else if pending.is_empty() {
                 continue;
@@ -352,7 +353,7 @@ impl Sequencer {
     fn cleared(&self, heads: HashMap<Seq, Head>) -> (Releases, Vec<(Seq, Head)>) {
         let mut heads: Vec<(Seq, Head)> = heads.into_iter().collect();
         heads.sort_unstable_by_key(|(seq, _)| *seq);
-        if self.peers.is_none() {
+        if self.survey.is_none() {
             return (
                 heads.into_iter().map(|(s, h)| (s, h.job)).collect(),
                 Vec::new(),
@@ -380,7 +381,11 @@ impl Sequencer {
         }
         let seqs: Vec<Seq> = unclear.iter().map(|(seq, _)| *seq).collect();
         let started = Utc::now();
-        match self.survey(&seqs).await {
+        let surveyed = match &mut self.survey {
+            Some(survey) => survey.survey(&seqs).await,
+            None => Ok(Survey::default()),
+        };
+        match surveyed {
             Ok(found) => {
                 let floor = floor_of(started, self.skew);
                 let mut held_back = Vec::new();
@@ -426,6 +431,40 @@ impl Sequencer {
             self.clearance.clear();
         }
         self.clearance.insert(seq, below);
+    }
+
+    fn recheck(&mut self, seqs: impl Iterator<Item = Seq>) {
+        let at = Instant::now() + RECHECK_EVERY;
+        for seq in seqs {
+            self.rechecks.entry(seq).or_insert(at);
+        }
+    }
+}
+
+/// Reads of the other live JobDBs of a cluster: what they hold of some sequences. The
+/// sequencer's, before it releases a head; the intake's, to clear new ordered jobs
+/// ([`Clearance`]).
+pub struct PeerSurvey {
+    peers: Peers,
+    /// This JobDB's name (not read).
+    own: String,
+    /// Readers of the peers, by name, with their schema versions.
+    readers: HashMap<String, (JobDb, i64)>,
+}
+
+impl PeerSurvey {
+    /// Reads of the JobDBs `peers` lists, other than `own`.
+    pub fn new(peers: Peers, own: String) -> Self {
+        PeerSurvey {
+            peers,
+            own,
+            readers: HashMap::new(),
+        }
+    }
+
+    /// Opens every reader again at its next use (a peer may have been upgraded or moved).
+    pub fn forget_readers(&mut self) {
+        self.readers.clear();
     }
 
     /// What the other live JobDBs hold of `seqs`: leaving ones first, then, from a second
@@ -499,20 +538,10 @@ impl Sequencer {
         Ok(())
     }
 
-    fn recheck(&mut self, seqs: impl Iterator<Item = Seq>) {
-        let at = Instant::now() + RECHECK_EVERY;
-        for seq in seqs {
-            self.rechecks.entry(seq).or_insert(at);
-        }
-    }
-
     /// The other live JobDBs, listed now, without this one.
     async fn peers(&self) -> Result<Vec<Peer>, String> {
-        let Some(list) = &self.peers else {
-            return Ok(Vec::new());
-        };
-        let mut peers = list.list().await?;
-        peers.retain(|p| p.name != self.db.name());
+        let mut peers = self.peers.list().await?;
+        peers.retain(|p| p.name != self.own);
         Ok(peers)
     }
 
@@ -529,6 +558,108 @@ impl Sequencer {
         let reader = JobDb::open_peer(&peer.url, 2).await?;
         self.readers.insert(peer.name.clone(), reader.clone());
         Ok(reader)
+    }
+}
+
+/// How long an intake waits for its clearance before it stores its jobs held.
+const CLEARANCE_WAIT: Duration = Duration::from_millis(250);
+
+/// A question to the clearance task: these sequences, cleared ones answered.
+type ClearanceAsk = (Vec<Seq>, tokio::sync::oneshot::Sender<BTreeSet<Seq>>);
+
+/// The intake's clearance of new ordered jobs in a cluster. A job whose sequence no other
+/// live JobDB holds an open job of (or blocks) in a complete survey begun after the job got
+/// its position is *cleared*: it may go whenever it heads its sequence in this JobDB, and the
+/// writer releases it in the commit that stores it or that ends the job before it, with no
+/// sequencer round trip. Sound for the reason a writer alone is (docs/architecture.md,
+/// *alone*), per sequence: a job that must go before it was accepted before it got its
+/// position, so the survey saw it where it was stored or where a drainer moved it; a job
+/// stored elsewhere later was accepted after it. A survey serves every question asked
+/// before it began; a question not answered within [`CLEARANCE_WAIT`] clears nothing.
+#[derive(Clone)]
+pub struct Clearance {
+    asks: mpsc::UnboundedSender<ClearanceAsk>,
+}
+
+impl Clearance {
+    /// A clearance reading the peers through `survey`, and the task that answers it (runs
+    /// until `stop`).
+    pub fn start(
+        survey: PeerSurvey,
+        metrics: Arc<Metrics>,
+        stop: CancellationToken,
+    ) -> (Self, BoxFuture<'static, ()>) {
+        let (asks, rx) = mpsc::unbounded_channel();
+        (
+            Clearance { asks },
+            Box::pin(answer_clearances(survey, rx, metrics, stop)),
+        )
+    }
+
+    /// The ordered jobs of `jobs` (positions placed) that are cleared.
+    pub async fn cleared(&self, jobs: &[Arc<crate::job::Job>]) -> Vec<JobId> {
+        let seqs: BTreeSet<Seq> = jobs.iter().filter_map(|j| j.seq()).collect();
+        if seqs.is_empty() {
+            return Vec::new();
+        }
+        let (reply, answer) = tokio::sync::oneshot::channel();
+        if self.asks.send((seqs.into_iter().collect(), reply)).is_err() {
+            return Vec::new();
+        }
+        match tokio::time::timeout(CLEARANCE_WAIT, answer).await {
+            Ok(Ok(cleared)) => jobs
+                .iter()
+                .filter(|j| j.seq().is_some_and(|seq| cleared.contains(&seq)))
+                .map(|j| j.id)
+                .collect(),
+            _ => Vec::new(),
+        }
+    }
+}
+
+/// The clearance task: each round takes every question asked so far, surveys their
+/// sequences once, and answers each.
+async fn answer_clearances(
+    mut survey: PeerSurvey,
+    mut asks: mpsc::UnboundedReceiver<ClearanceAsk>,
+    metrics: Arc<Metrics>,
+    stop: CancellationToken,
+) {
+    loop {
+        let first = tokio::select! {
+            _ = stop.cancelled() => return,
+            ask = asks.recv() => match ask {
+                Some(ask) => ask,
+                None => return stop.cancelled().await,
+            },
+        };
+        let mut round = vec![first];
+        while let Ok(ask) = asks.try_recv() {
+            round.push(ask);
+        }
+        let seqs: Vec<Seq> = round
+            .iter()
+            .flat_map(|(seqs, _)| seqs.iter().copied())
+            .collect::<BTreeSet<Seq>>()
+            .into_iter()
+            .collect();
+        let found = survey.survey(&seqs).await;
+        if found.is_err() {
+            metrics.ordered_survey_failures.inc();
+        }
+        for (asked, reply) in round {
+            let cleared: BTreeSet<Seq> = match &found {
+                Ok(found) => asked
+                    .into_iter()
+                    .filter(|seq| !found.oldest.contains_key(seq) && !found.blocked.contains(seq))
+                    .collect(),
+                Err(_) => BTreeSet::new(),
+            };
+            metrics
+                .ordered_cleared_at_intake
+                .inc_by(cleared.len() as u64);
+            let _ = reply.send(cleared);
+        }
     }
 }
 

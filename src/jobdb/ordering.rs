@@ -277,7 +277,10 @@ macro_rules! ordering_sql {
             arrivals.born = first
                 .into_iter()
                 .filter(|(seq, (_, id, due_now))| {
-                    *due_now && !present.contains(seq) && new.contains(id)
+                    *due_now
+                        && !present.contains(seq)
+                        && new.contains(id)
+                        && append.cleared.is_none_or(|cleared| cleared.contains(id))
                 })
                 .map(|(seq, (_, id, _))| (seq, id))
                 .collect();

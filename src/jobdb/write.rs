@@ -265,13 +265,23 @@ macro_rules! write_path {
             });
             // A job born released is fresh, as an unordered one is: no entry, and the log row
             // lists it as accepted. It goes to the scheduler from memory.
-            let born: Vec<$crate::job::JobId> = arrivals.born.values().copied().collect();
+            let mut born: Vec<$crate::job::JobId> = arrivals.born.values().copied().collect();
             let mut released: Vec<$crate::job::Recovered> = Vec::new();
             let mut started: Vec<$crate::job::Recovered> = Vec::new();
+            let mut born_with_entry = 0;
             if !born.is_empty() {
                 let new: std::collections::HashSet<$crate::job::JobId> =
                     born.iter().copied().collect();
-                changes.open.retain(|o| !new.contains(&o.job_id));
+                if append.born_with_entry {
+                    // Its entry goes in released: the other JobDBs' reads see it under way.
+                    for o in changes.open.iter_mut().filter(|o| new.contains(&o.job_id)) {
+                        o.released = true;
+                    }
+                    born_with_entry = born.len();
+                    born.clear();
+                } else {
+                    changes.open.retain(|o| !new.contains(&o.job_id));
+                }
                 released.extend(append.jobs.iter().filter(|job| new.contains(&job.id)).map(
                     |job| $crate::job::Recovered {
                         job: job.clone(),
@@ -373,6 +383,10 @@ macro_rules! write_path {
                 let mut go: Vec<$crate::job::JobId> =
                     remembered.iter().map(|(_, job)| *job).collect();
                 go.extend(head_jobs(tx, &unknown).await?);
+                // Heads not cleared wait for the sequencer (it is told their sequences).
+                if let Some(cleared) = append.cleared {
+                    go.retain(|job| cleared.contains(job));
+                }
                 let mut going = release_jobs(tx, &go, None).await?;
                 // A head remembered that the store does not hold waiting would say memory is
                 // wrong: forget its sequence and read it, so it cannot stall.
@@ -424,6 +438,7 @@ macro_rules! write_path {
                 released,
                 touched,
                 born,
+                born_with_entry,
                 started,
                 heads_known,
                 heads_misremembered,
@@ -814,6 +829,14 @@ pub struct Append<'a> {
     /// row, a new job due now whose sequence is empty is *born* released: it gets no entry
     /// and is listed in `log` as accepted, a fresh job as an unordered one is.
     pub release_touched: bool,
+    /// With `release_touched`, only these jobs may go in this write (born, or released as
+    /// their sequence's head): the ones the intake cleared against the other live JobDBs
+    /// (`director::sequencer::Clearance`). `None`: any (no other JobDB is live).
+    pub cleared: Option<&'a HashSet<JobId>>,
+    /// A job born released keeps an entry, released (`held = 0`), instead of being fresh:
+    /// in a cluster, where other JobDBs' reads of its sequence (which see entries only) must
+    /// find it under way. It is then handed over as released, not listed as accepted.
+    pub born_with_entry: bool,
     /// Sequences whose head, when this write releases it through `release_touched` and it is
     /// due by `log`'s time, begins its attempt in this commit: listed in `log` as started
     /// (the scheduler offered it: its lane could start one). The attempt a job's end allows
@@ -953,6 +976,8 @@ pub struct Written {
     /// The new jobs of `released` born released (their sequence was empty): fresh, with no
     /// entry, listed as accepted in the commit's log row.
     pub born: Vec<JobId>,
+    /// New jobs of `released` born released with an entry (see [`Append::born_with_entry`]).
+    pub born_with_entry: usize,
     /// Ordered jobs released whose attempt this commit began (see
     /// [`Append::begin_released`]), with the attempts they had before it: listed in its log
     /// row, not in `released`.

@@ -192,6 +192,23 @@ pub async fn run(world: World, plan: Plan, name: &str) -> Vec<Violation> {
     let arrivals = world.endpoint.arrivals();
     let listed = world.listed_attempts().await;
     world.tally_remembered().await;
+    if cluster {
+        // How much of the ordered traffic went without the sequencer (each process's count
+        // since its last start).
+        let client = reqwest::Client::new();
+        let (mut cleared, mut born) = (0.0, 0.0);
+        for d in &world.directors {
+            if let Ok(r) = client.get(format!("{}/metrics", d.base())).send().await {
+                let text = r.text().await.unwrap_or_default();
+                cleared +=
+                    crate::common::metric_value(&text, "spindle_ordered_cleared_at_intake_total");
+                born += crate::common::metric_value(&text, "spindle_ordered_born_total");
+            }
+        }
+        println!(
+            "histories {name}: {cleared} sequences cleared at intake, {born} ordered jobs born released (live Directors, since their last start)"
+        );
+    }
     let remembered = world
         .alone
         .is_some()

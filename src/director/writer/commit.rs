@@ -41,13 +41,16 @@ impl Writer {
             let checkpoint = self.checkpoint_due(started);
             // Listed after every job of the batch got its position: see `alone_now`.
             let alone = self.alone_now(&batch).await;
-            let begins = match alone {
+            // Not alone: the jobs the intake cleared may still go in this commit.
+            let cleared_only = !alone && !self.cleared.is_empty();
+            let release_touched = alone || cleared_only;
+            let begins = match release_touched {
                 true => batch.begins(),
                 false => Default::default(),
             };
             let log_id = (!batch.accepted.is_empty()
                 || !batch.starts.is_empty()
-                || (alone && (batch.may_bear() || !begins.is_empty())))
+                || (release_touched && (batch.may_bear() || !begins.is_empty())))
             .then(|| self.take_id());
             let accepted: Vec<JobId> = batch.accepted.iter().map(|(id, _)| *id).collect();
             let mut rests = batch.rests.clone();
@@ -76,7 +79,10 @@ impl Writer {
                 release: &batch.release,
                 release_expired: &expired,
                 blocks: &blocks,
-                release_touched: alone,
+                release_touched,
+                cleared: cleared_only.then_some(&self.cleared),
+                // In a cluster a job born released must be seen by the other JobDBs' reads.
+                born_with_entry: self.peers.is_some(),
                 begin_released: Some(&begins),
                 known: alone.then_some(&self.known),
             };
@@ -131,7 +137,7 @@ impl Writer {
                     Committed::No
                 }
             };
-            if committed == Committed::Yes && !known && alone {
+            if committed == Committed::Yes && !known && release_touched {
                 // Jobs it bore were not told: they are the new ordered ones it left without an
                 // entry.
                 match self.born_unheard(&batch).await {
@@ -187,10 +193,16 @@ impl Writer {
                     released,
                     touched,
                     born,
+                    born_with_entry,
                     started: begun,
                     heads_known,
                     heads_misremembered,
                 } = written;
+                if !self.cleared.is_empty() {
+                    for job in released.iter().chain(&begun) {
+                        self.cleared.remove(&job.job.id);
+                    }
+                }
                 self.metrics.ordered_heads_known.inc_by(heads_known as u64);
                 self.metrics
                     .ordered_heads_misremembered
@@ -206,7 +218,9 @@ impl Writer {
                 if !released.is_empty() {
                     // Ordered jobs whose turn came: resting jobs, due as their entry says.
                     self.metrics.ordered_released.inc_by(released.len() as u64);
-                    self.metrics.ordered_born.inc_by(born.len() as u64);
+                    self.metrics
+                        .ordered_born
+                        .inc_by((born.len() + born_with_entry) as u64);
                     let _ = self.scheduler.send(Event::HandedOver(released));
                 }
                 if !touched.is_empty() && !alone {

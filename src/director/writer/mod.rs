@@ -52,6 +52,7 @@ mod commit;
 mod open;
 mod ops;
 
+use std::collections::HashSet;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -59,7 +60,7 @@ use chrono::{DateTime, Utc};
 use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 
-use crate::job::{Job, Seq, Transition};
+use crate::job::{Job, JobId, Seq, Transition};
 use crate::jobdb::lifecycle::Origin;
 use crate::jobdb::{
     job_row_bytes, transition_row_bytes, Bounds, Fresh, JobDb, KnownSequences, OpenRow,
@@ -130,6 +131,8 @@ const LIST_TIMEOUT: Duration = Duration::from_millis(250);
 const RELIST_AFTER: Duration = Duration::from_secs(1);
 /// How long after the last ordered job arrived commits still list the live JobDBs.
 const ORDERED_QUIET_AFTER: Duration = Duration::from_secs(60);
+/// Most cleared jobs remembered (beyond it the memory starts over).
+const MAX_CLEARED: usize = 1_000_000;
 
 /// The writer task's state.
 pub struct Writer {
@@ -153,6 +156,8 @@ pub struct Writer {
     ordered_seen: Option<Instant>,
     /// Whether the last commit released in itself: its memory of sequences is current.
     was_alone: bool,
+    /// Ordered jobs the intake cleared, not yet released (see [`WriteOp::Submit`]).
+    cleared: HashSet<JobId>,
     /// What it knows of its sequences' entries, when it releases in its commits.
     known: std::sync::Mutex<KnownSequences>,
     metrics: Arc<Metrics>,
@@ -195,6 +200,7 @@ impl Writer {
             relist_at: None,
             ordered_seen: None,
             was_alone: false,
+            cleared: HashSet::new(),
             known: Default::default(),
             metrics,
             lock_lost,
@@ -249,6 +255,7 @@ impl Writer {
                 scheduled,
                 not_after,
                 forwarded,
+                cleared,
                 reply,
                 ticket,
             } => {
@@ -256,6 +263,11 @@ impl Writer {
                     // Its handler stopped waiting first and answered 503: never written.
                     return;
                 }
+                if self.cleared.len() + cleared.len() > MAX_CLEARED {
+                    // Forgotten clearances cost only the sequencer's round trip.
+                    self.cleared.clear();
+                }
+                self.cleared.extend(cleared);
                 if not_after.is_some_and(|deadline| Utc::now() > deadline) {
                     self.metrics.write_rejected("submit", "expired");
                     tracing::warn!(

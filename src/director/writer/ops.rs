@@ -147,6 +147,9 @@ pub enum WriteOp {
         /// request may have stored some. Those are skipped (and counted), not refused, found
         /// only when the JobDB refuses a duplicate, so a first try costs no read.
         forwarded: bool,
+        /// Those of its ordered jobs the intake cleared against the other live JobDBs
+        /// (`director::sequencer::Clearance`): they may go in the writer's commits.
+        cleared: Vec<JobId>,
         /// Where the outcome goes once known.
         reply: oneshot::Sender<Result<Accepted, WriteRejected>>,
         /// Claimed by the writer or by the handler that stopped waiting, whichever comes first.
