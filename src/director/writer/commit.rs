@@ -203,6 +203,17 @@ impl Writer {
                         self.cleared.remove(&job.job.id);
                     }
                 }
+                // A sequence whose head this commit released has nothing more that may go
+                // until that job ends: the sequencer need not look at it.
+                let mut touched = touched;
+                if cleared_only {
+                    let went: std::collections::HashSet<crate::job::Seq> = released
+                        .iter()
+                        .chain(&begun)
+                        .filter_map(|r| r.job.seq())
+                        .collect();
+                    touched.retain(|seq| !went.contains(seq));
+                }
                 self.metrics.ordered_heads_known.inc_by(heads_known as u64);
                 self.metrics
                     .ordered_heads_misremembered

@@ -263,11 +263,6 @@ impl Writer {
                     // Its handler stopped waiting first and answered 503: never written.
                     return;
                 }
-                if self.cleared.len() + cleared.len() > MAX_CLEARED {
-                    // Forgotten clearances cost only the sequencer's round trip.
-                    self.cleared.clear();
-                }
-                self.cleared.extend(cleared);
                 if not_after.is_some_and(|deadline| Utc::now() > deadline) {
                     self.metrics.write_rejected("submit", "expired");
                     tracing::warn!(
@@ -282,6 +277,11 @@ impl Writer {
                     let _ = reply.send(Err(WriteRejected::Refused { too_large: true }));
                     return;
                 }
+                if self.cleared.len() + cleared.len() > MAX_CLEARED {
+                    // Forgotten clearances cost only the sequencer's round trip.
+                    self.cleared.clear();
+                }
+                self.cleared.extend(cleared);
                 let now = Utc::now();
                 // `scheduled` lists jobs in the order of `jobs`.
                 let mut later = scheduled.iter().peekable();
