@@ -25,6 +25,12 @@
 //! JobDB before it leaves the retired one) is seen in one or the other (see
 //! [`Sequencer::survey`]). A sequence held back so is looked at again every [`RECHECK_EVERY`].
 //!
+//! **Cleared at intake.** The intake asks [`Clearance`] about the sequences of its new
+//! ordered jobs: one survey of the other live JobDBs (the same reads, [`PeerSurvey`]) begun
+//! after the jobs got their positions; a job whose sequence none of them holds or blocks is
+//! *cleared*, and the writer releases it in its own commits (born released, or as the head
+//! once the job before it ends here) without this task.
+//!
 //! **Clearance: what an unreadable JobDB cannot hold.** A complete read of every other live
 //! JobDB that starts at `T` and finds the lowest position elsewhere of a sequence at `m` (or
 //! none) *clears* the sequence below `min(m, T − skew)`: any job of it that could appear
@@ -141,9 +147,7 @@ impl Peers {
     ) -> Self {
         Peers(Arc::new(list))
     }
-}
 
-impl Peers {
     /// The live JobDBs (this one among them), listed now.
     pub async fn list(&self) -> Result<Vec<Peer>, String> {
         (self.0)().await
@@ -625,6 +629,7 @@ async fn answer_clearances(
     metrics: Arc<Metrics>,
     stop: CancellationToken,
 ) {
+    let mut readers_opened = Instant::now();
     loop {
         let first = tokio::select! {
             _ = stop.cancelled() => return,
@@ -636,6 +641,12 @@ async fn answer_clearances(
         let mut round = vec![first];
         while let Ok(ask) = asks.try_recv() {
             round.push(ask);
+        }
+        // A peer may have been upgraded or moved since: its reader is opened again, as the
+        // sequencer's are at each sweep.
+        if readers_opened.elapsed() >= SWEEP_EVERY {
+            survey.forget_readers();
+            readers_opened = Instant::now();
         }
         let seqs: Vec<Seq> = round
             .iter()
