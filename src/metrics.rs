@@ -130,6 +130,8 @@ pub struct Metrics {
     pub ordered_waiting_elsewhere: Gauge,
     /// 1 while the writer's last commit found no other live JobDB (it released in itself).
     pub ordered_alone: Gauge,
+    /// 1 while a cluster writer's commits bear ordered jobs fresh under its JobDB's fresh mark.
+    pub ordered_fresh_marked: Gauge,
     /// Sequences of new ordered jobs the intake's survey of the other JobDBs cleared.
     pub ordered_cleared_at_intake: Counter,
     /// Ordered heads released without reading the other JobDBs: an earlier complete read
@@ -326,6 +328,13 @@ impl Default for Metrics {
             "1 while the last commit found no other live JobDB and released the next jobs of \
              its sequences in itself (always 1 for a Director without peers once it commits)",
             ordered_alone.clone(),
+        );
+        let ordered_fresh_marked = Gauge::default();
+        registry.register(
+            "ordered_fresh_marked",
+            "1 while this Director is a cluster's only live JobDB and, under its JobDB's fresh \
+             mark, bears new ordered jobs without an entry",
+            ordered_fresh_marked.clone(),
         );
         let ordered_cleared_at_intake = Counter::default();
         registry.register(
@@ -619,6 +628,7 @@ impl Default for Metrics {
             ordered_heads_misremembered,
             ordered_waiting_elsewhere,
             ordered_alone,
+            ordered_fresh_marked,
             ordered_cleared_at_intake,
             ordered_cleared,
             ordered_survey_failures,

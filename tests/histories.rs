@@ -26,8 +26,9 @@
 //!   with the same key until settled and sometimes on purpose: `event-once` checks each key
 //!   stored one event and every answer named its jobs, across router kills. Directors 1 and
 //!   2 join after the first seconds: until then director 0's JobDB is the only live one and
-//!   its commits release ordered jobs in themselves (born released, the next in the commit
-//!   that ends one); after, a job whose key no other JobDB holds is *cleared* at intake and
+//!   its commits release ordered jobs in themselves (born released and fresh, under its
+//!   JobDB's fresh mark, the next in the commit that ends one; the joiners' reads must find
+//!   its fresh jobs still under way); after, a job whose key no other JobDB holds is *cleared* at intake and
 //!   goes in the writer's commits too, the others through the sequencer (producers send a
 //!   key's jobs to several Directors and routers, so keys do meet in two JobDBs). The
 //!   key-order checks hold across both (the log prints how many jobs went each way).

@@ -1442,10 +1442,40 @@ async fn a_cluster_director_alone_releases_in_its_commits_until_a_peer_is_live()
         .unwrap_or(0.0);
     println!("alone in the cluster: spindle_ordered_alone {alone:?}, born released {born}");
     assert_eq!(alone, Some(1.0), "d0's commits found no other live jobdb");
+    // Alone, it set its JobDB's fresh mark and bears ordered jobs without an entry.
+    assert_eq!(
+        d0.metric(&life.client, "spindle_ordered_fresh_marked")
+            .await,
+        Some(1.0)
+    );
+    assert_eq!(life.fresh_marks().await, 1, "d0's jobdb is marked");
     assert!(
         born >= KEYS as f64,
         "keys' first jobs were born released: {born}"
     );
+
+    // d0 idle (every job so far delivered, its commits done): nothing makes it list the
+    // inventory while the next job is under way, so it still bears fresh when d1 joins.
+    let firsts: HashSet<String> = accepted
+        .values()
+        .flatten()
+        .map(|id| id.to_string())
+        .collect();
+    wait_for(
+        Duration::from_secs(60),
+        "the first half delivered",
+        || async {
+            let received = life.sink.received();
+            let done: HashSet<&str> = received
+                .iter()
+                .filter(|r| r.status == 200 && firsts.contains(r.job_id.as_str()))
+                .map(|r| r.job_id.as_str())
+                .collect();
+            done.len() == firsts.len()
+        },
+    )
+    .await;
+    tokio::time::sleep(Duration::from_millis(500)).await;
 
     // A job of key `long` born released on d0 while it is alone, its attempt taking 5 s...
     let long = life.sink.url("/slow/5000");
@@ -1475,7 +1505,8 @@ async fn a_cluster_director_alone_releases_in_its_commits_until_a_peer_is_live()
     .await;
     life.wait_ready([&directors[1]]).await;
     // ...and the key's next job, accepted on d1 while the first is under way: d1 must see
-    // the first (a born job keeps an entry in a cluster) and wait for it to end.
+    // the first (born fresh under d0's fresh mark: d1's reads of d0 read its fresh jobs, until
+    // d0 gives them entries and lifts the mark) and wait for it to end.
     let second_long = submit_long(directors[1].base()).await;
     wait_for(Duration::from_secs(30), "the router sees both", || async {
         match life.client.get(format!("{base}/readyz")).send().await {
@@ -1494,6 +1525,12 @@ async fn a_cluster_director_alone_releases_in_its_commits_until_a_peer_is_live()
             .await
             == Some(0.0)
     })
+    .await;
+    wait_for(
+        Duration::from_secs(20),
+        "d0 lifts its fresh mark",
+        || async { life.fresh_marks().await == 0 },
+    )
     .await;
     // With a peer, new jobs of keys held nowhere else were cleared at intake and went in
     // the commits that stored them; a key whose older jobs wait in the other JobDB was not.

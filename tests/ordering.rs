@@ -355,11 +355,13 @@ async fn an_unreadable_peer_jobdb_stops_only_the_jobs_accepted_since_it_was_read
             name: "peer".into(),
             leaving: false,
             url: peer.url.clone(),
+            fresh_mark: None,
         },
         Peer {
             name: "peer7".into(),
             leaving: true,
             url: old.url.clone(),
+            fresh_mark: None,
         },
     ]));
     let peers = {
@@ -398,6 +400,7 @@ async fn an_unreadable_peer_jobdb_stops_only_the_jobs_accepted_since_it_was_read
         name: "gone".into(),
         leaving: false,
         url: dead,
+        fresh_mark: None,
     });
     let b: Vec<Value> = (0..2).map(|i| ordered(&url, "b", i, json!({}))).collect();
     let b_ids: Vec<String> = rig.submit(b).await.jobs.into_iter().map(|j| j.id).collect();
@@ -438,6 +441,7 @@ async fn a_peer_read_before_its_migration_is_read_again_after_it() {
         name: "peermig".into(),
         leaving: false,
         url: old.url.clone(),
+        fresh_mark: None,
     }];
     let peers = Peers::new(move || {
         let list = listed.clone();

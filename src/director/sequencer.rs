@@ -58,6 +58,7 @@ use crate::job::{JobId, Seq};
 use crate::jobdb::Head;
 use crate::jobdb::{JobDb, JobDbError, JobDbUrl};
 use crate::metrics::Metrics;
+use crate::registry::inventory::FreshMark;
 
 /// The schema at which a JobDB orders its sequences by position (9; 8 ordered by id, and
 /// before 8 a JobDB holds no ordered job).
@@ -134,23 +135,63 @@ pub struct Peer {
     pub leaving: bool,
     /// Where to read it.
     pub url: JobDbUrl,
+    /// Its fresh mark, if set: its ordered jobs may be fresh, and a read of its sequences
+    /// reads its fresh jobs too.
+    pub fresh_mark: Option<FreshMark>,
 }
 
-/// The other live JobDBs of a cluster (active, retiring, draining), listed on demand.
+/// A change to a JobDB's fresh mark.
+#[derive(Clone, Copy, Debug)]
+pub enum MarkChange {
+    /// Set it for the writer of this fencing token.
+    Set(u64),
+    /// Delete it if it is still the one listed.
+    Clear(FreshMark),
+}
+
+type ListPeers = dyn Fn() -> BoxFuture<'static, Result<Vec<Peer>, String>> + Send + Sync;
+type ChangeMark = dyn Fn(MarkChange) -> BoxFuture<'static, Result<bool, String>> + Send + Sync;
+
+/// The other live JobDBs of a cluster (active, retiring, draining), listed on demand, and
+/// this JobDB's fresh mark.
 #[derive(Clone)]
-pub struct Peers(Arc<dyn Fn() -> BoxFuture<'static, Result<Vec<Peer>, String>> + Send + Sync>);
+pub struct Peers {
+    list: Arc<ListPeers>,
+    mark: Option<Arc<ChangeMark>>,
+}
 
 impl Peers {
-    /// Peers listed by `list`.
+    /// Peers listed by `list`, without a fresh mark (births keep their entries).
     pub fn new(
         list: impl Fn() -> BoxFuture<'static, Result<Vec<Peer>, String>> + Send + Sync + 'static,
     ) -> Self {
-        Peers(Arc::new(list))
+        Peers {
+            list: Arc::new(list),
+            mark: None,
+        }
+    }
+
+    /// The same, with this JobDB's fresh mark changed by `mark` (answering whether it
+    /// changed).
+    pub fn with_mark(
+        mut self,
+        mark: impl Fn(MarkChange) -> BoxFuture<'static, Result<bool, String>> + Send + Sync + 'static,
+    ) -> Self {
+        self.mark = Some(Arc::new(mark));
+        self
     }
 
     /// The live JobDBs (this one among them), listed now.
     pub async fn list(&self) -> Result<Vec<Peer>, String> {
-        (self.0)().await
+        (self.list)().await
+    }
+
+    /// Changes this JobDB's fresh mark; `Ok(false)` if it did not change (or there is none).
+    pub async fn change_mark(&self, change: MarkChange) -> Result<bool, String> {
+        match &self.mark {
+            Some(mark) => mark(change).await,
+            None => Ok(false),
+        }
     }
 }
 
@@ -517,29 +558,40 @@ impl PeerSurvey {
                 }
             };
         for chunk in seqs.chunks(SEQS_PER_READ) {
-            let read =
-                tokio::time::timeout(PEER_READ_TIMEOUT, reader.sequences_elsewhere(chunk, schema));
-            let elsewhere = match read.await {
-                Ok(Ok(elsewhere)) => elsewhere,
-                Ok(Err(e)) => {
-                    self.readers.remove(&peer.name);
-                    return Err(format!("jobdb {}: {e}", peer.name));
-                }
-                Err(_) => {
-                    self.readers.remove(&peer.name);
-                    return Err(format!(
-                        "jobdb {}: no answer within {PEER_READ_TIMEOUT:?}",
-                        peer.name
-                    ));
-                }
-            };
-            for (seq, position) in elsewhere.oldest {
-                let entry = found.oldest.entry(seq).or_insert(position);
-                *entry = (*entry).min(position);
-            }
+            let elsewhere = self
+                .answer(peer, "", reader.sequences_elsewhere(chunk, schema))
+                .await?;
+            merge_oldest(&mut found.oldest, elsewhere.oldest);
             found.blocked.extend(elsewhere.blocked);
         }
+        if peer.fresh_mark.is_some() {
+            // Its fresh ordered jobs have no entry: read where their commits list them.
+            let fresh = self
+                .answer(peer, " (fresh jobs)", reader.fresh_oldest(seqs, schema))
+                .await?;
+            merge_oldest(&mut found.oldest, fresh);
+        }
         Ok(())
+    }
+
+    /// `read`'s answer from `peer` within [`PEER_READ_TIMEOUT`]; on an error or none in
+    /// time its reader is dropped (opened again at the next read).
+    async fn answer<T>(
+        &mut self,
+        peer: &Peer,
+        what: &str,
+        read: impl std::future::Future<Output = Result<T, JobDbError>>,
+    ) -> Result<T, String> {
+        let failed = match tokio::time::timeout(PEER_READ_TIMEOUT, read).await {
+            Ok(Ok(answer)) => return Ok(answer),
+            Ok(Err(e)) => format!("jobdb {}{what}: {e}", peer.name),
+            Err(_) => format!(
+                "jobdb {}{what}: no answer within {PEER_READ_TIMEOUT:?}",
+                peer.name
+            ),
+        };
+        self.readers.remove(&peer.name);
+        Err(failed)
     }
 
     /// The other live JobDBs, listed now, without this one.
@@ -671,6 +723,14 @@ async fn answer_clearances(
                 .inc_by(cleared.len() as u64);
             let _ = reply.send(cleared);
         }
+    }
+}
+
+/// Folds the lowest positions `from` into `into`, keeping the lower of each sequence.
+fn merge_oldest(into: &mut HashMap<Seq, Ulid>, from: HashMap<Seq, Ulid>) {
+    for (seq, position) in from {
+        let entry = into.entry(seq).or_insert(position);
+        *entry = (*entry).min(position);
     }
 }
 

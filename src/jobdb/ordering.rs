@@ -104,6 +104,10 @@ pub(crate) const OLDEST_RELEASED_BY_ID: (&str, &str) = (
                      WHERE held = 0 AND seq",
     " GROUP BY seq",
 );
+/// Fresh ordered jobs (no row, no entry) with their places (schema 9).
+const FRESH_ORDERED: &str = "SELECT j.bucket, j.endpoint, j.ordering_key, j.ordering_position \
+                 FROM jobs_fresh f JOIN jobs j ON j.id = f.job_id \
+                 WHERE j.ordering_key IS NOT NULL";
 /// Held ordered jobs expired by a time, oldest expiry first (binds: time, limit).
 const EXPIRED_HELD: &str = "SELECT job_id FROM open_jobs WHERE expire_at <= ? AND held = 1 \
                  ORDER BY expire_at LIMIT ?";
@@ -698,6 +702,39 @@ impl JobDb {
                 blocked: blocked.into_iter().collect(),
             })
         })
+    }
+
+    /// The lowest position of a *fresh* ordered job (born released, no entry) of each of
+    /// `seqs` here: what another JobDB's read must add when this JobDB's fresh mark is set.
+    /// Reads every fresh job's place (the commits since the checkpoint), so only a marked
+    /// JobDB is read this way.
+    pub async fn fresh_oldest(
+        &self,
+        seqs: &[Seq],
+        schema: i64,
+    ) -> Result<HashMap<Seq, Ulid>, JobDbError> {
+        let mut oldest = HashMap::new();
+        if schema < 9 || seqs.is_empty() {
+            return Ok(oldest);
+        }
+        let wanted: std::collections::HashSet<&Seq> = seqs.iter().collect();
+        with_pool!(self, |p, q| {
+            let rows = sqlx::query(FRESH_ORDERED).fetch_all(p).await?;
+            for row in &rows {
+                let seq = crate::job::seq_of(
+                    &q::text(row, "bucket")?,
+                    &q::text(row, "endpoint")?,
+                    &q::text(row, "ordering_key")?,
+                );
+                if wanted.contains(&seq) {
+                    let position = q::ulid_of(row, "ordering_position")?;
+                    let entry = oldest.entry(seq).or_insert(position);
+                    *entry = (*entry).min(position);
+                }
+            }
+            Ok::<(), JobDbError>(())
+        })?;
+        Ok(oldest)
     }
 
     /// Up to `limit` held ordered jobs whose expiry is at or before `now`: they end now, not

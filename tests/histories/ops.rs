@@ -712,8 +712,10 @@ pub const JOIN_AFTER: Duration = Duration::from_secs(6);
 
 /// The cluster's start: director 0 alone for `after` (its JobDB the only live one, so its
 /// commits release ordered jobs in themselves), then the other Directors join (their JobDBs go
-/// live and director 0's commits leave releases to its sequencer). The key-order checks hold
-/// across the change; what director 0 did alone is printed.
+/// live and director 0's commits leave releases to its sequencer). Alone, director 0 bears
+/// ordered jobs fresh under its JobDB's fresh mark: the others' reads must find those still
+/// under way when they join (key-order). The key-order checks hold across the change; what
+/// director 0 did alone is printed.
 pub async fn join_directors(world: Arc<World>, rec: Arc<Recorder>, after: Duration) {
     tokio::time::sleep(after).await;
     let base = world.directors[0].base();
@@ -725,9 +727,10 @@ pub async fn join_directors(world: Arc<World>, rec: Arc<Recorder>, after: Durati
     };
     let born = crate::common::metric_value(&text, "spindle_ordered_born_total");
     let alone = crate::common::metric_value(&text, "spindle_ordered_alone");
+    let marked = crate::common::metric_value(&text, "spindle_ordered_fresh_marked");
     rec.op(format!(
         "directors 1 and 2 join (director 0 alone until now: {born} ordered jobs born \
-         released, spindle_ordered_alone {alone})"
+         released, spindle_ordered_alone {alone}, born fresh under its mark {marked})"
     ));
     for slot in &world.directors[1..] {
         slot.start().await;

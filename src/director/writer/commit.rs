@@ -3,6 +3,7 @@
 //! refused, duplicate, expired, outcome unknown, or not committed) before anything is retried,
 //! as the module doc of [`super`] describes.
 
+use std::collections::HashSet;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -10,7 +11,7 @@ use chrono::{DateTime, Utc};
 use ulid::Ulid;
 
 use super::batch::{Batch, Reply};
-use super::{Accepted, Ticket, WriteRejected, Writer};
+use super::{Accepted, Alone, Ticket, WriteRejected, Writer};
 use crate::director::scheduler::Event;
 use crate::job::{AttemptStart, Job, JobId, Recovered, Transition};
 use crate::jobdb::{Append, CommitLog, Fresh, JobDbError, OpenRow, Stalled, Written};
@@ -40,7 +41,7 @@ impl Writer {
             // rests of jobs that waited long without a row.
             let checkpoint = self.checkpoint_due(started);
             // Listed after every job of the batch got its position: see `alone_now`.
-            let alone = self.alone_now(&batch).await;
+            let Alone { alone, bear_fresh } = self.alone_now(&batch).await;
             // Not alone: the jobs the intake cleared may still go in this commit.
             let cleared_only = !alone && !self.cleared.is_empty();
             let release_touched = alone || cleared_only;
@@ -54,7 +55,19 @@ impl Writer {
             .then(|| self.take_id());
             let accepted: Vec<JobId> = batch.accepted.iter().map(|(id, _)| *id).collect();
             let mut rests = batch.rests.clone();
-            for (job, fresh) in self.open.due_rests(started, self.limits.rest_after) {
+            let mut due = self.open.due_rests(started, self.limits.rest_after);
+            if self.peers.is_some() && !bear_fresh {
+                // Another JobDB may be live: it must find every job under way in an entry
+                // before this JobDB's fresh mark is lifted.
+                let listed: HashSet<JobId> = due.iter().map(|(id, _)| *id).collect();
+                due.extend(
+                    self.open
+                        .ordered_fresh()
+                        .into_iter()
+                        .filter(|(id, _)| !listed.contains(id)),
+                );
+            }
+            for (job, fresh) in due {
                 let id = self.take_id();
                 rests.push(OpenRow::resting(job, id, Some(fresh)).under_way());
             }
@@ -81,8 +94,9 @@ impl Writer {
                 blocks: &blocks,
                 release_touched,
                 cleared: cleared_only.then_some(&self.cleared),
-                // In a cluster a job born released must be seen by the other JobDBs' reads.
-                born_with_entry: self.peers.is_some(),
+                // In a cluster a job born released must be seen by the other JobDBs' reads:
+                // through an entry, or through the fresh mark while no other is live.
+                born_with_entry: self.peers.is_some() && !bear_fresh,
                 begin_released: Some(&begins),
                 known: alone.then_some(&self.known),
             };

@@ -71,7 +71,7 @@ use open::OpenWork;
 pub use ops::{Accepted, Ticket, WriteOp, WriteRejected};
 
 use super::scheduler::Event;
-use super::sequencer::Peers;
+use super::sequencer::{MarkChange, Peers};
 use super::supervise::Progress;
 
 /// Limits of one group commit.
@@ -133,6 +133,15 @@ const RELIST_AFTER: Duration = Duration::from_secs(1);
 const ORDERED_QUIET_AFTER: Duration = Duration::from_secs(60);
 /// Most cleared jobs remembered (beyond it the memory starts over).
 const MAX_CLEARED: usize = 1_000_000;
+
+/// What a cluster writer's listing before a commit decided.
+#[derive(Clone, Copy, Debug)]
+struct Alone {
+    /// No other JobDB is live: the commit releases in itself.
+    alone: bool,
+    /// And its JobDB's fresh mark is set: the commit bears new ordered jobs fresh (no entry).
+    bear_fresh: bool,
+}
 
 /// The writer task's state.
 pub struct Writer {
@@ -414,12 +423,18 @@ impl Writer {
     /// leaves releases to the sequencer, and is not repeated for [`RELIST_AFTER`]; nor is
     /// one made while no ordered job arrived for [`ORDERED_QUIET_AFTER`]. Entering the state
     /// forgets what the writer knew of its sequences (commits without it do not keep that).
-    async fn alone_now(&mut self, batch: &Batch) -> bool {
+    /// Alone, the commit bears new ordered jobs fresh once this JobDB's fresh mark is set
+    /// (set here first if the listing showed it unset); not alone, it bears none, and a
+    /// listing that shows the mark while no fresh ordered job is left lifts it.
+    async fn alone_now(&mut self, batch: &Batch) -> Alone {
         let Some(peers) = &self.peers else {
             self.metrics
                 .ordered_alone
                 .set(i64::from(self.release_in_commit));
-            return self.release_in_commit;
+            return Alone {
+                alone: self.release_in_commit,
+                bear_fresh: self.release_in_commit,
+            };
         };
         let now = Instant::now();
         if batch.rests.iter().any(|r| r.place.is_some()) {
@@ -428,15 +443,49 @@ impl Writer {
         let quiet = self
             .ordered_seen
             .is_none_or(|at| now.duration_since(at) > ORDERED_QUIET_AFTER);
-        let alone = !quiet
-            && self.relist_at.is_none_or(|at| now >= at)
-            && match tokio::time::timeout(LIST_TIMEOUT, peers.list()).await {
-                Ok(Ok(live)) => live.iter().all(|p| p.name == self.db.name()),
-                _ => false,
-            };
-        if !alone && !quiet && self.relist_at.is_none_or(|at| now >= at) {
+        let due = self.relist_at.is_none_or(|at| now >= at);
+        let listed = match !quiet && due {
+            true => match tokio::time::timeout(LIST_TIMEOUT, peers.list()).await {
+                Ok(Ok(live)) => Some(live),
+                _ => None,
+            },
+            false => None,
+        };
+        let own = self.db.name();
+        let alone = listed
+            .as_ref()
+            .is_some_and(|live| live.iter().all(|p| p.name == own));
+        let mark = listed
+            .as_ref()
+            .and_then(|live| live.iter().find(|p| p.name == own))
+            .and_then(|p| p.fresh_mark);
+        if !alone && !quiet && due {
             self.relist_at = Some(now + RELIST_AFTER);
         }
+        let bear_fresh = match (alone, mark) {
+            (true, Some(mark)) if mark.token == self.token => true,
+            // Set before the commit that bears the first: another JobDB's read that could
+            // miss such a job then finds the mark. One an earlier owner set is set again, so
+            // that owner (if it still runs) can never lift it.
+            (true, _) => matches!(
+                tokio::time::timeout(LIST_TIMEOUT, peers.change_mark(MarkChange::Set(self.token)))
+                    .await,
+                Ok(Ok(true))
+            ),
+            (false, Some(mark)) => {
+                // No fresh ordered job is left (the commits since it was not alone gave them
+                // entries), and it is not a later owner's: lift it.
+                if self.open.ordered_fresh().is_empty() && mark.token <= self.token {
+                    let _ = tokio::time::timeout(
+                        LIST_TIMEOUT,
+                        peers.change_mark(MarkChange::Clear(mark)),
+                    )
+                    .await;
+                }
+                false
+            }
+            (false, None) => false,
+        };
         if alone && !self.was_alone {
             self.known
                 .lock()
@@ -445,7 +494,8 @@ impl Writer {
         }
         self.was_alone = alone;
         self.metrics.ordered_alone.set(i64::from(alone));
-        alone
+        self.metrics.ordered_fresh_marked.set(i64::from(bear_fresh));
+        Alone { alone, bear_fresh }
     }
 
     fn take_id(&mut self) -> u64 {

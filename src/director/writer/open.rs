@@ -68,6 +68,19 @@ impl OpenWork {
         due
     }
 
+    /// Fresh ordered jobs (born released, without an entry): in a cluster they rest as soon
+    /// as its commits stop bearing fresh (another JobDB turned live).
+    pub(super) fn ordered_fresh(&self) -> Vec<(JobId, Fresh)> {
+        if self.sequences.is_empty() {
+            return Vec::new();
+        }
+        self.fresh
+            .iter()
+            .filter(|(_, (_, fresh))| fresh.place.is_some())
+            .map(|(id, (_, fresh))| (*id, fresh.clone()))
+            .collect()
+    }
+
     /// The oldest commit that holds something open, or `next_id` when none does: every
     /// `commit_log` row below it holds nothing open.
     pub(super) fn open_from(&self, next_id: u64) -> u64 {
