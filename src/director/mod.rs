@@ -362,6 +362,9 @@ async fn serve(
     let (writer_tx, writer_rx) = mpsc::channel(1024);
     let (events_tx, events_rx) = mpsc::unbounded_channel();
     let (touched_tx, touched_rx) = mpsc::unbounded_channel();
+    // In a cluster: whether the writer's last listing found no other live JobDB (its commits
+    // release in themselves, so the intake asks no clearance).
+    let writer_alone = Arc::new(std::sync::atomic::AtomicBool::new(false));
 
     let writer_task = supervisor.spawn("writer", {
         let writer = Writer::new(
@@ -379,7 +382,7 @@ async fn serve(
         // Without peers no other live JobDB can hold an older job of a sequence.
         match config.peers.clone() {
             None => writer.alone(),
-            Some(peers) => writer.in_cluster(peers),
+            Some(peers) => writer.in_cluster(peers, writer_alone.clone()),
         }
         .run()
     });
@@ -489,8 +492,12 @@ async fn serve(
     );
     let clearance = config.peers.clone().map(|peers| {
         let survey = sequencer::PeerSurvey::new(peers, db.name().to_owned());
-        let (clearance, task) =
-            sequencer::Clearance::start(survey, metrics.clone(), scheduler_stop.clone());
+        let (clearance, task) = sequencer::Clearance::start(
+            survey,
+            writer_alone,
+            metrics.clone(),
+            scheduler_stop.clone(),
+        );
         supervisor.spawn("clearance", task);
         clearance
     });

@@ -43,6 +43,7 @@
 //! before ordered keys (7) holds no ordered job and is read as holding none.
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -635,6 +636,9 @@ type ClearanceAsk = (Vec<Seq>, tokio::sync::oneshot::Sender<BTreeSet<Seq>>);
 #[derive(Clone)]
 pub struct Clearance {
     asks: mpsc::UnboundedSender<ClearanceAsk>,
+    /// The writer's last listing found no other live JobDB: its commits release every job
+    /// themselves, and a survey would find no one to read.
+    writer_alone: Arc<AtomicBool>,
 }
 
 impl Clearance {
@@ -642,12 +646,13 @@ impl Clearance {
     /// until `stop`).
     pub fn start(
         survey: PeerSurvey,
+        writer_alone: Arc<AtomicBool>,
         metrics: Arc<Metrics>,
         stop: CancellationToken,
     ) -> (Self, BoxFuture<'static, ()>) {
         let (asks, rx) = mpsc::unbounded_channel();
         (
-            Clearance { asks },
+            Clearance { asks, writer_alone },
             Box::pin(answer_clearances(survey, rx, metrics, stop)),
         )
     }
@@ -655,7 +660,9 @@ impl Clearance {
     /// The ordered jobs of `jobs` (positions placed) that are cleared.
     pub async fn cleared(&self, jobs: &[Arc<crate::job::Job>]) -> Vec<JobId> {
         let seqs: BTreeSet<Seq> = jobs.iter().filter_map(|j| j.seq()).collect();
-        if seqs.is_empty() {
+        // Alone, nothing is cleared: a commit that finds it still alone releases them all,
+        // and one that does not leaves them to the sequencer (as an uncleared job goes).
+        if seqs.is_empty() || self.writer_alone.load(Ordering::Relaxed) {
             return Vec::new();
         }
         let (reply, answer) = tokio::sync::oneshot::channel();

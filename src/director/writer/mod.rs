@@ -53,6 +53,7 @@ mod open;
 mod ops;
 
 use std::collections::HashSet;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -165,6 +166,8 @@ pub struct Writer {
     ordered_seen: Option<Instant>,
     /// Whether the last commit released in itself: its memory of sequences is current.
     was_alone: bool,
+    /// The same, for the intake (see [`Writer::in_cluster`]).
+    alone_shared: Arc<AtomicBool>,
     /// Ordered jobs the intake cleared, not yet released (see [`WriteOp::Submit`]).
     cleared: HashSet<JobId>,
     /// What it knows of its sequences' entries, when it releases in its commits.
@@ -209,6 +212,7 @@ impl Writer {
             relist_at: None,
             ordered_seen: None,
             was_alone: false,
+            alone_shared: Arc::new(AtomicBool::new(false)),
             cleared: HashSet::new(),
             known: Default::default(),
             metrics,
@@ -407,9 +411,11 @@ impl Writer {
         self
     }
 
-    /// In a cluster: a commit releases in itself while `peers` lists no other live JobDB.
-    pub fn in_cluster(mut self, peers: Peers) -> Self {
+    /// In a cluster: a commit releases in itself while `peers` lists no other live JobDB
+    /// (and says so in `alone`, which the intake's clearance reads).
+    pub fn in_cluster(mut self, peers: Peers, alone: Arc<AtomicBool>) -> Self {
         self.peers = Some(peers);
+        self.alone_shared = alone;
         self
     }
 
@@ -493,6 +499,7 @@ impl Writer {
                 .clear();
         }
         self.was_alone = alone;
+        self.alone_shared.store(alone, Ordering::Relaxed);
         self.metrics.ordered_alone.set(i64::from(alone));
         self.metrics.ordered_fresh_marked.set(i64::from(bear_fresh));
         Alone { alone, bear_fresh }
