@@ -318,7 +318,15 @@ impl Scheduler {
                     let read_at = at.checked_sub_signed(horizon / 2).unwrap_or(now);
                     self.backlog.remind(instant + wait_until(now, read_at));
                 }
-                None => self.admit_at(Entry::new(r.job, r.attempts), r.retry_at),
+                None => {
+                    let (id, ordered) = (r.job.id, r.job.ordering.is_some());
+                    if !self.admit_at(Entry::new(r.job, r.attempts), r.retry_at) && ordered {
+                        // Left out of the cache: an ordered job born released has no entry
+                        // for a pass to find it by, so it rests now (the writer skips any
+                        // that has one).
+                        self.rests.push(id);
+                    }
+                }
             }
         }
         self.cache.gauge();
@@ -764,8 +772,9 @@ impl Scheduler {
         chrono::Duration::from_std(self.limits.spill_after).unwrap_or(chrono::Duration::MAX)
     }
 
-    /// Caches a job at its place: ready now, or waiting until it is due.
-    fn admit_at(&mut self, entry: Entry, retry_at: Option<DateTime<Utc>>) {
+    /// Caches a job at its place: ready now, or waiting until it is due (`retry_at`);
+    /// whether it is in the cache.
+    fn admit_at(&mut self, entry: Entry, retry_at: Option<DateTime<Utc>>) -> bool {
         let (now, instant) = (Utc::now(), Instant::now());
         let due = retry_at
             .map(|at| at.min(entry.job.expire_at))
@@ -777,7 +786,9 @@ impl Scheduler {
                 Some(due) => self.wait(id, due),
                 None => self.enqueue(id),
             }
+            return true;
         }
+        self.cache.contains(&id)
     }
 
     /// Removes a job from the cache and its queue, keeping the counts right.

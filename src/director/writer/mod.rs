@@ -162,6 +162,8 @@ pub struct Writer {
     peers: Option<Peers>,
     /// After a listing that found another live JobDB (or failed), the next is not before this.
     relist_at: Option<Instant>,
+    /// After a try to set the fresh mark failed, the next is not before this.
+    mark_retry_at: Option<Instant>,
     /// When the last ordered job arrived: only commits near it list the peers.
     ordered_seen: Option<Instant>,
     /// Whether the last commit released in itself: its memory of sequences is current.
@@ -210,6 +212,7 @@ impl Writer {
             release_in_commit: false,
             peers: None,
             relist_at: None,
+            mark_retry_at: None,
             ordered_seen: None,
             was_alone: false,
             alone_shared: Arc::new(AtomicBool::new(false)),
@@ -473,11 +476,18 @@ impl Writer {
             // Set before the commit that bears the first: another JobDB's read that could
             // miss such a job then finds the mark. One an earlier owner set is set again, so
             // that owner (if it still runs) can never lift it.
-            (true, _) => matches!(
-                tokio::time::timeout(LIST_TIMEOUT, peers.change_mark(MarkChange::Set(self.token)))
-                    .await,
-                Ok(Ok(true))
-            ),
+            (true, _) if self.mark_retry_at.is_none_or(|at| now >= at) => {
+                let set = tokio::time::timeout(
+                    LIST_TIMEOUT,
+                    peers.change_mark(MarkChange::Set(self.token)),
+                )
+                .await;
+                let set = matches!(set, Ok(Ok(true)));
+                // A registry that refuses or stalls is not asked again at every commit.
+                self.mark_retry_at = (!set).then(|| now + RELIST_AFTER);
+                set
+            }
+            (true, _) => false,
             (false, Some(mark)) => {
                 // No fresh ordered job is left (the commits since it was not alone gave them
                 // entries), and it is not a later owner's: lift it.
