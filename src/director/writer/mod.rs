@@ -74,6 +74,7 @@ pub use ops::{Accepted, Ticket, WriteOp, WriteRejected};
 use super::scheduler::Event;
 use super::sequencer::{MarkChange, Peers};
 use super::supervise::Progress;
+use crate::registry::inventory::FreshMark;
 
 /// Limits of one group commit.
 #[derive(Clone, Copy, Debug)]
@@ -135,6 +136,18 @@ const ORDERED_QUIET_AFTER: Duration = Duration::from_secs(60);
 /// Most cleared jobs remembered (beyond it the memory starts over).
 const MAX_CLEARED: usize = 1_000_000;
 
+/// Lifts this JobDB's fresh `mark` when no fresh ordered job is left (the commits since it
+/// was not alone gave them entries) and a later owner did not set it; whether it is gone.
+async fn lift_mark(peers: &Peers, open: &OpenWork, token: u64, mark: FreshMark) -> bool {
+    if !open.ordered_fresh().is_empty() || mark.token > token {
+        return mark.token > token;
+    }
+    matches!(
+        tokio::time::timeout(LIST_TIMEOUT, peers.change_mark(MarkChange::Clear(mark))).await,
+        Ok(Ok(true))
+    )
+}
+
 /// What a cluster writer's listing before a commit decided.
 #[derive(Clone, Copy, Debug)]
 struct Alone {
@@ -164,6 +177,8 @@ pub struct Writer {
     relist_at: Option<Instant>,
     /// After a try to set the fresh mark failed, the next is not before this.
     mark_retry_at: Option<Instant>,
+    /// The last listing found another live JobDB and this JobDB's fresh mark still set.
+    lift_pending: bool,
     /// When the last ordered job arrived: only commits near it list the peers.
     ordered_seen: Option<Instant>,
     /// Whether the last commit released in itself: its memory of sequences is current.
@@ -213,6 +228,7 @@ impl Writer {
             peers: None,
             relist_at: None,
             mark_retry_at: None,
+            lift_pending: false,
             ordered_seen: None,
             was_alone: false,
             alone_shared: Arc::new(AtomicBool::new(false)),
@@ -241,6 +257,13 @@ impl Writer {
                     next = self.rx.recv() => next,
                     _ = tokio::time::sleep(PROBE_EVERY) => {
                         self.probe().await;
+                        continue;
+                    }
+                },
+                false if self.lift_pending => tokio::select! {
+                    next = self.rx.recv() => next,
+                    _ = tokio::time::sleep(RELIST_AFTER) => {
+                        self.lift_idle().await;
                         continue;
                     }
                 },
@@ -489,19 +512,21 @@ impl Writer {
             }
             (true, _) => false,
             (false, Some(mark)) => {
-                // No fresh ordered job is left (the commits since it was not alone gave them
-                // entries), and it is not a later owner's: lift it.
-                if self.open.ordered_fresh().is_empty() && mark.token <= self.token {
-                    let _ = tokio::time::timeout(
-                        LIST_TIMEOUT,
-                        peers.change_mark(MarkChange::Clear(mark)),
-                    )
-                    .await;
+                // Lifted now if it can be; if not, tried again while the writer idles.
+                self.lift_pending = !lift_mark(peers, &self.open, self.token, mark).await;
+                false
+            }
+            (false, None) => {
+                // A listing that shows no mark ends the wait; none made changes nothing.
+                if listed.is_some() {
+                    self.lift_pending = false;
                 }
                 false
             }
-            (false, None) => false,
         };
+        if alone {
+            self.lift_pending = false;
+        }
         if alone && !self.was_alone {
             self.known
                 .lock()
@@ -513,6 +538,29 @@ impl Writer {
         self.metrics.ordered_alone.set(i64::from(alone));
         self.metrics.ordered_fresh_marked.set(i64::from(bear_fresh));
         Alone { alone, bear_fresh }
+    }
+
+    /// While the writer idles with its JobDB's fresh mark still set and another JobDB live:
+    /// lists again and lifts the mark once no fresh ordered job is left (commits list only
+    /// while ordered work comes, and an idle writer would leave it set).
+    async fn lift_idle(&mut self) {
+        let Some(peers) = &self.peers else {
+            self.lift_pending = false;
+            return;
+        };
+        let Ok(Ok(live)) = tokio::time::timeout(LIST_TIMEOUT, peers.list()).await else {
+            return;
+        };
+        let own = self.db.name();
+        let mark = live
+            .iter()
+            .find(|p| p.name == own)
+            .and_then(|p| p.fresh_mark);
+        self.lift_pending = match (live.iter().all(|p| p.name == own), mark) {
+            // Alone again (its commits decide what to bear), or no mark.
+            (true, _) | (false, None) => false,
+            (false, Some(mark)) => !lift_mark(peers, &self.open, self.token, mark).await,
+        };
     }
 
     fn take_id(&mut self) -> u64 {
