@@ -736,8 +736,7 @@ async fn answer_clearances(
 /// Folds the lowest positions `from` into `into`, keeping the lower of each sequence.
 fn merge_oldest(into: &mut HashMap<Seq, Ulid>, from: HashMap<Seq, Ulid>) {
     for (seq, position) in from {
-        let entry = into.entry(seq).or_insert(position);
-        *entry = (*entry).min(position);
+        crate::jobdb::ordering::keep_oldest(into, seq, position);
     }
 }
 

@@ -442,7 +442,6 @@ impl JobDb {
     /// index probe per entry, and none of them leaves the server.
     pub async fn load_stranded(&self) -> Result<Stranded, JobDbError> {
         let mut settle: BTreeMap<JobId, Progress> = BTreeMap::new();
-        let mut unlisted = Vec::new();
         with_pool!(self, |p, q| {
             // Entries left `archiving` (or `executing`, by a version before schema 5), or
             // followed by a row (an attempt such a version began with an `executing` row).
@@ -472,14 +471,26 @@ impl JobDb {
             for row in &rows {
                 settle.insert(q::job_id_of(row, "job_id")?, q::open_work_of(row)?);
             }
-            // With each ordered one's place: only a job born released is listed there, under
-            // way, and its entry must keep its sequence.
-            let rows = sqlx::query(
-                "SELECT f.job_id, j.bucket, j.endpoint, j.ordering_key, j.ordering_position \
-                 FROM jobs_fresh f JOIN jobs j ON j.id = f.job_id",
-            )
-            .fetch_all(p)
-            .await?;
+            Ok::<(), JobDbError>(())
+        })?;
+        // With each ordered one's place: only a job born released is listed there, under
+        // way, and its entry must keep its sequence.
+        let mut unlisted = self.fresh_places().await?;
+        unlisted.sort_by_key(|(id, _)| *id);
+        Ok(Stranded {
+            settle: settle.into_iter().collect(),
+            unlisted,
+        })
+    }
+
+    /// Every fresh job (listed by its commit, no entry) with its place if it is ordered:
+    /// what a new owner lists again and what another JobDB reads of a marked one.
+    pub(crate) async fn fresh_places(
+        &self,
+    ) -> Result<Vec<(JobId, Option<crate::job::Place>)>, JobDbError> {
+        with_pool!(self, |p, q| {
+            let rows = sqlx::query(ordering::FRESH_PLACES).fetch_all(p).await?;
+            let mut places = Vec::with_capacity(rows.len());
             for row in &rows {
                 let id = q::job_id_of(row, "job_id")?;
                 let place = match q::text_opt(row, "ordering_key")? {
@@ -500,14 +511,9 @@ impl JobDb {
                         },
                     }),
                 };
-                unlisted.push((id, place));
+                places.push((id, place));
             }
-            Ok::<(), JobDbError>(())
-        })?;
-        unlisted.sort_by_key(|(id, _)| *id);
-        Ok(Stranded {
-            settle: settle.into_iter().collect(),
-            unlisted,
+            Ok(places)
         })
     }
 

@@ -74,6 +74,12 @@ pub(crate) const PRESENT_SEQS: &str = "SELECT seq, MIN(held) AS held FROM open_j
 pub(crate) const PRESENT_OR_BLOCKED_SEQS: &str =
     " GROUP BY seq UNION ALL SELECT seq, 0 AS held FROM ordering_blocked WHERE seq";
 
+/// Keeps in `oldest` the lower of its position for `seq` and `position`.
+pub(crate) fn keep_oldest(oldest: &mut HashMap<Seq, Ulid>, seq: Seq, position: Ulid) {
+    let entry = oldest.entry(seq).or_insert(position);
+    *entry = (*entry).min(position);
+}
+
 /// What a write finds in the sequences it adds entries to, where no other JobDB is live (see
 /// `arrivals` in [`ordering_sql`]).
 #[derive(Debug, Default)]
@@ -104,10 +110,10 @@ pub(crate) const OLDEST_RELEASED_BY_ID: (&str, &str) = (
                      WHERE held = 0 AND seq",
     " GROUP BY seq",
 );
-/// Fresh ordered jobs (no row, no entry) with their places (schema 9).
-const FRESH_ORDERED: &str = "SELECT j.bucket, j.endpoint, j.ordering_key, j.ordering_position \
-                 FROM jobs_fresh f JOIN jobs j ON j.id = f.job_id \
-                 WHERE j.ordering_key IS NOT NULL";
+/// Fresh jobs (listed by their commit, no entry) with their places if ordered (schema 9).
+pub(crate) const FRESH_PLACES: &str =
+    "SELECT f.job_id, j.bucket, j.endpoint, j.ordering_key, j.ordering_position \
+     FROM jobs_fresh f JOIN jobs j ON j.id = f.job_id";
 /// Held ordered jobs expired by a time, oldest expiry first (binds: time, limit).
 const EXPIRED_HELD: &str = "SELECT job_id FROM open_jobs WHERE expire_at <= ? AND held = 1 \
                  ORDER BY expire_at LIMIT ?";
@@ -525,9 +531,11 @@ macro_rules! ordering_sql {
             push_seqs(&mut qb, Some(seqs));
             qb.push(released.1);
             for row in &qb.build().fetch_all(&mut *conn).await? {
-                let position = ulid_of(row, "position")?;
-                let entry = oldest.entry(seq_of_row(row, "seq")?).or_insert(position);
-                *entry = (*entry).min(position);
+                $crate::jobdb::ordering::keep_oldest(
+                    &mut oldest,
+                    seq_of_row(row, "seq")?,
+                    ulid_of(row, "position")?,
+                );
             }
             Ok(oldest)
         }
@@ -718,22 +726,11 @@ impl JobDb {
             return Ok(oldest);
         }
         let wanted: std::collections::HashSet<&Seq> = seqs.iter().collect();
-        with_pool!(self, |p, q| {
-            let rows = sqlx::query(FRESH_ORDERED).fetch_all(p).await?;
-            for row in &rows {
-                let seq = crate::job::seq_of(
-                    &q::text(row, "bucket")?,
-                    &q::text(row, "endpoint")?,
-                    &q::text(row, "ordering_key")?,
-                );
-                if wanted.contains(&seq) {
-                    let position = q::ulid_of(row, "ordering_position")?;
-                    let entry = oldest.entry(seq).or_insert(position);
-                    *entry = (*entry).min(position);
-                }
+        for (_, place) in self.fresh_places().await? {
+            if let Some(place) = place.filter(|place| wanted.contains(&place.seq)) {
+                keep_oldest(&mut oldest, place.seq, place.position);
             }
-            Ok::<(), JobDbError>(())
-        })?;
+        }
         Ok(oldest)
     }
 

@@ -72,7 +72,7 @@ use open::OpenWork;
 pub use ops::{Accepted, Ticket, WriteOp, WriteRejected};
 
 use super::scheduler::Event;
-use super::sequencer::{MarkChange, Peers};
+use super::sequencer::{MarkChange, Peer, Peers};
 use super::supervise::Progress;
 use crate::registry::inventory::FreshMark;
 
@@ -137,15 +137,30 @@ const ORDERED_QUIET_AFTER: Duration = Duration::from_secs(60);
 const MAX_CLEARED: usize = 1_000_000;
 
 /// Lifts this JobDB's fresh `mark` when no fresh ordered job is left (the commits since it
-/// was not alone gave them entries) and a later owner did not set it; whether it is gone.
+/// was not alone gave them entries); whether nothing is left for this writer to lift (lifted
+/// now, or set by a later owner, whose it is).
 async fn lift_mark(peers: &Peers, open: &OpenWork, token: u64, mark: FreshMark) -> bool {
-    if !open.ordered_fresh().is_empty() || mark.token > token {
-        return mark.token > token;
+    if mark.token > token {
+        return true;
+    }
+    if !open.sequences().is_empty() {
+        return false;
     }
     matches!(
         tokio::time::timeout(LIST_TIMEOUT, peers.change_mark(MarkChange::Clear(mark))).await,
         Ok(Ok(true))
     )
+}
+
+/// What a listing of the live JobDBs says of `own`: whether it is the only one, and its
+/// fresh mark.
+fn standing(live: &[Peer], own: &str) -> (bool, Option<FreshMark>) {
+    let alone = live.iter().all(|p| p.name == own);
+    let mark = live
+        .iter()
+        .find(|p| p.name == own)
+        .and_then(|p| p.fresh_mark);
+    (alone, mark)
 }
 
 /// What a cluster writer's listing before a commit decided.
@@ -483,14 +498,9 @@ impl Writer {
             },
             false => None,
         };
-        let own = self.db.name();
-        let alone = listed
-            .as_ref()
-            .is_some_and(|live| live.iter().all(|p| p.name == own));
-        let mark = listed
-            .as_ref()
-            .and_then(|live| live.iter().find(|p| p.name == own))
-            .and_then(|p| p.fresh_mark);
+        let (alone, mark) = listed
+            .as_deref()
+            .map_or((false, None), |live| standing(live, self.db.name()));
         if !alone && !quiet && due {
             self.relist_at = Some(now + RELIST_AFTER);
         }
@@ -551,12 +561,7 @@ impl Writer {
         let Ok(Ok(live)) = tokio::time::timeout(LIST_TIMEOUT, peers.list()).await else {
             return;
         };
-        let own = self.db.name();
-        let mark = live
-            .iter()
-            .find(|p| p.name == own)
-            .and_then(|p| p.fresh_mark);
-        self.lift_pending = match (live.iter().all(|p| p.name == own), mark) {
+        self.lift_pending = match standing(&live, self.db.name()) {
             // Alone again (its commits decide what to bear), or no mark.
             (true, _) | (false, None) => false,
             (false, Some(mark)) => !lift_mark(peers, &self.open, self.token, mark).await,
