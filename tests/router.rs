@@ -895,18 +895,16 @@ async fn an_event_is_published_once_through_router_crashes() {
         "a subscription made at a Director reached the router in {} ms",
         seen.elapsed().as_millis()
     );
-    let event = |n: usize, key: &str| NewEvent {
-        bucket: "shop".into(),
-        event_type: "order.paid".into(),
-        payload: serde_json::value::RawValue::from_string(
-            json!({"n": n, "customer": format!("c{}", n % 3),
-                   "tier": if n.is_multiple_of(2) { "gold" } else { "silver" }})
-            .to_string(),
+    let event = |n: usize, key: &str| {
+        let tier = if n.is_multiple_of(2) {
+            "gold"
+        } else {
+            "silver"
+        };
+        order_paid(
+            key,
+            json!({"n": n, "customer": format!("c{}", n % 3), "tier": tier}),
         )
-        .unwrap(),
-        idempotency_key: Some(key.to_owned()),
-        deliver_at: None,
-        on_complete: None,
     };
     // Publishes through `via` until it answers (503s and transport errors: again).
     let settle = |via: Client, event: NewEvent| async move {
@@ -1047,7 +1045,7 @@ async fn an_event_is_published_once_through_router_crashes() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_lapsed_claim_is_settled_by_reading_a_retired_jobdb() {
     use spindle::registry::inventory::JobDbState;
-    use spindle_client::{Client, NewEvent, NewSubscription};
+    use spindle_client::{Client, NewSubscription};
     let _one = ONE_AT_A_TIME.lock().await;
     let cluster = Cluster::builder("rlc")
         .jobdbs(2)
@@ -1061,14 +1059,7 @@ async fn a_lapsed_claim_is_settled_by_reading_a_retired_jobdb() {
     let api = Client::new(&cluster.router_base(), None).unwrap();
     let sub = NewSubscription::new("shop", cluster.sink.url("/ok"), ["order.*"]);
     api.add_subscription(&sub).await.unwrap();
-    let event = |key: &str| NewEvent {
-        bucket: "shop".into(),
-        event_type: "order.paid".into(),
-        payload: serde_json::value::RawValue::from_string("{}".into()).unwrap(),
-        idempotency_key: Some(key.to_owned()),
-        deliver_at: None,
-        on_complete: None,
-    };
+    let event = |key: &str| order_paid(key, json!({}));
     for step in ["stored", "claimed"] {
         let key = format!("crash-{step}");
         let mut doomed =
@@ -1148,4 +1139,62 @@ async fn a_lapsed_claim_is_settled_by_reading_a_retired_jobdb() {
     assert_eq!(keys[0].0.as_deref(), Some("crash-claimed"));
     assert_eq!(keys[1], (Some("crash-stored".into()), stored[0].0.clone()));
     cluster.stop().await;
+}
+
+/// A Director whose payload limit is below the router's refuses an event's jobs for their
+/// content: the publish is answered 413 naming the `event` (every Director refused it; a retry
+/// cannot help), not 503, nothing is stored, and the key's claim is released so the producer
+/// can publish a smaller event under the same key.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_event_refused_for_its_content_is_answered_so() {
+    use spindle_client::{Client, NewSubscription};
+    let _one = ONE_AT_A_TIME.lock().await;
+    let cluster = Cluster::builder("rce")
+        .jobdbs(2)
+        .directors(2)
+        .service_ttl_ms(2000)
+        .director_args("--max-payload-bytes 512")
+        .redis(None)
+        .router(1)
+        .control()
+        .start()
+        .await;
+    let api = Client::new(&cluster.router_base(), None).unwrap();
+    let sub = NewSubscription::new("shop", cluster.sink.url("/ok"), ["order.*"]);
+    api.add_subscription(&sub).await.unwrap();
+    let event = |payload: Value| order_paid("big-then-small", payload);
+    let refused = api
+        .publish(&event(json!({ "note": "x".repeat(2000) })))
+        .await
+        .unwrap_err();
+    let answer = refused.api().expect("an error answer");
+    assert_eq!(answer.status, 413, "{refused}");
+    assert_eq!(answer.field.as_deref(), Some("event"), "{refused}");
+    assert!(answer.message.contains("payload"), "{refused}");
+    assert!(cluster.stored().await.is_empty(), "nothing stored");
+
+    // The key is free again: a smaller event under it is published, not a duplicate.
+    let reply = api.publish(&event(json!({"n": 1}))).await.unwrap();
+    assert!(!reply.duplicate, "{reply:?}");
+    assert_eq!(reply.deliveries.len(), 1);
+    wait_for(
+        Duration::from_secs(20),
+        "the small event delivered",
+        || async { cluster.sink.received().len() == 1 },
+    )
+    .await;
+    assert_eq!(cluster.stored().await.len(), 1);
+    cluster.stop().await;
+}
+
+/// An `order.paid` event of bucket `shop` under idempotency key `key`.
+fn order_paid(key: &str, payload: Value) -> spindle_client::NewEvent {
+    spindle_client::NewEvent {
+        bucket: "shop".into(),
+        event_type: "order.paid".into(),
+        payload: serde_json::value::RawValue::from_string(payload.to_string()).unwrap(),
+        idempotency_key: Some(key.to_owned()),
+        deliver_at: None,
+        on_complete: None,
+    }
 }

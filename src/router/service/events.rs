@@ -28,6 +28,7 @@ use super::{Routed, Sent, Shared};
 use crate::job::JobId;
 use crate::router::dedup::{Claim, DedupKey};
 use crate::rpc::error::ApiError;
+use crate::rpc::validate::FieldError;
 
 /// Publish an event through the router.
 pub(super) async fn publish_event(
@@ -95,7 +96,7 @@ pub(super) async fn publish_event(
         seq: routed.iter().find_map(|r| r.job.seq()),
         members: (0..routed.len()).collect(),
         tried: Vec::new(),
-        last_refusal: String::from("no healthy director"),
+        last_refusal: Sent::Refused(String::from("no healthy director")),
         claimed_at: now,
         alone: true,
     };
@@ -115,9 +116,19 @@ pub(super) async fn publish_event(
                 false,
             ))
         }
-        Sent::Refused(why) | Sent::Invalid(why) => {
+        Sent::Refused(why) => {
             settle_claims(&shared, &[], &claims).await;
             Err(ApiError::Unavailable(format!("nothing was stored: {why}")))
+        }
+        Sent::Invalid(why, status) => {
+            // The Director refused the event's jobs for their content (a limit of its own
+            // below the router's): every Director would, and a retry cannot help.
+            settle_claims(&shared, &[], &claims).await;
+            let message = format!("was refused for its content, nothing was stored: {why}");
+            Err(ApiError::InvalidField(match status {
+                413 => FieldError::too_large("event", message),
+                _ => FieldError::new("event", message),
+            }))
         }
         Sent::Unknown(why) => Err(ApiError::OutcomeUnknown(format!(
             "the event's jobs may or may not be stored ({why}); publish again with the same \

@@ -26,8 +26,8 @@ pub(super) struct Group {
     pub(super) members: Vec<usize>,
     /// Directors that refused it.
     pub(super) tried: Vec<String>,
-    /// Why the last of them did.
-    pub(super) last_refusal: String,
+    /// How the last of them refused it (nothing stored): its fate when none is left.
+    pub(super) last_refusal: Sent,
     /// When its claims were made or last refreshed.
     pub(super) claimed_at: DateTime<Utc>,
     /// Sent in a forward of its own: a forward it shared was refused for its content, which
@@ -77,10 +77,7 @@ pub(super) async fn forward(
                     Some(at) => bound[at].1.push(group),
                     None => bound.push((director, vec![group], true)),
                 },
-                (None, None) => {
-                    let why = group.last_refusal.clone();
-                    settled.push((group.members, Sent::Refused(why)));
-                }
+                (None, None) => settled.push((group.members, group.last_refusal)),
             }
         }
         let bound = bound
@@ -98,7 +95,7 @@ pub(super) async fn forward(
                 Forwarded::Refused {
                     why,
                     claimed_at,
-                    content: true,
+                    content: Some(_),
                 } if groups.len() > 1 => {
                     tracing::debug!(
                         director = director.id,
@@ -107,19 +104,30 @@ pub(super) async fn forward(
                     );
                     for mut group in groups {
                         group.alone = true;
-                        group.last_refusal = why.clone();
+                        group.last_refusal = Sent::Refused(why.clone());
                         group.claimed_at = claimed_at;
                         open.push(group);
                     }
                 }
                 Forwarded::Refused {
-                    why, claimed_at, ..
+                    why,
+                    claimed_at,
+                    content,
                 } => {
                     tracing::debug!(director = director.id, why, "router: forward refused");
-                    shared.directors.suspect(&director.id);
+                    // A Director that refused one group's content is not at fault: a hostile
+                    // request must not make it suspect (another, with larger limits, may
+                    // take the group).
+                    if content.is_none() {
+                        shared.directors.suspect(&director.id);
+                    }
+                    let refusal = match content {
+                        Some(status) => Sent::Invalid(why, status),
+                        None => Sent::Refused(why),
+                    };
                     for mut group in groups {
                         group.tried.push(director.id.clone());
-                        group.last_refusal = why.clone();
+                        group.last_refusal = refusal.clone();
                         group.claimed_at = claimed_at;
                         open.push(group);
                     }
@@ -140,12 +148,12 @@ enum Forwarded {
     /// Their fate is known (stored, certainly not stored, or unknown after [`resolve`]).
     Settled(Sent),
     /// The Director stored nothing: they go to their next Directors, with their claims as
-    /// refreshed at `claimed_at`; `content` when it refused the request's content (perhaps one
-    /// group's), not the request.
+    /// refreshed at `claimed_at`; `content` (the status) when it refused the request's
+    /// content (perhaps one group's), not the request: alone, the group is settled refused.
     Refused {
         why: String,
         claimed_at: DateTime<Utc>,
-        content: bool,
+        content: Option<u16>,
     },
 }
 
@@ -175,12 +183,12 @@ async fn forward_to(
         Sent::Refused(why) => Forwarded::Refused {
             why,
             claimed_at,
-            content: false,
+            content: None,
         },
-        Sent::Invalid(why) => Forwarded::Refused {
+        Sent::Invalid(why, status) => Forwarded::Refused {
             why,
             claimed_at,
-            content: true,
+            content: Some(status),
         },
         Sent::Unknown(why) => {
             tracing::warn!(
@@ -232,7 +240,7 @@ async fn resolve(
         match send(shared, &owner, jobs, claims, claimed_at).await {
             Sent::Stored => return Sent::Stored,
             // Only `Stored` settles it (it counts jobs the first forward stored as present).
-            Sent::Refused(r) | Sent::Invalid(r) | Sent::Unknown(r) => why = r,
+            Sent::Refused(r) | Sent::Invalid(r, _) | Sent::Unknown(r) => why = r,
         }
     }
     shared.metrics.forward("unresolved");
@@ -275,9 +283,10 @@ async fn send(
             Err(e) if e.is_connect() => {
                 Sent::Refused(format!("director {} unreachable", director.id))
             }
-            Err(e) if matches!(e.status(), Some(400 | 413 | 422)) => {
-                Sent::Invalid(format!("director {}: {e}", director.id))
-            }
+            Err(e) if matches!(e.status(), Some(400 | 413 | 422)) => Sent::Invalid(
+                format!("director {}: {e}", director.id),
+                e.status().unwrap_or(422),
+            ),
             // 409, 503 and other 4xx: the Director stored nothing.
             Err(e) if e.stored_nothing() => Sent::Refused(format!("director {}: {e}", director.id)),
             // Timeout, reset, 500, an answer not understood: maybe stored.
@@ -286,7 +295,7 @@ async fn send(
     };
     shared.metrics.forward(match sent {
         Sent::Stored => "stored",
-        Sent::Refused(_) | Sent::Invalid(_) => "refused",
+        Sent::Refused(_) | Sent::Invalid(..) => "refused",
         Sent::Unknown(_) => "unknown",
     });
     sent

@@ -334,9 +334,9 @@ enum Sent {
     Stored,
     /// Nothing was stored (the reason, for the log and a final `failed`).
     Refused(String),
-    /// Nothing was stored: the Director refused the request's content (400, 413, 422), which
-    /// may be one job's.
-    Invalid(String),
+    /// Nothing was stored: the Director refused the request's content (400, 413, 422: the
+    /// status), which may be one job's.
+    Invalid(String, u16),
     /// The jobs may or may not be stored in the JobDB.
     Unknown(String),
 }
@@ -392,7 +392,7 @@ async fn submit_jobs(
             seq,
             members,
             tried: Vec::new(),
-            last_refusal: String::from("no healthy director"),
+            last_refusal: Sent::Refused(String::from("no healthy director")),
             claimed_at,
             alone: false,
         })
@@ -409,7 +409,7 @@ async fn submit_jobs(
                     confirm.extend(r.claim);
                     (JobStatus::Accepted, None)
                 }
-                Sent::Refused(why) | Sent::Invalid(why) => {
+                Sent::Refused(why) | Sent::Invalid(why, _) => {
                     release.extend(r.claim);
                     (JobStatus::Failed, Some(format!("not stored: {why}")))
                 }
