@@ -475,7 +475,7 @@ impl JobDb {
         })?;
         // With each ordered one's place: only a job born released is listed there, under
         // way, and its entry must keep its sequence.
-        let mut unlisted = self.fresh_places().await?;
+        let mut unlisted = self.fresh_places(false).await?;
         unlisted.sort_by_key(|(id, _)| *id);
         Ok(Stranded {
             settle: settle.into_iter().collect(),
@@ -483,13 +483,19 @@ impl JobDb {
         })
     }
 
-    /// Every fresh job (listed by its commit, no entry) with its place if it is ordered:
-    /// what a new owner lists again and what another JobDB reads of a marked one.
+    /// Every fresh job (listed by its commit, no entry), or only the ordered ones, with its
+    /// place if it is ordered: what a new owner lists again and what another JobDB reads of
+    /// a marked one.
     pub(crate) async fn fresh_places(
         &self,
+        ordered_only: bool,
     ) -> Result<Vec<(JobId, Option<crate::job::Place>)>, JobDbError> {
+        let sql = match ordered_only {
+            true => format!("{}{}", ordering::FRESH_PLACES, ordering::FRESH_ORDERED),
+            false => ordering::FRESH_PLACES.to_owned(),
+        };
         with_pool!(self, |p, q| {
-            let rows = sqlx::query(ordering::FRESH_PLACES).fetch_all(p).await?;
+            let rows = sqlx::query(&sql).fetch_all(p).await?;
             let mut places = Vec::with_capacity(rows.len());
             for row in &rows {
                 let id = q::job_id_of(row, "job_id")?;

@@ -110,10 +110,13 @@ pub(crate) const OLDEST_RELEASED_BY_ID: (&str, &str) = (
                      WHERE held = 0 AND seq",
     " GROUP BY seq",
 );
-/// Fresh jobs (listed by their commit, no entry) with their places if ordered (schema 9).
+/// Fresh jobs (listed by their commit, no entry) with their places if ordered (schema 9);
+/// [`FRESH_ORDERED`] narrows it.
 pub(crate) const FRESH_PLACES: &str =
     "SELECT f.job_id, j.bucket, j.endpoint, j.ordering_key, j.ordering_position \
      FROM jobs_fresh f JOIN jobs j ON j.id = f.job_id";
+/// Narrows [`FRESH_PLACES`] to ordered jobs (unordered ones are most of a busy JobDB's).
+pub(crate) const FRESH_ORDERED: &str = " WHERE j.ordering_key IS NOT NULL";
 /// Held ordered jobs expired by a time, oldest expiry first (binds: time, limit).
 const EXPIRED_HELD: &str = "SELECT job_id FROM open_jobs WHERE expire_at <= ? AND held = 1 \
                  ORDER BY expire_at LIMIT ?";
@@ -726,7 +729,7 @@ impl JobDb {
             return Ok(oldest);
         }
         let wanted: std::collections::HashSet<&Seq> = seqs.iter().collect();
-        for (_, place) in self.fresh_places().await? {
+        for (_, place) in self.fresh_places(true).await? {
             if let Some(place) = place.filter(|place| wanted.contains(&place.seq)) {
                 keep_oldest(&mut oldest, place.seq, place.position);
             }
