@@ -144,7 +144,8 @@ impl Deliverer {
         let started = Instant::now();
         // IP literals are not resolved by the client: check them here. The URL parser has
         // already normalised decimal, octal, hex and short IPv4 forms.
-        if let Ok(url) = url::Url::parse(&job.endpoint) {
+        let url = reqwest::Url::parse(&job.endpoint).ok();
+        if let Some(url) = &url {
             let literal = match url.host() {
                 Some(url::Host::Ipv4(v4)) => Some(std::net::IpAddr::V4(v4)),
                 Some(url::Host::Ipv6(v6)) => Some(std::net::IpAddr::V6(v6)),
@@ -156,9 +157,12 @@ impl Deliverer {
         }
         let method =
             reqwest::Method::from_bytes(job.method.as_bytes()).unwrap_or(reqwest::Method::POST);
-        let mut request = self
-            .client
-            .request(method, &*job.endpoint)
+        // Parsed once: the client would parse the text again.
+        let request = match url {
+            Some(url) => self.client.request(method, url),
+            None => self.client.request(method, &*job.endpoint),
+        };
+        let mut request = request
             .timeout(job.execution_timeout)
             .body(job.payload.clone());
         for (name, value) in &job.headers {
