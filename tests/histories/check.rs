@@ -35,6 +35,8 @@ pub struct Tally {
     pub api_checked: usize,
     pub heads_remembered: u64,
     pub events: usize,
+    /// Events refused (413) as too large for the Directors: none of their jobs may be stored.
+    pub events_refused: usize,
     pub event_jobs: usize,
 }
 
@@ -213,6 +215,14 @@ pub fn check(i: &Inputs) -> (Vec<Violation>, Tally) {
             );
         }
     }
+    tally.events_refused = log
+        .outcomes
+        .values()
+        .filter(|o| {
+            o.iter()
+                .any(|(_, o)| matches!(o, Outcome::NotStored(why) if why == "413"))
+        })
+        .count();
     for (key, ids) in &by_spec {
         let outcomes = log.outcomes.get(*key).map(Vec::as_slice).unwrap_or(&[]);
         let answered: HashSet<&str> = outcomes

@@ -58,6 +58,10 @@ pub const CREATED_PER_SECOND: f64 = 15.0;
 
 /// The bucket events are published in.
 pub const EVENT_BUCKET: &str = "events";
+/// The payload limit of the worlds' Directors (`--max-payload-bytes`), below the routers'
+/// (their default): an event larger than it passes a router's checks and is refused by every
+/// Director for its content.
+pub const DIRECTOR_MAX_PAYLOAD: usize = 8192;
 /// How the log names the `created` subscription being disabled, and enabled again.
 pub const DISABLES: &str = "subscription created disabled";
 pub const ENABLES: &str = "subscription created enabled";
@@ -879,9 +883,14 @@ pub async fn publisher(
                 n += 1;
                 let event_type = ["hist.created", "hist.updated"][rng.random_range(0..2)];
                 let key = format!("{}-ev-{n}", world.tag);
+                // Now and then one too large for the Directors: answered 413, never stored.
+                let payload = match rng.random_range(0..100) < 3 {
+                    true => json!({"n": n, "pad": "x".repeat(DIRECTOR_MAX_PAYLOAD)}),
+                    false => json!({"n": n}),
+                };
                 Spec {
                     json: json!({"bucket": EVENT_BUCKET, "event_type": event_type,
-                                 "payload": {"n": n}, "idempotency_key": key}),
+                                 "payload": payload, "idempotency_key": key}),
                     key,
                     seq: None,
                     deliver_at: None,
@@ -889,6 +898,7 @@ pub async fn publisher(
             }
         };
         let expected = fan_out(spec.json["event_type"].as_str().unwrap_or_default());
+        let oversized = spec.json["payload"].get("pad").is_some();
         rec.spec(&spec);
         for attempt in 0..40usize {
             let (via, base) = &fronts[(n + attempt) % fronts.len()];
@@ -906,6 +916,33 @@ pub async fn publisher(
                 }
             };
             match sent {
+                // Refused for its content, straight or by every Director behind a router:
+                // nothing stored, and no retry can help.
+                Ok(r) if oversized && r.status() == reqwest::StatusCode::PAYLOAD_TOO_LARGE => {
+                    outcome(Outcome::NotStored("413".into()));
+                    break;
+                }
+                // Stored, or a content refusal answered as if a retry could help (503 naming
+                // a Director's 413).
+                Ok(r) if oversized && (r.status().is_success() || r.status().as_u16() == 503) => {
+                    let status = r.status();
+                    let text = r.text().await.unwrap_or_default();
+                    if status.is_success() || text.contains("413 from") {
+                        rec.violation(Violation {
+                            invariant: "api",
+                            at: Utc::now(),
+                            jobs: Vec::new(),
+                            what: format!(
+                                "{via} answered {status} for event {} ({} bytes of payload, \
+                                 over the Directors' {DIRECTOR_MAX_PAYLOAD}): {text}",
+                                spec.key,
+                                spec.json["payload"].to_string().len(),
+                            ),
+                        });
+                        break;
+                    }
+                    outcome(Outcome::NotStored(format!("{status}")));
+                }
                 Ok(r) if r.status() == reqwest::StatusCode::ACCEPTED => {
                     match r.json::<spindle_client::PublishReply>().await {
                         Ok(reply) => {

@@ -511,6 +511,8 @@ fn director_flags() -> Vec<String> {
         "300",
         "--breaker-probe-max-ms",
         "2000",
+        "--max-payload-bytes",
+        &super::ops::DIRECTOR_MAX_PAYLOAD.to_string(),
     ])
 }
 
