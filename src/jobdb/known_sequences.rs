@@ -147,6 +147,14 @@ impl KnownSequences {
         self.jobs.clear();
     }
 
+    /// What the store's read of a known `seq`'s entries would tell (`None` when it is not
+    /// known): whether it has an entry, and whether one of them is released. A known
+    /// sequence has no block (a block makes it forgotten).
+    pub fn presence(&self, seq: &Seq) -> Option<(bool, bool)> {
+        let entries = self.seqs.get(seq)?;
+        Some((!entries.is_empty(), !entries.released.is_empty()))
+    }
+
     /// The head of a known `seq` that may go, as the store's read would tell it: `None` when
     /// `seq` is not known; `Some(None)` when no job of it may go (one is released, or none is
     /// held); else its held job of the lowest position.
@@ -179,14 +187,17 @@ mod tests {
         assert_eq!(known.head(&seq(1)), None);
         known.learn_empty(seq(1));
         assert_eq!(known.head(&seq(1)), Some(None));
+        assert_eq!(known.presence(&seq(1)), Some((false, false)));
         known.entered(seq(1), job(30), Ulid(30), true);
         known.entered(seq(1), job(20), Ulid(20), true);
+        assert_eq!(known.presence(&seq(1)), Some((true, false)));
         // A move's import keeps its old position: it goes first.
         known.entered(seq(1), job(5), Ulid(10), true);
         assert_eq!(known.head(&seq(1)), Some(Some(job(5))));
         assert_eq!(known.seq_of(&job(5)), Some(seq(1)));
         known.released(&job(5));
         assert_eq!(known.head(&seq(1)), Some(None), "one is under way");
+        assert_eq!(known.presence(&seq(1)), Some((true, true)));
         // A later row of a remembered entry changes nothing.
         known.entered(seq(1), job(5), Ulid(10), true);
         assert_eq!(known.head(&seq(1)), Some(None));
@@ -195,6 +206,7 @@ mod tests {
         known.left(&job(20));
         known.left(&job(30));
         assert!(!known.knows(&seq(1)), "an emptied sequence is read again");
+        assert_eq!(known.presence(&seq(1)), None);
         assert!(known.is_empty());
     }
 

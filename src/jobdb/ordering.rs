@@ -258,8 +258,29 @@ macro_rules! ordering_sql {
                     false => seqs.push(*seq),
                 }
             }
+            // A sequence the writer knows is answered from its memory, as its head is; the
+            // others are read.
+            let unknown: Vec<$crate::job::Seq> = append
+                .with_known(|known| {
+                    seqs.iter()
+                        .filter(|seq| match known.presence(seq) {
+                            Some((has_entry, has_released)) => {
+                                if has_entry {
+                                    present.insert(**seq);
+                                }
+                                if has_released {
+                                    arrivals.settled.insert(**seq);
+                                }
+                                false
+                            }
+                            None => true,
+                        })
+                        .copied()
+                        .collect()
+                })
+                .unwrap_or_else(|| seqs.clone());
             // Each list is bound twice.
-            for chunk in seqs.chunks(MAX_IDS_PER_SELECT / 2) {
+            for chunk in unknown.chunks(MAX_IDS_PER_SELECT / 2) {
                 let mut qb = seqs_query(PRESENT_SEQS, Some(chunk), PRESENT_OR_BLOCKED_SEQS);
                 push_seqs(&mut qb, Some(chunk));
                 for row in &qb.build().fetch_all(&mut **tx).await? {
