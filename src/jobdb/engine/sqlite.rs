@@ -82,12 +82,44 @@ pub(crate) async fn connect(
     if let Some(wait) = lock_wait {
         options = options.busy_timeout(wait.max(Duration::from_millis(1)));
     }
-    let pool = SqlitePoolOptions::new()
-        .max_connections(max_connections)
-        .acquire_timeout(Duration::from_secs(10))
-        .connect_with(options)
-        .await?;
+    let pool = retry_busy(|| {
+        SqlitePoolOptions::new()
+            .max_connections(max_connections)
+            .acquire_timeout(Duration::from_secs(10))
+            .connect_with(options.clone())
+    })
+    .await?;
     Ok((pool, MAX_PACKET))
+}
+
+/// How many times an open that SQLite answers "database is locked" is tried again.
+const BUSY_TRIES: u64 = 20;
+
+/// Runs `open` again while SQLite answers "database is locked": processes opening a new file
+/// at the same moment (a cluster's first boot) race to create it and switch it to WAL, and
+/// SQLite refuses the loser at once rather than through the busy timeout.
+async fn retry_busy<T, Fut>(mut open: impl FnMut() -> Fut) -> Result<T, sqlx::Error>
+where
+    Fut: std::future::Future<Output = Result<T, sqlx::Error>>,
+{
+    let mut tries = 0;
+    loop {
+        match open().await {
+            Err(e) if is_busy(&e) && tries < BUSY_TRIES => {
+                tries += 1;
+                tokio::time::sleep(Duration::from_millis(20 * tries)).await;
+            }
+            other => return other,
+        }
+    }
+}
+
+/// Whether `e` is SQLite's `SQLITE_BUSY` (any of its extended codes).
+fn is_busy(e: &sqlx::Error) -> bool {
+    e.as_database_error()
+        .and_then(|d| d.code())
+        .and_then(|code| code.parse::<i32>().ok())
+        .is_some_and(|code| code & 0xff == 5)
 }
 
 /// Opens and closes one connection to the JobDB's file, which must exist.
@@ -101,7 +133,8 @@ pub(crate) async fn create_database(url: &JobDbUrl, dir: &Path) -> Result<(), Jo
     tokio::fs::create_dir_all(dir)
         .await
         .map_err(file_error(dir))?;
-    options(url, true)?.connect().await?.close().await?;
+    let options = options(url, true)?;
+    retry_busy(|| options.connect()).await?.close().await?;
     Ok(())
 }
 

@@ -121,8 +121,8 @@ pub(super) async fn publish_event(
             Err(ApiError::Unavailable(format!("nothing was stored: {why}")))
         }
         Sent::Invalid(why, status) => {
-            // The Director refused the event's jobs for their content (a limit of its own
-            // below the router's): every Director would, and a retry cannot help.
+            // The last Director tried refused the event's jobs for their content (a limit of
+            // its own below the router's; the others refused too): a retry cannot help.
             settle_claims(&shared, &[], &claims).await;
             let message = format!("was refused for its content, nothing was stored: {why}");
             Err(ApiError::InvalidField(match status {

@@ -149,7 +149,8 @@ enum Forwarded {
     Settled(Sent),
     /// The Director stored nothing: they go to their next Directors, with their claims as
     /// refreshed at `claimed_at`; `content` (the status) when it refused the request's
-    /// content (perhaps one group's), not the request: alone, the group is settled refused.
+    /// content (perhaps one group's), not the request: that suspects no Director, and a group
+    /// no Director is left for ends with it.
     Refused {
         why: String,
         claimed_at: DateTime<Utc>,
