@@ -196,9 +196,8 @@ pub struct Writer {
     lift_pending: bool,
     /// When the last ordered job arrived: only commits near it list the peers.
     ordered_seen: Option<Instant>,
-    /// Whether the last commit released in itself: its memory of sequences is current.
-    was_alone: bool,
-    /// The same, for the intake (see [`Writer::in_cluster`]).
+    /// Whether the last commit released in itself (its memory of sequences is current),
+    /// shared with the intake (see [`Writer::in_cluster`]).
     alone_shared: Arc<AtomicBool>,
     /// Ordered jobs the intake cleared, not yet released (see [`WriteOp::Submit`]).
     cleared: HashSet<JobId>,
@@ -245,7 +244,6 @@ impl Writer {
             mark_retry_at: None,
             lift_pending: false,
             ordered_seen: None,
-            was_alone: false,
             alone_shared: Arc::new(AtomicBool::new(false)),
             cleared: HashSet::new(),
             known: Default::default(),
@@ -537,14 +535,13 @@ impl Writer {
         if alone {
             self.lift_pending = false;
         }
-        if alone && !self.was_alone {
+        let was_alone = self.alone_shared.swap(alone, Ordering::Relaxed);
+        if alone && !was_alone {
             self.known
                 .lock()
                 .unwrap_or_else(|poisoned| poisoned.into_inner())
                 .clear();
         }
-        self.was_alone = alone;
-        self.alone_shared.store(alone, Ordering::Relaxed);
         self.metrics.ordered_alone.set(i64::from(alone));
         self.metrics.ordered_fresh_marked.set(i64::from(bear_fresh));
         Alone { alone, bear_fresh }
