@@ -149,14 +149,13 @@ impl ControlDb {
             // SQLite migrates each version in one transaction: a process that lost the race
             // rolled back and finds it applied the next time.
             Pool::Sqlite(p) => {
-                let mut tries = 0;
-                while let Err(e) = SQLITE_MIGRATOR.run(p).await {
-                    tries += 1;
-                    if tries >= 10 {
-                        return Err(e.into());
-                    }
-                    tokio::time::sleep(std::time::Duration::from_millis(50 * tries)).await;
-                }
+                crate::jobdb::engine::sqlite::retry_while(
+                    9,
+                    std::time::Duration::from_millis(50),
+                    |_| true,
+                    || SQLITE_MIGRATOR.run(p),
+                )
+                .await?;
             }
         }
         Ok(ControlDb {

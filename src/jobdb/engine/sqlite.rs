@@ -92,22 +92,34 @@ pub(crate) async fn connect(
     Ok((pool, MAX_PACKET))
 }
 
-/// How many times an open that SQLite answers "database is locked" is tried again.
-const BUSY_TRIES: u64 = 20;
-
-/// Runs `open` again while SQLite answers "database is locked": processes opening a new file
-/// at the same moment (a cluster's first boot) race to create it and switch it to WAL, and
-/// SQLite refuses the loser at once rather than through the busy timeout.
-async fn retry_busy<T, Fut>(mut open: impl FnMut() -> Fut) -> Result<T, sqlx::Error>
+/// Runs `open` again while SQLite answers "database is locked" (up to 20 times, 20 ms more
+/// pause each time): processes opening a new file at the same moment (a cluster's first boot)
+/// race to create it and switch it to WAL, and SQLite refuses the loser at once rather than
+/// through the busy timeout.
+async fn retry_busy<T, Fut>(open: impl FnMut() -> Fut) -> Result<T, sqlx::Error>
 where
     Fut: std::future::Future<Output = Result<T, sqlx::Error>>,
 {
+    retry_while(20, Duration::from_millis(20), is_busy, open).await
+}
+
+/// Runs `op` until it succeeds, fails with an error `retryable` refuses, or has been tried
+/// again `retries` times, pausing `step` longer before each new try (`step`, `2 × step`, ...).
+pub(crate) async fn retry_while<T, E, Fut>(
+    retries: u32,
+    step: Duration,
+    retryable: impl Fn(&E) -> bool,
+    mut op: impl FnMut() -> Fut,
+) -> Result<T, E>
+where
+    Fut: std::future::Future<Output = Result<T, E>>,
+{
     let mut tries = 0;
     loop {
-        match open().await {
-            Err(e) if is_busy(&e) && tries < BUSY_TRIES => {
+        match op().await {
+            Err(e) if tries < retries && retryable(&e) => {
                 tries += 1;
-                tokio::time::sleep(Duration::from_millis(20 * tries)).await;
+                tokio::time::sleep(step * tries).await;
             }
             other => return other,
         }
