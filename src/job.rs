@@ -692,7 +692,7 @@ impl Recovered {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
 
     #[test]
@@ -754,7 +754,8 @@ mod tests {
         assert_eq!(job.endpoint_key(), "http://h/p");
     }
 
-    fn sample() -> Job {
+    /// A job to test with (unordered, expired now).
+    pub(crate) fn sample() -> Job {
         Job {
             id: JobId(Ulid::new()),
             bucket: "b".into(),

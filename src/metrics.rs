@@ -115,6 +115,9 @@ pub struct Metrics {
     pub ordered_released: Counter,
     /// Of those, jobs released in the commit that stored them (alone, their sequence empty).
     pub ordered_born: Counter,
+    /// Ordered jobs kept: stored waiting for their turn in the writer's memory, without an
+    /// `open_jobs` entry.
+    pub ordered_kept: Counter,
     /// Of those, jobs whose attempt began in the commit that released them (alone, offered
     /// by the scheduler when the job before them ended).
     pub ordered_begun_on_release: Counter,
@@ -282,6 +285,13 @@ impl Default for Metrics {
             "Ordered jobs released in the commit that stored them: their sequence had no open \
              job and no block here, and no other JobDB was live",
             ordered_born.clone(),
+        );
+        let ordered_kept = Counter::default();
+        registry.register(
+            "ordered_kept",
+            "Ordered jobs kept: stored to wait for their turn in the writer's memory (alone, \
+             their sequence known), with no open_jobs entry unless they rest",
+            ordered_kept.clone(),
         );
         let ordered_begun_on_release = Counter::default();
         registry.register(
@@ -621,6 +631,7 @@ impl Default for Metrics {
             notices_written,
             ordered_released,
             ordered_born,
+            ordered_kept,
             ordered_begun_on_release,
             ordered_heads_known,
             events_published,

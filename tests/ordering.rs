@@ -212,6 +212,10 @@ async fn an_expired_job_lets_its_key_go_at_once_and_a_held_one_expires_on_time(e
     let submitted = std::time::Instant::now();
     let reply = rig.submit(jobs).await;
     let ids: Vec<String> = reply.jobs.iter().map(|j| j.id.clone()).collect();
+    // The two behind the first wait in the writer's memory (kept, no entry): the held one's
+    // expiry still ends it on time.
+    let text = metrics_text(&rig.client, &rig.base()).await;
+    assert_eq!(metric_value(&text, "spindle_ordered_kept_total"), 2.0);
     wait_for(
         Duration::from_secs(15),
         "the key's last job delivered",
@@ -271,6 +275,9 @@ async fn an_operator_flush_or_discard_of_a_held_job_ends_it_and_never_blocks_its
     ];
     let reply = rig.submit(jobs).await;
     let ids: Vec<String> = reply.jobs.iter().map(|j| j.id.clone()).collect();
+    // The three behind the first are kept (no entry): a command's read must still find them.
+    let text = metrics_text(&rig.client, &rig.base()).await;
+    assert_eq!(metric_value(&text, "spindle_ordered_kept_total"), 3.0);
     let hex = |i: usize| ids[i].parse::<spindle::job::JobId>().unwrap().to_hex();
     for (action, i) in [("flush", 1), ("discard", 2)] {
         operator_sql(

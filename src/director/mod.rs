@@ -127,6 +127,7 @@ impl DirectorConfig {
                 max_bytes: 8 * 1024 * 1024,
                 rest_after: Duration::from_secs(30),
                 write_timeout: Duration::from_secs(5),
+                keep_ordered: true,
             },
             delivery: DeliveryConfig::default(),
             intake: IntakeLimits::default(),
@@ -333,8 +334,14 @@ async fn serve(
     // Each owner numbers its rows 2^32 above the last committed one: a paused predecessor's
     // uncommitted rows can then never collide with ours (they are refused by the fence anyway).
     let next_id = db.max_transition_id().await? + crate::jobdb::owner::OWNER_ID_GAP;
-    // New ordered jobs go after every one the JobDB holds, whatever this clock says.
-    let floor = db.max_open_position().await?;
+    // New ordered jobs go after every one the JobDB holds, whatever this clock says: its
+    // entries and its fresh ordered jobs (born released or kept), which have none yet.
+    let fresh_top = unfinished
+        .unlisted
+        .iter()
+        .filter_map(|(_, place)| place.map(|p| p.position))
+        .max();
+    let floor = db.max_open_position().await?.max(fresh_top);
     let bind_error = |source| DirectorError::Bind {
         addr: config.listen,
         source,

@@ -11,17 +11,31 @@
 //! (which only an operator's SQL lifts), or until a write fails (memory may then be ahead of
 //! the store: all of it is forgotten). An unknown sequence is read from the store, as every
 //! sequence was before.
+//!
+//! Memory also holds the *kept* jobs: a new ordered job of a known sequence that must wait
+//! for a job before it is held here only, fresh (no entry; its commit's log row lists it),
+//! with the job itself, instead of entered held. When its turn comes the commit that ends
+//! the job before it hands it on from memory: no entry is inserted, released or deleted for
+//! it, and nothing is read back. A kept job gets its held entry (rests) when its writer can
+//! no longer vouch for memory: a sequence forgotten or all memory cleared (the writer is told
+//! through [`KnownSequences::take_dropped_kept`]), its expiry, `rest_after`, an operator
+//! command, a commit that finds another JobDB live, and a new owner's recovery.
 
 use std::collections::{BTreeSet, HashMap, HashSet};
+use std::sync::Arc;
 
 use ulid::Ulid;
 
-use crate::job::{JobId, Seq};
+use crate::job::{Job, JobId, Seq};
 
 /// Most entries remembered across all known sequences (about 100 bytes each): beyond it a
 /// sequence is not learnt, and one that would grow past it is forgotten. Forgetting costs a
 /// read of the store, never a wrong release.
 pub const MAX_KNOWN_ENTRIES: usize = 1_000_000;
+
+/// Most bytes of kept jobs (as [`super::job_row_bytes`] counts them): beyond it a new job is
+/// entered held, as it would be without memory.
+pub const MAX_KEPT_BYTES: usize = 64 * 1024 * 1024;
 
 /// The entries of one known sequence.
 #[derive(Debug, Default)]
@@ -45,6 +59,15 @@ pub struct KnownSequences {
     seqs: HashMap<Seq, Entries>,
     /// Each remembered entry's job, with its sequence and position (`None`: released).
     jobs: HashMap<JobId, (Seq, Option<Ulid>)>,
+    /// Kept jobs (held in memory only, no entry), whole: how a turn hands them on.
+    kept: HashMap<JobId, Arc<Job>>,
+    /// Bytes of `kept`.
+    kept_bytes: usize,
+    /// Sequences whose kept jobs memory dropped (forgotten) since the writer last asked: no
+    /// head of theirs may be read from the store until those jobs have their entries.
+    dropped: HashSet<Seq>,
+    /// All memory of kept jobs was dropped (cleared) since the writer last asked.
+    dropped_all: bool,
 }
 
 impl KnownSequences {
@@ -84,6 +107,8 @@ impl KnownSequences {
             return;
         };
         if self.jobs.contains_key(&job) {
+            // A kept job's rest: its held entry is in the store now.
+            self.unkeep(&job);
             return;
         }
         if self.jobs.len() >= MAX_KNOWN_ENTRIES {
@@ -103,6 +128,7 @@ impl KnownSequences {
         let Some((seq, position)) = self.jobs.remove(job) else {
             return;
         };
+        self.unkeep(job);
         let Some(entries) = self.seqs.get_mut(&seq) else {
             return;
         };
@@ -112,6 +138,74 @@ impl KnownSequences {
         };
         if entries.is_empty() {
             self.seqs.remove(&seq);
+        }
+    }
+
+    /// Keeps `job`, a new ordered job at `position` of the known `seq`, in memory only (see
+    /// the module doc): `false` when `seq` is not known or memory is full (it is entered
+    /// held instead).
+    pub fn keep(&mut self, seq: Seq, job: &Arc<Job>, position: Ulid) -> bool {
+        let bytes = super::job_row_bytes(job);
+        let Some(entries) = self.seqs.get_mut(&seq) else {
+            return false;
+        };
+        if self.jobs.len() >= MAX_KNOWN_ENTRIES
+            || self.kept_bytes.saturating_add(bytes) > MAX_KEPT_BYTES
+            || self.jobs.contains_key(&job.id)
+        {
+            return false;
+        }
+        entries.held.insert((position, job.id));
+        self.jobs.insert(job.id, (seq, Some(position)));
+        self.kept.insert(job.id, job.clone());
+        self.kept_bytes += bytes;
+        true
+    }
+
+    /// Whether `job` is kept (held in memory, without an entry).
+    pub fn is_kept(&self, job: &JobId) -> bool {
+        self.kept.contains_key(job)
+    }
+
+    /// Hands on the kept `job` whose turn came: it leaves memory (it is under way, fresh, as a
+    /// job born released is), its sequence stays known.
+    pub fn go_on(&mut self, job: &JobId) -> Option<Arc<Job>> {
+        let kept = self.kept.remove(job)?;
+        self.kept_bytes = self.kept_bytes.saturating_sub(super::job_row_bytes(&kept));
+        if let Some((seq, Some(position))) = self.jobs.remove(job) {
+            if let Some(entries) = self.seqs.get_mut(&seq) {
+                entries.held.remove(&(position, *job));
+            }
+        }
+        Some(kept)
+    }
+
+    /// Forgets `seq` if nothing of it is remembered: its job under way (fresh, no entry)
+    /// left and none went on after it.
+    pub fn forget_if_empty(&mut self, seq: &Seq) {
+        if self.seqs.get(seq).is_some_and(Entries::is_empty) {
+            self.seqs.remove(seq);
+        }
+    }
+
+    /// Whether memory of a kept job was dropped since the last call: every kept job must
+    /// then get its held entry, since no memory vouches for its place any more.
+    pub fn take_dropped_kept(&mut self) -> bool {
+        let dropped = !self.dropped.is_empty() || self.dropped_all;
+        self.dropped.clear();
+        self.dropped_all = false;
+        dropped
+    }
+
+    /// Whether memory dropped kept jobs of `seq` since the writer last asked: its head must
+    /// not be read from the store, which cannot see them.
+    pub fn dropped_kept(&self, seq: &Seq) -> bool {
+        self.dropped.contains(seq)
+    }
+
+    fn unkeep(&mut self, job: &JobId) {
+        if let Some(kept) = self.kept.remove(job) {
+            self.kept_bytes = self.kept_bytes.saturating_sub(super::job_row_bytes(&kept));
         }
     }
 
@@ -134,6 +228,10 @@ impl KnownSequences {
         if let Some(entries) = self.seqs.remove(seq) {
             for (_, job) in entries.held {
                 self.jobs.remove(&job);
+                if self.kept.contains_key(&job) {
+                    self.unkeep(&job);
+                    self.dropped.insert(*seq);
+                }
             }
             for job in entries.released {
                 self.jobs.remove(&job);
@@ -145,6 +243,9 @@ impl KnownSequences {
     pub fn clear(&mut self) {
         self.seqs.clear();
         self.jobs.clear();
+        self.dropped_all |= !self.kept.is_empty();
+        self.kept.clear();
+        self.kept_bytes = 0;
     }
 
     /// What the store's read of a known `seq`'s entries would tell (`None` when it is not
@@ -208,6 +309,71 @@ mod tests {
         assert!(!known.knows(&seq(1)), "an emptied sequence is read again");
         assert_eq!(known.presence(&seq(1)), None);
         assert!(known.is_empty());
+    }
+
+    fn ordered_job(n: u128) -> Arc<Job> {
+        let mut job = crate::job::tests::sample();
+        job.id = self::job(n);
+        Arc::new(job)
+    }
+
+    #[test]
+    fn a_kept_job_is_a_head_that_goes_on_from_memory() {
+        let mut known = KnownSequences::default();
+        // Only a known sequence keeps.
+        assert!(!known.keep(seq(3), &ordered_job(2), Ulid(2)));
+        known.learn_empty(seq(3));
+        known.entered(seq(3), job(1), Ulid(1), false);
+        assert!(known.keep(seq(3), &ordered_job(2), Ulid(2)));
+        assert!(known.keep(seq(3), &ordered_job(3), Ulid(3)));
+        assert!(!known.keep(seq(3), &ordered_job(3), Ulid(3)), "kept once");
+        assert_eq!(known.presence(&seq(3)), Some((true, true)));
+        assert_eq!(known.head(&seq(3)), Some(None), "job 1 is under way");
+        known.left(&job(1));
+        assert_eq!(known.head(&seq(3)), Some(Some(job(2))));
+        assert!(known.is_kept(&job(2)));
+        let went = known.go_on(&job(2)).map(|j| j.id);
+        assert_eq!(went, Some(job(2)));
+        assert!(!known.is_kept(&job(2)));
+        assert_eq!(known.head(&seq(3)), Some(Some(job(3))));
+        // A rest puts job 3's entry in the store: still its head, no longer kept.
+        known.entered(seq(3), job(3), Ulid(3), true);
+        assert!(!known.is_kept(&job(3)));
+        assert_eq!(known.head(&seq(3)), Some(Some(job(3))));
+        assert!(!known.take_dropped_kept());
+        assert_eq!(
+            known.go_on(&job(3)).map(|j| j.id),
+            None,
+            "stored: released by SQL"
+        );
+        known.left(&job(3));
+        assert!(!known.knows(&seq(3)), "its last entry left");
+    }
+
+    #[test]
+    fn dropping_memory_of_a_kept_job_is_told_once() {
+        let mut known = KnownSequences::default();
+        known.learn_empty(seq(4));
+        assert!(known.keep(seq(4), &ordered_job(5), Ulid(5)));
+        known.forget(&seq(4));
+        assert!(!known.is_kept(&job(5)));
+        assert!(known.take_dropped_kept());
+        assert!(!known.take_dropped_kept());
+        known.learn_empty(seq(4));
+        assert!(known.keep(seq(4), &ordered_job(6), Ulid(6)));
+        known.clear();
+        assert!(known.take_dropped_kept());
+        // A clear without kept jobs drops nothing.
+        known.clear();
+        assert!(!known.take_dropped_kept());
+        // One went on: its sequence, empty, is forgotten once its job under way leaves.
+        known.learn_empty(seq(5));
+        assert!(known.keep(seq(5), &ordered_job(7), Ulid(7)));
+        assert!(known.go_on(&job(7)).is_some());
+        assert!(known.knows(&seq(5)));
+        known.forget_if_empty(&seq(5));
+        assert!(!known.knows(&seq(5)));
+        assert!(!known.take_dropped_kept());
     }
 
     #[test]

@@ -21,9 +21,14 @@ pub struct Fresh {
     pub expire_at: DateTime<Utc>,
     /// Its endpoint, shared with the job: the entry's lane is cut from it.
     pub endpoint: Arc<str>,
-    /// Its ordered sequence and position, if any. An ordered job is fresh only when it was
-    /// born released (its sequence was empty): it is under way, and its first entry says so.
+    /// Its ordered sequence and position, if any. An ordered job is fresh when it was born
+    /// released (its sequence was empty: it is under way, and its first entry says so), when
+    /// it is *kept* (below), or when a kept job went on from memory (under way).
     pub place: Option<Place>,
+    /// An ordered job *kept*: held in its writer's memory only, behind its sequence's job
+    /// under way, instead of entered held (see [`super::KnownSequences`]). Its first entry
+    /// goes in held.
+    pub kept: bool,
     /// The bucket and ordering key of an ordered job whose unsuccessful end blocks its key:
     /// what its block row names, as no entry of its can be read for it.
     pub blocking: Option<(Arc<str>, Arc<str>)>,
@@ -36,6 +41,7 @@ impl Fresh {
             expire_at: job.expire_at,
             endpoint: job.endpoint.clone(),
             place: job.place(),
+            kept: false,
             blocking: job
                 .ordering
                 .as_ref()
@@ -115,10 +121,21 @@ impl OpenRow {
     }
 
     /// The same entry going in released, when it has a sequence: for a job that was fresh
-    /// (born released, under way) or that the commit log lists (which only such a job is).
+    /// and under way (born released, or a kept job gone on).
     pub fn under_way(mut self) -> Self {
         self.released = self.place.is_some();
         self
+    }
+
+    /// The entry of a fresh job that rests now: an ordered one goes in released (under way)
+    /// unless it is kept (held, waiting for its turn).
+    pub fn rest_of_fresh(job_id: JobId, id: u64, fresh: Fresh) -> Self {
+        let kept = fresh.kept;
+        let rest = OpenRow::resting(job_id, id, Some(fresh));
+        match kept {
+            true => rest,
+            false => rest.under_way(),
+        }
     }
 }
 

@@ -628,7 +628,7 @@ macro_rules! ordering_sql {
         }
 
         /// A 16-byte sequence id column.
-        fn seq_of_row(
+        pub(crate) fn seq_of_row(
             row: &<$db as sqlx::Database>::Row,
             column: &str,
         ) -> Result<$crate::job::Seq, $crate::jobdb::JobDbError> {

@@ -191,6 +191,17 @@ pub struct OrderingCounts {
     pub behind_scheduled: u64,
 }
 
+/// The sequences whose released job is scheduled for later and never tried (binds: now).
+macro_rules! scheduled_heads {
+    () => {
+        "SELECT r.seq FROM open_jobs r \
+         WHERE r.seq IS NOT NULL AND r.held = 0 AND r.attempts = 0 \
+           AND r.state = 'awaiting-retry' AND r.retry_at > ? \
+           AND NOT EXISTS (SELECT 1 FROM job_state_transitions t \
+                           WHERE t.job_id = r.job_id AND t.id > r.transition_id)"
+    };
+}
+
 impl JobDb {
     /// Steps per state and time slot of `slot_s` seconds since `start` (slot 0 starts at
     /// `start`; steps before it are not counted): rows, and the acceptances and attempt
@@ -438,33 +449,65 @@ impl JobDb {
         Ok(u64::try_from(n).unwrap_or(0))
     }
 
-    /// Ordered jobs waiting for their turn (held), sequences blocked by a failure
-    /// (`ordering_blocked`, until an operator deletes the row), and the held jobs whose
-    /// sequence's released job is scheduled for later: it was never tried, is due after now,
-    /// and no row followed its `open_jobs` entry (one postponed since is not counted).
+    /// Ordered jobs waiting for their turn (held, and kept: see [`super::KnownSequences`]),
+    /// sequences blocked by a failure (`ordering_blocked`, until an operator deletes the
+    /// row), and the waiting jobs whose sequence's released job is scheduled for later: it
+    /// was never tried, is due after now, and no row followed its `open_jobs` entry (one
+    /// postponed since is not counted).
     pub async fn ordering_counts(&self) -> Result<OrderingCounts, JobDbError> {
         let now = Utc::now().naive_utc();
-        let (held, blocked, behind_scheduled): (i64, i64, i64) = with_pool!(self, |p, q| {
-            sqlx::query_as(
+        // Kept jobs have no entry: they are the fresh ordered jobs behind an older open job
+        // of their sequence (its first fresh job, when no entry is older, is under way).
+        let mut fresh: HashMap<crate::job::Seq, Vec<ulid::Ulid>> = HashMap::new();
+        for (_, place) in self.fresh_places(true).await? {
+            if let Some(place) = place {
+                fresh.entry(place.seq).or_default().push(place.position);
+            }
+        }
+        let seqs: Vec<crate::job::Seq> = fresh.keys().copied().collect();
+        let (held, blocked, behind, oldest, scheduled) = with_pool!(self, |p, q| {
+            let (held, blocked, behind): (i64, i64, i64) = sqlx::query_as(concat!(
                 "SELECT (SELECT COUNT(*) FROM open_jobs WHERE seq IS NOT NULL AND held = 1), \
                         (SELECT COUNT(*) FROM ordering_blocked), \
                         (SELECT COUNT(*) FROM open_jobs h \
-                         WHERE h.seq IS NOT NULL AND h.held = 1 AND h.seq IN ( \
-                           SELECT r.seq FROM open_jobs r \
-                           WHERE r.seq IS NOT NULL AND r.held = 0 AND r.attempts = 0 \
-                             AND r.state = 'awaiting-retry' AND r.retry_at > ? \
-                             AND NOT EXISTS (SELECT 1 FROM job_state_transitions t \
-                                             WHERE t.job_id = r.job_id \
-                                               AND t.id > r.transition_id)))",
-            )
+                         WHERE h.seq IS NOT NULL AND h.held = 1 AND h.seq IN (",
+                scheduled_heads!(),
+                "))"
+            ))
             .bind(now)
             .fetch_one(p)
-            .await?
-        });
+            .await?;
+            let mut conn = p.acquire().await?;
+            let oldest = match seqs.is_empty() {
+                true => HashMap::new(),
+                false => q::sequence_oldest(&mut conn, &seqs, false).await?,
+            };
+            let mut scheduled = std::collections::HashSet::new();
+            if !seqs.is_empty() {
+                for row in &sqlx::query(scheduled_heads!())
+                    .bind(now)
+                    .fetch_all(&mut *conn)
+                    .await?
+                {
+                    scheduled.insert(q::seq_of_row(row, "seq")?);
+                }
+            }
+            Ok::<_, JobDbError>((held, blocked, behind, oldest, scheduled))
+        })?;
+        let (mut kept, mut kept_behind) = (0u64, 0u64);
+        for (seq, positions) in &fresh {
+            let first = positions.iter().min().copied();
+            let under_way = first.is_some_and(|f| oldest.get(seq).is_none_or(|o| f < *o));
+            let here = positions.len() as u64 - u64::from(under_way);
+            kept += here;
+            if scheduled.contains(seq) {
+                kept_behind += here;
+            }
+        }
         Ok(OrderingCounts {
-            held: u64::try_from(held).unwrap_or(0),
+            held: u64::try_from(held).unwrap_or(0) + kept,
             blocked: u64::try_from(blocked).unwrap_or(0),
-            behind_scheduled: u64::try_from(behind_scheduled).unwrap_or(0),
+            behind_scheduled: u64::try_from(behind).unwrap_or(0) + kept_behind,
         })
     }
 

@@ -48,6 +48,43 @@ pub(crate) fn events_of(jobs: &[Arc<Job>]) -> Vec<&Job> {
         .collect()
 }
 
+/// Takes out of `open` the new ordered jobs this write keeps (see [`Append::keep`]) and
+/// returns them: each due now (no row of its own, not scheduled), not born (born ones left
+/// `open` already), of a sequence the writer knows (so something goes before it), while
+/// memory has room.
+pub(crate) fn keep_new(append: &Append<'_>, open: &mut Vec<OpenRow>) -> Vec<JobId> {
+    let mut kept = Vec::new();
+    let may = append.keep
+        && append.release_touched
+        && append.log.is_some()
+        && !append.born_with_entry
+        && append.cleared.is_none();
+    if !may || !open.iter().any(|o| o.place.is_some() && !o.released) {
+        return kept;
+    }
+    let with_row: HashSet<JobId> = append.transitions.iter().map(|(_, t)| t.job_id).collect();
+    let new: HashMap<JobId, &Arc<Job>> = append
+        .jobs
+        .iter()
+        .filter(|job| job.ordering.is_some() && !with_row.contains(&job.id))
+        .map(|job| (job.id, job))
+        .collect();
+    append.with_known(|known| {
+        open.retain(|o| {
+            let (Some(place), Some(job)) = (o.place, new.get(&o.job_id)) else {
+                return true;
+            };
+            let due_now = o.state == State::AwaitingScheduling && o.retry_at.is_none();
+            if !o.released && due_now && known.keep(place.seq, job, place.position) {
+                kept.push(o.job_id);
+                return false;
+            }
+            true
+        })
+    });
+    kept
+}
+
 /// One multi-row INSERT of transitions: the caller adds the rows.
 pub(crate) const INSERT_TRANSITIONS: &str =
     "INSERT INTO job_state_transitions (id, job_id, time, retry_at, attempts, state, \
@@ -290,6 +327,7 @@ macro_rules! write_path {
                     },
                 ));
             }
+            let kept = $crate::jobdb::write::keep_new(append, &mut changes.open);
             for chunk in changes.open.chunks(MAX_ROWS_PER_INSERT) {
                 upsert_open_jobs(chunk).build().execute(&mut **tx).await?;
             }
@@ -326,7 +364,10 @@ macro_rules! write_path {
             let release: Vec<($crate::job::Seq, $crate::job::JobId)> = append
                 .release
                 .iter()
-                .filter(|(seq, _)| !append.fresh_sequences.is_some_and(|f| f.contains_key(seq)))
+                .filter(|(seq, _)| {
+                    !append.fresh_sequences.is_some_and(|f| f.contains_key(seq))
+                        && !append.kept_sequences.is_some_and(|k| k.contains_key(seq))
+                })
                 .copied()
                 .collect();
             released.extend(release_heads(tx, &release).await?);
@@ -340,6 +381,7 @@ macro_rules! write_path {
                 }
             });
             let (mut heads_known, mut heads_misremembered) = (0, 0);
+            let mut gone_on: Vec<$crate::job::JobId> = Vec::new();
             touched.sort_unstable();
             touched.dedup();
             if append.release_touched {
@@ -361,14 +403,30 @@ macro_rules! write_path {
                     })
                     .copied()
                     .collect();
-                // The heads of sequences the writer knows come from its memory; the others
-                // are read.
+                // The heads of sequences the writer knows come from its memory (a kept one
+                // goes on from there); the others are read, except those of sequences with
+                // kept jobs (the store cannot see them: they wait for their entries).
+                let may_clear =
+                    |job: &$crate::job::JobId| append.cleared.is_none_or(|c| c.contains(job));
                 let mut remembered = Vec::new();
+                let mut going: Vec<$crate::job::Recovered> = Vec::new();
                 let unknown: Vec<$crate::job::Seq> = append
                     .with_known(|known| {
                         may_go
                             .iter()
                             .filter(|seq| match known.head(seq) {
+                                Some(Some(job)) if known.is_kept(&job) => {
+                                    if may_clear(&job) {
+                                        going.extend(known.go_on(&job).map(|job| {
+                                            $crate::job::Recovered {
+                                                job,
+                                                attempts: 0,
+                                                retry_at: None,
+                                            }
+                                        }));
+                                    }
+                                    false
+                                }
                                 Some(head) => {
                                     remembered.extend(head.map(|job| (**seq, job)));
                                     false
@@ -379,15 +437,15 @@ macro_rules! write_path {
                             .collect()
                     })
                     .unwrap_or(may_go);
-                heads_known = remembered.len();
+                let unknown = append.readable_heads(unknown);
+                gone_on.extend(going.iter().map(|r| r.job.id));
+                heads_known = remembered.len() + going.len();
                 let mut go: Vec<$crate::job::JobId> =
                     remembered.iter().map(|(_, job)| *job).collect();
                 go.extend(head_jobs(tx, &unknown).await?);
                 // Heads not cleared wait for the sequencer (it is told their sequences).
-                if let Some(cleared) = append.cleared {
-                    go.retain(|job| cleared.contains(job));
-                }
-                let mut going = release_jobs(tx, &go, None).await?;
+                go.retain(may_clear);
+                going.extend(release_jobs(tx, &go, None).await?);
                 // A head remembered that the store does not hold waiting would say memory is
                 // wrong: forget its sequence and read it, so it cannot stall.
                 let got: std::collections::HashSet<$crate::job::JobId> =
@@ -404,12 +462,19 @@ macro_rules! write_path {
                         "remembered heads not held in the jobdb; reading them"
                     );
                     append.with_known(|known| missed.iter().for_each(|seq| known.forget(seq)));
-                    let go = head_jobs(tx, &missed).await?;
+                    let go = head_jobs(tx, &append.readable_heads(missed)).await?;
                     going.extend(release_jobs(tx, &go, None).await?);
                 }
                 append.with_known(|known| {
                     for r in &going {
                         known.released(&r.job.id);
+                    }
+                    // A sequence whose job under way (fresh) left with none after it: nothing
+                    // of it is left to remember.
+                    let went: std::collections::HashSet<$crate::job::Seq> =
+                        going.iter().filter_map(|r| r.job.seq()).collect();
+                    for seq in changes.fresh_left.difference(&went) {
+                        known.forget_if_empty(seq);
                     }
                 });
                 for job in going {
@@ -425,10 +490,11 @@ macro_rules! write_path {
                     .iter()
                     .map(|r| (r.job.id, r.next_attempt()))
                     .collect();
+                let fresh: Vec<$crate::job::JobId> = born.iter().chain(&kept).copied().collect();
                 sqlx::query($crate::jobdb::write::INSERT_COMMIT_LOG)
                     .bind($crate::jobdb::int(log.id))
                     .bind(log.time.naive_utc())
-                    .bind(log.accepted_json(&born))
+                    .bind(log.accepted_json(&fresh))
                     .bind(log.started_json(&begun))
                     .execute(&mut **tx)
                     .await?;
@@ -442,6 +508,8 @@ macro_rules! write_path {
                 started,
                 heads_known,
                 heads_misremembered,
+                kept,
+                gone_on,
             })
         }
 
@@ -847,6 +915,14 @@ pub struct Append<'a> {
     /// it knows from it instead of reading the store. The writer forgets it all when the
     /// write fails.
     pub known: Option<&'a std::sync::Mutex<super::KnownSequences>>,
+    /// With `known` and a `log` row, and every job born released fresh: a new job due now of
+    /// a known sequence that is not born is *kept* in memory, fresh, instead of entered held
+    /// (see [`super::KnownSequences`]). The writer turns it off for a commit an operator
+    /// command's read waits for.
+    pub keep: bool,
+    /// Sequences with kept jobs, with how many: their heads are never read from the store
+    /// (it cannot see a kept job) while their sequence is not known.
+    pub kept_sequences: Option<&'a HashMap<Seq, u32>>,
 }
 
 impl Append<'_> {
@@ -865,6 +941,15 @@ impl Append<'_> {
 }
 
 impl Append<'_> {
+    /// Of `seqs`, those whose head may be read from the store: not those with kept jobs,
+    /// which the store cannot see (in the writer's account, or dropped from its memory in
+    /// this write); they go once those jobs have their entries.
+    pub(crate) fn readable_heads(&self, mut seqs: Vec<Seq>) -> Vec<Seq> {
+        seqs.retain(|seq| !self.kept_sequences.is_some_and(|k| k.contains_key(seq)));
+        self.with_known(|known| seqs.retain(|seq| !known.dropped_kept(seq)));
+        seqs
+    }
+
     /// Whether `released`, released by this write's `release_touched`, begins its attempt
     /// here (see [`Append::begin_released`]): its sequence asked for it, there is a log row
     /// to list it, and it is due.
@@ -987,6 +1072,11 @@ pub struct Written {
     /// Of those, heads the store did not hold waiting: read again, their sequences forgotten
     /// (memory was wrong; never expected).
     pub heads_misremembered: usize,
+    /// New jobs kept (see [`Append::keep`]): fresh, listed as accepted in the log row.
+    pub kept: Vec<JobId>,
+    /// Kept jobs whose turn came, handed on from memory (in `released` or `started`): under
+    /// way from now on, still fresh.
+    pub gone_on: Vec<JobId>,
 }
 
 /// How long a bounded write ([`JobDb::append_bounded`]) may take, and until when it may

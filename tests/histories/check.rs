@@ -34,6 +34,8 @@ pub struct Tally {
     pub readiness_samples: usize,
     pub api_checked: usize,
     pub heads_remembered: u64,
+    /// Alone: ordered jobs kept in the writer's memory until their turn.
+    pub kept: u64,
     pub events: usize,
     /// Events refused (413) as too large for the Directors: none of their jobs may be stored.
     pub events_refused: usize,
@@ -130,7 +132,7 @@ pub struct Inputs<'a> {
     pub listed: Option<&'a HashSet<(JobId, u16)>>,
     /// Alone: heads the writer took from its memory of its sequences, and of those, heads
     /// the JobDB did not hold waiting (the Director's counters over its lives).
-    pub remembered: Option<(u64, u64)>,
+    pub remembered: Option<super::world::Remembered>,
     /// Alone: the subscription an operation disables for a while (its jobs must wait).
     pub held_subscription: Option<ulid::Ulid>,
     /// How many Directors deliver (each applies a subscription's caps on its own).
@@ -514,15 +516,32 @@ pub fn check(i: &Inputs) -> (Vec<Violation>, Tally) {
 
     // Alone: the writer's memory of its sequences never names a head the JobDB does not
     // hold waiting (kill -9, commands, expiry, blocks and their release all leave it right).
-    if let Some((known, wrong)) = i.remembered {
-        tally.heads_remembered = known;
-        if wrong > 0 {
+    if let Some(r) = i.remembered {
+        (tally.heads_remembered, tally.kept) = (r.heads, r.kept);
+        if r.wrong > 0 {
             v(
                 &mut out,
                 "misremembered",
                 now,
                 None,
-                format!("the writer's memory named {wrong} of {known} heads that were not held"),
+                format!(
+                    "the writer's memory named {} of {} heads that were not held",
+                    r.wrong, r.heads
+                ),
+            );
+        }
+        // Keys with several jobs waiting wait in memory (kept): with no job kept, the key
+        // order, expiry and command checks above would not have met that path at all.
+        if tally.ordered_jobs >= 100 && r.kept == 0 {
+            v(
+                &mut out,
+                "kept",
+                now,
+                None,
+                format!(
+                    "{} ordered jobs and none kept in the writer's memory: the path was not run",
+                    tally.ordered_jobs
+                ),
             );
         }
     }

@@ -134,10 +134,10 @@ pub struct World {
     pub archive: Option<Archive>,
     pub inventory: Option<Inventory>,
     pub mariadb: Option<std::sync::Mutex<PrivateMariaDb>>,
-    /// Alone: the Director's `spindle_ordered_heads_known_total` and
-    /// `spindle_ordered_heads_misremembered_total`, summed over its lives (read before each
-    /// kill -9 and at the end).
-    pub remembered: std::sync::Mutex<(u64, u64)>,
+    /// Alone: the Director's `spindle_ordered_heads_known_total`,
+    /// `spindle_ordered_heads_misremembered_total` and `spindle_ordered_kept_total`, summed
+    /// over its lives (read before each kill -9 and at the end).
+    pub remembered: std::sync::Mutex<Remembered>,
 }
 
 /// The subscriptions of bucket [`crate::histories::ops::EVENT_BUCKET`]: `all` takes
@@ -405,6 +405,17 @@ impl World {
     }
 }
 
+/// What the Director alone's writer did from memory (see [`World::remembered`]).
+#[derive(Clone, Copy, Debug, Default)]
+pub struct Remembered {
+    /// Heads it took from memory.
+    pub heads: u64,
+    /// Of those, heads the JobDB did not hold waiting.
+    pub wrong: u64,
+    /// Ordered jobs it kept in memory (no entry) until their turn.
+    pub kept: u64,
+}
+
 impl World {
     /// Alone: adds the Director's counts of heads its writer took from memory, and of those
     /// it found not held (see [`World::remembered`]), read from its `/metrics` now. A count
@@ -426,11 +437,10 @@ impl World {
         };
         let text = answer.text().await.unwrap_or_default();
         let count = |name: &str| crate::common::metric_value(&text, name) as u64;
-        let known = count("spindle_ordered_heads_known_total");
-        let wrong = count("spindle_ordered_heads_misremembered_total");
         let mut tally = self.remembered.lock().unwrap();
-        tally.0 += known;
-        tally.1 += wrong;
+        tally.heads += count("spindle_ordered_heads_known_total");
+        tally.wrong += count("spindle_ordered_heads_misremembered_total");
+        tally.kept += count("spindle_ordered_kept_total");
     }
 
     /// Alone: every attempt the JobDB's commits list as begun (`commit_log.started`), as

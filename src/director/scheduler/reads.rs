@@ -71,7 +71,7 @@ impl Scheduler {
         }
         if let Some(command) = self.commands.pop_front() {
             let (reply, barrier) = oneshot::channel();
-            if self.writer.send(WriteOp::Barrier(reply)).await.is_err() {
+            if self.writer.send(WriteOp::RestKept(reply)).await.is_err() {
                 self.commands.push_front(command);
                 return;
             }

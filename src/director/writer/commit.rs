@@ -56,20 +56,31 @@ impl Writer {
             let accepted: Vec<JobId> = batch.accepted.iter().map(|(id, _)| *id).collect();
             let mut rests = batch.rests.clone();
             let mut due = self.open.due_rests(started, self.limits.rest_after);
+            due.extend(self.open.kept_expired(now));
             if self.peers.is_some() && !bear_fresh {
-                // Another JobDB may be live: it must find every job under way in an entry
-                // before this JobDB's fresh mark is lifted.
-                let listed: HashSet<JobId> = due.iter().map(|(id, _)| *id).collect();
-                due.extend(
-                    self.open
-                        .ordered_fresh()
-                        .into_iter()
-                        .filter(|(id, _)| !listed.contains(id)),
-                );
+                // Another JobDB may be live: it must find every job under way (and every
+                // kept one) in an entry before this JobDB's fresh mark is lifted.
+                due.extend(self.open.ordered_fresh());
             }
+            if self
+                .known
+                .lock()
+                .unwrap_or_else(|poisoned| poisoned.into_inner())
+                .take_dropped_kept()
+            {
+                self.rest_kept = true;
+            }
+            if self.rest_kept {
+                // Memory of kept jobs was dropped: no head of theirs may go before they have
+                // their entries.
+                due.extend(self.open.kept_jobs());
+            }
+            let mut listed: HashSet<JobId> = rests.iter().map(|r| r.job_id).collect();
             for (job, fresh) in due {
-                let id = self.take_id();
-                rests.push(OpenRow::resting(job, id, Some(fresh)).under_way());
+                if listed.insert(job) {
+                    let id = self.take_id();
+                    rests.push(OpenRow::rest_of_fresh(job, id, fresh));
+                }
             }
             let fresh = self
                 .open
@@ -99,6 +110,8 @@ impl Writer {
                 born_with_entry: self.peers.is_some() && !bear_fresh,
                 begin_released: Some(&begins),
                 known: alone.then_some(&self.known),
+                keep: alone && bear_fresh && self.limits.keep_ordered,
+                kept_sequences: Some(self.open.kept_sequences()),
             };
             let bounds = self.limits.bounds(batch.not_after());
             let result = self.db.append_bounded(self.token, &append, &bounds).await;
@@ -152,13 +165,24 @@ impl Writer {
                 }
             };
             if committed == Committed::Yes && !known && release_touched {
-                // Jobs it bore were not told: they are the new ordered ones it left without an
-                // entry.
-                match self.born_unheard(&batch).await {
-                    Some(born) => written.released = born,
+                // Jobs it bore or kept were not told: they are the new ordered ones it left
+                // without an entry. Which were born is not known, so every one of them is
+                // taken as kept, and rests held for the sequencer to release by its turn.
+                match self.unlisted_new(&batch).await {
+                    Some(unlisted) => written.kept = unlisted,
                     None => committed = Committed::Unknown,
                 }
-                written.born = written.released.iter().map(|r| r.job.id).collect();
+            }
+            if self
+                .known
+                .lock()
+                .unwrap_or_else(|poisoned| poisoned.into_inner())
+                .take_dropped_kept()
+                || !written.kept.is_empty() && !known
+            {
+                self.rest_kept = true;
+            } else if committed == Committed::Yes {
+                self.rest_kept = false;
             }
             if committed == Committed::Unknown {
                 // Ownership was lost before the outcome could be read: producers hear that it
@@ -181,24 +205,32 @@ impl Writer {
                 if let Some(open_from) = checkpoint {
                     self.checkpoint = Some((open_from, started));
                 }
-                // Jobs born released are fresh from now on, as if accepted unordered.
+                // Jobs born released or kept are fresh from now on, as if accepted unordered.
                 let mut accepted = batch.accepted.clone();
-                if !written.born.is_empty() {
-                    let born: std::collections::HashSet<JobId> =
-                        written.born.iter().copied().collect();
-                    accepted.extend(
-                        batch
-                            .jobs
-                            .iter()
-                            .filter(|job| born.contains(&job.id))
-                            .map(|job| (job.id, Fresh::of(job))),
-                    );
+                if !written.born.is_empty() || !written.kept.is_empty() {
+                    let born: HashSet<JobId> = written.born.iter().copied().collect();
+                    let kept: HashSet<JobId> = written.kept.iter().copied().collect();
+                    accepted.extend(batch.jobs.iter().filter_map(|job| {
+                        let fresh = Fresh::of(job);
+                        match (born.contains(&job.id), kept.contains(&job.id)) {
+                            (true, _) => Some((job.id, fresh)),
+                            (_, true) => Some((
+                                job.id,
+                                Fresh {
+                                    kept: true,
+                                    ..fresh
+                                },
+                            )),
+                            _ => None,
+                        }
+                    }));
                 }
                 // Attempts begun by releases are open in this commit as the batch's own.
                 let mut starts = batch.starts.clone();
                 starts.extend(written.started.iter().map(|r| (r.job.id, r.next_attempt())));
                 self.open
                     .committed(log_id, started, &accepted, &starts, &batch.rows, &rests);
+                self.open.gone_on(&written.gone_on);
                 let (fresh, under_way) = self.open.counts();
                 self.metrics.jobs_fresh.set(fresh as i64);
                 self.metrics.attempts_under_way.set(under_way as i64);
@@ -211,7 +243,10 @@ impl Writer {
                     started: begun,
                     heads_known,
                     heads_misremembered,
+                    kept,
+                    gone_on: _,
                 } = written;
+                self.metrics.ordered_kept.inc_by(kept.len() as u64);
                 if !self.cleared.is_empty() {
                     for job in released.iter().chain(&begun) {
                         self.cleared.remove(&job.job.id);
@@ -457,9 +492,9 @@ impl Writer {
         }
     }
 
-    /// The jobs a batch whose answer was lost bore released (new ordered jobs due now, left
-    /// without an entry), as the scheduler takes them; `None` when ownership was lost first.
-    async fn born_unheard(&self, batch: &Batch) -> Option<Vec<Recovered>> {
+    /// The new ordered jobs a batch whose answer was lost left without an entry (born
+    /// released, or kept); `None` when ownership was lost first.
+    async fn unlisted_new(&self, batch: &Batch) -> Option<Vec<JobId>> {
         let new: std::collections::HashSet<JobId> = batch.jobs.iter().map(|j| j.id).collect();
         let candidates: Vec<JobId> = batch
             .rests
@@ -477,18 +512,12 @@ impl Writer {
             }
             match self.db.listed_among(&candidates).await {
                 Ok(listed) => {
-                    let candidates: std::collections::HashSet<&JobId> = candidates.iter().collect();
-                    let born = batch
-                        .jobs
-                        .iter()
-                        .filter(|job| candidates.contains(&job.id) && !listed.contains(&job.id))
-                        .map(|job| Recovered {
-                            job: job.clone(),
-                            attempts: 0,
-                            retry_at: None,
-                        })
-                        .collect();
-                    return Some(born);
+                    return Some(
+                        candidates
+                            .into_iter()
+                            .filter(|id| !listed.contains(id))
+                            .collect(),
+                    );
                 }
                 Err(err) => {
                     tracing::warn!(error = %err, "jobdb unreachable while reading a commit's entries");

@@ -90,6 +90,10 @@ pub struct WriterLimits {
     /// The most a producer's request waits for its outcome (`--write-timeout-ms`); each
     /// transaction's bounds derive from it (see [`WriterLimits::lock_wait`]).
     pub write_timeout: Duration,
+    /// A writer alone keeps a new ordered job that must wait for its turn in memory, fresh,
+    /// instead of entering it held (see [`crate::jobdb::KnownSequences`]; `--no-keep-ordered`
+    /// turns it off).
+    pub keep_ordered: bool,
 }
 
 impl WriterLimits {
@@ -143,7 +147,7 @@ async fn lift_mark(peers: &Peers, open: &OpenWork, token: u64, mark: FreshMark) 
     if mark.token > token {
         return true;
     }
-    if !open.sequences().is_empty() {
+    if !open.sequences().is_empty() || !open.kept_sequences().is_empty() {
         return false;
     }
     matches!(
@@ -161,6 +165,14 @@ fn standing(live: &[Peer], own: &str) -> (bool, Option<FreshMark>) {
         .find(|p| p.name == own)
         .and_then(|p| p.fresh_mark);
     (alone, mark)
+}
+
+/// Sleeps for `wait`, or forever when there is none.
+async fn sleep_for(wait: Option<Duration>) {
+    match wait {
+        Some(wait) => tokio::time::sleep(wait).await,
+        None => std::future::pending().await,
+    }
 }
 
 /// What a cluster writer's listing before a commit decided.
@@ -207,6 +219,9 @@ pub struct Writer {
     lock_lost: CancellationToken,
     /// What its commits left open.
     open: OpenWork,
+    /// Memory of kept jobs was dropped (a sequence forgotten, a failed write): every kept
+    /// job rests in the next commit.
+    rest_kept: bool,
     /// The checkpoint last written, and when (`None`: not yet by this writer).
     checkpoint: Option<(u64, Instant)>,
     /// Busy from a try to commit until one succeeds: what the watchdog and the intake read
@@ -250,6 +265,7 @@ impl Writer {
             metrics,
             lock_lost,
             open: OpenWork::default(),
+            rest_kept: false,
             checkpoint: None,
             progress: Progress::default(),
         }
@@ -273,14 +289,24 @@ impl Writer {
                         continue;
                     }
                 },
-                false if self.lift_pending => tokio::select! {
-                    next = self.rx.recv() => next,
-                    _ = tokio::time::sleep(RELIST_AFTER) => {
-                        self.lift_idle().await;
-                        continue;
+                false => {
+                    // A kept job rests at its expiry even while nothing comes to commit.
+                    let kept_expiry = self
+                        .open
+                        .next_kept_expiry()
+                        .map(|at| (at - Utc::now()).to_std().unwrap_or_default());
+                    tokio::select! {
+                        next = self.rx.recv() => next,
+                        _ = sleep_for(self.lift_pending.then_some(RELIST_AFTER)) => {
+                            self.lift_idle().await;
+                            continue;
+                        }
+                        _ = sleep_for(kept_expiry) => {
+                            self.rest_expired_kept().await;
+                            continue;
+                        }
                     }
-                },
-                false => self.rx.recv().await,
+                }
             };
             let Some(first) = next else { break };
             let mut batch = Batch::default();
@@ -409,16 +435,19 @@ impl Writer {
                 done,
             } => {
                 for (job, place) in jobs {
-                    let fresh = self.open.fresh(&job);
-                    if fresh.is_none() && !recovered {
-                        continue;
-                    }
                     // Numbered now, before any later barrier: a backlog page read after that
                     // barrier sees the entry.
-                    let id = self.take_id();
-                    let mut rest = OpenRow::resting(job, id, fresh);
-                    rest.place = rest.place.or(place);
-                    batch.rests.push(rest.under_way());
+                    let rest = match (self.open.fresh(&job), recovered) {
+                        (Some(fresh), _) => OpenRow::rest_of_fresh(job, self.take_id(), fresh),
+                        // A previous owner's fresh ordered job may have been under way or
+                        // kept: held, its sequence's head goes by the sequencer's first sweep.
+                        (None, true) => OpenRow {
+                            place,
+                            ..OpenRow::resting(job, self.take_id(), None)
+                        },
+                        (None, false) => continue,
+                    };
+                    batch.rests.push(rest);
                 }
                 batch.seal(Reply::Rest(done));
             }
@@ -432,6 +461,18 @@ impl Writer {
                 batch.seal(Reply::Release(expired));
             }
             WriteOp::Barrier(reply) => batch.seal(Reply::Barrier(reply, self.next_id)),
+            WriteOp::RestKept(reply) => {
+                // An operator command's read sees entries only: every kept job gets its own
+                // first (held, before the barrier's id).
+                let listed: HashSet<JobId> = batch.rests.iter().map(|r| r.job_id).collect();
+                for (job, fresh) in self.open.kept_jobs() {
+                    if !listed.contains(&job) {
+                        let id = self.take_id();
+                        batch.rests.push(OpenRow::rest_of_fresh(job, id, fresh));
+                    }
+                }
+                batch.seal(Reply::Barrier(reply, self.next_id));
+            }
         }
     }
 
@@ -563,6 +604,17 @@ impl Writer {
             (true, _) | (false, None) => false,
             (false, Some(mark)) => !lift_mark(peers, &self.open, self.token, mark).await,
         };
+    }
+
+    /// Rests the kept jobs whose expiry passed (held: the sequencer's expiry pass ends them).
+    async fn rest_expired_kept(&mut self) {
+        let mut batch = Batch::default();
+        for (job, fresh) in self.open.kept_expired(Utc::now()) {
+            let id = self.take_id();
+            batch.rests.push(OpenRow::rest_of_fresh(job, id, fresh));
+        }
+        batch.seal(Reply::Rest(None));
+        self.commit(batch).await;
     }
 
     fn take_id(&mut self) -> u64 {

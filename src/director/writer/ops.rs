@@ -220,4 +220,7 @@ pub enum WriteOp {
     /// after it: a read whose snapshot starts later sees every earlier row, and rows with
     /// lower ids are all the writes that came before it.
     Barrier(oneshot::Sender<u64>),
+    /// A [`WriteOp::Barrier`] before which every kept ordered job gets its held entry: what an
+    /// operator command's read of the JobDB waits for (kept jobs have no entry to find).
+    RestKept(oneshot::Sender<u64>),
 }
