@@ -11,8 +11,10 @@
 //!   goes in the commit that ends it, its attempt begun there too when the lane could take
 //!   it (*begun on release*): the key-order, one-end and nothing-early checks hold that path,
 //!   and `unlisted` checks that every request that arrived was listed as begun by a commit
-//!   of the JobDB. The writer takes the heads of sequences it knows from memory:
-//!   `misremembered` checks it never named one the JobDB did not hold waiting, and
+//!   of the JobDB. The writer takes the heads of sequences it knows from memory, and keeps
+//!   a key's waiting jobs there too (*kept*: fresh, no entry, until their turn or a rest):
+//!   `misremembered` checks it never named one the JobDB did not hold waiting, `kept` that
+//!   the path ran at all (the key-order, expiry and command checks then cover it), and
 //!   `block-held` (both worlds) that a blocked key waits for the operator. The Director has
 //!   a control database: a publisher sends events to two subscriptions (one takes every
 //!   type, one `hist.created` only, and an operation disables it for a while);

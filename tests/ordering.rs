@@ -603,7 +603,7 @@ async fn alone_each_job_of_a_key_begins_in_the_commit_that_ends_the_one_before(e
     let jobs: Vec<Value> = (0..JOBS)
         .map(|i| ordered(&url, "one", i, json!({})))
         .collect();
-    // One request: the first job is born released, the others wait held behind it.
+    // One request: the first job is born released, the others wait behind it (kept).
     let reply = rig.submit(jobs).await;
     let place: HashMap<String, (String, usize)> = reply
         .jobs

@@ -917,11 +917,11 @@ pub struct Append<'a> {
     pub known: Option<&'a std::sync::Mutex<super::KnownSequences>>,
     /// With `known` and a `log` row, and every job born released fresh: a new job due now of
     /// a known sequence that is not born is *kept* in memory, fresh, instead of entered held
-    /// (see [`super::KnownSequences`]). The writer turns it off for a commit an operator
-    /// command's read waits for.
+    /// (see [`super::KnownSequences`]). The writer sets it while alone and bearing fresh
+    /// jobs, unless `--no-keep-ordered`.
     pub keep: bool,
-    /// Sequences with kept jobs, with how many: their heads are never read from the store
-    /// (it cannot see a kept job) while their sequence is not known.
+    /// Sequences with kept jobs, with how many: their heads are never read from the store,
+    /// which cannot see a kept job (see [`Append::readable_heads`]).
     pub kept_sequences: Option<&'a HashMap<Seq, u32>>,
 }
 

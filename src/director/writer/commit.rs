@@ -14,7 +14,7 @@ use super::batch::{Batch, Reply};
 use super::{Accepted, Alone, Ticket, WriteRejected, Writer};
 use crate::director::scheduler::Event;
 use crate::job::{AttemptStart, Job, JobId, Recovered, Transition};
-use crate::jobdb::{Append, CommitLog, Fresh, JobDbError, OpenRow, Stalled, Written};
+use crate::jobdb::{Append, CommitLog, Fresh, JobDbError, Stalled, Written};
 
 /// How often the checkpoint is written (at most): a new owner reads at most this much more of
 /// `commit_log` than it must.
@@ -62,26 +62,13 @@ impl Writer {
                 // kept one) in an entry before this JobDB's fresh mark is lifted.
                 due.extend(self.open.ordered_fresh());
             }
-            if self
-                .known
-                .lock()
-                .unwrap_or_else(|poisoned| poisoned.into_inner())
-                .take_dropped_kept()
-            {
-                self.rest_kept = true;
-            }
+            self.rest_kept |= self.dropped_kept();
             if self.rest_kept {
                 // Memory of kept jobs was dropped: no head of theirs may go before they have
                 // their entries.
                 due.extend(self.open.kept_jobs());
             }
-            let mut listed: HashSet<JobId> = rests.iter().map(|r| r.job_id).collect();
-            for (job, fresh) in due {
-                if listed.insert(job) {
-                    let id = self.take_id();
-                    rests.push(OpenRow::rest_of_fresh(job, id, fresh));
-                }
-            }
+            self.rest_fresh(&mut rests, due);
             let fresh = self
                 .open
                 .fresh_among(batch.rows.iter().map(|(_, t)| &t.job_id));
@@ -173,13 +160,9 @@ impl Writer {
                     None => committed = Committed::Unknown,
                 }
             }
-            if self
-                .known
-                .lock()
-                .unwrap_or_else(|poisoned| poisoned.into_inner())
-                .take_dropped_kept()
-                || !written.kept.is_empty() && !known
-            {
+            // Kept jobs rest in the next commit if memory dropped some, or if this one's
+            // were not told; once a commit rested them, no more.
+            if self.dropped_kept() || (!known && !written.kept.is_empty()) {
                 self.rest_kept = true;
             } else if committed == Committed::Yes {
                 self.rest_kept = false;
@@ -490,6 +473,15 @@ impl Writer {
                 }
             }
         }
+    }
+
+    /// Whether memory dropped kept jobs since the last ask (see
+    /// [`crate::jobdb::KnownSequences::take_dropped_kept`]).
+    fn dropped_kept(&self) -> bool {
+        self.known
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+            .take_dropped_kept()
     }
 
     /// The new ordered jobs a batch whose answer was lost left without an entry (born

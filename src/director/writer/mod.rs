@@ -464,13 +464,8 @@ impl Writer {
             WriteOp::RestKept(reply) => {
                 // An operator command's read sees entries only: every kept job gets its own
                 // first (held, before the barrier's id).
-                let listed: HashSet<JobId> = batch.rests.iter().map(|r| r.job_id).collect();
-                for (job, fresh) in self.open.kept_jobs() {
-                    if !listed.contains(&job) {
-                        let id = self.take_id();
-                        batch.rests.push(OpenRow::rest_of_fresh(job, id, fresh));
-                    }
-                }
+                let kept = self.open.kept_jobs();
+                self.rest_fresh(&mut batch.rests, kept);
                 batch.seal(Reply::Barrier(reply, self.next_id));
             }
         }
@@ -609,12 +604,22 @@ impl Writer {
     /// Rests the kept jobs whose expiry passed (held: the sequencer's expiry pass ends them).
     async fn rest_expired_kept(&mut self) {
         let mut batch = Batch::default();
-        for (job, fresh) in self.open.kept_expired(Utc::now()) {
-            let id = self.take_id();
-            batch.rests.push(OpenRow::rest_of_fresh(job, id, fresh));
-        }
+        let expired = self.open.kept_expired(Utc::now());
+        self.rest_fresh(&mut batch.rests, expired);
         batch.seal(Reply::Rest(None));
         self.commit(batch).await;
+    }
+
+    /// Adds to `rests` the entry of each fresh job of `jobs` that has none there yet (see
+    /// [`OpenRow::rest_of_fresh`]), numbered now.
+    fn rest_fresh(&mut self, rests: &mut Vec<OpenRow>, jobs: Vec<(JobId, Fresh)>) {
+        let mut listed: HashSet<JobId> = rests.iter().map(|r| r.job_id).collect();
+        for (job, fresh) in jobs {
+            if listed.insert(job) {
+                let id = self.take_id();
+                rests.push(OpenRow::rest_of_fresh(job, id, fresh));
+            }
+        }
     }
 
     fn take_id(&mut self) -> u64 {
