@@ -227,6 +227,12 @@ async fn every_documented_statement_runs_and_finds_its_rows() {
             let waiting: i64 = rows[0].try_get("waiting").unwrap();
             assert_eq!(waiting, 0);
         }
+        if sql.contains("open_work") && sql.contains("'order-1234'") {
+            // The blocked key's waiting job, with or without its entry.
+            assert_eq!(rows.len(), 1, "the key's one open job");
+            let job: String = rows[0].try_get("job").unwrap();
+            assert_eq!(job, ordered[1].parse::<JobId>().unwrap().to_hex());
+        }
         if sql.contains("DELETE FROM ordering_blocked") {
             // Both reads found the waiting job and the block; the release lets it go.
             assert_eq!(rows.len(), 2, "the waiting job, and the blocked key");

@@ -478,10 +478,11 @@ impl JobDb {
             .fetch_one(p)
             .await?;
             let mut conn = p.acquire().await?;
-            let oldest = match seqs.is_empty() {
-                true => HashMap::new(),
-                false => q::sequence_oldest(&mut conn, &seqs, false).await?,
-            };
+            let mut oldest = HashMap::new();
+            // Each list is bound twice.
+            for chunk in seqs.chunks(super::MAX_IDS_PER_SELECT / 2) {
+                oldest.extend(q::sequence_oldest(&mut conn, chunk, false).await?);
+            }
             let mut scheduled = std::collections::HashSet::new();
             if !seqs.is_empty() {
                 for row in &sqlx::query(scheduled_heads!())
