@@ -868,8 +868,9 @@ async fn a_commit_without_an_answer_is_settled_before_it_is_read() {
 /// A Director alone whose COMMIT stores a key's first job *born released* (fresh: no
 /// `open_jobs` entry, handed to its scheduler only from what the write answered) and whose
 /// answer is lost: once it has read that the commit happened, it reads which of the batch's
-/// new ordered jobs have no entry (those it bore) and delivers them, and the key's later jobs
-/// follow in order, each once.
+/// new ordered jobs have no entry (born or kept: it cannot tell which), gives them held
+/// entries at once (nothing else comes to commit), and its sequencer releases them by
+/// position: the key's jobs are delivered in order, each once.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_lost_commit_answer_still_delivers_the_ordered_jobs_it_bore() {
     let mariadb = tokio::task::block_in_place(PrivateMariaDb::start);

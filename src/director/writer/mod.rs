@@ -290,19 +290,23 @@ impl Writer {
                     }
                 },
                 false => {
-                    // A kept job rests at its expiry even while nothing comes to commit.
-                    let kept_expiry = self
-                        .open
-                        .next_kept_expiry()
-                        .map(|at| (at - Utc::now()).to_std().unwrap_or_default());
+                    // A kept job rests at its expiry, or at once when memory of it was
+                    // dropped, even while nothing comes to commit.
+                    let kept_due = match self.rest_kept {
+                        true => self.open.next_kept_expiry().map(|_| Duration::ZERO),
+                        false => self
+                            .open
+                            .next_kept_expiry()
+                            .map(|at| (at - Utc::now()).to_std().unwrap_or_default()),
+                    };
                     tokio::select! {
                         next = self.rx.recv() => next,
                         _ = sleep_for(self.lift_pending.then_some(RELIST_AFTER)) => {
                             self.lift_idle().await;
                             continue;
                         }
-                        _ = sleep_for(kept_expiry) => {
-                            self.rest_expired_kept().await;
+                        _ = sleep_for(kept_due) => {
+                            self.rest_due_kept().await;
                             continue;
                         }
                     }
@@ -601,11 +605,16 @@ impl Writer {
         };
     }
 
-    /// Rests the kept jobs whose expiry passed (held: the sequencer's expiry pass ends them).
-    async fn rest_expired_kept(&mut self) {
+    /// Rests the kept jobs whose expiry passed (held: the sequencer's expiry pass ends them),
+    /// or every kept job when memory of some was dropped (the sequencer's sweep then
+    /// releases their heads).
+    async fn rest_due_kept(&mut self) {
         let mut batch = Batch::default();
-        let expired = self.open.kept_expired(Utc::now());
-        self.rest_fresh(&mut batch.rests, expired);
+        let due = match self.rest_kept {
+            true => self.open.kept_jobs(),
+            false => self.open.kept_expired(Utc::now()),
+        };
+        self.rest_fresh(&mut batch.rests, due);
         batch.seal(Reply::Rest(None));
         self.commit(batch).await;
     }
