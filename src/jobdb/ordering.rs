@@ -92,6 +92,9 @@ pub(crate) struct Arrivals {
     /// Sequences read with no entry and no block (what a writer's memory may learn, see
     /// [`super::KnownSequences`]).
     pub(crate) empty: Vec<Seq>,
+    /// The write's new jobs without a row of their own: those that may be fresh (born or
+    /// kept). Read only for a write with ordered entries and a log row.
+    pub(crate) new: std::collections::HashSet<JobId>,
 }
 
 /// Sequences a row of `ordering_blocked` stops: the caller adds which sequences.
@@ -318,6 +321,7 @@ macro_rules! ordering_sql {
                 })
                 .map(|(seq, (_, id, _))| (seq, id))
                 .collect();
+            arrivals.new = new;
             Ok(arrivals)
         }
 

@@ -49,10 +49,14 @@ pub(crate) fn events_of(jobs: &[Arc<Job>]) -> Vec<&Job> {
 }
 
 /// Takes out of `open` the new ordered jobs this write keeps (see [`Append::keep`]) and
-/// returns them: each due now (no row of its own, not scheduled), not born (born ones left
-/// `open` already), of a sequence the writer knows (so something goes before it), while
-/// memory has room.
-pub(crate) fn keep_new(append: &Append<'_>, open: &mut Vec<OpenRow>) -> Vec<JobId> {
+/// returns them: each among `new` (no row of its own: see `Arrivals::new`), due now, not
+/// born (born ones left `open` already), of a sequence the writer knows (so something goes
+/// before it), while memory has room.
+pub(crate) fn keep_new(
+    append: &Append<'_>,
+    new: &HashSet<JobId>,
+    open: &mut Vec<OpenRow>,
+) -> Vec<JobId> {
     let mut kept = Vec::new();
     let may = append.keep
         && append.release_touched
@@ -62,11 +66,10 @@ pub(crate) fn keep_new(append: &Append<'_>, open: &mut Vec<OpenRow>) -> Vec<JobI
     if !may || !open.iter().any(|o| o.place.is_some() && !o.released) {
         return kept;
     }
-    let with_row: HashSet<JobId> = append.transitions.iter().map(|(_, t)| t.job_id).collect();
     let new: HashMap<JobId, &Arc<Job>> = append
         .jobs
         .iter()
-        .filter(|job| job.ordering.is_some() && !with_row.contains(&job.id))
+        .filter(|job| job.ordering.is_some() && new.contains(&job.id))
         .map(|job| (job.id, job))
         .collect();
     append.with_known(|known| {
@@ -327,7 +330,7 @@ macro_rules! write_path {
                     },
                 ));
             }
-            let kept = $crate::jobdb::write::keep_new(append, &mut changes.open);
+            let kept = $crate::jobdb::write::keep_new(append, &arrivals.new, &mut changes.open);
             for chunk in changes.open.chunks(MAX_ROWS_PER_INSERT) {
                 upsert_open_jobs(chunk).build().execute(&mut **tx).await?;
             }

@@ -56,18 +56,15 @@ impl Writer {
             let accepted: Vec<JobId> = batch.accepted.iter().map(|(id, _)| *id).collect();
             let mut rests = batch.rests.clone();
             let mut due = self.open.due_rests(started, self.limits.rest_after);
-            due.extend(self.open.kept_expired(now));
             if self.peers.is_some() && !bear_fresh {
                 // Another JobDB may be live: it must find every job under way (and every
                 // kept one) in an entry before this JobDB's fresh mark is lifted.
                 due.extend(self.open.ordered_fresh());
             }
+            // Memory of kept jobs dropped: no head of theirs may go before they have their
+            // entries.
             self.rest_kept |= self.dropped_kept();
-            if self.rest_kept {
-                // Memory of kept jobs was dropped: no head of theirs may go before they have
-                // their entries.
-                due.extend(self.open.kept_jobs());
-            }
+            due.extend(self.kept_due(now));
             self.rest_fresh(&mut rests, due);
             let fresh = self
                 .open

@@ -292,13 +292,10 @@ impl Writer {
                 false => {
                     // A kept job rests at its expiry, or at once when memory of it was
                     // dropped, even while nothing comes to commit.
-                    let kept_due = match self.rest_kept {
-                        true => self.open.next_kept_expiry().map(|_| Duration::ZERO),
-                        false => self
-                            .open
-                            .next_kept_expiry()
-                            .map(|at| (at - Utc::now()).to_std().unwrap_or_default()),
-                    };
+                    let kept_due = self.open.next_kept_expiry().map(|at| match self.rest_kept {
+                        true => Duration::ZERO,
+                        false => (at - Utc::now()).to_std().unwrap_or_default(),
+                    });
                     tokio::select! {
                         next = self.rx.recv() => next,
                         _ = sleep_for(self.lift_pending.then_some(RELIST_AFTER)) => {
@@ -610,13 +607,19 @@ impl Writer {
     /// releases their heads).
     async fn rest_due_kept(&mut self) {
         let mut batch = Batch::default();
-        let due = match self.rest_kept {
-            true => self.open.kept_jobs(),
-            false => self.open.kept_expired(Utc::now()),
-        };
+        let due = self.kept_due(Utc::now());
         self.rest_fresh(&mut batch.rests, due);
         batch.seal(Reply::Rest(None));
         self.commit(batch).await;
+    }
+
+    /// The kept jobs that rest now: those expired by `now`, or every one when memory of some
+    /// was dropped.
+    fn kept_due(&self, now: DateTime<Utc>) -> Vec<(JobId, Fresh)> {
+        match self.rest_kept {
+            true => self.open.kept_jobs(),
+            false => self.open.kept_expired(now),
+        }
     }
 
     /// Adds to `rests` the entry of each fresh job of `jobs` that has none there yet (see
