@@ -113,28 +113,28 @@ pub struct Metrics {
     pub notices_written: Counter,
     /// Ordered jobs released: their turn in their sequence came.
     pub ordered_released: Counter,
-    /// Of those, jobs released in the commit that stored them (alone, their sequence empty).
+    /// Of those, jobs released in the commit that stored them (their sequence had nothing
+    /// before them).
     pub ordered_born: Counter,
-    /// Ordered jobs kept: stored waiting for their turn in the writer's memory, without an
+    /// Ordered jobs kept: stored waiting for their turn in the writer's book, without an
     /// `open_jobs` entry.
     pub ordered_kept: Counter,
-    /// Of those, jobs whose attempt began in the commit that released them (alone, offered
-    /// by the scheduler when the job before them ended).
+    /// Of those, jobs whose attempt began in the commit that released them (offered by the
+    /// scheduler when the job before them ended).
     pub ordered_begun_on_release: Counter,
-    /// Heads a commit took from the writer's memory of its sequences, not read.
-    pub ordered_heads_known: Counter,
+    /// Ordered jobs the writer's book holds (waiting or under way).
+    pub ordered_booked: Gauge,
+    /// Sequences spilled to the store: the book had no room for them.
+    pub ordered_spilled: Counter,
     /// Events published here (`POST /v1/events`), whether or not a subscription matched.
     pub events_published: Counter,
     /// Jobs those events made (one per matching subscription).
     pub event_jobs: Counter,
-    /// Of those, heads the JobDB did not hold waiting (memory was wrong; read instead).
+    /// Heads the book held waiting that the JobDB did not (something changed its entries
+    /// behind the writer: expect 0).
     pub ordered_heads_misremembered: Counter,
     /// Ordered jobs whose release waits for an older job of their sequence in another JobDB.
     pub ordered_waiting_elsewhere: Gauge,
-    /// 1 while the writer's last commit found no other live JobDB (it released in itself).
-    pub ordered_alone: Gauge,
-    /// 1 while a cluster writer's commits bear ordered jobs fresh under its JobDB's fresh mark.
-    pub ordered_fresh_marked: Gauge,
     /// Sequences of new ordered jobs the intake's survey of the other JobDBs cleared.
     pub ordered_cleared_at_intake: Counter,
     /// Ordered heads released without reading the other JobDBs: an earlier complete read
@@ -283,14 +283,14 @@ impl Default for Metrics {
         registry.register(
             "ordered_born",
             "Ordered jobs released in the commit that stored them: their sequence had no open \
-             job and no block here, and no other JobDB was live",
+             job and no block here (and, in a cluster, the intake cleared them)",
             ordered_born.clone(),
         );
         let ordered_kept = Counter::default();
         registry.register(
             "ordered_kept",
-            "Ordered jobs kept: stored to wait for their turn in the writer's memory (alone, \
-             their sequence known), with no open_jobs entry unless they rest",
+            "Ordered jobs kept: stored to wait for their turn in the writer's book (a Director \
+             without peers), with no open_jobs entry unless they rest",
             ordered_kept.clone(),
         );
         let ordered_begun_on_release = Counter::default();
@@ -312,18 +312,24 @@ impl Default for Metrics {
             "Jobs made by published events: one per matching subscription",
             event_jobs.clone(),
         );
-        let ordered_heads_known = Counter::default();
+        let ordered_booked = Gauge::default();
         registry.register(
-            "ordered_heads_known",
-            "Sequences whose next job a commit released from what the writer knows of their \
-             entries, without reading them (a Director alone)",
-            ordered_heads_known.clone(),
+            "ordered_booked",
+            "Ordered jobs the writer's book of sequences holds, waiting or under way",
+            ordered_booked.clone(),
+        );
+        let ordered_spilled = Counter::default();
+        registry.register(
+            "ordered_spilled",
+            "Sequences spilled to the store: the writer's book had no room for them \
+             (--ordered-book-jobs), so the sequencer moves them",
+            ordered_spilled.clone(),
         );
         let ordered_heads_misremembered = Counter::default();
         registry.register(
             "ordered_heads_misremembered",
-            "Of those, heads the JobDB did not hold waiting: read from it instead, their \
-             sequences forgotten (something changed its entries behind the writer; expect 0)",
+            "Heads the writer's book held waiting that the JobDB did not: the book let them go \
+             (something changed the JobDB's entries behind the writer; expect 0)",
             ordered_heads_misremembered.clone(),
         );
         let ordered_waiting_elsewhere = Gauge::default();
@@ -331,20 +337,6 @@ impl Default for Metrics {
             "ordered_waiting_elsewhere",
             "Sequences whose next job waits for an older job of theirs in another JobDB",
             ordered_waiting_elsewhere.clone(),
-        );
-        let ordered_alone = Gauge::default();
-        registry.register(
-            "ordered_alone",
-            "1 while the last commit found no other live JobDB and released the next jobs of \
-             its sequences in itself (always 1 for a Director without peers once it commits)",
-            ordered_alone.clone(),
-        );
-        let ordered_fresh_marked = Gauge::default();
-        registry.register(
-            "ordered_fresh_marked",
-            "1 while this Director is a cluster's only live JobDB and, under its JobDB's fresh \
-             mark, bears new ordered jobs without an entry",
-            ordered_fresh_marked.clone(),
         );
         let ordered_cleared_at_intake = Counter::default();
         registry.register(
@@ -633,13 +625,12 @@ impl Default for Metrics {
             ordered_born,
             ordered_kept,
             ordered_begun_on_release,
-            ordered_heads_known,
+            ordered_booked,
+            ordered_spilled,
             events_published,
             event_jobs,
             ordered_heads_misremembered,
             ordered_waiting_elsewhere,
-            ordered_alone,
-            ordered_fresh_marked,
             ordered_cleared_at_intake,
             ordered_cleared,
             ordered_survey_failures,

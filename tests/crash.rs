@@ -346,7 +346,7 @@ async fn a_kill_9_keeps_a_job_born_released_ahead_of_its_key(engine: Engine) {
         .collect();
     let reader = db.open().await;
     assert!(
-        reader.listed_among(&ids).await.unwrap().is_empty(),
+        reader.ordered_entries().await.unwrap().is_empty(),
         "the first job is under way and the later two are kept: none has an entry"
     );
     let unlisted = reader.load_stranded().await.unwrap().unlisted;

@@ -239,7 +239,7 @@ async fn every_documented_statement_runs_and_finds_its_rows() {
             let waiting: String = rows[0].try_get("job").unwrap();
             assert_eq!(waiting, ordered[1].parse::<JobId>().unwrap().to_hex());
             wait_for(
-                spindle::director::sequencer::SWEEP_EVERY * 2,
+                spindle::director::ordering::sequencer::SWEEP_EVERY * 2,
                 "the released key's next job delivered",
                 || async { rig.sink.per_job().get(&ordered[1]) == Some(&1) },
             )

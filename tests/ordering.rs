@@ -165,7 +165,10 @@ async fn a_blocking_failure_holds_its_key_until_an_operator_releases_it(engine: 
     rig.wait_in_state(State::Succeeded, 1, Duration::from_secs(30))
         .await;
     // Longer than a sweep: nothing releases a blocked key by itself.
-    tokio::time::sleep(spindle::director::sequencer::SWEEP_EVERY + Duration::from_secs(1)).await;
+    tokio::time::sleep(
+        spindle::director::ordering::sequencer::SWEEP_EVERY + Duration::from_secs(1),
+    )
+    .await;
     let per_job = rig.sink.per_job();
     assert_eq!(
         per_job.get(&ids[4]),
@@ -225,7 +228,7 @@ async fn an_expired_job_lets_its_key_go_at_once_and_a_held_one_expires_on_time(e
     let took = submitted.elapsed();
     // The first job expires at 3 s; the next goes within a sweep of it, not later.
     assert!(
-        took < Duration::from_millis(3000) + spindle::director::sequencer::SWEEP_EVERY,
+        took < Duration::from_millis(3000) + spindle::director::ordering::sequencer::SWEEP_EVERY,
         "the key went on {took:?} after submission"
     );
     let per_job = rig.sink.per_job();
@@ -246,7 +249,7 @@ async fn an_expired_job_lets_its_key_go_at_once_and_a_held_one_expires_on_time(e
     let expiry = reply.jobs[1].expire_at.unwrap();
     let late = (held_end - expiry).to_std().unwrap_or_default();
     assert!(
-        late < spindle::director::sequencer::SWEEP_EVERY,
+        late < spindle::director::ordering::sequencer::SWEEP_EVERY,
         "a held job expired {late:?} after its expiry"
     );
     assert_eq!(
@@ -304,7 +307,10 @@ async fn an_operator_flush_or_discard_of_a_held_job_ends_it_and_never_blocks_its
     )
     .await;
     // Longer than a sweep: nothing skipped is sent later.
-    tokio::time::sleep(spindle::director::sequencer::SWEEP_EVERY + Duration::from_secs(1)).await;
+    tokio::time::sleep(
+        spindle::director::ordering::sequencer::SWEEP_EVERY + Duration::from_secs(1),
+    )
+    .await;
     let per_job = rig.sink.per_job();
     assert!(
         !per_job.contains_key(&ids[1]) && !per_job.contains_key(&ids[2]),
@@ -348,7 +354,7 @@ async fn an_operator_flush_or_discard_of_a_held_job_ends_it_and_never_blocks_its
 /// Only keys with jobs accepted since wait, and go as soon as it can be read again.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_unreadable_peer_jobdb_stops_only_the_jobs_accepted_since_it_was_read() {
-    use spindle::director::sequencer::{Peer, Peers};
+    use spindle::director::ordering::survey::{Peer, Peers};
     use std::sync::{Arc, Mutex};
     let peer = TestDb::new("peer");
     JobDb::open(&peer.url, true, 1).await.unwrap().close().await;
@@ -363,13 +369,11 @@ async fn an_unreadable_peer_jobdb_stops_only_the_jobs_accepted_since_it_was_read
             name: "peer".into(),
             leaving: false,
             url: peer.url.clone(),
-            fresh_mark: None,
         },
         Peer {
             name: "peer7".into(),
             leaving: true,
             url: old.url.clone(),
-            fresh_mark: None,
         },
     ]));
     let peers = {
@@ -408,7 +412,6 @@ async fn an_unreadable_peer_jobdb_stops_only_the_jobs_accepted_since_it_was_read
         name: "gone".into(),
         leaving: false,
         url: dead,
-        fresh_mark: None,
     });
     let b: Vec<Value> = (0..2).map(|i| ordered(&url, "b", i, json!({}))).collect();
     let b_ids: Vec<String> = rig.submit(b).await.jobs.into_iter().map(|j| j.id).collect();
@@ -432,7 +435,7 @@ async fn an_unreadable_peer_jobdb_stops_only_the_jobs_accepted_since_it_was_read
 /// but it is read afresh once migrated: a key's job accepted there first is not overtaken.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_peer_read_before_its_migration_is_read_again_after_it() {
-    use spindle::director::sequencer::{Peer, Peers};
+    use spindle::director::ordering::survey::{Peer, Peers};
     use spindle::job::{Job, JobId, OrderedKey, RetryPolicy, Transition};
     use spindle::jobdb::Append;
     use std::sync::Arc;
@@ -449,7 +452,6 @@ async fn a_peer_read_before_its_migration_is_read_again_after_it() {
         name: "peermig".into(),
         leaving: false,
         url: old.url.clone(),
-        fresh_mark: None,
     }];
     let peers = Peers::new(move || {
         let list = listed.clone();

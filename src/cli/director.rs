@@ -57,11 +57,11 @@ pub struct DirectorArgs {
     /// backlog; shorter leaves less of `commit_log` for a new owner to read.
     #[arg(long, env = "SPINDLE_REST_AFTER_MS", default_value_t = 30_000)]
     pub rest_after_ms: u64,
-    /// Enter every ordered job that waits for its turn held in `open_jobs` at once, instead of
-    /// keeping it in the writer's memory until its turn (alone only; see docs/architecture.md,
-    /// "kept"): more rows per ordered job, and every waiting job visible to SQL at once.
-    #[arg(long, env = "SPINDLE_NO_KEEP_ORDERED")]
-    pub no_keep_ordered: bool,
+    /// Most ordered jobs the writer's book of sequences holds (about 120 bytes each, plus the
+    /// bodies of kept jobs, at most 64 MiB); past it a sequence spills: the store alone holds
+    /// it, and its jobs go by the sequencer's reads (see docs/architecture.md, "Ordered keys").
+    #[arg(long, env = "SPINDLE_ORDERED_BOOK_JOBS", default_value_t = crate::director::ordering::DEFAULT_BOOK_LIMIT)]
+    pub ordered_book_jobs: usize,
     /// Longest delay between two attempts of a job, in ms.
     #[arg(long, env = "SPINDLE_BACKOFF_CAP_MS", default_value_t = 3_600_000)]
     pub backoff_cap_ms: u64,
@@ -253,7 +253,7 @@ impl DirectorArgs {
         config.scheduler.per_endpoint = self.endpoint_concurrency;
         config.scheduler.start_window = self.start_window;
         config.writer.rest_after = Duration::from_millis(self.rest_after_ms);
-        config.writer.keep_ordered = !self.no_keep_ordered;
+        config.book_limit = self.ordered_book_jobs.max(1);
         config.scheduler.backoff_cap = Duration::from_millis(self.backoff_cap_ms);
         config.scheduler.max_attempts = self.max_attempts;
         config.scheduler.min_retry_delay = Duration::from_millis(self.min_retry_delay_ms);

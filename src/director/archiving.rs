@@ -8,7 +8,7 @@ use tokio::sync::{mpsc, oneshot};
 use tokio_util::sync::CancellationToken;
 use ulid::Ulid;
 
-use super::writer::WriteOp;
+use super::mailbox::WriteOp;
 use crate::archive::BatchKind;
 use crate::archiver::{Archiver, ArchiverError, Recorder, MAX_BATCH_JOBS};
 use crate::job::{JobId, State, Transition};

@@ -15,7 +15,7 @@ use std::time::Duration;
 use rand::Rng;
 use tokio_util::sync::CancellationToken;
 
-use super::sequencer::MarkChange;
+use super::ordering::survey::{Peer, Peers};
 use super::{start_owned, Director, DirectorConfig, DirectorError};
 use crate::metrics::Metrics;
 use crate::registry::catalog;
@@ -230,10 +230,9 @@ async fn retire_requested(inventory: &Inventory, name: &str, every: Duration) {
 }
 
 /// The live JobDBs of the inventory (active, retiring, draining): where older jobs of an
-/// ordered sequence may sit; and `own`'s fresh mark.
-fn peers_of(inventory: Inventory, own: String) -> super::sequencer::Peers {
-    let marks = inventory.clone();
-    super::sequencer::Peers::new(move || {
+/// ordered sequence may sit.
+fn peers_of(inventory: Inventory) -> Peers {
+    Peers::new(move || {
         let inventory = inventory.clone();
         Box::pin(async move {
             let listed = inventory.list().await.map_err(|e| e.to_string())?;
@@ -245,24 +244,13 @@ fn peers_of(inventory: Inventory, own: String) -> super::sequencer::Peers {
                     _ => continue,
                 };
                 let url = inventory.jobdb_url(&l.record).map_err(|e| e.to_string())?;
-                peers.push(super::sequencer::Peer {
+                peers.push(Peer {
                     name: l.record.name,
                     leaving,
                     url,
-                    fresh_mark: l.fresh_mark,
                 });
             }
             Ok(peers)
-        })
-    })
-    .with_mark(move |change| {
-        let (inventory, own) = (marks.clone(), own.clone());
-        Box::pin(async move {
-            match change {
-                MarkChange::Set(token) => inventory.set_fresh_mark(&own, token).await,
-                MarkChange::Clear(mark) => inventory.clear_fresh_mark(&own, mark).await,
-            }
-            .map_err(|e| e.to_string())
         })
     })
 }
@@ -288,7 +276,7 @@ async fn start_on(
     };
     instance.create_database = false;
     instance.controls = Some(inventory.client().clone());
-    instance.peers = Some(peers_of(inventory.clone(), name.clone()));
+    instance.peers = Some(peers_of(inventory.clone()));
     let std_listener = match listener.try_clone() {
         Ok(l) => l,
         Err(e) => {

@@ -10,7 +10,7 @@ use std::time::Duration;
 use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 
-use super::scheduler::Event;
+use super::mailbox::Event;
 use crate::jobdb::JobDb;
 use crate::registry::consul::ConsulClient;
 use crate::registry::controls;

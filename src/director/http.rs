@@ -19,8 +19,8 @@ use tokio::sync::{mpsc, oneshot};
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
+use super::mailbox::{Accepted, Ticket, WriteOp, WriteRejected};
 use super::supervise::{Progress, Readiness};
-use super::writer::{Accepted, Ticket, WriteOp, WriteRejected};
 use crate::events::http::SubscriptionApi;
 use crate::job::{JobId, Recovered};
 use crate::jobdb::JobDb;
@@ -54,7 +54,7 @@ pub struct RpcState {
     /// Job id generator: monotonic within a millisecond, so ids keep submission order.
     pub ids: Arc<Mutex<ulid::Generator>>,
     /// Positions of the ordered jobs this Director accepts (a key's order).
-    pub positions: Arc<crate::director::sequencer::Positions>,
+    pub positions: Arc<crate::director::ordering::Positions>,
     /// Known API tokens; `None` leaves the API open (a warning is logged at start).
     pub auth: Option<Arc<auth::TokenStore>>,
     /// Job ids of the imports in progress (requests sharing an id run one at a time).
@@ -66,7 +66,7 @@ pub struct RpcState {
     /// The delivery address guard (a subscription's URL it blocks is refused).
     pub policy: Arc<crate::delivery::guard::AddressPolicy>,
     /// In a cluster, the intake's clearance of new ordered jobs against the other live JobDBs.
-    pub clearance: Option<crate::director::sequencer::Clearance>,
+    pub clearance: Option<crate::director::ordering::survey::Clearance>,
     /// Held by a back-fill from its look for the events that have their job to its store:
     /// two back-fills of one subscription cannot both find an event without one.
     pub backfills: Arc<tokio::sync::Mutex<()>>,

@@ -5,8 +5,10 @@
 //! bump the fencing token, recover every unfinished job, then serve RPC.
 //!
 //! Running, three tasks cooperate through channels: RPC handlers and the scheduler send work to
-//! the [`writer`] (the only JobDB writer, group commit), which hands durable jobs to the
-//! [`scheduler`] (cache, lanes, timers), which starts deliveries.
+//! the [`writer`] (the only JobDB writer, group commit; what they send is [`mailbox`]'s),
+//! which hands durable jobs to the [`scheduler`] (cache, lanes, timers), which starts
+//! deliveries. Which ordered job may go is the [`ordering`] part's to decide: the writer asks
+//! it for each write's plan, and its sequencer task moves what the writer's commits cannot.
 //!
 //! Shutdown (SIGTERM, or lock loss): stop intake, let RPC requests in progress finish, stop
 //! starting attempts and wait for those in flight (bounded), flush their transitions, release
@@ -18,8 +20,9 @@ pub mod breaker;
 pub mod campaign;
 pub mod commands;
 pub mod http;
+pub mod mailbox;
+pub mod ordering;
 pub mod scheduler;
-pub mod sequencer;
 pub mod supervise;
 pub mod writer;
 
@@ -42,8 +45,12 @@ use crate::registry::lease::{self, Lease};
 use crate::rpc::api::IntakeLimits;
 use archiving::ThroughWriter;
 use http::RpcState;
+use mailbox::WriteOp;
+use ordering::book::Book;
+use ordering::plan::Mode;
+use ordering::{sequencer, survey, Ordering};
 use scheduler::{Scheduler, SchedulerLimits};
-use writer::{WriteOp, Writer, WriterLimits};
+use writer::{Writer, WriterLimits};
 
 /// How long the scheduler or the sequencer may be in one step of its loop before the watchdog
 /// counts it stalled (the Director not ready). A step is milliseconds; one that waits this long
@@ -80,12 +87,15 @@ pub struct DirectorConfig {
     /// Where endpoint and bucket controls are read (Consul); `None`: no controls.
     pub controls: Option<crate::registry::consul::ConsulClient>,
     /// The other live JobDBs an ordered job must not overtake (a cluster's inventory);
-    /// `None`: this JobDB is the only one.
-    pub peers: Option<sequencer::Peers>,
+    /// `None`: this JobDB is the only one (ordering alone).
+    pub peers: Option<survey::Peers>,
     /// How far the clocks of a cluster's Directors may disagree: an ordered job accepted at
     /// least this long before a complete read of the other JobDBs goes without reading them
-    /// again (see `director::sequencer`).
+    /// again (see `director::ordering::sequencer`).
     pub max_clock_skew: Duration,
+    /// Most ordered jobs the writer's book holds; past it, sequences spill to the store (see
+    /// `director::ordering::book`).
+    pub book_limit: usize,
     /// The subscriptions events are published to (a cache of the control database); `None`:
     /// `/v1/events` and `/v1/subscriptions` answer 503. Set it with
     /// [`DirectorConfig::publish_to`], which also signs their jobs with their secrets.
@@ -127,7 +137,6 @@ impl DirectorConfig {
                 max_bytes: 8 * 1024 * 1024,
                 rest_after: Duration::from_secs(30),
                 write_timeout: Duration::from_secs(5),
-                keep_ordered: true,
             },
             delivery: DeliveryConfig::default(),
             intake: IntakeLimits::default(),
@@ -136,6 +145,7 @@ impl DirectorConfig {
             controls: None,
             peers: None,
             max_clock_skew: sequencer::DEFAULT_CLOCK_SKEW,
+            book_limit: ordering::DEFAULT_BOOK_LIMIT,
             subscriptions: None,
         }
     }
@@ -334,14 +344,18 @@ async fn serve(
     // Each owner numbers its rows 2^32 above the last committed one: a paused predecessor's
     // uncommitted rows can then never collide with ours (they are refused by the fence anyway).
     let next_id = db.max_transition_id().await? + crate::jobdb::owner::OWNER_ID_GAP;
-    // New ordered jobs go after every one the JobDB holds, whatever this clock says: its
-    // entries and its fresh ordered jobs (born released or kept), which have none yet.
-    let fresh_top = unfinished
-        .unlisted
-        .iter()
-        .filter_map(|(_, place)| place.map(|p| p.position))
-        .max();
-    let floor = db.max_open_position().await?.max(fresh_top);
+    // The previous owner's fresh jobs get their entries before anything else: each ordered
+    // one held in its place, so the book below, and every other JobDB's read, sees it.
+    let next_id = db
+        .enter_unlisted(token, next_id, &unfinished.unlisted)
+        .await?;
+    // New ordered jobs go after every one the JobDB holds, whatever this clock says.
+    let floor = db.max_open_position().await?;
+    let book = Book::load(
+        config.book_limit,
+        db.ordered_entries().await?,
+        db.blocked_sequences().await?,
+    );
     let bind_error = |source| DirectorError::Bind {
         addr: config.listen,
         source,
@@ -369,33 +383,32 @@ async fn serve(
     let (writer_tx, writer_rx) = mpsc::channel(1024);
     let (events_tx, events_rx) = mpsc::unbounded_channel();
     let (touched_tx, touched_rx) = mpsc::unbounded_channel();
-    // In a cluster: whether the writer's last listing found no other live JobDB (its commits
-    // release in themselves, so the intake asks no clearance).
-    let writer_alone = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    // Without peers no other live JobDB can hold an older job of a sequence.
+    let mode = match config.peers {
+        None => Mode::Alone,
+        Some(_) => Mode::Cluster,
+    };
+    let ordering = Ordering::new(mode, book, touched_tx, metrics.clone());
 
-    let writer_task = supervisor.spawn("writer", {
-        let writer = Writer::new(
+    let writer_task = supervisor.spawn(
+        "writer",
+        Writer::new(
             db.clone(),
             token,
             next_id,
             config.writer,
             writer_rx,
             events_tx.clone(),
-            touched_tx,
+            ordering,
             metrics.clone(),
             lock_lost.clone(),
         )
-        .watched(writer_progress.clone());
-        // Without peers no other live JobDB can hold an older job of a sequence.
-        match config.peers.clone() {
-            None => writer.alone(),
-            Some(peers) => writer.in_cluster(peers, writer_alone.clone()),
-        }
-        .run()
-    });
+        .watched(writer_progress.clone())
+        .run(),
+    );
     supervisor.spawn("watchdog", supervisor.clone().watchdog());
 
-    let archiving = recover(unfinished, &writer_tx).await?;
+    let archiving = recover(unfinished.settle, &writer_tx).await?;
     let commands_tx = events_tx.clone();
     let mut scheduler = Scheduler::new(
         config.scheduler,
@@ -433,9 +446,8 @@ async fn serve(
             None
         }
     };
-    // A writer alone (always without peers; in a cluster, a commit that finds no other live
-    // JobDB) releases in the commit that ends: it may begin there too. A commit that does not
-    // release in itself leaves the offer untaken, which costs nothing.
+    // A commit that ends an ordered job and releases the next may begin its attempt too; one
+    // that does not release it leaves the offer untaken, which costs nothing.
     scheduler.begin_on_release();
     scheduler.applied_by(&config.holder);
     if let Some(subscriptions) = &config.subscriptions {
@@ -498,13 +510,9 @@ async fn serve(
         .run(scheduler_stop.clone()),
     );
     let clearance = config.peers.clone().map(|peers| {
-        let survey = sequencer::PeerSurvey::new(peers, db.name().to_owned());
-        let (clearance, task) = sequencer::Clearance::start(
-            survey,
-            writer_alone,
-            metrics.clone(),
-            scheduler_stop.clone(),
-        );
+        let survey = survey::PeerSurvey::new(peers, db.name().to_owned());
+        let (clearance, task) =
+            survey::Clearance::start(survey, metrics.clone(), scheduler_stop.clone());
         supervisor.spawn("clearance", task);
         clearance
     });
@@ -523,7 +531,7 @@ async fn serve(
             unwritable_after: config.writer.unwritable_after(),
         },
         ids: Arc::new(Mutex::new(ulid::Generator::new())),
-        positions: Arc::new(sequencer::Positions::above(floor)),
+        positions: Arc::new(ordering::Positions::above(floor)),
         auth: config.auth.clone(),
         imports: Arc::default(),
         health,
@@ -604,18 +612,17 @@ async fn serve(
 /// Settles what the previous owner left mid-way, before serving, in one commit. An attempt
 /// that was under way when it stopped has an unknown outcome: it is recorded as interrupted
 /// (ending the attempt its commit began) and retried at once (the endpoint may see it twice;
-/// receivers deduplicate on `spindle-job-id`). Jobs it accepted and never rested get their
-/// `open_jobs` entries, so backlog passes find them. Returns the expired jobs for the archive.
-/// Every waiting job, these included, then reaches the cache through the scheduler's backlog
-/// pass, a page at a time.
+/// receivers deduplicate on `spindle-job-id`). Returns the expired jobs for the archive.
+/// Every waiting job then reaches the cache through the scheduler's backlog pass, a page at a
+/// time (the jobs it accepted and never rested got their entries before the writer started).
 async fn recover(
-    stranded: Unfinished,
+    stranded: Vec<(crate::job::JobId, crate::job::Progress)>,
     writer: &mpsc::Sender<WriteOp>,
 ) -> Result<Vec<crate::job::JobId>, DirectorError> {
     let now = Utc::now();
     let mut interrupted = Vec::new();
     let mut archiving = Vec::new();
-    for (id, progress) in stranded.settle {
+    for (id, progress) in stranded {
         match progress.state {
             State::Executing => interrupted.push(Transition::awaiting_retry(
                 id,
@@ -634,45 +641,21 @@ async fn recover(
     tracing::info!(
         interrupted = interrupted.len(),
         archiving = archiving.len(),
-        unlisted = stranded.unlisted.len(),
         "recovery settled stranded jobs"
     );
-    // The entries first: an interrupted job without one gets it, with its expiry, in the same
-    // commit as its row.
-    let ops = [
-        (!stranded.unlisted.is_empty()).then(|| {
-            let (done, committed) = oneshot::channel();
-            (
-                WriteOp::Rest {
-                    jobs: stranded.unlisted,
-                    recovered: true,
-                    done: Some(done),
-                },
-                committed,
-            )
-        }),
-        (!interrupted.is_empty()).then(|| {
-            let (done, committed) = oneshot::channel();
-            (
-                WriteOp::Transitions {
-                    rows: interrupted,
-                    done: Some(done),
-                },
-                committed,
-            )
-        }),
-    ];
-    let mut waits = Vec::new();
-    for (op, committed) in ops.into_iter().flatten() {
-        if writer.send(op).await.is_err() {
-            return Err(DirectorError::Recovery);
-        }
-        waits.push(committed);
+    if interrupted.is_empty() {
+        return Ok(archiving);
     }
-    for committed in waits {
-        if !matches!(committed.await, Ok(Ok(()))) {
-            return Err(DirectorError::Recovery);
-        }
+    let (done, committed) = oneshot::channel();
+    let op = WriteOp::Transitions {
+        rows: interrupted,
+        done: Some(done),
+    };
+    if writer.send(op).await.is_err() {
+        return Err(DirectorError::Recovery);
     }
-    Ok(archiving)
+    match committed.await {
+        Ok(Ok(())) => Ok(archiving),
+        _ => Err(DirectorError::Recovery),
+    }
 }

@@ -304,7 +304,13 @@ impl Drain {
                 other => break other?,
             }
         };
-        let next_id = Arc::new(AtomicU64::new(db.max_transition_id().await? + OWNER_ID_GAP));
+        let next_id = db.max_transition_id().await? + OWNER_ID_GAP;
+        // Its last owner's fresh jobs (accepted, never rested) get their entries before
+        // anything is moved: each ordered one held in its place, so the live JobDBs' reads see
+        // a key's job here until it is moved, whichever of its jobs moves first.
+        let unlisted = db.load_stranded().await?.unlisted;
+        let next_id = db.enter_unlisted(token, next_id, &unlisted).await?;
+        let next_id = Arc::new(AtomicU64::new(next_id));
         let archiver = Archiver {
             db: db.clone(),
             token,

@@ -17,16 +17,7 @@ use crate::job::{JobId, State, Transition};
 /// format defines it (a segment of its object keys), below the store.
 pub use crate::archive::BatchKind;
 
-/// Where an imported job came from.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct Origin {
-    /// The job (same id in both JobDBs).
-    pub job_id: JobId,
-    /// The retired JobDB it was moved out of.
-    pub from_jobdb: String,
-    /// When it was imported.
-    pub imported_at: DateTime<Utc>,
-}
+pub use super::write::Origin;
 
 /// A planned archive batch.
 #[derive(Clone, Debug, PartialEq, Eq)]

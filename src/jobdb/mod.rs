@@ -84,10 +84,10 @@
 //! The store names nothing above it: the Director's writer (which owns the requests it
 //! takes), the archiver and the drainer use it.
 
+mod append;
 pub mod commands;
 pub mod engine;
 pub mod events;
-pub mod known_sequences;
 pub mod lifecycle;
 pub mod lock;
 pub mod notices;
@@ -105,12 +105,12 @@ use std::path::PathBuf;
 use chrono::{DateTime, Utc};
 
 pub use engine::mysql::MIGRATOR;
-pub use engine::sqlite::{MIGRATOR as SQLITE_MIGRATOR, SQLITE_SUFFIX};
+pub use engine::sqlite::MIGRATOR as SQLITE_MIGRATOR;
 pub(crate) use engine::with_pool;
 use engine::{mysql, sqlite, Pool};
-pub use known_sequences::KnownSequences;
 pub use open_jobs::{Fresh, OpenRow};
-pub use ordering::{BlockedKey, Elsewhere, Head};
+pub use ordering::{blocks_sequence, BlockedKey, Elsewhere, Head, OrderedEntry};
+pub use url::SQLITE_SUFFIX;
 pub use url::{JobDbUrl, Server};
 pub(crate) use write::MAX_ROWS_PER_INSERT;
 pub use write::{job_row_bytes, transition_row_bytes, Append, Bounds, CommitLog, Stalled, Written};
@@ -473,8 +473,7 @@ impl JobDb {
             }
             Ok::<(), JobDbError>(())
         })?;
-        // With each ordered one's place: only a job born released is listed there, under
-        // way, and its entry must keep its sequence.
+        // With each ordered one's place: its entry must keep its sequence.
         let mut unlisted = self.fresh_places(false).await?;
         unlisted.sort_by_key(|(id, _)| *id);
         Ok(Stranded {
@@ -483,9 +482,38 @@ impl JobDb {
         })
     }
 
+    /// Gives every job of `unlisted` (accepted by an owner that is gone, never rested: see
+    /// [`JobDb::load_stranded`]) its `open_jobs` entry, numbered from `next_id`, in one
+    /// fenced write: each ordered one held in its place (whether it was under way or waiting
+    /// cannot be told; its sequence's head goes by position), so other JobDBs' reads and the
+    /// next owner's book see it. What a new owner and a drainer do before anything else.
+    /// Returns the next id.
+    pub async fn enter_unlisted(
+        &self,
+        token: u64,
+        next_id: u64,
+        unlisted: &[(JobId, Option<crate::job::Place>)],
+    ) -> Result<u64, JobDbError> {
+        let rests: Vec<OpenRow> = unlisted
+            .iter()
+            .zip(next_id..)
+            .map(|((job, place), id)| OpenRow {
+                place: *place,
+                ..OpenRow::resting(*job, id, None)
+            })
+            .collect();
+        if !rests.is_empty() {
+            let append = Append {
+                rests: &rests,
+                ..Append::default()
+            };
+            self.append_all(token, &append).await?;
+        }
+        Ok(next_id + rests.len() as u64)
+    }
+
     /// Every fresh job (listed by its commit, no entry), or only the ordered ones, with its
-    /// place if it is ordered: what a new owner lists again and what another JobDB reads of
-    /// a marked one.
+    /// place if it is ordered: what a new owner lists again and what the dashboard counts.
     pub(crate) async fn fresh_places(
         &self,
         ordered_only: bool,

@@ -71,7 +71,7 @@ macro_rules! notices_sql {
             use $crate::jobdb::notices::notice_job;
             use $crate::jobdb::write::{chunks_by_size, job_row_bytes, MAX_ROWS_PER_INSERT};
             use $crate::jobdb::{OpenRow, MAX_IDS_PER_SELECT};
-            let ended = append.ended();
+            let ended = $crate::jobdb::notices::ended(append.transitions);
             if ended.is_empty() {
                 return Ok(Vec::new());
             }
@@ -133,6 +133,17 @@ pub fn tells_completion(state: State) -> bool {
         state,
         State::Succeeded | State::Discarded | State::Archiving | State::Archived
     )
+}
+
+/// The rows of `transitions` that end a job (see [`tells_completion`]), by job.
+pub(crate) fn ended(
+    transitions: &[(u64, Transition)],
+) -> std::collections::HashMap<JobId, &Transition> {
+    transitions
+        .iter()
+        .filter(|(_, t)| tells_completion(t.state))
+        .map(|(_, t)| (t.job_id, t))
+        .collect()
 }
 
 /// The body of a completion notice: how the job ended.

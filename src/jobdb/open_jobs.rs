@@ -1,17 +1,15 @@
 //! The `open_jobs` entries a write keeps in step: each unfinished job's latest resting state,
 //! what a new entry takes from its job ([`Fresh`]), and what one write changes there
-//! (`open_changes`: entries replaced, new ones without a known expiry, entries deleted, and
-//! the jobs and sequences that leave their ordered sequence). No SQL: `write::write_path!`
-//! writes what this computes.
+//! (`open_changes`: entries replaced, new ones without a known expiry, entries deleted). Which
+//! new entry of an ordered job goes in held or released is its writer's decision; this only
+//! writes it down. No SQL: `write::write_path!` writes what this computes.
 
 use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
 
 use chrono::{DateTime, Utc};
 
-use super::write::Append;
-use super::BlockedKey;
-use crate::job::{Job, JobId, Place, Seq, State, Transition};
+use crate::job::{Job, JobId, Place, State, Transition};
 
 /// A job its writer accepted that has no `open_jobs` entry yet: what its first entry takes
 /// from it.
@@ -21,14 +19,10 @@ pub struct Fresh {
     pub expire_at: DateTime<Utc>,
     /// Its endpoint, shared with the job: the entry's lane is cut from it.
     pub endpoint: Arc<str>,
-    /// Its ordered sequence and position, if any. An ordered job is fresh when it was born
-    /// released (its sequence was empty: it is under way, and its first entry says so), when
-    /// it is *kept* (below), or when a kept job went on from memory (under way).
+    /// Its ordered sequence and position, if any. An ordered job is fresh when it went at
+    /// once in the commit that stored it (born released: under way), or waits in its writer's
+    /// book (kept, see `director::ordering`).
     pub place: Option<Place>,
-    /// An ordered job *kept*: held in its writer's memory only, behind its sequence's job
-    /// under way, instead of entered held (see [`super::KnownSequences`]). Its first entry
-    /// goes in held.
-    pub kept: bool,
     /// The bucket and ordering key of an ordered job whose unsuccessful end blocks its key:
     /// what its block row names, as no entry of its can be read for it.
     pub blocking: Option<(Arc<str>, Arc<str>)>,
@@ -41,7 +35,6 @@ impl Fresh {
             expire_at: job.expire_at,
             endpoint: job.endpoint.clone(),
             place: job.place(),
-            kept: false,
             blocking: job
                 .ordering
                 .as_ref()
@@ -52,9 +45,9 @@ impl Fresh {
 
     /// The block a fresh ordered job's end `t` writes, if it blocks its key (see
     /// [`super::ordering::blocks_sequence`]).
-    fn block(&self, t: &Transition) -> Option<BlockedKey> {
+    pub fn block(&self, t: &Transition) -> Option<super::BlockedKey> {
         let (bucket, key) = self.blocking.as_ref()?;
-        super::ordering::blocks_sequence(t).then(|| BlockedKey {
+        super::ordering::blocks_sequence(t).then(|| super::BlockedKey {
             job_id: t.job_id,
             state: t.state.as_str().to_owned(),
             blocked_at: t.time,
@@ -89,7 +82,7 @@ pub struct OpenRow {
     /// sequence).
     pub place: Option<Place>,
     /// A new entry with a `place` goes in released (`held = 0`), not held: its job is under
-    /// way already (born released, and fresh until now).
+    /// way (it goes in this write, or went while fresh).
     pub released: bool,
 }
 
@@ -120,22 +113,12 @@ impl OpenRow {
         }
     }
 
-    /// The same entry going in released, when it has a sequence: for a job that was fresh
-    /// and under way (born released, or a kept job gone on).
-    pub fn under_way(mut self) -> Self {
-        self.released = self.place.is_some();
-        self
-    }
-
     /// The entry of a fresh job that rests now: an ordered one goes in released (under way)
-    /// unless it is kept (held, waiting for its turn).
-    pub fn rest_of_fresh(job_id: JobId, id: u64, fresh: Fresh) -> Self {
-        let kept = fresh.kept;
-        let rest = OpenRow::resting(job_id, id, Some(fresh));
-        match kept {
-            true => rest,
-            false => rest.under_way(),
-        }
+    /// unless it is `held` (waiting for its turn).
+    pub fn rest_of_fresh(job_id: JobId, id: u64, fresh: Fresh, held: bool) -> Self {
+        let mut rest = OpenRow::resting(job_id, id, Some(fresh));
+        rest.released = rest.place.is_some() && !held;
+        rest
     }
 }
 
@@ -147,16 +130,20 @@ pub(crate) struct OpenChanges {
     pub(crate) without_expiry: Vec<JobId>,
     /// Entries to delete: jobs that ended.
     pub(crate) closed: Vec<JobId>,
-    /// Jobs that leave their sequence, if they have one: those `closed`, and those moving to
-    /// `archiving` (which keep their entry for the archive).
-    pub(crate) leaving: Vec<JobId>,
-    /// Sequences known here of jobs leaving them (their entry may be new in this batch).
-    pub(crate) left: Vec<Seq>,
-    /// Keys that fresh ordered jobs block as they end (no entry of theirs names them).
-    pub(crate) blocked: Vec<BlockedKey>,
-    /// Sequences a fresh ordered job leaves (also in `left`): their job under way, which
-    /// only the writer knew of, is gone.
-    pub(crate) fresh_left: HashSet<Seq>,
+}
+
+/// What a write's rows and rests change in `open_jobs`.
+pub(crate) struct Rows<'a> {
+    /// The write's new jobs.
+    pub(crate) jobs: &'a [Arc<Job>],
+    /// Its transitions, with their ids.
+    pub(crate) transitions: &'a [(u64, Transition)],
+    /// Its rests.
+    pub(crate) rests: &'a [OpenRow],
+    /// Jobs its writer accepted that have no entry yet (`None`: not the Director's writer).
+    pub(crate) fresh: Option<&'a HashMap<JobId, Fresh>>,
+    /// New jobs of the write whose entry goes in released (they go at once).
+    pub(crate) released: &'a HashSet<JobId>,
 }
 
 /// What a batch changes in `open_jobs`: its rests, then each job's last row of the batch,
@@ -165,53 +152,42 @@ pub(crate) struct OpenChanges {
 ///
 /// `executing` rows (JobDBs before schema 5 wrote them) are left out: an attempt's start
 /// changes nothing there, so an entry holds a job's latest *resting* state.
-pub(crate) fn open_changes(append: &Append<'_>) -> OpenChanges {
+pub(crate) fn open_changes(w: &Rows<'_>) -> OpenChanges {
     let mut changes = OpenChanges {
         open: Vec::new(),
         without_expiry: Vec::new(),
         closed: Vec::new(),
-        leaving: Vec::new(),
-        left: Vec::new(),
-        blocked: Vec::new(),
-        fresh_left: HashSet::new(),
     };
-    let mut last: HashMap<JobId, usize> = HashMap::with_capacity(append.transitions.len());
-    for (i, (_, t)) in append.transitions.iter().enumerate() {
+    let mut last: HashMap<JobId, usize> = HashMap::with_capacity(w.transitions.len());
+    for (i, (_, t)) in w.transitions.iter().enumerate() {
         if t.state != State::Executing {
             last.insert(t.job_id, i);
         }
     }
-    let rested: HashMap<JobId, &OpenRow> = append.rests.iter().map(|r| (r.job_id, r)).collect();
-    for r in append.rests {
+    let rested: HashMap<JobId, &OpenRow> = w.rests.iter().map(|r| (r.job_id, r)).collect();
+    for r in w.rests {
         if !last.contains_key(&r.job_id) {
             if r.expire_at.is_none() {
                 changes.without_expiry.push(r.job_id);
             }
-            changes.open.push(r.clone());
+            let mut r = r.clone();
+            r.released |= r.place.is_some() && w.released.contains(&r.job_id);
+            changes.open.push(r);
         }
     }
     if last.is_empty() {
         return changes;
     }
-    let batch: HashMap<JobId, Fresh> = append
-        .jobs
-        .iter()
-        .map(|job| (job.id, Fresh::of(job)))
-        .collect();
-    for (i, (id, t)) in append.transitions.iter().enumerate() {
+    let batch: HashMap<JobId, Fresh> = w.jobs.iter().map(|job| (job.id, Fresh::of(job))).collect();
+    for (i, (id, t)) in w.transitions.iter().enumerate() {
         if last.get(&t.job_id) != Some(&i) {
             continue;
         }
-        let fresh = append.fresh.and_then(|f| f.get(&t.job_id));
+        let fresh = w.fresh.and_then(|f| f.get(&t.job_id));
         let rest = rested.get(&t.job_id).copied();
         if t.state.is_terminal() {
             // A job the writer knows has no entry (accepted, never rested) deletes nothing
-            // (its rest in this batch, if any, is not written); a fresh ordered one leaves its
-            // sequence all the same, from what the writer knows.
-            match fresh {
-                Some(f) => changes.leave_fresh(f, t),
-                None => changes.leaving.push(t.job_id),
-            }
+            // (its rest in this batch, if any, is not written).
             if fresh.is_none() || rest.is_some() {
                 changes.closed.push(t.job_id);
             }
@@ -231,22 +207,20 @@ pub(crate) fn open_changes(append: &Append<'_>) -> OpenChanges {
             .and_then(|f| f.place)
             .or(rest.and_then(|r| r.place))
             .or(fresh.and_then(|f| f.place));
-        // A fresh ordered job (born released) is under way: its first entry says so (as its
-        // rest in this batch, if any, does).
-        let released =
-            known.is_none() && place.is_some() && rest.map_or(fresh.is_some(), |r| r.released);
+        // A new job's entry is held unless its writer lets it go now; a fresh ordered job
+        // with a row is under way (only a job under way gets one), as its rest says.
+        let released = match known {
+            Some(_) => w.released.contains(&t.job_id),
+            None => rest.map_or(fresh.is_some(), |r| r.released),
+        } && place.is_some();
         if t.state == State::Archiving {
-            // Expiry and flush are ends: the job leaves its sequence now, so the next goes.
-            match fresh {
-                Some(f) if known.is_none() => changes.leave_fresh(f, t),
-                _ => changes.leaving.push(t.job_id),
-            }
-            changes.left.extend(place.take().map(|p| p.seq));
+            // Expiry and flush are ends: the entry stays for the archive, out of its sequence.
+            place = None;
         }
         // The Director's writer knows every job it accepted and never rested (`fresh`);
         // any other job of its JobDB has an entry already, whose expiry stays. Elsewhere, or
         // for a rest that did not name it, a new entry reads its expiry from `jobs`.
-        if expire_at.is_none() && (append.fresh.is_none() || rest.is_some()) {
+        if expire_at.is_none() && (w.fresh.is_none() || rest.is_some()) {
             changes.without_expiry.push(t.job_id);
         }
         changes.open.push(OpenRow {
@@ -262,18 +236,4 @@ pub(crate) fn open_changes(append: &Append<'_>) -> OpenChanges {
         });
     }
     changes
-}
-
-impl OpenChanges {
-    /// A fresh job `f` ends or moves to `archiving` by `t`: an ordered one leaves its
-    /// sequence, and may block it, from what the writer knows (it has no entry to read).
-    fn leave_fresh(&mut self, f: &Fresh, t: &Transition) {
-        if let Some(place) = f.place {
-            if t.state.is_terminal() {
-                self.left.push(place.seq);
-            }
-            self.fresh_left.insert(place.seq);
-            self.blocked.extend(f.block(t));
-        }
-    }
 }

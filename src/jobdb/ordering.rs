@@ -1,4 +1,6 @@
-//! Ordered keys: every statement about sequences, their heads and their blocks.
+//! Ordered keys in the store: every statement about sequences, their heads and their blocks.
+//! Which job of a key goes is decided above the store, by the Director's ordering part
+//! (`director::ordering`); here is how what it decides is read and written.
 //!
 //! Jobs that share an ordering key (with their bucket and endpoint: a *sequence*, [`Seq`]) go
 //! one at a time, in the order of their positions. An ordered job's `open_jobs` entry names
@@ -8,16 +10,18 @@
 //! `ordering_blocked` stops the sequence.
 //!
 //! - A job leaves its sequence when it ends or moves to `archiving` (its entry is deleted or
-//!   loses its `seq`); the write that does it reads which sequences it left
-//!   (`left_sequences`), so their next head may go.
+//!   loses its `seq`); a write reads the sequences of the leaving jobs its caller names
+//!   (`left_sequences`).
 //! - A job that asked to block its sequence (`ordering_blocks`) and ends without success
 //!   ([`blocks_sequence`]) writes a row of `ordering_blocked` ([`BlockedKey`]); the sequence
 //!   stays stopped until an operator deletes the row. A drainer carries blocks to a live
 //!   JobDB with the jobs they stop ([`JobDb::blocked_keys`], [`JobDb::forget_blocks`]).
-//! - Releasing (`release_heads`, `release_jobs`) happens inside a write's transaction, which
-//!   reads the heads again there: an older job may have arrived since the caller looked.
-//! - Across JobDBs, a head must not overtake an older job of its sequence elsewhere
-//!   ([`JobDb::sequences_elsewhere`], [`Elsewhere`]).
+//! - A write releases the held jobs its caller names (`release_jobs`: still held and waiting
+//!   for an attempt), or the heads it proposes for sequences the store alone holds
+//!   (`release_heads`: still the head when the transaction reads it).
+//! - A new owner reads every ordered entry ([`JobDb::ordered_entries`]); the sequencer reads
+//!   heads ([`JobDb::sequence_heads`]); across JobDBs, a head must not overtake an older job
+//!   of its sequence elsewhere ([`JobDb::sequences_elsewhere`], [`Elsewhere`]).
 //!
 //! The statements are the constants below (both engines spell them alike, except
 //! `INSERT_ORDERING_BLOCKED` and the reads that name their index, `OLDEST_HELD`,
@@ -64,37 +68,10 @@ pub(crate) const BLOCKED_ARM: &str =
     " UNION ALL SELECT seq, NULL AS job_id, NULL AS position, 0 AS held \
      FROM ordering_blocked WHERE seq";
 
-/// Sequences with an entry here, `held` 0 when one of their jobs is released, and (with
-/// [`PRESENT_OR_BLOCKED_SEQS`]) those a row of `ordering_blocked` stops, `held` 0: the caller
-/// adds which sequences, [`PRESENT_OR_BLOCKED_SEQS`] and them again. The grouped `MIN` lets
-/// MariaDB skip through the `(seq, held, position)` index, one probe per sequence, rather
-/// than read every entry of a long sequence.
-pub(crate) const PRESENT_SEQS: &str = "SELECT seq, MIN(held) AS held FROM open_jobs WHERE seq";
-/// Closes [`PRESENT_SEQS`] and adds the blocked sequences.
-pub(crate) const PRESENT_OR_BLOCKED_SEQS: &str =
-    " GROUP BY seq UNION ALL SELECT seq, 0 AS held FROM ordering_blocked WHERE seq";
-
 /// Keeps in `oldest` the lower of its position for `seq` and `position`.
 pub(crate) fn keep_oldest(oldest: &mut HashMap<Seq, Ulid>, seq: Seq, position: Ulid) {
     let entry = oldest.entry(seq).or_insert(position);
     *entry = (*entry).min(position);
-}
-
-/// What a write finds in the sequences it adds entries to, where no other JobDB is live (see
-/// `arrivals` in [`ordering_sql`]).
-#[derive(Debug, Default)]
-pub(crate) struct Arrivals {
-    /// Sequences whose first new job goes at once, with that job.
-    pub(crate) born: HashMap<Seq, JobId>,
-    /// Sequences with a job under way or a block: their head cannot go unless one of their
-    /// jobs leaves in this write.
-    pub(crate) settled: std::collections::HashSet<Seq>,
-    /// Sequences read with no entry and no block (what a writer's memory may learn, see
-    /// [`super::KnownSequences`]).
-    pub(crate) empty: Vec<Seq>,
-    /// The write's new jobs without a row of their own: those that may be fresh (born or
-    /// kept). Read only for a write with ordered entries and a log row.
-    pub(crate) new: std::collections::HashSet<JobId>,
 }
 
 /// Sequences a row of `ordering_blocked` stops: the caller adds which sequences.
@@ -120,6 +97,12 @@ pub(crate) const FRESH_PLACES: &str =
      FROM jobs_fresh f JOIN jobs j ON j.id = f.job_id";
 /// Narrows [`FRESH_PLACES`] to ordered jobs (unordered ones are most of a busy JobDB's).
 pub(crate) const FRESH_ORDERED: &str = " WHERE j.ordering_key IS NOT NULL";
+/// Every ordered entry, with whether its job asked to block its key: what a new owner's book
+/// is made of.
+const ORDERED_ENTRIES: &str =
+    "SELECT o.job_id, o.seq, o.held, COALESCE(o.position, o.job_id) AS position, \
+     j.ordering_blocks \
+     FROM open_jobs o JOIN jobs j ON j.id = o.job_id WHERE o.seq IS NOT NULL";
 /// Held ordered jobs expired by a time, oldest expiry first (binds: time, limit).
 const EXPIRED_HELD: &str = "SELECT job_id FROM open_jobs WHERE expire_at <= ? AND held = 1 \
                  ORDER BY expire_at LIMIT ?";
@@ -143,50 +126,36 @@ const FORGET_BLOCK: &str = "DELETE FROM ordering_blocked WHERE seq = ? AND job_i
 /// the decoders and `ids_query`.
 macro_rules! ordering_sql {
     ($db:ty) => {
-        /// The sequences of the ordered jobs among `leaving` (jobs this transaction ends or
-        /// moves to `archiving`, whose entries it deletes or takes out of their sequences),
-        /// read before it does; a job that asked to block its sequence and ends without
-        /// success blocks it (`ordering_blocked`, see [`blocks_sequence`]).
-        ///
-        /// `fresh_blocks`: the blocks of fresh ordered jobs that end here (no entry of theirs
-        /// is read), written with the others.
+        /// The sequences of the ordered jobs among `read_left` (jobs a write ends or moves to
+        /// `archiving`, whose entries it deletes or takes out of their sequences, with their
+        /// `ends`), read before it does; a job that asked to block its sequence and ends
+        /// without success blocks it (`ordering_blocked`, see [`blocks_sequence`]), as do
+        /// `blocks`. Returns each ordered job read with its sequence, and the sequences its
+        /// jobs blocked.
         async fn left_sequences(
             tx: &mut sqlx::Transaction<'_, $db>,
-            append: &$crate::jobdb::write::Append<'_>,
-            leaving: &[$crate::job::JobId],
-            fresh_blocks: &[$crate::jobdb::BlockedKey],
-        ) -> Result<Vec<$crate::job::Seq>, $crate::jobdb::JobDbError> {
+            read_left: &[$crate::job::JobId],
+            ends: &std::collections::HashMap<$crate::job::JobId, &$crate::job::Transition>,
+            blocks: &[$crate::jobdb::BlockedKey],
+        ) -> Result<
+            (
+                Vec<($crate::job::JobId, $crate::job::Seq)>,
+                Vec<$crate::job::Seq>,
+            ),
+            $crate::jobdb::JobDbError,
+        > {
             use sqlx::Row as _;
             use $crate::jobdb::MAX_IDS_PER_SELECT;
-            let mut seqs = Vec::new();
+            let mut left = Vec::new();
             let mut blocked: Vec<$crate::jobdb::BlockedKey> = Vec::new();
-            let ends = append.last_rows();
-            // A job of a sequence the writer knows whose end cannot block: its sequence from
-            // memory, no read.
-            let mut unknown = Vec::with_capacity(leaving.len());
-            append.with_known(|known| {
-                for id in leaving {
-                    let may_block = ends
-                        .get(id)
-                        .is_none_or(|end| $crate::jobdb::ordering::blocks_sequence(end));
-                    match known.seq_of(id).filter(|_| !may_block) {
-                        Some(seq) => seqs.push(seq),
-                        None => unknown.push(*id),
-                    }
-                }
-            });
-            let leaving = match append.known {
-                Some(_) => &unknown[..],
-                None => leaving,
-            };
-            for chunk in leaving.chunks(MAX_IDS_PER_SELECT) {
+            for chunk in read_left.chunks(MAX_IDS_PER_SELECT) {
                 let rows = ids_query($crate::jobdb::ordering::LEFT_SEQUENCES, chunk, ")")
                     .build()
                     .fetch_all(&mut **tx)
                     .await?;
                 for row in &rows {
-                    seqs.push(seq_of_row(row, "seq")?);
                     let id = job_id_of(row, "job_id")?;
+                    left.push((id, seq_of_row(row, "seq")?));
                     let blocks: bool = row.try_get("ordering_blocks")?;
                     let Some(end) = ends.get(&id) else {
                         continue;
@@ -203,126 +172,10 @@ macro_rules! ordering_sql {
                     }
                 }
             }
-            blocked.extend(append.blocks.iter().cloned());
-            blocked.extend(fresh_blocks.iter().cloned());
+            let blocked_seqs = blocked.iter().map(|b| b.seq()).collect();
+            blocked.extend(blocks.iter().cloned());
             insert_blocks(tx, &blocked).await?;
-            // Only an operator's SQL lifts a block: a blocked sequence is read from the store.
-            append.with_known(|known| blocked.iter().for_each(|b| known.forget(&b.seq())));
-            Ok(seqs)
-        }
-
-        /// What a write that no other live JobDB shares ([`Append::release_touched`]) finds in
-        /// the sequences it adds entries to, read before they go in (see [`Arrivals`]): the
-        /// new jobs that go at once (born released: fresh, with no entry, rather than held and
-        /// released by a read of their sequence's head), each a job stored by this write and
-        /// due now (not scheduled, not imported, with no row of its own) that comes first by
-        /// position among the write's entries of a sequence with no entry here, no fresh job
-        /// and no block; and the sequences with a job under way (an entry released, or a
-        /// fresh job) or a block, whose head cannot go unless a job of theirs leaves. Nothing
-        /// is born without the write's log row, which lists what it accepts.
-        ///
-        /// [`Append::release_touched`]: $crate::jobdb::write::Append::release_touched
-        async fn arrivals(
-            tx: &mut sqlx::Transaction<'_, $db>,
-            append: &$crate::jobdb::write::Append<'_>,
-            open: &[$crate::jobdb::OpenRow],
-        ) -> Result<$crate::jobdb::ordering::Arrivals, $crate::jobdb::JobDbError> {
-            use sqlx::Row as _;
-            use std::collections::{HashMap, HashSet};
-            use $crate::jobdb::ordering::{Arrivals, PRESENT_OR_BLOCKED_SEQS, PRESENT_SEQS};
-            use $crate::jobdb::MAX_IDS_PER_SELECT;
-            // Each sequence's first entry of the write, by position, and whether it is due
-            // now (not scheduled, not imported).
-            let mut first: HashMap<$crate::job::Seq, (ulid::Ulid, $crate::job::JobId, bool)> =
-                HashMap::new();
-            for o in open {
-                if let Some(p) = o.place {
-                    let due_now =
-                        o.state == $crate::job::State::AwaitingScheduling && o.retry_at.is_none();
-                    let entry = (p.position, o.job_id, due_now);
-                    let kept = first.entry(p.seq).or_insert(entry);
-                    *kept = (*kept).min(entry);
-                }
-            }
-            let mut arrivals = Arrivals::default();
-            if first.is_empty() {
-                // No ordered entry (every unordered write): nothing to read.
-                return Ok(arrivals);
-            }
-            let mut present = HashSet::new();
-            // A sequence with a fresh job is under way: no read tells more.
-            let mut seqs: Vec<$crate::job::Seq> = Vec::with_capacity(first.len());
-            for seq in first.keys() {
-                match append.fresh_sequences.is_some_and(|f| f.contains_key(seq)) {
-                    true => {
-                        present.insert(*seq);
-                        arrivals.settled.insert(*seq);
-                    }
-                    false => seqs.push(*seq),
-                }
-            }
-            // A sequence the writer knows is answered from its memory, as its head is; the
-            // others are read.
-            let unknown: Vec<$crate::job::Seq> = append
-                .with_known(|known| {
-                    seqs.iter()
-                        .filter(|seq| match known.presence(seq) {
-                            Some((has_entry, has_released)) => {
-                                if has_entry {
-                                    present.insert(**seq);
-                                }
-                                if has_released {
-                                    arrivals.settled.insert(**seq);
-                                }
-                                false
-                            }
-                            None => true,
-                        })
-                        .copied()
-                        .collect()
-                })
-                .unwrap_or_else(|| seqs.clone());
-            // Each list is bound twice.
-            for chunk in unknown.chunks(MAX_IDS_PER_SELECT / 2) {
-                let mut qb = seqs_query(PRESENT_SEQS, Some(chunk), PRESENT_OR_BLOCKED_SEQS);
-                push_seqs(&mut qb, Some(chunk));
-                for row in &qb.build().fetch_all(&mut **tx).await? {
-                    let seq = seq_of_row(row, "seq")?;
-                    present.insert(seq);
-                    if row.try_get::<i64, _>("held")? == 0 {
-                        arrivals.settled.insert(seq);
-                    }
-                }
-            }
-            arrivals.empty = seqs
-                .iter()
-                .filter(|s| !present.contains(*s))
-                .copied()
-                .collect();
-            if append.log.is_none() {
-                return Ok(arrivals);
-            }
-            // A job with a row of its own is listed by it, never fresh: it cannot be born.
-            let with_row: HashSet<$crate::job::JobId> =
-                append.transitions.iter().map(|(_, t)| t.job_id).collect();
-            let new: HashSet<$crate::job::JobId> = append
-                .jobs
-                .iter()
-                .map(|j| j.id)
-                .filter(|id| !with_row.contains(id))
-                .collect();
-            arrivals.born = first
-                .into_iter()
-                .filter(|(seq, (_, id, due_now))| {
-                    *due_now
-                        && !present.contains(seq)
-                        && new.contains(id)
-                        && append.cleared.is_none_or(|cleared| cleared.contains(id))
-                })
-                .map(|(seq, (_, id, _))| (seq, id))
-                .collect();
-            arrivals.new = new;
-            Ok(arrivals)
+            Ok((left, blocked_seqs))
         }
 
         /// Blocks keys (`ordering_blocked`); a key blocked already keeps its first block.
@@ -373,20 +226,6 @@ macro_rules! ordering_sql {
             go.sort_unstable();
             go.dedup();
             release_jobs(tx, &go, None).await
-        }
-
-        /// The head of each of `seqs` that may go now (see [`sequence_heads`]), read inside
-        /// `tx` a page of sequences at a time.
-        async fn head_jobs(
-            tx: &mut sqlx::Transaction<'_, $db>,
-            seqs: &[$crate::job::Seq],
-        ) -> Result<Vec<$crate::job::JobId>, $crate::jobdb::JobDbError> {
-            let mut go = Vec::new();
-            for chunk in seqs.chunks($crate::jobdb::MAX_IDS_PER_SELECT) {
-                let heads = sequence_heads(&mut **tx, Some(chunk)).await?;
-                go.extend(heads.into_values().map(|head| head.job));
-            }
-            Ok(go)
         }
 
         /// Releases the held jobs `go` that still wait for an attempt (heads of their
@@ -694,6 +533,21 @@ impl BlockedKey {
     }
 }
 
+/// An ordered job's entry, as a new owner's book takes it in ([`JobDb::ordered_entries`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct OrderedEntry {
+    /// The job.
+    pub job: JobId,
+    /// Its sequence.
+    pub seq: Seq,
+    /// Its position.
+    pub position: Ulid,
+    /// Waiting for its turn (`held = 1`), or released.
+    pub held: bool,
+    /// Its unsuccessful end blocks its key.
+    pub blocks: bool,
+}
+
 /// What another JobDB holds of some sequences that a head here must wait for.
 #[derive(Clone, Debug, Default)]
 pub struct Elsewhere {
@@ -740,26 +594,30 @@ impl JobDb {
         })
     }
 
-    /// The lowest position of a *fresh* ordered job (born released, no entry) of each of
-    /// `seqs` here: what another JobDB's read must add when this JobDB's fresh mark is set.
-    /// Reads every fresh job's place (the commits since the checkpoint), so only a marked
-    /// JobDB is read this way.
-    pub async fn fresh_oldest(
-        &self,
-        seqs: &[Seq],
-        schema: i64,
-    ) -> Result<HashMap<Seq, Ulid>, JobDbError> {
-        let mut oldest = HashMap::new();
-        if schema < 9 || seqs.is_empty() {
-            return Ok(oldest);
-        }
-        let wanted: std::collections::HashSet<&Seq> = seqs.iter().collect();
-        for (_, place) in self.fresh_places(true).await? {
-            if let Some(place) = place.filter(|place| wanted.contains(&place.seq)) {
-                keep_oldest(&mut oldest, place.seq, place.position);
+    /// Every ordered entry (what the writer's book is made of at start), in no order.
+    pub async fn ordered_entries(&self) -> Result<Vec<OrderedEntry>, JobDbError> {
+        with_pool!(self, |p, q| {
+            let rows = sqlx::query(ORDERED_ENTRIES).fetch_all(p).await?;
+            let mut entries = Vec::with_capacity(rows.len());
+            for row in &rows {
+                entries.push(OrderedEntry {
+                    job: q::job_id_of(row, "job_id")?,
+                    seq: q::seq_of_row(row, "seq")?,
+                    position: q::ulid_of(row, "position")?,
+                    held: sqlx::Row::try_get::<i64, _>(row, "held")? != 0,
+                    blocks: sqlx::Row::try_get::<bool, _>(row, "ordering_blocks")?,
+                });
             }
-        }
-        Ok(oldest)
+            Ok(entries)
+        })
+    }
+
+    /// The sequences a row of `ordering_blocked` stops.
+    pub async fn blocked_sequences(&self) -> Result<Vec<Seq>, JobDbError> {
+        with_pool!(self, |p, q| {
+            let mut conn = p.acquire().await?;
+            q::sequence_blocks(&mut conn, None).await
+        })
     }
 
     /// Up to `limit` held ordered jobs whose expiry is at or before `now`: they end now, not

@@ -449,7 +449,8 @@ impl JobDb {
         Ok(u64::try_from(n).unwrap_or(0))
     }
 
-    /// Ordered jobs waiting for their turn (held, and kept: see [`super::KnownSequences`]),
+    /// Ordered jobs waiting for their turn (held, and kept: fresh ones waiting in a writer's
+    /// book, behind an older open job of their sequence),
     /// sequences blocked by a failure (`ordering_blocked`, until an operator deletes the
     /// row), and the waiting jobs whose sequence's released job is scheduled for later: it
     /// was never tried, is due after now, and no row followed its `open_jobs` entry (one

@@ -3,16 +3,34 @@
 //! MySQL server or the directory of SQLite files. Neither prints a MySQL password: `Debug`
 //! shows the server as `mysql://user@host:port`.
 //!
-//! Each engine's connection settings are built in its module ([`super::engine::mysql`],
-//! [`super::engine::sqlite`]); this module only parses and names.
+//! Each engine's connection settings are built in its module (`engine::mysql`,
+//! `engine::sqlite`) from what this module parses and names.
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::str::FromStr;
+use std::time::Duration;
 
 use sqlx::mysql::MySqlConnectOptions;
+use sqlx::ConnectOptions;
 
-use super::engine::{mysql, sqlite};
 use super::JobDbError;
+
+/// The file name suffix of a SQLite JobDB.
+pub const SQLITE_SUFFIX: &str = ".sqlite3";
+
+/// The file of JobDB `database` in `dir`.
+pub(crate) fn file_in(dir: &Path, database: &str) -> PathBuf {
+    dir.join(format!("{database}{SQLITE_SUFFIX}"))
+}
+
+/// The options of a server (no database) from its URL, logging every statement at trace level
+/// and slow ones (2 s) as warnings.
+pub(crate) fn server_options(url: &str) -> Result<MySqlConnectOptions, JobDbError> {
+    Ok(MySqlConnectOptions::from_str(url)
+        .map_err(|e| JobDbError::InvalidUrl(e.to_string()))?
+        .log_statements(tracing::log::LevelFilter::Trace)
+        .log_slow_statements(tracing::log::LevelFilter::Warn, Duration::from_secs(2)))
+}
 
 /// The server a JobDB lives on: a MySQL server, or a directory of SQLite files. Its `Debug`
 /// never shows the MySQL password.
@@ -90,7 +108,7 @@ impl FromStr for JobDbUrl {
         check_database_name(&database)?;
         url.set_path("");
         Ok(JobDbUrl {
-            server: Server::MySql(Box::new(mysql::server_options(url.as_str())?)),
+            server: Server::MySql(Box::new(server_options(url.as_str())?)),
             database,
         })
     }
@@ -122,7 +140,7 @@ impl JobDbUrl {
     /// The file of a SQLite JobDB (`None` for MySQL).
     pub fn sqlite_file(&self) -> Option<PathBuf> {
         match &self.server {
-            Server::Sqlite(dir) => Some(sqlite::file_in(dir, &self.database)),
+            Server::Sqlite(dir) => Some(file_in(dir, &self.database)),
             Server::MySql(_) => None,
         }
     }

@@ -1,10 +1,11 @@
-//! The write path: how rows enter a JobDB. [`JobDb::append`] (and [`JobDb::append_all`],
-//! [`JobDb::append_bounded`]) write jobs, their transitions and import origins in one fenced
-//! transaction, keeping `open_jobs` (each unfinished job's latest resting state, see
-//! [`super::open_jobs`]) in step; the per-engine functions that do it, `write_path!`, are the
+//! The write path: how rows enter a JobDB. What one transaction writes ([`Append`]: jobs, their
+//! transitions and import origins, the commit's log row, rests, releases of ordered jobs) and
+//! what it did ([`Written`]); the per-engine functions that write it, `write_path!`, are the
 //! one way rows enter `jobs` and `job_state_transitions`, whoever writes (the Director's
-//! writer, a drainer, the archiver). What the same transaction does for ordered keys and
-//! completion notices lives in [`super::ordering`] and [`super::notices`].
+//! writer, a drainer, the archiver), keeping `open_jobs` (each unfinished job's latest
+//! resting state, see [`super::open_jobs`]) in step. What the same transaction does for
+//! ordered keys and completion notices lives in [`super::ordering`] and [`super::notices`];
+//! the `JobDb` methods that run it, in `append.rs`.
 //!
 //! Rows go in multi-row INSERTs chunked by bytes (below the server's packet limit) and by a
 //! power-of-two number of rows (so a connection prepares few statement shapes and reuses them).
@@ -17,9 +18,7 @@ use std::time::Duration;
 use bytes::Bytes;
 use chrono::{DateTime, Utc};
 
-use super::notices::tells_completion;
 use super::open_jobs::{Fresh, OpenRow};
-use super::{int, lifecycle, with_pool, JobDb, JobDbError};
 use crate::job::{Job, JobId, Recovered, Seq, State, Transition};
 
 /// Most rows in one multi-row INSERT (MySQL allows 65,535 placeholders per statement, SQLite
@@ -28,7 +27,7 @@ use crate::job::{Job, JobId, Recovered, Seq, State, Transition};
 pub(crate) const MAX_ROWS_PER_INSERT: usize = 512;
 /// Most bytes in one multi-row INSERT (every column counted), and at most half the server's
 /// `max_allowed_packet`: a statement and its bound values travel as one packet.
-const MAX_BYTES_PER_INSERT: usize = 4 * 1024 * 1024;
+pub(crate) const MAX_BYTES_PER_INSERT: usize = 4 * 1024 * 1024;
 /// Room a statement needs besides its rows' bytes (text, per-value framing), per row and in all.
 const ROW_OVERHEAD_BYTES: usize = 128;
 
@@ -39,6 +38,17 @@ pub(crate) const INSERT_JOBS: &str =
                  expire_at, idempotency_key, on_complete, ordering_key, ordering_blocks, \
                  ordering_position, event_id, event_type, subscription_id) ";
 
+/// Where an imported job came from (its `import_origins` row).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Origin {
+    /// The job (same id in both JobDBs).
+    pub job_id: JobId,
+    /// The retired JobDB it was moved out of.
+    pub from_jobdb: String,
+    /// When it was imported.
+    pub imported_at: DateTime<Utc>,
+}
+
 /// The first job of each event among `jobs` (an event's row is written with its jobs).
 pub(crate) fn events_of(jobs: &[Arc<Job>]) -> Vec<&Job> {
     let mut seen = std::collections::HashSet::new();
@@ -46,46 +56,6 @@ pub(crate) fn events_of(jobs: &[Arc<Job>]) -> Vec<&Job> {
         .filter(|job| job.event.as_ref().is_some_and(|e| seen.insert(e.event_id)))
         .map(|job| &**job)
         .collect()
-}
-
-/// Takes out of `open` the new ordered jobs this write keeps (see [`Append::keep`]) and
-/// returns them: each among `new` (no row of its own: see `Arrivals::new`), due now, not
-/// born (born ones left `open` already), of a sequence the writer knows (so something goes
-/// before it), while memory has room.
-pub(crate) fn keep_new(
-    append: &Append<'_>,
-    new: &HashSet<JobId>,
-    open: &mut Vec<OpenRow>,
-) -> Vec<JobId> {
-    let mut kept = Vec::new();
-    let may = append.keep
-        && append.release_touched
-        && append.log.is_some()
-        && !append.born_with_entry
-        && append.cleared.is_none();
-    if !may || !open.iter().any(|o| o.place.is_some() && !o.released) {
-        return kept;
-    }
-    let new: HashMap<JobId, &Arc<Job>> = append
-        .jobs
-        .iter()
-        .filter(|job| job.ordering.is_some() && new.contains(&job.id))
-        .map(|job| (job.id, job))
-        .collect();
-    append.with_known(|known| {
-        open.retain(|o| {
-            let (Some(place), Some(job)) = (o.place, new.get(&o.job_id)) else {
-                return true;
-            };
-            let due_now = o.state == State::AwaitingScheduling && o.retry_at.is_none();
-            if !o.released && due_now && known.keep(place.seq, job, place.position) {
-                kept.push(o.job_id);
-                return false;
-            }
-            true
-        })
-    });
-    kept
 }
 
 /// One multi-row INSERT of transitions: the caller adds the rows.
@@ -103,9 +73,6 @@ pub(crate) const INSERT_OPEN_JOBS: &str =
 /// A commit's `commit_log` row (binds: id, time, accepted, started).
 pub(crate) const INSERT_COMMIT_LOG: &str =
     "INSERT INTO commit_log (id, time, accepted, started) VALUES (?, ?, ?, ?)";
-
-/// The entries of some jobs: the caller binds the ids and closes the list.
-const LISTED_AMONG: &str = "SELECT job_id FROM open_jobs WHERE job_id IN (";
 
 /// Sets the expiry of new entries that lack it from their jobs: the caller binds the ids and
 /// closes the list.
@@ -189,9 +156,7 @@ macro_rules! write_path {
         }
 
         /// One multi-row INSERT of import origins (a repeated import keeps the first).
-        fn insert_origins(
-            origins: &[$crate::jobdb::lifecycle::Origin],
-        ) -> sqlx::QueryBuilder<'_, $db> {
+        fn insert_origins(origins: &[$crate::jobdb::write::Origin]) -> sqlx::QueryBuilder<'_, $db> {
             let mut qb = sqlx::QueryBuilder::<$db>::new(INSERT_ORIGINS);
             qb.push_values(origins, |mut row, o| {
                 row.push_bind(o.job_id.to_bytes().to_vec())
@@ -284,53 +249,19 @@ macro_rules! write_path {
             }
             owe_notices(tx, append).await?;
             let notices = write_notices(tx, append, limit).await?;
-            let mut changes = open_changes(append);
-            // Read before the upsert and the delete below take them out of their sequences.
-            let mut left: Vec<$crate::job::Seq> = changes.left.clone();
-            left.extend(left_sequences(tx, append, &changes.leaving, &changes.blocked).await?);
-            let mut touched: Vec<$crate::job::Seq> = changes
-                .open
-                .iter()
-                .filter_map(|o| o.place.map(|p| p.seq))
-                .chain(left.iter().copied())
-                .collect();
-            let arrivals = match append.release_touched {
-                true => arrivals(tx, append, &changes.open).await?,
-                false => Default::default(),
-            };
-            append.with_known(|known| {
-                for seq in &arrivals.empty {
-                    known.learn_empty(*seq);
-                }
+            let released_entries: std::collections::HashSet<$crate::job::JobId> =
+                append.released_entries.iter().copied().collect();
+            let changes = open_changes(&$crate::jobdb::open_jobs::Rows {
+                jobs: append.jobs,
+                transitions: append.transitions,
+                rests: append.rests,
+                fresh: append.fresh,
+                released: &released_entries,
             });
-            // A job born released is fresh, as an unordered one is: no entry, and the log row
-            // lists it as accepted. It goes to the scheduler from memory.
-            let mut born: Vec<$crate::job::JobId> = arrivals.born.values().copied().collect();
-            let mut released: Vec<$crate::job::Recovered> = Vec::new();
-            let mut started: Vec<$crate::job::Recovered> = Vec::new();
-            let mut born_with_entry = 0;
-            if !born.is_empty() {
-                let new: std::collections::HashSet<$crate::job::JobId> =
-                    born.iter().copied().collect();
-                if append.born_with_entry {
-                    // Its entry goes in released: the other JobDBs' reads see it under way.
-                    for o in changes.open.iter_mut().filter(|o| new.contains(&o.job_id)) {
-                        o.released = true;
-                    }
-                    born_with_entry = born.len();
-                    born.clear();
-                } else {
-                    changes.open.retain(|o| !new.contains(&o.job_id));
-                }
-                released.extend(append.jobs.iter().filter(|job| new.contains(&job.id)).map(
-                    |job| $crate::job::Recovered {
-                        job: job.clone(),
-                        attempts: 0,
-                        retry_at: None,
-                    },
-                ));
-            }
-            let kept = $crate::jobdb::write::keep_new(append, &arrivals.new, &mut changes.open);
+            // Read before the upsert and the delete below take them out of their sequences.
+            let ends = append.last_rows();
+            let (left, blocks_written) =
+                left_sequences(tx, append.read_left, &ends, append.blocks).await?;
             for chunk in changes.open.chunks(MAX_ROWS_PER_INSERT) {
                 upsert_open_jobs(chunk).build().execute(&mut **tx).await?;
             }
@@ -346,158 +277,34 @@ macro_rules! write_path {
                     .execute(&mut **tx)
                     .await?;
             }
-            append.with_known(|known| {
-                for o in &changes.open {
-                    if let Some(p) = o.place {
-                        known.entered(p.seq, o.job_id, p.position, !o.released);
-                    }
-                }
-                for job in changes.closed.iter().chain(&changes.leaving) {
-                    known.left(job);
-                }
-            });
             if let Some(open_from) = append.checkpoint {
                 sqlx::query($crate::jobdb::write::UPDATE_CHECKPOINT)
                     .bind($crate::jobdb::int(open_from))
                     .execute(&mut **tx)
                     .await?;
             }
-            // A sequence with a fresh job has it under way, which only the writer knows: a
-            // head read from the store (the sequencer's sweep) would see it empty.
-            let release: Vec<($crate::job::Seq, $crate::job::JobId)> = append
-                .release
-                .iter()
-                .filter(|(seq, _)| {
-                    !append.fresh_sequences.is_some_and(|f| f.contains_key(seq))
-                        && !append.kept_sequences.is_some_and(|k| k.contains_key(seq))
-                })
-                .copied()
-                .collect();
-            released.extend(release_heads(tx, &release).await?);
+            let mut released = release_jobs(tx, append.release, None).await?;
+            released.extend(release_heads(tx, append.release_if_head).await?);
             if !append.release_expired.is_empty() {
                 let now = chrono::Utc::now();
                 released.extend(release_jobs(tx, append.release_expired, Some(now)).await?);
             }
-            append.with_known(|known| {
-                for r in &released {
-                    known.released(&r.job.id);
-                }
-            });
-            let (mut heads_known, mut heads_misremembered) = (0, 0);
-            let mut gone_on: Vec<$crate::job::JobId> = Vec::new();
-            touched.sort_unstable();
-            touched.dedup();
-            if append.release_touched {
-                // A sequence whose first job was born released has it under way; one with a
-                // job under way or a block has no head that may go, unless a job of it left;
-                // one with a fresh job has it under way (the store cannot tell), unless that
-                // job left.
-                let left: std::collections::HashSet<$crate::job::Seq> = left.into_iter().collect();
-                let fresh_under_way = |seq: &$crate::job::Seq| {
-                    append.fresh_sequences.is_some_and(|f| f.contains_key(seq))
-                        && !changes.fresh_left.contains(seq)
-                };
-                let may_go: Vec<$crate::job::Seq> = touched
-                    .iter()
-                    .filter(|&seq| {
-                        !arrivals.born.contains_key(seq)
-                            && !fresh_under_way(seq)
-                            && (!arrivals.settled.contains(seq) || left.contains(seq))
-                    })
-                    .copied()
-                    .collect();
-                // The heads of sequences the writer knows come from its memory (a kept one
-                // goes on from there); the others are read, except those of sequences with
-                // kept jobs (the store cannot see them: they wait for their entries).
-                let may_clear =
-                    |job: &$crate::job::JobId| append.cleared.is_none_or(|c| c.contains(job));
-                let mut remembered = Vec::new();
-                let mut going: Vec<$crate::job::Recovered> = Vec::new();
-                let unknown: Vec<$crate::job::Seq> = append
-                    .with_known(|known| {
-                        may_go
-                            .iter()
-                            .filter(|seq| match known.head(seq) {
-                                Some(Some(job)) if known.is_kept(&job) => {
-                                    if may_clear(&job) {
-                                        going.extend(known.go_on(&job).map(|job| {
-                                            $crate::job::Recovered {
-                                                job,
-                                                attempts: 0,
-                                                retry_at: None,
-                                            }
-                                        }));
-                                    }
-                                    false
-                                }
-                                Some(head) => {
-                                    remembered.extend(head.map(|job| (**seq, job)));
-                                    false
-                                }
-                                None => true,
-                            })
-                            .copied()
-                            .collect()
-                    })
-                    .unwrap_or(may_go);
-                let unknown = append.readable_heads(unknown);
-                gone_on.extend(going.iter().map(|r| r.job.id));
-                heads_known = remembered.len() + going.len();
-                let mut go: Vec<$crate::job::JobId> =
-                    remembered.iter().map(|(_, job)| *job).collect();
-                go.extend(head_jobs(tx, &unknown).await?);
-                // Heads not cleared wait for the sequencer (it is told their sequences).
-                go.retain(may_clear);
-                going.extend(release_jobs(tx, &go, None).await?);
-                // A head remembered that the store does not hold waiting would say memory is
-                // wrong: forget its sequence and read it, so it cannot stall.
-                let got: std::collections::HashSet<$crate::job::JobId> =
-                    going.iter().map(|r| r.job.id).collect();
-                let missed: Vec<$crate::job::Seq> = remembered
-                    .iter()
-                    .filter(|(_, job)| !got.contains(job))
-                    .map(|(seq, _)| *seq)
-                    .collect();
-                heads_misremembered = missed.len();
-                if !missed.is_empty() {
-                    tracing::warn!(
-                        sequences = missed.len(),
-                        "remembered heads not held in the jobdb; reading them"
-                    );
-                    append.with_known(|known| missed.iter().for_each(|seq| known.forget(seq)));
-                    let go = head_jobs(tx, &append.readable_heads(missed)).await?;
-                    going.extend(release_jobs(tx, &go, None).await?);
-                }
-                append.with_known(|known| {
-                    for r in &going {
-                        known.released(&r.job.id);
-                    }
-                    // A sequence whose job under way (fresh) left with none after it: nothing
-                    // of it is left to remember.
-                    let went: std::collections::HashSet<$crate::job::Seq> =
-                        going.iter().filter_map(|r| r.job.seq()).collect();
-                    for seq in changes.fresh_left.difference(&went) {
-                        known.forget_if_empty(seq);
-                    }
-                });
-                for job in going {
-                    match append.begins(&job) {
-                        true => started.push(job),
-                        false => released.push(job),
-                    }
-                }
-            }
+            // A head whose attempt begins here, when it is due by the log row's time: listed
+            // by it as started.
+            let begin: std::collections::HashSet<$crate::job::JobId> =
+                append.begin.iter().copied().collect();
+            let (started, released): (Vec<_>, Vec<_>) =
+                released.into_iter().partition(|r| append.begins(r, &begin));
             // Last: it lists the attempts the releases above began.
             if let Some(log) = &append.log {
                 let begun: Vec<($crate::job::JobId, u16)> = started
                     .iter()
                     .map(|r| (r.job.id, r.next_attempt()))
                     .collect();
-                let fresh: Vec<$crate::job::JobId> = born.iter().chain(&kept).copied().collect();
                 sqlx::query($crate::jobdb::write::INSERT_COMMIT_LOG)
                     .bind($crate::jobdb::int(log.id))
                     .bind(log.time.naive_utc())
-                    .bind(log.accepted_json(&fresh))
+                    .bind(log.accepted_json())
                     .bind(log.started_json(&begun))
                     .execute(&mut **tx)
                     .await?;
@@ -505,14 +312,9 @@ macro_rules! write_path {
             Ok($crate::jobdb::write::Written {
                 notices,
                 released,
-                touched,
-                born,
-                born_with_entry,
                 started,
-                heads_known,
-                heads_misremembered,
-                kept,
-                gone_on,
+                left,
+                blocks_written,
             })
         }
 
@@ -564,242 +366,6 @@ macro_rules! write_path {
     };
 }
 pub(crate) use write_path;
-
-impl JobDb {
-    /// The largest row (in [`job_row_bytes`] / [`transition_row_bytes`]) this JobDB can store:
-    /// a bigger one is refused whatever else is in its batch.
-    pub fn max_row_bytes(&self) -> usize {
-        self.max_packet.saturating_sub(64 * 1024)
-    }
-
-    /// Most bytes of rows in one INSERT statement on this JobDB.
-    pub(crate) fn max_statement_bytes(&self) -> usize {
-        MAX_BYTES_PER_INSERT.min(self.max_packet / 2)
-    }
-
-    /// Appends jobs and transitions in one transaction, checking the fencing token as the
-    /// last statement before COMMIT, under a shared lock: a new owner's takeover waits for that
-    /// one round trip at most, and once it has happened our check fails and nothing of the
-    /// transaction is stored. (Checking first would make a paused owner block its successor
-    /// for as long as it stays paused.)
-    pub async fn append(
-        &self,
-        token: u64,
-        jobs: &[Arc<Job>],
-        transitions: &[(u64, Transition)],
-    ) -> Result<(), JobDbError> {
-        self.append_all(
-            token,
-            &Append {
-                jobs,
-                transitions,
-                ..Append::default()
-            },
-        )
-        .await
-        .map(drop)
-    }
-
-    /// Writes everything `append` holds in one fenced transaction (see [`JobDb::append`]),
-    /// keeping `open_jobs` (each resting job's latest state) in step.
-    ///
-    /// What a failure means for the caller: [`JobDbError::Fenced`], another owner holds the
-    /// JobDB; [`JobDbError::Refused`], the server (or the size check before sending) refused
-    /// the data, nothing was stored and the same rows will be refused again;
-    /// [`JobDbError::CommitUnknown`], the COMMIT's answer was lost; any other error happened
-    /// before the COMMIT was sent, so nothing was stored and trying again may succeed. Returns
-    /// what the write did besides its rows (see [`Written`]).
-    pub async fn append_all(&self, token: u64, append: &Append<'_>) -> Result<Written, JobDbError> {
-        self.append_bounded(token, append, &Bounds::default()).await
-    }
-
-    /// [`JobDb::append_all`] within `bounds`: the work before the COMMIT within
-    /// [`Bounds::work`] (else [`JobDbError::TimedOut`], nothing stored), the COMMIT's answer
-    /// within [`Bounds::commit`] (else [`JobDbError::CommitStalled`], outcome unknown until
-    /// [`JobDb::settle`]), and no COMMIT once [`Bounds::not_after`] has passed
-    /// ([`JobDbError::Expired`], nothing stored). A connection that ran out of time is closed,
-    /// never handed back to the pool with a statement still running on the server.
-    pub async fn append_bounded(
-        &self,
-        token: u64,
-        append: &Append<'_>,
-        bounds: &Bounds,
-    ) -> Result<Written, JobDbError> {
-        let max_row = self.max_row_bytes();
-        if let Some(job) = append.jobs.iter().find(|job| job_row_bytes(job) > max_row) {
-            return Err(JobDbError::Refused(format!(
-                "job {} takes {} bytes; this jobdb's server accepts rows of at most {max_row} \
-                 (max_allowed_packet)",
-                job.id,
-                job_row_bytes(job)
-            )));
-        }
-        if let Some((_, t)) = append
-            .transitions
-            .iter()
-            .find(|(_, t)| transition_row_bytes(t) > max_row)
-        {
-            return Err(JobDbError::Refused(format!(
-                "a transition of job {} takes {} bytes; this jobdb's server accepts rows of at \
-                 most {max_row} (max_allowed_packet)",
-                t.job_id,
-                transition_row_bytes(t)
-            )));
-        }
-        let limit = self.max_statement_bytes();
-        let work_until = bounds
-            .work
-            .and_then(|d| tokio::time::Instant::now().checked_add(d));
-        with_pool!(self, |p, q| {
-            let mut conn = match within(work_until, p.acquire()).await {
-                Some(conn) => conn?,
-                None => return Err(JobDbError::TimedOut),
-            };
-            // How the transaction ended; it borrows the connection only until then.
-            let ended = async {
-                let work = async {
-                    let mut tx = sqlx::Connection::begin(&mut *conn).await?;
-                    let written = q::write_rows(&mut tx, append, limit).await?;
-                    let (tx, connection) = q::check_fence(tx, token).await?;
-                    // After the fence check (which may have waited for a lock), right before
-                    // the COMMIT: a forward is never stored after its claim could lapse.
-                    if bounds.not_after.is_some_and(|t| Utc::now() > t) {
-                        tx.rollback().await?;
-                        return Err(JobDbError::Expired);
-                    }
-                    Ok((tx, connection, written))
-                };
-                let (tx, connection, written) = match within(work_until, work).await {
-                    None => return Ended::TimedOut,
-                    Some(Err(e)) => return Ended::Done(Err(e)),
-                    Some(Ok(done)) => done,
-                };
-                let commit_until = bounds
-                    .commit
-                    .and_then(|d| tokio::time::Instant::now().checked_add(d));
-                match within(commit_until, tx.commit()).await {
-                    None => Ended::Stalled(connection),
-                    Some(Ok(())) => Ended::Done(Ok(written)),
-                    // Past this point a failure may come after the server committed.
-                    Some(Err(e)) => Ended::Done(Err(JobDbError::CommitUnknown(e))),
-                }
-            }
-            .await;
-            match ended {
-                Ended::Done(Ok(written)) => Ok(written),
-                Ended::Done(Err(JobDbError::Sql(sql))) => Err(match q::refusal(&sql) {
-                    Some(why) if is_duplicate(&sql) => JobDbError::Duplicate(why),
-                    Some(why) => JobDbError::Refused(why),
-                    None => JobDbError::Sql(sql),
-                }),
-                Ended::Done(Err(other)) => Err(other),
-                // The server may still be running a statement of this connection (waiting for
-                // a lock): closed, it never commits, and the pool opens a fresh one.
-                Ended::TimedOut => {
-                    drop(conn.detach());
-                    Err(JobDbError::TimedOut)
-                }
-                Ended::Stalled(connection) => Err(JobDbError::CommitStalled(q::stalled(
-                    conn.detach(),
-                    connection,
-                ))),
-            }
-        })
-    }
-
-    /// Makes sure the server is done with the connection of a COMMIT that got no answer in
-    /// time ([`JobDbError::CommitStalled`]): MySQL ends it (`KILL CONNECTION`) and waits until
-    /// the server no longer lists it; SQLite closes it, which waits for the COMMIT its worker
-    /// still runs. After this returns, reading the JobDB tells whether the COMMIT happened.
-    /// An error (the server cannot be reached) means: not known yet, try again.
-    pub async fn settle(&self, stalled: &mut Option<Stalled>) -> Result<(), JobDbError> {
-        match stalled.take() {
-            None => Ok(()),
-            Some(Stalled::MySql(id)) => match &self.pool {
-                super::engine::Pool::MySql(p) => {
-                    let ended = super::engine::mysql::end_connection(p, id).await;
-                    if ended.is_err() {
-                        *stalled = Some(Stalled::MySql(id));
-                    }
-                    ended
-                }
-                super::engine::Pool::Sqlite(_) => Ok(()),
-            },
-            Some(Stalled::Sqlite(conn)) => {
-                sqlx::Connection::close(conn).await?;
-                Ok(())
-            }
-        }
-    }
-
-    /// Whether the Director's commit `id` (its `commit_log` row) happened: tells, after a
-    /// failed COMMIT, whether it did.
-    pub async fn commit_exists(&self, id: u64) -> Result<bool, JobDbError> {
-        let found: Option<u64> = with_pool!(self, |p, q| {
-            sqlx::query_scalar("SELECT id FROM commit_log WHERE id = ?")
-                .bind(int(id))
-                .fetch_optional(p)
-                .await?
-        });
-        Ok(found.is_some())
-    }
-
-    /// Which of `ids` have an `open_jobs` entry: after a COMMIT whose answer was lost, the
-    /// new ordered jobs without one are those it bore released.
-    pub async fn listed_among(
-        &self,
-        ids: &[JobId],
-    ) -> Result<std::collections::HashSet<JobId>, JobDbError> {
-        let mut listed = std::collections::HashSet::new();
-        for chunk in ids.chunks(super::MAX_IDS_PER_SELECT) {
-            with_pool!(self, |p, q| {
-                for row in &q::ids_query(LISTED_AMONG, chunk, ")")
-                    .build()
-                    .fetch_all(p)
-                    .await?
-                {
-                    listed.insert(q::job_id_of(row, "job_id")?);
-                }
-            });
-        }
-        Ok(listed)
-    }
-
-    /// Whether a transition row exists: tells, after a failed COMMIT, whether it happened.
-    pub async fn transition_exists(&self, job_id: JobId, id: u64) -> Result<bool, JobDbError> {
-        let found: Option<u64> = with_pool!(self, |p, q| {
-            sqlx::query_scalar("SELECT id FROM job_state_transitions WHERE job_id = ? AND id = ?")
-                .bind(&job_id.to_bytes()[..])
-                .bind(int(id))
-                .fetch_optional(p)
-                .await?
-        });
-        Ok(found.is_some())
-    }
-
-    /// The highest id of the sequence taken so far (0 for an empty JobDB): of transitions,
-    /// commits and entries of jobs that rested without a row. New ids continue from it (a row
-    /// ends an attempt only with an id above the commit that began it).
-    pub async fn max_transition_id(&self) -> Result<u64, JobDbError> {
-        let max: Option<u64> = with_pool!(self, |p, q| {
-            sqlx::query_scalar(
-                "SELECT MAX(m) FROM (\
-                 SELECT MAX(id) AS m FROM job_state_transitions \
-                 UNION ALL SELECT MAX(id) FROM commit_log \
-                 UNION ALL SELECT MAX(transition_id) FROM open_jobs) ids",
-            )
-            .fetch_one(p)
-            .await?
-        });
-        Ok(max.unwrap_or(0))
-    }
-}
-
-/// Whether the server refused a row because its key exists (either engine).
-fn is_duplicate(e: &sqlx::Error) -> bool {
-    matches!(e, sqlx::Error::Database(db)
-        if matches!(db.kind(), sqlx::error::ErrorKind::UniqueViolation))
-}
 
 /// Splits rows into INSERT-sized chunks: at most `max_bytes` bytes each (a single larger row
 /// is a chunk of its own), and a power-of-two number of rows up to [`MAX_ROWS_PER_INSERT`] (so
@@ -869,7 +435,7 @@ pub struct Append<'a> {
     /// Rows of `job_state_transitions`, with their ids.
     pub transitions: &'a [(u64, Transition)],
     /// Where imported jobs came from.
-    pub origins: &'a [lifecycle::Origin],
+    pub origins: &'a [Origin],
     /// The commit's own `commit_log` row (the Director's writer writes one per transaction).
     pub log: Option<CommitLog<'a>>,
     /// Jobs that rest now without a row of their own (accepted, not tried, and waiting): their
@@ -879,98 +445,42 @@ pub struct Append<'a> {
     /// and never rested), with their expiry: a terminal row of theirs deletes nothing, and a
     /// resting one gets their expiry. Anyone else's terminal row deletes its entry.
     pub fresh: Option<&'a HashMap<JobId, Fresh>>,
-    /// Sequences with a fresh job (born released, so under way, and without an entry yet),
-    /// with how many: as settled as if an entry said so. Only the Director's writer knows
-    /// them.
-    pub fresh_sequences: Option<&'a HashMap<Seq, u32>>,
     /// A new `jobdb_checkpoint.open_from`.
     pub checkpoint: Option<u64>,
-    /// Ordered jobs to release, each with its sequence: those still their sequence's head
-    /// when the transaction reads it are, unless their sequence is one of `fresh_sequences`.
-    pub release: &'a [(Seq, JobId)],
-    /// Keys blocked elsewhere that come with this write (a drainer's move): blocked here too.
-    pub blocks: &'a [super::BlockedKey],
+    /// New ordered jobs whose entry goes in released (`held = 0`): they go at once. Every
+    /// other new entry of an ordered job goes in held.
+    pub released_entries: &'a [JobId],
+    /// Held ordered jobs whose turn came (their writer's book says so): released, if still
+    /// held and waiting for an attempt, and read back.
+    pub release: &'a [JobId],
+    /// Ordered jobs proposed as their sequence's head, each with its sequence, for sequences
+    /// only the store holds: released if still the head when the transaction reads it.
+    pub release_if_head: &'a [(Seq, JobId)],
     /// Held jobs whose expiry has passed: released (those still held and expired when the
     /// transaction reads them) so their owner's scheduler ends them, which lets their
     /// sequences go on; never tried.
     pub release_expired: &'a [JobId],
-    /// Release, in the same transaction, the head of every sequence this write adds a job to
-    /// or ends one of: right only where no other JobDB is live (nothing elsewhere can be
-    /// older), and it saves the sequencer's read and a commit per ordered job. With a `log`
-    /// row, a new job due now whose sequence is empty is *born* released: it gets no entry
-    /// and is listed in `log` as accepted, a fresh job as an unordered one is.
-    pub release_touched: bool,
-    /// With `release_touched`, only these jobs may go in this write (born, or released as
-    /// their sequence's head): the ones the intake cleared against the other live JobDBs
-    /// (`director::sequencer::Clearance`). `None`: any (no other JobDB is live).
-    pub cleared: Option<&'a HashSet<JobId>>,
-    /// A job born released keeps an entry, released (`held = 0`), instead of being fresh:
-    /// in a cluster, where other JobDBs' reads of its sequence (which see entries only) must
-    /// find it under way. It is then handed over as released, not listed as accepted.
-    pub born_with_entry: bool,
-    /// Sequences whose head, when this write releases it through `release_touched` and it is
-    /// due by `log`'s time, begins its attempt in this commit: listed in `log` as started
-    /// (the scheduler offered it: its lane could start one). The attempt a job's end allows
-    /// its successor then costs no commit of its own.
-    pub begin_released: Option<&'a HashSet<Seq>>,
-    /// The writer's memory of its sequences' entries (with `release_touched`): this write
-    /// keeps it in step with what its statements change, and takes the head of a sequence
-    /// it knows from it instead of reading the store. The writer forgets it all when the
-    /// write fails.
-    pub known: Option<&'a std::sync::Mutex<super::KnownSequences>>,
-    /// With `known` and a `log` row, and every job born released fresh: a new job due now of
-    /// a known sequence that is not born is *kept* in memory, fresh, instead of entered held
-    /// (see [`super::KnownSequences`]). The writer sets it while alone and bearing fresh
-    /// jobs, unless `--no-keep-ordered`.
-    pub keep: bool,
-    /// Sequences with kept jobs, with how many: their heads are never read from the store,
-    /// which cannot see a kept job (see [`Append::readable_heads`]).
-    pub kept_sequences: Option<&'a HashMap<Seq, u32>>,
+    /// Of the jobs released here, those whose attempt begins in this commit when due by
+    /// `log`'s time: listed by it as started. The attempt a job's end allows its successor
+    /// then costs no commit of its own.
+    pub begin: &'a [JobId],
+    /// Leaving jobs whose sequence the store reads (returned), blocking it when a job that
+    /// asked to block ends without success ([`super::ordering::blocks_sequence`]). A job the
+    /// caller knows has none, or whose sequence it knows, need not be named.
+    pub read_left: &'a [JobId],
+    /// Keys blocked (carried by a drainer's move, or by fresh jobs whose end blocks them,
+    /// which have no entry to read).
+    pub blocks: &'a [super::BlockedKey],
 }
 
 impl Append<'_> {
-    /// Runs `f` on the writer's memory of sequences, if this write keeps one.
-    pub(crate) fn with_known<T>(
-        &self,
-        f: impl FnOnce(&mut super::KnownSequences) -> T,
-    ) -> Option<T> {
-        self.known.map(|known| {
-            let mut known = known
-                .lock()
-                .unwrap_or_else(|poisoned| poisoned.into_inner());
-            f(&mut known)
-        })
-    }
-}
-
-impl Append<'_> {
-    /// Of `seqs`, those whose head may be read from the store: not those with kept jobs,
-    /// which the store cannot see (in the writer's account, or dropped from its memory in
-    /// this write); they go once those jobs have their entries.
-    pub(crate) fn readable_heads(&self, mut seqs: Vec<Seq>) -> Vec<Seq> {
-        seqs.retain(|seq| !self.kept_sequences.is_some_and(|k| k.contains_key(seq)));
-        self.with_known(|known| seqs.retain(|seq| !known.dropped_kept(seq)));
-        seqs
-    }
-
-    /// Whether `released`, released by this write's `release_touched`, begins its attempt
-    /// here (see [`Append::begin_released`]): its sequence asked for it, there is a log row
-    /// to list it, and it is due.
-    pub(crate) fn begins(&self, released: &Recovered) -> bool {
-        let (Some(log), Some(begin)) = (&self.log, self.begin_released) else {
+    /// Whether `released`, released by this write, begins its attempt here (see
+    /// [`Append::begin`]): it was asked to, there is a log row to list it, and it is due.
+    pub(crate) fn begins(&self, released: &Recovered, begin: &HashSet<JobId>) -> bool {
+        let Some(log) = &self.log else {
             return false;
         };
-        released.retry_at.is_none_or(|at| at <= log.time)
-            && released.job.seq().is_some_and(|seq| begin.contains(&seq))
-    }
-
-    /// The rows that end a job (see [`tells_completion`]), by job.
-    pub(crate) fn ended(&self) -> HashMap<JobId, &Transition> {
-        self.transitions
-            .iter()
-            .filter(|(_, t)| tells_completion(t.state))
-            .map(|(_, t)| (t.job_id, t))
-            .collect()
+        begin.contains(&released.job.id) && released.retry_at.is_none_or(|at| at <= log.time)
     }
 
     /// Each job's last row of this write but an `executing` one, by job.
@@ -997,16 +507,15 @@ pub struct CommitLog<'a> {
 }
 
 impl CommitLog<'_> {
-    /// `accepted` and then `born` (ordered jobs born released, accepted as fresh) as stored:
-    /// a JSON array of hex ids, or NULL.
-    pub(crate) fn accepted_json(&self, born: &[JobId]) -> Option<String> {
-        let all = self.accepted.len() + born.len();
+    /// `accepted` as stored: a JSON array of hex ids, or NULL.
+    pub(crate) fn accepted_json(&self) -> Option<String> {
+        let all = self.accepted.len();
         if all == 0 {
             return None;
         }
         let mut out = String::with_capacity(2 + all * 35);
         out.push('[');
-        for (i, id) in self.accepted.iter().chain(born).enumerate() {
+        for (i, id) in self.accepted.iter().enumerate() {
             if i > 0 {
                 out.push(',');
             }
@@ -1057,29 +566,16 @@ fn push_hex(out: &mut String, id: JobId) {
 pub struct Written {
     /// The completion notices written (jobs resting in `open_jobs`).
     pub notices: Vec<Arc<Job>>,
-    /// The ordered jobs released (their turn came), as resting jobs with their progress.
+    /// The ordered jobs released (their turn came, or they expired), as resting jobs with
+    /// their progress.
     pub released: Vec<Recovered>,
-    /// The sequences of the ordered jobs this write added or ended: their head may go now.
-    pub touched: Vec<Seq>,
-    /// The new jobs of `released` born released (their sequence was empty): fresh, with no
-    /// entry, listed as accepted in the commit's log row.
-    pub born: Vec<JobId>,
-    /// New jobs of `released` born released with an entry (see [`Append::born_with_entry`]).
-    pub born_with_entry: usize,
-    /// Ordered jobs released whose attempt this commit began (see
-    /// [`Append::begin_released`]), with the attempts they had before it: listed in its log
-    /// row, not in `released`.
+    /// Ordered jobs released whose attempt this commit began (see [`Append::begin`]), with
+    /// the attempts they had before it: listed in its log row, not in `released`.
     pub started: Vec<Recovered>,
-    /// Heads this write found in the writer's memory (see [`Append::known`]), not read.
-    pub heads_known: usize,
-    /// Of those, heads the store did not hold waiting: read again, their sequences forgotten
-    /// (memory was wrong; never expected).
-    pub heads_misremembered: usize,
-    /// New jobs kept (see [`Append::keep`]): fresh, listed as accepted in the log row.
-    pub kept: Vec<JobId>,
-    /// Kept jobs whose turn came, handed on from memory (in `released` or `started`): under
-    /// way from now on, still fresh.
-    pub gone_on: Vec<JobId>,
+    /// Of [`Append::read_left`], the ordered jobs, with their sequences.
+    pub left: Vec<(JobId, Seq)>,
+    /// The sequences blocked by the jobs of [`Append::read_left`].
+    pub blocks_written: Vec<Seq>,
 }
 
 /// How long a bounded write ([`JobDb::append_bounded`]) may take, and until when it may
@@ -1104,27 +600,6 @@ pub enum Stalled {
     MySql(u64),
     /// A SQLite connection, still open: its worker thread may be running the COMMIT.
     Sqlite(sqlx::SqliteConnection),
-}
-
-/// How a bounded transaction ended, before its connection is dealt with.
-enum Ended {
-    /// Committed, or failed with this error (nothing stored, or `CommitUnknown`).
-    Done(Result<Written, JobDbError>),
-    /// The work before the COMMIT ran out of time.
-    TimedOut,
-    /// The COMMIT got no answer in time; the connection's id.
-    Stalled(u64),
-}
-
-/// `fut`'s output, or `None` if `until` passes first (`None`: no bound).
-async fn within<F: std::future::Future>(
-    until: Option<tokio::time::Instant>,
-    fut: F,
-) -> Option<F::Output> {
-    match until {
-        Some(until) => tokio::time::timeout_at(until, fut).await.ok(),
-        None => Some(fut.await),
-    }
 }
 
 /// A duration in whole milliseconds, saturating.

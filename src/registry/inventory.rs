@@ -3,11 +3,7 @@
 //! `spindle/jobdbs/<name>` holds a JSON [`JobDbRecord`]: where the JobDB lives and its
 //! lifecycle state. `spindle/locks/jobdbs/<name>` is the JobDB's lock key; its holder's session
 //! is the owner. Lock keys are never deleted (their `ModifyIndex` is the fencing token). Names
-//! are `[a-z0-9_]` so keys are valid on every Consul version. `spindle/locks/jobdbs/<name>/fresh`,
-//! the JobDB's *fresh mark*, says its ordered jobs may be fresh (born released without an
-//! `open_jobs` entry): other JobDBs' reads of its sequences then read its fresh jobs too. It
-//! sits under the lock prefix so the one listing of lock keys returns it (an older version
-//! finds its lock keys by exact name and ignores it).
+//! are `[a-z0-9_]` so keys are valid on every Consul version.
 //!
 //! Records hold no passwords: [`Inventory::add`] stores a JobDB's URL without its password, and
 //! every reader connects through [`Inventory::jobdb_url`], which fills in the password its
@@ -83,18 +79,6 @@ pub struct Listed {
     pub holder: Option<String>,
     /// The Director id written in the lock key by its last holder (kept after release).
     pub holder_id: Option<String>,
-    /// Its fresh mark, if set: the mark's ModifyIndex and the fencing token of the writer
-    /// that set it.
-    pub fresh_mark: Option<FreshMark>,
-}
-
-/// A JobDB's fresh mark as listed (see the module doc).
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct FreshMark {
-    /// Its ModifyIndex, for a check-and-set delete.
-    pub modify_index: u64,
-    /// The fencing token of the writer that set it (0 if unreadable).
-    pub token: u64,
 }
 
 /// The inventory, read and written through Consul KV.
@@ -169,33 +153,6 @@ impl Inventory {
             .await
     }
 
-    /// The key of a JobDB's fresh mark.
-    pub fn fresh_mark_key(name: &str) -> String {
-        format!("{LOCKS}{name}/fresh")
-    }
-
-    /// Sets `name`'s fresh mark for the writer holding fencing `token`.
-    pub async fn set_fresh_mark(&self, name: &str, token: u64) -> Result<bool, RegistryError> {
-        self.client
-            .kv_put(
-                &Self::fresh_mark_key(name),
-                token.to_string().as_bytes(),
-                Put::Set,
-            )
-            .await
-    }
-
-    /// Deletes `name`'s fresh mark if it is still the one listed as `mark`.
-    pub async fn clear_fresh_mark(
-        &self,
-        name: &str,
-        mark: FreshMark,
-    ) -> Result<bool, RegistryError> {
-        self.client
-            .kv_delete(&Self::fresh_mark_key(name), Some(mark.modify_index))
-            .await
-    }
-
     /// Every JobDB with its lock holder, sorted by name.
     pub async fn list(&self) -> Result<Vec<Listed>, RegistryError> {
         let records = self
@@ -214,14 +171,6 @@ impl Inventory {
                 .map_err(|e| RegistryError::Decode(format!("{}: {e}", entry.key)))?;
             let lock_key = Self::lock_key(&record.name);
             let lock = locks.iter().find(|l| l.key == lock_key);
-            let mark_key = Self::fresh_mark_key(&record.name);
-            let fresh_mark = locks.iter().find(|l| l.key == mark_key).map(|m| FreshMark {
-                modify_index: m.modify_index,
-                token: std::str::from_utf8(&m.value)
-                    .ok()
-                    .and_then(|v| v.trim().parse().ok())
-                    .unwrap_or(0),
-            });
             out.push(Listed {
                 record,
                 modify_index: entry.modify_index,
@@ -229,7 +178,6 @@ impl Inventory {
                 holder_id: lock
                     .and_then(|l| String::from_utf8(l.value.clone()).ok())
                     .filter(|v| !v.is_empty()),
-                fresh_mark,
             });
         }
         Ok(out)

@@ -561,12 +561,6 @@ impl Cluster {
         listed.iter().filter(|l| l.record.state == state).count()
     }
 
-    /// How many JobDBs have their fresh mark set.
-    pub async fn fresh_marks(&self) -> usize {
-        let listed = self.inventory.list().await.unwrap();
-        listed.iter().filter(|l| l.fresh_mark.is_some()).count()
-    }
-
     /// JobDB name → lock holder session.
     pub async fn holders(&self) -> HashMap<String, Option<String>> {
         self.inventory

@@ -1,6 +1,9 @@
-//! Ordered keys: jobs of a sequence wait held and are released one at a time, in their
-//! positions' order; what ends, expires or is flushed leaves its sequence; blocks are kept,
-//! carried in and forgotten; and another JobDB's read of a sequence always sees its open job.
+//! Ordered keys in the store: entries go in held or released as their writer says, held ones
+//! are released by name (or, for a sequence only the store holds, as the head it reads); what
+//! ends, expires or is flushed leaves its sequence; blocks are written, carried in, read and
+//! forgotten; a new owner finds every ordered job in its place; and another JobDB's read of a
+//! sequence always sees its open job. Which job goes is the Director's ordering part's
+//! decision (unit-tested there); these test what the store does with it.
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -16,7 +19,7 @@ crate::on_both_engines!(
     ordered_jobs_wait_held_and_are_released_one_at_a_time,
     ordered_jobs_leave_their_sequence_when_they_end_expire_or_are_flushed,
     a_read_from_elsewhere_sees_a_job_while_it_is_released,
-    a_writer_alone_reads_a_head_its_memory_cannot_vouch_for,
+    a_new_owner_finds_every_ordered_job_in_its_place,
 );
 
 /// `base` as a job of ordering key `key` at `position` (blocking its key when it fails if
@@ -32,98 +35,18 @@ fn keyed(base: &Job, key: &str, blocks: bool, position: ulid::Ulid) -> Job {
     }
 }
 
-/// A writer alone on its JobDB, as the Director's is, for the writes of one test: what it
-/// knows of the jobs it bore released (fresh: no entry), and its next log row.
-#[derive(Default)]
-struct Alone {
-    fresh: HashMap<JobId, jobdb::Fresh>,
-    sequences: HashMap<spindle::job::Seq, u32>,
-    log: u64,
-    /// Sequences whose next released job begins its attempt in the write (the scheduler
-    /// held a place for it).
-    begin: std::collections::HashSet<spindle::job::Seq>,
-    /// The jobs the last write released and began, with their attempts before it.
-    begun: Vec<(JobId, u16)>,
-    /// What it knows of its sequences' entries, as the Director's writer keeps it.
-    known: std::sync::Mutex<jobdb::KnownSequences>,
-    /// How many heads the last write took from `known`, and of those, found not held.
-    heads_known: (usize, usize),
-}
-
-impl Alone {
-    /// Writes `jobs` and `rows` as a writer with no other live JobDB does (releasing the heads
-    /// it makes in the same commit, with a log row): a new job whose only row is
-    /// `awaiting-scheduling` and due now rests without it, as the writer enters an ordered
-    /// job. Returns the jobs released and how many of them were born released (fresh).
-    async fn write(
-        &mut self,
-        db: &JobDb,
-        token: u64,
-        jobs: &[Arc<Job>],
-        rows: &[(u64, Transition)],
-    ) -> (Vec<JobId>, usize) {
-        let new = |t: &Transition| {
-            t.state == State::AwaitingScheduling
-                && t.retry_at.is_none()
-                && jobs.iter().any(|j| j.id == t.job_id)
-        };
-        let rests: Vec<jobdb::OpenRow> = rows
-            .iter()
-            .filter(|(_, t)| new(t))
-            .map(|(id, t)| {
-                let job = jobs.iter().find(|j| j.id == t.job_id).unwrap();
-                jobdb::OpenRow::resting(t.job_id, *id, Some(jobdb::Fresh::of(job)))
-            })
-            .collect();
-        let rows: Vec<(u64, Transition)> = rows.iter().filter(|(_, t)| !new(t)).cloned().collect();
-        let fresh: HashMap<JobId, jobdb::Fresh> = rows
-            .iter()
-            .filter_map(|(_, t)| Some((t.job_id, self.fresh.get(&t.job_id)?.clone())))
-            .collect();
-        self.log += 1;
-        let append = jobdb::Append {
-            jobs,
-            transitions: &rows,
-            rests: &rests,
-            fresh: Some(&fresh),
-            fresh_sequences: Some(&self.sequences),
-            log: Some(jobdb::CommitLog {
-                id: 1_000_000 + self.log,
-                time: Utc::now(),
-                accepted: &[],
-                started: &[],
-            }),
-            release_touched: true,
-            begin_released: Some(&self.begin),
-            known: Some(&self.known),
-            ..jobdb::Append::default()
-        };
-        let written = db.append_all(token, &append).await.unwrap();
-        self.heads_known = (written.heads_known, written.heads_misremembered);
-        self.begun = written
-            .started
-            .iter()
-            .map(|r| (r.job.id, r.attempts))
-            .collect();
-        for (_, t) in &rows {
-            if let Some(f) = self.fresh.remove(&t.job_id) {
-                let seq = f.place.unwrap().seq;
-                *self.sequences.get_mut(&seq).unwrap() -= 1;
-                self.sequences.retain(|_, n| *n > 0);
-            }
-        }
-        for id in &written.born {
-            let job = jobs.iter().find(|j| j.id == *id).unwrap();
-            *self.sequences.entry(job.seq().unwrap()).or_default() += 1;
-            self.fresh.insert(*id, jobdb::Fresh::of(job));
-        }
-        let ids = written.released.into_iter().map(|r| r.job.id).collect();
-        (ids, written.born.len())
-    }
+/// Every ordered entry of `db` as (job, sequence, position, held, blocks), by job.
+async fn entries(db: &JobDb) -> Vec<(JobId, spindle::job::Seq, ulid::Ulid, bool, bool)> {
+    let mut entries = db.ordered_entries().await.unwrap();
+    entries.sort_by_key(|e| e.job);
+    entries
+        .iter()
+        .map(|e| (e.job, e.seq, e.position, e.held, e.blocks))
+        .collect()
 }
 
 async fn ordered_jobs_wait_held_and_are_released_one_at_a_time(engine: Engine) {
-    use spindle::jobdb::{Append, BlockedKey};
+    use spindle::jobdb::Append;
     let test = TestDb::on(engine, "seqconf");
     let db = JobDb::open(&test.url, true, 2).await.unwrap();
     let token = db.take_ownership("test").await.unwrap();
@@ -170,14 +93,21 @@ async fn ordered_jobs_wait_held_and_are_released_one_at_a_time(engine: Engine) {
         )
         .await
         .unwrap();
-    let mut expected = vec![seq_a, seq_b];
-    expected.sort();
-    assert_eq!(written.touched, expected, "both sequences gained jobs");
     assert!(written.released.is_empty());
     let stored = db.get_jobs(&[a2.id]).await.unwrap();
     assert_eq!(
         stored[0].ordering, a2.ordering,
         "the key is stored with its job"
+    );
+    // Every ordered entry, held, with its place and whether its job blocks its key.
+    assert_eq!(
+        entries(&db).await,
+        vec![
+            (a1.id, seq_a, a1.id.0, true, false),
+            (a2.id, seq_a, a2.id.0, true, true),
+            (a3.id, seq_a, a3.id.0, true, false),
+            (b1.id, seq_b, b1.id.0, true, false),
+        ]
     );
     // Held jobs are not read by backlog pages: only the unordered job is due.
     let page = |db: &JobDb| {
@@ -194,14 +124,14 @@ async fn ordered_jobs_wait_held_and_are_released_one_at_a_time(engine: Engine) {
     assert_eq!(page(&db).await, vec![free.id]);
     let heads = heads_of(db.sequence_heads(None).await.unwrap());
     assert_eq!(heads, HashMap::from([(seq_a, a1.id), (seq_b, b1.id)]));
-    // A release of a job that is not its sequence's head releases nothing.
-    let release = |db: &JobDb, heads: Vec<(spindle::job::Seq, JobId)>| {
+    // A proposed head that is not its sequence's head in the store releases nothing.
+    let release_if_head = |db: &JobDb, heads: Vec<(spindle::job::Seq, JobId)>| {
         let db = db.clone();
         async move {
             db.append_all(
                 token,
                 &Append {
-                    release: &heads,
+                    release_if_head: &heads,
                     ..Append::default()
                 },
             )
@@ -210,7 +140,7 @@ async fn ordered_jobs_wait_held_and_are_released_one_at_a_time(engine: Engine) {
             .released
         }
     };
-    let released = release(&db, vec![(seq_a, a2.id), (seq_a, a1.id)]).await;
+    let released = release_if_head(&db, vec![(seq_a, a2.id), (seq_a, a1.id)]).await;
     assert_eq!(released.len(), 1);
     assert_eq!(released[0].job.id, a1.id);
     assert_eq!(released[0].job.payload, a1.payload, "released whole");
@@ -220,11 +150,29 @@ async fn ordered_jobs_wait_held_and_are_released_one_at_a_time(engine: Engine) {
         heads_of(db.sequence_heads(None).await.unwrap()),
         HashMap::from([(seq_b, b1.id)])
     );
-    assert!(release(&db, vec![(seq_a, a2.id)]).await.is_empty());
+    assert!(release_if_head(&db, vec![(seq_a, a2.id)]).await.is_empty());
     let mut due = page(&db).await;
     due.sort();
     assert_eq!(due, vec![a1.id, free.id], "a released job is read like any");
-    // Its end moves the sequence on.
+    // A job named to release is released only while it is held and waits: a1 is released
+    // already.
+    let release = |db: &JobDb, go: Vec<JobId>| {
+        let db = db.clone();
+        async move {
+            db.append_all(
+                token,
+                &Append {
+                    release: &go,
+                    ..Append::default()
+                },
+            )
+            .await
+            .unwrap()
+            .released
+        }
+    };
+    assert!(release(&db, vec![a1.id]).await.is_empty());
+    // Its end: the store reads its sequence when asked to.
     let end = t0 + TimeDelta::seconds(1);
     let ends = [(
         20,
@@ -235,31 +183,43 @@ async fn ordered_jobs_wait_held_and_are_released_one_at_a_time(engine: Engine) {
             token,
             &Append {
                 transitions: &ends,
+                read_left: &[a1.id, free.id],
                 ..Append::default()
             },
         )
         .await
         .unwrap();
-    assert_eq!(written.touched, vec![seq_a]);
+    assert_eq!(
+        written.left,
+        vec![(a1.id, seq_a)],
+        "the unordered one has none"
+    );
+    assert!(written.blocks_written.is_empty());
     assert_eq!(
         heads_of(db.sequence_heads(Some(&[seq_a])).await.unwrap()),
         HashMap::from([(seq_a, a2.id)])
     );
-    // a2 asked to block: discarded, it stops its sequence until an operator says otherwise.
-    assert_eq!(release(&db, vec![(seq_a, a2.id)]).await.len(), 1);
+    // a2 asked to block: discarded by a failure, it blocks its sequence until an operator
+    // says otherwise.
+    let released = release(&db, vec![a2.id]).await;
+    assert_eq!(released.len(), 1);
     let ends = [(
         21,
         attempt(row(&a2, State::Discarded, 1, end), 400, 5, Some("http-4xx")),
     )];
-    db.append_all(
-        token,
-        &Append {
-            transitions: &ends,
-            ..Append::default()
-        },
-    )
-    .await
-    .unwrap();
+    let written = db
+        .append_all(
+            token,
+            &Append {
+                transitions: &ends,
+                read_left: &[a2.id],
+                ..Append::default()
+            },
+        )
+        .await
+        .unwrap();
+    assert_eq!(written.blocks_written, vec![seq_a]);
+    assert_eq!(db.blocked_sequences().await.unwrap(), vec![seq_a]);
     assert!(db.sequence_heads(Some(&[seq_a])).await.unwrap().is_empty());
     let elsewhere = db.sequences_elsewhere(&[seq_a, seq_b], 9).await.unwrap();
     assert_eq!(
@@ -289,143 +249,50 @@ async fn ordered_jobs_wait_held_and_are_released_one_at_a_time(engine: Engine) {
         "schema 7 holds no ordered job"
     );
     operator_sql(&db, "DELETE FROM ordering_blocked").await;
+    assert!(db.blocked_sequences().await.unwrap().is_empty());
     assert_eq!(
         heads_of(db.sequence_heads(Some(&[seq_a])).await.unwrap()),
         HashMap::from([(seq_a, a3.id)])
     );
-    // Where no other JobDB is live, a write releases the heads it makes: the first job of a
-    // new sequence in the commit that stores it, the next in the commit that ends one.
+    // A new job its writer lets go at once goes in released, with no release to write; one
+    // it keeps fresh has no entry at all, and is listed by the log row as accepted.
     let (c1, c2) = (ordered(6, "c", false), ordered(7, "c", false));
-    // The later of two new jobs of an empty sequence comes first in the write: order is by
-    // position, not by place in the write.
-    let jobs = [c2.clone(), c1.clone()];
-    let rows: Vec<(u64, Transition)> = jobs
-        .iter()
-        .enumerate()
-        .map(|(i, j)| (30 + i as u64, row(j, State::AwaitingScheduling, 0, t0)))
-        .collect();
-    let mut alone = Alone::default();
-    assert_eq!(
-        alone.write(&db, token, &jobs, &rows).await,
-        (vec![c1.id], 1)
-    );
-    // c1 was born released (no head read, no UPDATE, no entry): fresh, as an unordered job
-    // is, listed as accepted by the commit's log row, where a new owner finds it with its
-    // place. Its writer knows its sequence is under way, so a later job of it waits.
-    assert_eq!(
-        db.listed_among(&[c1.id, c2.id]).await.unwrap(),
-        [c2.id].into_iter().collect()
-    );
-    assert!(db
-        .load_stranded()
-        .await
-        .unwrap()
-        .unlisted
-        .contains(&(c1.id, c1.place())));
-    // A head read from the store (the sequencer's sweep) sees c1's sequence with no job
-    // under way and names c2; the write refuses it, as its writer knows better.
-    let seq_c = c1.seq().unwrap();
-    let sweep = [(seq_c, c2.id)];
-    let written = db
-        .append_all(
-            token,
-            &Append {
-                release: &sweep,
-                fresh_sequences: Some(&alone.sequences),
-                ..Append::default()
-            },
-        )
-        .await
-        .unwrap();
-    assert!(written.released.is_empty(), "{:?}", written.released);
-    let c3 = ordered(8, "c", false);
-    let later = [(33, row(&c3, State::AwaitingScheduling, 0, t0))];
-    assert_eq!(
-        alone
-            .write(&db, token, std::slice::from_ref(&c3), &later)
-            .await,
-        (vec![], 0)
-    );
-    // A held job that leaves (flushed) does not free its sequence: c1 is still under way.
-    let flushed = [(
-        36,
-        Transition {
-            error_type: Some(spindle::job::ErrorType::OperatorFlush.as_str().into()),
-            ..Transition::archiving(c3.id, 0, t0)
-        },
+    let rests = [jobdb::OpenRow::resting(
+        c1.id,
+        30,
+        Some(jobdb::Fresh::of(&c1)),
     )];
-    assert_eq!(alone.write(&db, token, &[], &flushed).await, (vec![], 0));
-    // A new job of a key blocked here waits too, though its sequence has no entry.
-    let (d1, d0) = (ordered(9, "d", false), ordered(10, "d", true));
-    let block = BlockedKey {
-        job_id: d0.id,
-        state: "discarded".into(),
-        blocked_at: t0,
-        bucket: d0.bucket.to_string(),
-        endpoint: d0.endpoint.to_string(),
-        ordering_key: "d".into(),
-    };
     db.append_all(
         token,
         &Append {
-            blocks: &[block],
+            jobs: &[c1.clone(), c2.clone()],
+            rests: &rests,
+            released_entries: &[c1.id],
+            log: Some(jobdb::CommitLog {
+                id: 31,
+                time: t0,
+                accepted: &[c2.id],
+                started: &[],
+            }),
             ..Append::default()
         },
     )
     .await
     .unwrap();
-    let first = [(34, row(&d1, State::AwaitingScheduling, 0, t0))];
-    assert_eq!(
-        alone
-            .write(&db, token, std::slice::from_ref(&d1), &first)
-            .await,
-        (vec![], 0)
-    );
-    // A new first job that is scheduled is not born released: it holds its key, held, and
-    // the commit's head read releases it to wait for its time (as any head).
-    let e1 = ordered(11, "e", false);
-    let at = t0 + TimeDelta::seconds(60);
-    let scheduled = [(35, Transition::scheduled(e1.id, t0, at))];
-    assert_eq!(
-        alone
-            .write(&db, token, std::slice::from_ref(&e1), &scheduled)
-            .await,
-        (vec![e1.id], 0)
-    );
-    let end = [(
-        40,
-        attempt(row(&c1, State::Succeeded, 1, end), 200, 5, None),
-    )];
-    // c1 ends: its writer knows its place (it has no entry to read), so its sequence's
-    // next job goes in the same commit; the scheduler held a place for it, so its attempt
-    // begins there too: listed by the commit's log row (a new owner finds it under way),
-    // not handed over as released.
-    alone.begin.insert(seq_c);
-    assert_eq!(alone.write(&db, token, &[], &end).await, (vec![], 0));
-    assert_eq!(alone.begun, vec![(c2.id, 0)]);
-    assert!(alone.sequences.is_empty());
-    let settle = db.load_stranded().await.unwrap().settle;
-    let c2_under_way = settle.iter().find(|(id, _)| *id == c2.id);
-    assert!(
-        c2_under_way.is_some_and(|(_, p)| p.attempts == 1 && p.started.is_some()),
-        "{settle:?}"
-    );
-    // c2's attempt ends (a retry: it stays its sequence's head) and the place held for the
-    // sequence is not used: nothing else of it is released or begun.
-    let t1 = t0 + TimeDelta::seconds(2);
-    let retry = [(
-        41,
-        attempt(
-            Transition::awaiting_retry(c2.id, 1, t1, t1, Default::default()),
-            503,
-            5,
-            None,
-        ),
-    )];
-    assert_eq!(alone.write(&db, token, &[], &retry).await, (vec![], 0));
-    assert!(alone.begun.is_empty());
-    // Due later, a released head is released but not begun: its attempt waits for its time.
+    let entries = db.ordered_entries().await.unwrap();
+    let c1_entry = entries.iter().find(|e| e.job == c1.id).unwrap();
+    assert!(!c1_entry.held, "it went at once");
+    assert!(!entries.iter().any(|e| e.job == c2.id), "c2 is fresh");
+    assert!(db
+        .load_stranded()
+        .await
+        .unwrap()
+        .unlisted
+        .contains(&(c2.id, c2.place())));
+    // A released head whose attempt begins in this commit (due by the log row's time) is
+    // listed by it as started, not handed over; one due later is released and not begun.
     let (f1, f2) = (ordered(12, "f", false), ordered(13, "f", false));
+    let t1 = t0 + TimeDelta::seconds(2);
     let f_rows = [
         (42, row(&f1, State::AwaitingScheduling, 0, t0)),
         (
@@ -433,16 +300,44 @@ async fn ordered_jobs_wait_held_and_are_released_one_at_a_time(engine: Engine) {
             Transition::scheduled(f2.id, t0, t0 + TimeDelta::hours(1)),
         ),
     ];
-    assert_eq!(
-        alone
-            .write(&db, token, &[f1.clone(), f2.clone()], &f_rows)
-            .await,
-        (vec![f1.id], 1)
+    db.append_all(
+        token,
+        &Append {
+            jobs: &[f1.clone(), f2.clone()],
+            transitions: &f_rows,
+            ..Append::default()
+        },
+    )
+    .await
+    .unwrap();
+    let begin_both = [f1.id, f2.id];
+    let written = db
+        .append_all(
+            token,
+            &Append {
+                release: &begin_both,
+                begin: &begin_both,
+                log: Some(jobdb::CommitLog {
+                    id: 44,
+                    time: t1,
+                    accepted: &[],
+                    started: &[],
+                }),
+                ..Append::default()
+            },
+        )
+        .await
+        .unwrap();
+    let ids = |r: &[spindle::job::Recovered]| r.iter().map(|r| r.job.id).collect::<Vec<_>>();
+    assert_eq!(ids(&written.started), vec![f1.id]);
+    assert_eq!(ids(&written.released), vec![f2.id], "due in an hour");
+    let settle = db.load_stranded().await.unwrap().settle;
+    assert!(
+        settle
+            .iter()
+            .any(|(id, p)| *id == f1.id && p.attempts == 1 && p.started.is_some()),
+        "f1's attempt is under way: {settle:?}"
     );
-    alone.begin.insert(f1.seq().unwrap());
-    let f_end = [(44, attempt(row(&f1, State::Succeeded, 1, t1), 200, 5, None))];
-    assert_eq!(alone.write(&db, token, &[], &f_end).await, (vec![f2.id], 0));
-    assert!(alone.begun.is_empty());
     db.close().await;
 }
 
@@ -483,13 +378,15 @@ async fn ordered_jobs_leave_their_sequence_when_they_end_expire_or_are_flushed(e
                  expired: Vec<JobId>| {
         let db = db.clone();
         async move {
+            let leaving: Vec<JobId> = rows.iter().map(|(_, t)| t.job_id).collect();
             db.append_all(
                 token,
                 &Append {
                     jobs: &jobs,
                     transitions: &rows,
-                    release: &release,
+                    release_if_head: &release,
                     release_expired: &expired,
+                    read_left: &leaving,
                     ..Append::default()
                 },
             )
@@ -527,7 +424,12 @@ async fn ordered_jobs_leave_their_sequence_when_they_end_expire_or_are_flushed(e
         ..row(&j2, State::Discarded, 0, t0)
     };
     let written = write(vec![], vec![(10, flushed), (11, discarded)], vec![], vec![]).await;
-    assert_eq!(written.touched, vec![seq]);
+    let mut left = written.left.clone();
+    left.sort();
+    let mut both = vec![(j2.id, seq), (j3.id, seq)];
+    both.sort();
+    assert_eq!(left, both);
+    assert!(written.blocks_written.is_empty());
     assert_eq!(
         written.notices.len(),
         2,
@@ -674,7 +576,7 @@ async fn a_read_from_elsewhere_sees_a_job_while_it_is_released(engine: Engine) {
                 &Append {
                     jobs: &jobs,
                     transitions: &rows,
-                    release: &release,
+                    release_if_head: &release,
                     ..Append::default()
                 },
             )
@@ -721,132 +623,77 @@ async fn a_read_from_elsewhere_sees_a_job_while_it_is_released(engine: Engine) {
     db.close().await;
 }
 
-/// A writer alone takes the next head of a sequence it saw empty from its memory of the
-/// entries it made (no read), and when the store does not hold that head waiting (memory
-/// wrong, here an entry deleted behind its back), it forgets the sequence and reads it in the
-/// same commit: the store's head goes, nothing stalls.
-async fn a_writer_alone_reads_a_head_its_memory_cannot_vouch_for(engine: Engine) {
-    let test = TestDb::on(engine, "seqknown");
+/// A new owner enters every fresh job its predecessor left (accepted, never rested) before
+/// anything else: each ordered one held in its place, so its book (read from the entries) and
+/// every other JobDB's read see it, and a drainer does the same before it moves them.
+async fn a_new_owner_finds_every_ordered_job_in_its_place(engine: Engine) {
+    use spindle::jobdb::Append;
+    let test = TestDb::on(engine, "seqowner");
     let db = JobDb::open(&test.url, true, 2).await.unwrap();
     let token = db.take_ownership("test").await.unwrap();
     let t0 = base_time();
-    let ordered = |n: u8, key: &str, blocks: bool| {
+    let ordered = |n: u8| {
         let base = job(n, "b", "https://x.example/a", t0);
-        Arc::new(keyed(&base, key, blocks, base.id.0))
+        Arc::new(keyed(&base, "k", n == 2, base.id.0))
     };
-    let mut alone = Alone::default();
-    let keyed_jobs = |jobs: &[Arc<Job>], from: u64| -> Vec<(u64, Transition)> {
-        jobs.iter()
-            .enumerate()
-            .map(|(i, j)| (from + i as u64, row(j, State::AwaitingScheduling, 0, t0)))
-            .collect()
-    };
-    let g: Vec<Arc<Job>> = (1..=4).map(|n| ordered(n, "g", false)).collect();
-    // g1 is born released; the read that found its sequence empty teaches the writer it.
-    assert_eq!(
-        alone.write(&db, token, &g, &keyed_jobs(&g, 10)).await,
-        (vec![g[0].id], 1)
-    );
-    let end = |j: &Job, id: u64| [(id, attempt(row(j, State::Succeeded, 1, t0), 200, 5, None))];
-    assert_eq!(
-        alone.write(&db, token, &[], &end(&g[0], 20)).await,
-        (vec![g[1].id], 0)
-    );
-    assert_eq!(alone.heads_known, (1, 0), "g2 came from memory");
-    // Behind the writer's back, g3's entry goes: memory still names it next.
-    crate::scenario::operator_rows(
-        &db,
-        &format!("DELETE FROM open_jobs WHERE job_id = X'{}'", hex(&g[2].id)),
-        0,
+    let (k1, k2) = (ordered(1), ordered(2));
+    let plain = job(3, "b", "https://x.example/a", t0);
+    let seq = k1.seq().unwrap();
+    // One commit accepted all three fresh (no entry): the first under way, the second kept.
+    db.append_all(
+        token,
+        &Append {
+            jobs: &[k1.clone(), k2.clone(), plain.clone()],
+            log: Some(jobdb::CommitLog {
+                id: 10,
+                time: t0,
+                accepted: &[k1.id, k2.id, plain.id],
+                started: &[(k1.id, 1)],
+            }),
+            ..Append::default()
+        },
     )
-    .await;
+    .await
+    .unwrap();
+    assert!(db.ordered_entries().await.unwrap().is_empty());
+    assert!(
+        db.sequences_elsewhere(&[seq], 9)
+            .await
+            .unwrap()
+            .oldest
+            .is_empty(),
+        "fresh jobs are invisible to entries"
+    );
+    let successor = db.take_ownership("next").await.unwrap();
+    let stranded = db.load_stranded().await.unwrap();
+    assert_eq!(stranded.unlisted.len(), 3);
+    let next_id = db
+        .enter_unlisted(successor, 100, &stranded.unlisted)
+        .await
+        .unwrap();
+    assert_eq!(next_id, 103);
     assert_eq!(
-        alone.write(&db, token, &[], &end(&g[1], 21)).await,
-        (vec![g[3].id], 0),
-        "the store's head goes in the same commit"
+        entries(&db).await,
+        vec![
+            (k1.id, seq, k1.id.0, true, false),
+            (k2.id, seq, k2.id.0, true, true),
+        ],
+        "held in their places: the head goes by position"
     );
     assert_eq!(
-        alone.heads_known,
-        (1, 1),
-        "memory named g3, which was not held"
+        db.sequences_elsewhere(&[seq], 9).await.unwrap().oldest,
+        HashMap::from([(seq, k1.id.0)])
     );
-    // Forgotten, the sequence is read from the store from then on.
-    let g5 = ordered(5, "g", false);
+    assert!(db.load_stranded().await.unwrap().unlisted.is_empty());
     assert_eq!(
-        alone
-            .write(
-                &db,
-                token,
-                std::slice::from_ref(&g5),
-                &keyed_jobs(std::slice::from_ref(&g5), 30)
-            )
-            .await,
-        (vec![], 0)
-    );
-    assert_eq!(
-        alone.write(&db, token, &[], &end(&g[3], 31)).await,
-        (vec![g5.id], 0)
-    );
-    assert_eq!(alone.heads_known, (0, 0), "read, not remembered");
-    // A key known to the writer that a failure blocks is forgotten: its next job waits for
-    // the operator, as the store says.
-    let h1 = ordered(6, "h", true);
-    let h2 = ordered(7, "h", false);
-    let h = [h1.clone(), h2.clone()];
-    assert_eq!(
-        alone.write(&db, token, &h, &keyed_jobs(&h, 40)).await,
-        (vec![h1.id], 1)
-    );
-    let failed = [(
-        50,
-        attempt(
-            row(&h1, State::Discarded, 1, t0),
-            400,
-            5,
-            Some("client-error"),
-        ),
-    )];
-    assert_eq!(alone.write(&db, token, &[], &failed).await, (vec![], 0));
-    assert_eq!(alone.heads_known, (0, 0));
-    // The same with an entry: i1 rests (a retry), so its end is read from its entry (memory
-    // knows its sequence, but not whether it blocks), and blocks.
-    let i1 = ordered(8, "i", true);
-    let i2 = ordered(9, "i", false);
-    let i = [i1.clone(), i2.clone()];
-    assert_eq!(
-        alone.write(&db, token, &i, &keyed_jobs(&i, 60)).await,
-        (vec![i1.id], 1)
-    );
-    let t1 = t0 + TimeDelta::seconds(1);
-    let retry = [(
-        70,
-        attempt(
-            Transition::awaiting_retry(i1.id, 1, t1, t1, Default::default()),
-            503,
-            5,
-            None,
-        ),
-    )];
-    assert_eq!(alone.write(&db, token, &[], &retry).await, (vec![], 0));
-    let failed = [(
-        71,
-        attempt(
-            row(&i1, State::Discarded, 2, t1),
-            400,
-            5,
-            Some("client-error"),
-        ),
-    )];
-    assert_eq!(alone.write(&db, token, &[], &failed).await, (vec![], 0));
-    assert_eq!(
-        db.blocked_keys().await.unwrap().len(),
-        2,
-        "h and i are blocked"
+        db.backlog_page(None, t0, t0, 1000, 100, None)
+            .await
+            .unwrap()
+            .into_iter()
+            .map(|(j, _)| j.id)
+            .collect::<Vec<_>>(),
+        vec![plain.id],
+        "the unordered one waits to be read like any"
     );
     db.close().await;
-}
-
-/// A job id as the hex of its stored bytes.
-fn hex(id: &JobId) -> String {
-    id.to_bytes().iter().map(|b| format!("{b:02X}")).collect()
 }

@@ -20,7 +20,8 @@ use crate::job::{
 
 use super::cache::{Entry, Phase};
 use super::gates::{Limit, Recorded};
-use super::{wait_until, Event, Scheduler, SchedulerLimits, WriteOp, WriteRejected};
+use super::{wait_until, Event, Scheduler, SchedulerLimits};
+use crate::director::mailbox::{WriteOp, WriteRejected};
 
 /// How long a job waits before it is tried again when the commit that would begin its attempt
 /// was refused by the JobDB (a bug, not a condition that passes by itself): long enough not to loop.

@@ -41,16 +41,17 @@ use tokio::sync::mpsc;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
-use crate::delivery::{AttemptResult, Deliverer};
+use crate::delivery::Deliverer;
 pub use crate::job::Recovered;
-use crate::job::{AttemptStart, Job, JobId, Progress, Transition};
+use crate::job::{JobId, Transition};
 use crate::jobdb::commands::Command;
 use crate::jobdb::JobDb;
 use crate::metrics::Metrics;
 use crate::registry::controls::{Controls, EndpointControl};
 
 use super::breaker::BreakerConfig;
-use super::writer::{WriteOp, WriteRejected};
+pub use super::mailbox::Event;
+use super::mailbox::WriteOp;
 use backlog::Backlog;
 use cache::{Admitted, Cache, Entry, Phase};
 use gates::{Gates, Limit};
@@ -59,72 +60,6 @@ use queues::Queues;
 /// How long a command planned over jobs only in the JobDB is remembered against commits read
 /// before it (a release hands its jobs over within moments of its commit).
 const PLANNED_IN_DB_KEEP: Duration = Duration::from_secs(60);
-
-/// Something the scheduler must react to.
-#[derive(Debug)]
-pub enum Event {
-    /// New jobs, durable in the JobDB.
-    Accepted(Vec<Arc<Job>>),
-    /// Jobs a commit hands over with a past (attempts, a due time): imports from a retired
-    /// JobDB, ordered jobs released for their turn (or to be expired), completion notices.
-    HandedOver(Vec<Recovered>),
-    /// The commit that begins these jobs' attempts is durable: deliver them now.
-    Started(Vec<JobId>, AttemptStart),
-    /// The commit that would begin these jobs' attempts could not be written.
-    StartFailed(Vec<JobId>, WriteRejected),
-    /// Spilled jobs read back from the JobDB (with the ids that were asked for).
-    Reloaded(Vec<Job>, Vec<JobId>),
-    /// Reading spilled jobs back failed; they are tried again shortly.
-    ReloadFailed(Vec<JobId>),
-    /// A page of the backlog (jobs in the JobDB but not in the cache), read with `limit`.
-    BacklogPage {
-        /// The jobs, without payloads; `None` if the read failed.
-        jobs: Option<Vec<(Job, Progress)>>,
-        /// The most the page could hold: fewer means the pass reached the end.
-        limit: usize,
-        /// For a last page read up to a horizon: when the first job beyond it comes due.
-        next_due: Option<DateTime<Utc>>,
-    },
-    /// Waiting jobs of every lane but `lane`, read while that lane holds most of a full
-    /// cache: they come in, and `lane` gives way to them.
-    OtherLanesPage {
-        /// The jobs, without payloads; `None` if the read failed.
-        jobs: Option<Vec<(Job, Progress)>>,
-        /// The lane left out.
-        lane: Arc<str>,
-        /// The most the page could hold: fewer means the read reached the end.
-        limit: usize,
-    },
-    /// Jobs may wait in the JobDB that no event told of (a commit whose answer was lost may
-    /// have written completion notices or released ordered jobs): a backlog pass finds them.
-    ReadBacklog,
-    /// An operator command appended to the JobDB, to apply.
-    Command(Box<Command>),
-    /// The endpoint and bucket controls in force now (from the registry).
-    Controls(Arc<Controls>),
-    /// The subscriptions disabled now (from the control database): their jobs wait.
-    DisabledSubscriptions(Arc<HashSet<ulid::Ulid>>),
-    /// The caps subscriptions put on their URLs now (from the control database): applied
-    /// with the registry's endpoint controls, the tighter of the two.
-    SubscriptionCaps(Arc<crate::events::EndpointCaps>),
-    /// The jobs in the JobDB a command names (`None` if the read failed).
-    CommandTargets {
-        /// The command.
-        command: Box<Command>,
-        /// Waiting jobs it names, with their progress.
-        targets: Option<Vec<(JobId, Progress)>>,
-    },
-    /// Ordered jobs a commit released and began the attempts of (their sequences offered:
-    /// [`WriteOp::Begin`]), with where they began.
-    BegunOnRelease(Vec<Recovered>, AttemptStart),
-    /// An attempt ended.
-    Finished {
-        /// The job.
-        id: JobId,
-        /// What happened.
-        result: Box<AttemptResult>,
-    },
-}
 
 /// Bounds of the scheduler.
 #[derive(Clone, Copy, Debug)]
@@ -453,11 +388,7 @@ impl Scheduler {
             return;
         }
         let jobs = std::mem::take(&mut self.rests);
-        let rest = WriteOp::Rest {
-            jobs: jobs.into_iter().map(|id| (id, None)).collect(),
-            recovered: false,
-            done: None,
-        };
+        let rest = WriteOp::Rest { jobs, done: None };
         if self.writer.send(rest).await.is_err() {
             tracing::warn!("writer gone; jobs left out of the cache are found by the next owner");
         }
@@ -510,7 +441,6 @@ impl Scheduler {
             Event::OtherLanesPage { jobs, lane, limit } => {
                 self.other_lanes_page(jobs, &lane, limit)
             }
-            Event::ReadBacklog => self.backlog.due_now(),
             Event::Command(command) => self.commands.push_back(*command),
             Event::Controls(controls) => {
                 self.registry_controls = controls;

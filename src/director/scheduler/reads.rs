@@ -14,7 +14,8 @@ use crate::job::{Job, JobId, Progress, State};
 use crate::jobdb::commands::{Action, Command};
 
 use super::cache::{Entry, Phase};
-use super::{backlog, operator, wait_until, Event, Scheduler, WriteOp};
+use super::{backlog, operator, wait_until, Event, Scheduler};
+use crate::director::mailbox::WriteOp;
 
 impl Scheduler {
     /// Reads due spilled jobs back from the JobDB, in batches, off the scheduler task.

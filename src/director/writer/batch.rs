@@ -9,10 +9,11 @@ use std::sync::Arc;
 use chrono::{DateTime, Utc};
 use tokio::sync::oneshot;
 
-use super::{Accepted, Ticket, WriteRejected};
-use crate::job::{AttemptStart, Job, JobId, Recovered, Seq, Transition};
+use crate::director::mailbox::{Accepted, Ticket, WriteRejected};
+use crate::director::ordering::plan::{Arrival, Leaving};
+use crate::job::{AttemptStart, Job, JobId, Recovered, Seq, State, Transition};
 use crate::jobdb::lifecycle::Origin;
-use crate::jobdb::{job_row_bytes, BlockedKey, Fresh, OpenRow};
+use crate::jobdb::{blocks_sequence, job_row_bytes, BlockedKey, Fresh, OpenRow};
 
 pub(super) type Ack = oneshot::Sender<Result<(), WriteRejected>>;
 
@@ -340,12 +341,64 @@ impl Batch {
         skipped
     }
 
-    /// Whether it stores an ordered job due now, which a writer alone may bear released (it
-    /// then needs a log row to list it).
-    pub(super) fn may_bear(&self) -> bool {
-        self.rests
-            .iter()
-            .any(|r| r.place.is_some() && !r.released && r.retry_at.is_none())
+    /// Its new ordered jobs, in order: submissions (fresh when due now, without a
+    /// `deliver_at`) and imports (with the attempts they made elsewhere).
+    pub(super) fn arrivals(&self) -> Vec<Arrival> {
+        let mut arrivals = Vec::new();
+        let mut start = Ends::default();
+        for r in &self.requests {
+            let jobs = &self.jobs[start.jobs..r.ends.jobs];
+            start = r.ends;
+            match &r.reply {
+                Reply::Submit(_, _, _, scheduled) => {
+                    let times: std::collections::HashMap<JobId, DateTime<Utc>> =
+                        scheduled.iter().copied().collect();
+                    for job in jobs.iter().filter(|j| j.ordering.is_some()) {
+                        let at = times.get(&job.id).copied();
+                        arrivals.push(Arrival {
+                            job: job.clone(),
+                            attempts: 0,
+                            retry_at: at,
+                            fresh: at.is_none(),
+                        });
+                    }
+                }
+                Reply::Import(_, imported, _) => {
+                    for r in imported.iter().filter(|r| r.job.ordering.is_some()) {
+                        arrivals.push(Arrival {
+                            job: r.job.clone(),
+                            attempts: r.attempts,
+                            retry_at: r.retry_at,
+                            fresh: false,
+                        });
+                    }
+                }
+                _ => {}
+            }
+        }
+        arrivals
+    }
+
+    /// The jobs its rows end or take out of their sequences (`archiving`), each once, with
+    /// the row that does it.
+    pub(super) fn leaving(&self) -> Vec<(Leaving, &Transition)> {
+        let mut last: std::collections::HashMap<JobId, &Transition> =
+            std::collections::HashMap::new();
+        for (_, t) in &self.rows {
+            if t.state != State::Executing {
+                last.insert(t.job_id, t);
+            }
+        }
+        last.into_values()
+            .filter(|t| t.state.is_terminal() || t.state == State::Archiving)
+            .map(|t| {
+                let leaving = Leaving {
+                    job: t.job_id,
+                    ends_badly: blocks_sequence(t),
+                };
+                (leaving, t)
+            })
+            .collect()
     }
 
     /// Whether the batch writes nothing.

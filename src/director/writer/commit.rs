@@ -3,7 +3,7 @@
 //! refused, duplicate, expired, outcome unknown, or not committed) before anything is retried,
 //! as the module doc of [`super`] describes.
 
-use std::collections::HashSet;
+use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -11,10 +11,12 @@ use chrono::{DateTime, Utc};
 use ulid::Ulid;
 
 use super::batch::{Batch, Reply};
-use super::{Accepted, Alone, Ticket, WriteRejected, Writer};
-use crate::director::scheduler::Event;
+use super::Writer;
+use crate::director::mailbox::{Accepted, Event, Ticket, WriteRejected};
+use crate::director::ordering::plan::Plan;
+use crate::director::ordering::{Done, Write};
 use crate::job::{AttemptStart, Job, JobId, Recovered, Transition};
-use crate::jobdb::{Append, CommitLog, Fresh, JobDbError, Stalled, Written};
+use crate::jobdb::{Append, BlockedKey, CommitLog, Fresh, JobDbError, OpenRow, Stalled, Written};
 
 /// How often the checkpoint is written (at most): a new owner reads at most this much more of
 /// `commit_log` than it must.
@@ -29,7 +31,7 @@ impl Writer {
                 return fail(batch, WriteRejected::LockLost);
             }
             self.leave_out_lapsed(&mut batch);
-            if batch.is_empty() {
+            if batch.is_empty() && !self.ordering.pending() {
                 return self.acknowledge(batch, None);
             }
             let started = Instant::now();
@@ -37,39 +39,64 @@ impl Writer {
             self.progress.busy();
             // The checkpoint, now and then, from what was open before this commit: it can
             // only close more, and everything it opens is numbered after (its own log row
-            // included). Then its log row when it accepts jobs or begins attempts, and the
-            // rests of jobs that waited long without a row.
+            // included).
             let checkpoint = self.checkpoint_due(started);
-            // Listed after every job of the batch got its position: see `alone_now`.
-            let Alone { alone, bear_fresh } = self.alone_now(&batch).await;
-            // Not alone: the jobs the intake cleared may still go in this commit.
-            let cleared_only = !alone && !self.cleared.is_empty();
-            let release_touched = alone || cleared_only;
-            let begins = match release_touched {
-                true => batch.begins(),
-                false => Default::default(),
-            };
-            let log_id = (!batch.accepted.is_empty()
-                || !batch.starts.is_empty()
-                || (release_touched && (batch.may_bear() || !begins.is_empty())))
-            .then(|| self.take_id());
-            let accepted: Vec<JobId> = batch.accepted.iter().map(|(id, _)| *id).collect();
-            let mut rests = batch.rests.clone();
-            let mut due = self.open.due_rests(started, self.limits.rest_after);
-            if self.peers.is_some() && !bear_fresh {
-                // Another JobDB may be live: it must find every job under way (and every
-                // kept one) in an entry before this JobDB's fresh mark is lifted.
-                due.extend(self.open.ordered_fresh());
+            let leaving = batch.leaving();
+            let at = self.next_id;
+            let plan = self.ordering.plan(&Write {
+                now,
+                at,
+                arrivals: &batch.arrivals(),
+                leaving: &leaving.iter().map(|(l, _)| *l).collect::<Vec<_>>(),
+                proposed: &batch.release,
+                expired: &batch.expired_releases(),
+                carried: &batch
+                    .blocks()
+                    .iter()
+                    .map(BlockedKey::seq)
+                    .collect::<Vec<_>>(),
+                begins: &batch.begins(),
+            });
+            // A block this write may write is stamped `at`: the id is taken, so a barrier
+            // answered before this commit reads below it and one answered after above it (the
+            // sequencer judges a block gone only by a read after a barrier above its stamp).
+            if !plan.blockers.is_empty() || !batch.blocks().is_empty() || self.ordering.spilled() {
+                self.take_id();
             }
-            // Memory of kept jobs dropped: no head of theirs may go before they have their
-            // entries.
-            self.rest_kept |= self.dropped_kept();
-            due.extend(self.kept_due(now));
-            self.rest_fresh(&mut rests, due);
+            // Jobs accepted here and fresh (no entry): the unordered ones, and the ordered
+            // ones the plan keeps or lets go at once. Attempts begun: the scheduler's, and
+            // those of jobs going from memory.
+            let mut accepted = batch.accepted.clone();
+            accepted.extend(
+                batch
+                    .jobs
+                    .iter()
+                    .filter(|j| plan.fresh.contains(&j.id))
+                    .map(|j| (j.id, Fresh::of(j))),
+            );
+            let mut starts = batch.starts.clone();
+            starts.extend(
+                plan.go
+                    .iter()
+                    .filter(|(_, begun)| *begun)
+                    .map(|(r, _)| (r.job.id, r.next_attempt())),
+            );
+            // A commit that stores jobs always writes its log row: it is what tells, after a
+            // lost answer, whether the jobs were stored (an ordered job with an entry is not
+            // listed by it, and has no row of its own).
+            let log_id = (!accepted.is_empty()
+                || !starts.is_empty()
+                || !plan.begin.is_empty()
+                || !batch.jobs.is_empty())
+            .then(|| self.take_id());
+            let accepted_ids: Vec<JobId> = accepted.iter().map(|(id, _)| *id).collect();
+            let rests = self.rests(&batch, &plan, started);
             let fresh = self
                 .open
                 .fresh_among(batch.rows.iter().map(|(_, t)| &t.job_id));
-            let (expired, blocks) = (batch.expired_releases(), batch.blocks());
+            let (read_left, blocks) = self.left_reads(&batch, &plan, &leaving, &fresh);
+            let released_entries: Vec<JobId> = plan.released_entries.iter().copied().collect();
+            let begin: Vec<JobId> = plan.begin.iter().copied().collect();
             let append = Append {
                 jobs: &batch.jobs,
                 transitions: &batch.rows,
@@ -77,92 +104,72 @@ impl Writer {
                 log: log_id.map(|id| CommitLog {
                     id,
                     time: now,
-                    accepted: &accepted,
-                    started: &batch.starts,
+                    accepted: &accepted_ids,
+                    started: &starts,
                 }),
                 rests: &rests,
                 fresh: Some(&fresh),
-                fresh_sequences: Some(self.open.sequences()),
                 checkpoint,
-                release: &batch.release,
-                release_expired: &expired,
+                released_entries: &released_entries,
+                release: &plan.release,
+                release_if_head: &plan.release_if_head,
+                release_expired: &plan.release_expired,
+                begin: &begin,
+                read_left: &read_left,
                 blocks: &blocks,
-                release_touched,
-                cleared: cleared_only.then_some(&self.cleared),
-                // In a cluster a job born released must be seen by the other JobDBs' reads:
-                // through an entry, or through the fresh mark while no other is live.
-                born_with_entry: self.peers.is_some() && !bear_fresh,
-                begin_released: Some(&begins),
-                known: alone.then_some(&self.known),
-                keep: alone && bear_fresh && self.limits.keep_ordered,
-                kept_sequences: Some(self.open.kept_sequences()),
             };
             let bounds = self.limits.bounds(batch.not_after());
-            let result = self.db.append_bounded(self.token, &append, &bounds).await;
-            if result.is_err() {
-                // It may have changed memory and not the store.
-                self.known
-                    .lock()
-                    .unwrap_or_else(|poisoned| poisoned.into_inner())
-                    .clear();
-            }
+            let (result, answered) = self.db.append_answered(self.token, &append, &bounds).await;
             let mut written = Written::default();
-            let mut known = true;
-            let mut committed = match result {
-                Ok(w) => {
-                    written = w;
+            let committed = match result {
+                Ok(()) => {
+                    written = answered.unwrap_or_default();
                     Committed::Yes
                 }
                 Err(JobDbError::Fenced { ours, current }) => {
+                    self.ordering.rolled_back();
                     self.fenced_out(ours, current);
                     return fail(batch, WriteRejected::LockLost);
                 }
                 Err(JobDbError::Duplicate(why)) => {
+                    self.ordering.rolled_back();
                     match self.skip_present(&mut batch).await {
                         Some(0) | None => return self.isolate(batch, why).await,
                         // Jobs an earlier try stored are out of the batch: write the rest.
                         Some(_) => continue,
                     }
                 }
-                Err(JobDbError::Refused(why)) => return self.isolate(batch, why).await,
+                Err(JobDbError::Refused(why)) => {
+                    self.ordering.rolled_back();
+                    return self.isolate(batch, why).await;
+                }
                 // A forward's `not_after` passed before the COMMIT: rolled back. It is answered
                 // and left out at the top; the rest goes again at once.
-                Err(JobDbError::Expired) => continue,
+                Err(JobDbError::Expired) => {
+                    self.ordering.rolled_back();
+                    continue;
+                }
                 Err(e @ (JobDbError::CommitUnknown(_) | JobDbError::CommitStalled(_))) => {
                     tracing::warn!(error = %e, cause = ?std::error::Error::source(&e), "jobdb commit's answer lost; checking whether it committed");
-                    // If it committed, what it wrote besides its rows (notices, releases) is
-                    // not known here (nor, for a batch of rests and releases alone, whether
-                    // it did): the scheduler's next pass reads it, and the sequencer's sweep
-                    // moves on the sequences it touched.
-                    let _ = self.scheduler.send(Event::ReadBacklog);
                     let stalled = match e {
                         JobDbError::CommitStalled(stalled) => Some(stalled),
                         _ => None,
                     };
-                    known = false;
-                    self.committed_after_error(stalled, log_id, &batch.rows)
-                        .await
+                    let committed = self
+                        .committed_after_error(stalled, log_id, &batch.rows)
+                        .await;
+                    // What it wrote, if it committed, is what the transaction read before
+                    // its COMMIT.
+                    written = answered.unwrap_or_default();
+                    committed
                 }
                 Err(err) => {
                     tracing::warn!(error = %err, cause = ?std::error::Error::source(&err), "jobdb append failed before its commit; nothing of it was stored");
                     Committed::No
                 }
             };
-            if committed == Committed::Yes && !known && release_touched {
-                // Jobs it bore or kept were not told: they are the new ordered ones it left
-                // without an entry. Which were born is not known, so every one of them is
-                // taken as kept, and rests held for the sequencer to release by its turn.
-                match self.unlisted_new(&batch).await {
-                    Some(unlisted) => written.kept = unlisted,
-                    None => committed = Committed::Unknown,
-                }
-            }
-            // Kept jobs rest in the next commit if memory dropped some, or if this one's
-            // were not told; once a commit rested them, no more.
-            if self.dropped_kept() || (!known && !written.kept.is_empty()) {
-                self.rest_kept = true;
-            } else if committed == Committed::Yes {
-                self.rest_kept = false;
+            if committed != Committed::Yes {
+                self.ordering.rolled_back();
             }
             if committed == Committed::Unknown {
                 // Ownership was lost before the outcome could be read: producers hear that it
@@ -179,106 +186,19 @@ impl Writer {
                 self.progress.idle();
                 let rows = batch.rows.len() + batch.jobs.len() + rests.len();
                 self.metrics.observe_write(rows, started.elapsed());
-                self.metrics
-                    .jobs_rested
-                    .inc_by((rests.len() - batch.rests.len()) as u64);
+                let rested = rests.iter().filter(|r| self.open.is_fresh(&r.job_id));
+                self.metrics.jobs_rested.inc_by(rested.count() as u64);
                 if let Some(open_from) = checkpoint {
                     self.checkpoint = Some((open_from, started));
                 }
-                // Jobs born released or kept are fresh from now on, as if accepted unordered.
-                let mut accepted = batch.accepted.clone();
-                if !written.born.is_empty() || !written.kept.is_empty() {
-                    let born: HashSet<JobId> = written.born.iter().copied().collect();
-                    let kept: HashSet<JobId> = written.kept.iter().copied().collect();
-                    accepted.extend(batch.jobs.iter().filter_map(|job| {
-                        let fresh = Fresh::of(job);
-                        match (born.contains(&job.id), kept.contains(&job.id)) {
-                            (true, _) => Some((job.id, fresh)),
-                            (_, true) => Some((
-                                job.id,
-                                Fresh {
-                                    kept: true,
-                                    ..fresh
-                                },
-                            )),
-                            _ => None,
-                        }
-                    }));
-                }
                 // Attempts begun by releases are open in this commit as the batch's own.
-                let mut starts = batch.starts.clone();
                 starts.extend(written.started.iter().map(|r| (r.job.id, r.next_attempt())));
+                self.committed(plan, written, log_id, now, at);
                 self.open
                     .committed(log_id, started, &accepted, &starts, &batch.rows, &rests);
-                self.open.gone_on(&written.gone_on);
                 let (fresh, under_way) = self.open.counts();
                 self.metrics.jobs_fresh.set(fresh as i64);
                 self.metrics.attempts_under_way.set(under_way as i64);
-                let Written {
-                    notices,
-                    released,
-                    touched,
-                    born,
-                    born_with_entry,
-                    started: begun,
-                    heads_known,
-                    heads_misremembered,
-                    kept,
-                    gone_on: _,
-                } = written;
-                self.metrics.ordered_kept.inc_by(kept.len() as u64);
-                if !self.cleared.is_empty() {
-                    for job in released.iter().chain(&begun) {
-                        self.cleared.remove(&job.job.id);
-                    }
-                }
-                // A sequence whose head this commit released has nothing more that may go
-                // until that job ends: the sequencer need not look at it.
-                let mut touched = touched;
-                if cleared_only {
-                    let went: std::collections::HashSet<crate::job::Seq> = released
-                        .iter()
-                        .chain(&begun)
-                        .filter_map(|r| r.job.seq())
-                        .collect();
-                    touched.retain(|seq| !went.contains(seq));
-                }
-                self.metrics.ordered_heads_known.inc_by(heads_known as u64);
-                self.metrics
-                    .ordered_heads_misremembered
-                    .inc_by(heads_misremembered as u64);
-                if let (false, Some(commit)) = (begun.is_empty(), log_id) {
-                    self.metrics.ordered_released.inc_by(begun.len() as u64);
-                    self.metrics
-                        .ordered_begun_on_release
-                        .inc_by(begun.len() as u64);
-                    let start = AttemptStart { commit, at: now };
-                    let _ = self.scheduler.send(Event::BegunOnRelease(begun, start));
-                }
-                if !released.is_empty() {
-                    // Ordered jobs whose turn came: resting jobs, due as their entry says.
-                    self.metrics.ordered_released.inc_by(released.len() as u64);
-                    self.metrics
-                        .ordered_born
-                        .inc_by((born.len() + born_with_entry) as u64);
-                    let _ = self.scheduler.send(Event::HandedOver(released));
-                }
-                if !touched.is_empty() && !alone {
-                    let _ = self.sequencer.send(touched);
-                }
-                if !notices.is_empty() {
-                    // Completion notices of jobs this commit ended: resting jobs, as imported.
-                    self.metrics.notices_written.inc_by(notices.len() as u64);
-                    let notices = notices
-                        .into_iter()
-                        .map(|job| Recovered {
-                            job,
-                            attempts: 0,
-                            retry_at: None,
-                        })
-                        .collect();
-                    let _ = self.scheduler.send(Event::HandedOver(notices));
-                }
                 let start = log_id.map(|commit| AttemptStart { commit, at: now });
                 return self.acknowledge(batch, start);
             }
@@ -297,6 +217,132 @@ impl Writer {
             }
             tokio::time::sleep(pause).await;
             pause = (pause * 2).min(Duration::from_secs(2));
+        }
+    }
+
+    /// The entries this write gives: the batch's (new ordered jobs, as the plan stores them;
+    /// requested rests), those of fresh jobs waiting past `rest_after`, and those of fresh
+    /// jobs whose sequence the plan spilled. An ordered fresh one goes in held when it waits
+    /// for its turn, released when it is under way, as the book says.
+    fn rests(&mut self, batch: &Batch, plan: &Plan, now: Instant) -> Vec<OpenRow> {
+        let mut rests: Vec<OpenRow> = batch
+            .rests
+            .iter()
+            .filter(|r| !plan.fresh.contains(&r.job_id))
+            .cloned()
+            .map(|mut r| {
+                if plan.released_entries.contains(&r.job_id) {
+                    r.released = true;
+                }
+                r
+            })
+            .collect();
+        let due = self.open.due_rests(now, self.limits.rest_after);
+        self.rest_fresh(&mut rests, due);
+        let mut listed: std::collections::HashSet<JobId> = rests.iter().map(|r| r.job_id).collect();
+        for (job, waits) in &plan.rest {
+            let Some(fresh) = self.open.fresh(job) else {
+                continue;
+            };
+            if listed.insert(*job) {
+                let id = self.take_id();
+                rests.push(OpenRow::rest_of_fresh(*job, id, fresh, *waits));
+            }
+        }
+        for r in rests.iter_mut().filter(|r| r.place.is_some()) {
+            if !self.open.is_fresh(&r.job_id) {
+                continue;
+            }
+            if let Some(held) = self.ordering.rest(&r.job_id) {
+                r.released = !held;
+            }
+        }
+        rests
+    }
+
+    /// What the store must read of the batch's leaving jobs (the sequences the book does not
+    /// hold, the blocks of jobs with an entry) and the blocks this write knows (carried by
+    /// imports, or of fresh jobs, which have no entry to read).
+    fn left_reads(
+        &self,
+        batch: &Batch,
+        plan: &Plan,
+        leaving: &[(crate::director::ordering::plan::Leaving, &Transition)],
+        fresh: &HashMap<JobId, Fresh>,
+    ) -> (Vec<JobId>, Vec<BlockedKey>) {
+        let mut blocks = batch.blocks();
+        let mut read: Vec<JobId> = plan
+            .read_left
+            .iter()
+            .filter(|job| !fresh.contains_key(job))
+            .copied()
+            .collect();
+        if plan.blockers.is_empty() {
+            return (read, blocks);
+        }
+        let ends: HashMap<JobId, &Transition> = leaving.iter().map(|(l, t)| (l.job, *t)).collect();
+        for job in &plan.blockers {
+            match (fresh.get(job), ends.get(job)) {
+                (Some(f), Some(end)) => blocks.extend(f.block(end)),
+                _ => read.push(*job),
+            }
+        }
+        (read, blocks)
+    }
+
+    /// A write committed: the book keeps what its plan changed, and the scheduler gets the
+    /// jobs that go (begun in this commit or not) and the completion notices written.
+    fn committed(
+        &mut self,
+        plan: Plan,
+        written: Written,
+        log: Option<u64>,
+        now: DateTime<Utc>,
+        at: u64,
+    ) {
+        let Written {
+            notices,
+            mut released,
+            started,
+            left,
+            blocks_written,
+        } = written;
+        let done_ids: Vec<JobId> = released.iter().chain(&started).map(|r| r.job.id).collect();
+        self.ordering.committed(
+            &plan,
+            &Done {
+                released: done_ids,
+                left: &left,
+                blocked: &blocks_written,
+            },
+            at,
+        );
+        let mut begun = started;
+        for (job, began) in plan.go {
+            match began {
+                true => begun.push(job),
+                false => released.push(job),
+            }
+        }
+        if let (false, Some(commit)) = (begun.is_empty(), log) {
+            let start = AttemptStart { commit, at: now };
+            let _ = self.scheduler.send(Event::BegunOnRelease(begun, start));
+        }
+        if !released.is_empty() {
+            let _ = self.scheduler.send(Event::HandedOver(released));
+        }
+        if !notices.is_empty() {
+            // Completion notices of jobs this commit ended: resting jobs, as imported.
+            self.metrics.notices_written.inc_by(notices.len() as u64);
+            let notices = notices
+                .into_iter()
+                .map(|job| Recovered {
+                    job,
+                    attempts: 0,
+                    retry_at: None,
+                })
+                .collect();
+            let _ = self.scheduler.send(Event::HandedOver(notices));
         }
     }
 
@@ -465,51 +511,6 @@ impl Writer {
                 Ok(false) => return Committed::No,
                 Err(err) => {
                     tracing::warn!(error = %err, "jobdb unreachable while checking a commit");
-                    tokio::time::sleep(pause).await;
-                    pause = (pause * 2).min(Duration::from_secs(2));
-                }
-            }
-        }
-    }
-
-    /// Whether memory dropped kept jobs since the last ask (see
-    /// [`crate::jobdb::KnownSequences::take_dropped_kept`]).
-    fn dropped_kept(&self) -> bool {
-        self.known
-            .lock()
-            .unwrap_or_else(|poisoned| poisoned.into_inner())
-            .take_dropped_kept()
-    }
-
-    /// The new ordered jobs a batch whose answer was lost left without an entry (born
-    /// released, or kept); `None` when ownership was lost first.
-    async fn unlisted_new(&self, batch: &Batch) -> Option<Vec<JobId>> {
-        let new: std::collections::HashSet<JobId> = batch.jobs.iter().map(|j| j.id).collect();
-        let candidates: Vec<JobId> = batch
-            .rests
-            .iter()
-            .filter(|r| r.place.is_some() && new.contains(&r.job_id))
-            .map(|r| r.job_id)
-            .collect();
-        if candidates.is_empty() {
-            return Some(Vec::new());
-        }
-        let mut pause = Duration::from_millis(100);
-        loop {
-            if self.lock_lost.is_cancelled() {
-                return None;
-            }
-            match self.db.listed_among(&candidates).await {
-                Ok(listed) => {
-                    return Some(
-                        candidates
-                            .into_iter()
-                            .filter(|id| !listed.contains(id))
-                            .collect(),
-                    );
-                }
-                Err(err) => {
-                    tracing::warn!(error = %err, "jobdb unreachable while reading a commit's entries");
                     tokio::time::sleep(pause).await;
                     pause = (pause * 2).min(Duration::from_secs(2));
                 }

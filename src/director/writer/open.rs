@@ -5,16 +5,14 @@
 //!   owner finds it there and the checkpoint can move past the commit that accepted it;
 //! - a terminal row of a fresh job deletes nothing (it never had an entry);
 //! - `jobdb_checkpoint.open_from`: the oldest commit that still holds something open, which
-//!   bounds what a new owner or a drainer reads of `commit_log`;
-//! - a *kept* job (an ordered job held in memory only, see [`crate::jobdb::KnownSequences`])
-//!   rests held at its expiry too, so the sequencer's expiry pass ends it on time.
+//!   bounds what a new owner or a drainer reads of `commit_log`.
+//!
+//! Which fresh ordered jobs wait and which are under way is the ordering part's book's to know.
 
-use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::collections::{BTreeMap, HashMap};
 use std::time::{Duration, Instant};
 
-use chrono::{DateTime, Utc};
-
-use crate::job::{JobId, Seq, State, Transition};
+use crate::job::{JobId, State, Transition};
 use crate::jobdb::{Fresh, OpenRow};
 
 /// One commit that still holds something open.
@@ -32,13 +30,6 @@ struct OpenCommit {
 pub(super) struct OpenWork {
     /// Fresh jobs: the commit that accepted each, and what its first entry takes from it.
     fresh: HashMap<JobId, (u64, Fresh)>,
-    /// The sequences of fresh ordered jobs under way (born released, or kept and gone on),
-    /// with how many each has.
-    sequences: HashMap<Seq, u32>,
-    /// The sequences of kept jobs, with how many each has.
-    kept: HashMap<Seq, u32>,
-    /// Kept jobs by expiry.
-    kept_expiry: BTreeSet<(DateTime<Utc>, JobId)>,
     /// Attempts under way: the commit that began each.
     attempts: HashMap<JobId, u64>,
     /// Commits that hold something open, oldest first.
@@ -53,6 +44,11 @@ impl OpenWork {
     ) -> HashMap<JobId, Fresh> {
         ids.filter_map(|id| self.fresh(id).map(|f| (*id, f)))
             .collect()
+    }
+
+    /// Whether `id` is fresh.
+    pub(super) fn is_fresh(&self, id: &JobId) -> bool {
+        self.fresh.contains_key(id)
     }
 
     /// Whether `id` is fresh, with what its first entry takes from it.
@@ -77,74 +73,10 @@ impl OpenWork {
         due
     }
 
-    /// Kept jobs expired by `now`: they rest (held) for the sequencer's expiry pass.
-    pub(super) fn kept_expired(&self, now: DateTime<Utc>) -> Vec<(JobId, Fresh)> {
-        self.kept_expiry
-            .iter()
-            .take_while(|(at, _)| *at <= now)
-            .filter_map(|(_, id)| Some((*id, self.fresh(id)?)))
-            .collect()
-    }
-
-    /// When the first kept job expires.
-    pub(super) fn next_kept_expiry(&self) -> Option<DateTime<Utc>> {
-        self.kept_expiry.first().map(|(at, _)| *at)
-    }
-
-    /// Every kept job.
-    pub(super) fn kept_jobs(&self) -> Vec<(JobId, Fresh)> {
-        self.kept_expiry
-            .iter()
-            .filter_map(|(_, id)| Some((*id, self.fresh(id)?)))
-            .collect()
-    }
-
-    /// The sequences of kept jobs, with how many each has.
-    pub(super) fn kept_sequences(&self) -> &HashMap<Seq, u32> {
-        &self.kept
-    }
-
-    /// Kept jobs whose turn came went on from memory: under way now, still fresh.
-    pub(super) fn gone_on(&mut self, ids: &[JobId]) {
-        for id in ids {
-            let Some((_, fresh)) = self.fresh.get_mut(id) else {
-                continue;
-            };
-            if !std::mem::take(&mut fresh.kept) {
-                continue;
-            }
-            let (expire_at, place) = (fresh.expire_at, fresh.place);
-            self.kept_expiry.remove(&(expire_at, *id));
-            if let Some(place) = place {
-                decrement(&mut self.kept, place.seq);
-                *self.sequences.entry(place.seq).or_default() += 1;
-            }
-        }
-    }
-
-    /// Fresh ordered jobs (under way or kept, without an entry): in a cluster they rest as
-    /// soon as its commits stop bearing fresh (another JobDB turned live).
-    pub(super) fn ordered_fresh(&self) -> Vec<(JobId, Fresh)> {
-        if self.sequences.is_empty() && self.kept.is_empty() {
-            return Vec::new();
-        }
-        self.fresh
-            .iter()
-            .filter(|(_, (_, fresh))| fresh.place.is_some())
-            .map(|(id, (_, fresh))| (*id, fresh.clone()))
-            .collect()
-    }
-
     /// The oldest commit that holds something open, or `next_id` when none does: every
     /// `commit_log` row below it holds nothing open.
     pub(super) fn open_from(&self, next_id: u64) -> u64 {
         self.commits.keys().next().copied().unwrap_or(next_id)
-    }
-
-    /// The sequences of fresh ordered jobs, under way without an entry (see
-    /// [`crate::jobdb::Append::fresh_sequences`]).
-    pub(super) fn sequences(&self) -> &HashMap<Seq, u32> {
-        &self.sequences
     }
 
     /// Fresh jobs and attempts under way.
@@ -184,16 +116,6 @@ impl OpenWork {
         for (id, fresh) in accepted {
             if self.fresh.insert(*id, (commit, fresh.clone())).is_none() {
                 open += 1;
-                if let Some(place) = fresh.place {
-                    let counts = match fresh.kept {
-                        true => {
-                            self.kept_expiry.insert((fresh.expire_at, *id));
-                            &mut self.kept
-                        }
-                        false => &mut self.sequences,
-                    };
-                    *counts.entry(place.seq).or_default() += 1;
-                }
             }
         }
         for (id, _) in started {
@@ -216,18 +138,8 @@ impl OpenWork {
 
     /// `id` is no longer fresh (it rested or has a row).
     fn unfresh(&mut self, id: &JobId) {
-        let Some((c, fresh)) = self.fresh.remove(id) else {
-            return;
-        };
-        self.close(c);
-        if let Some(place) = fresh.place {
-            match fresh.kept {
-                true => {
-                    self.kept_expiry.remove(&(fresh.expire_at, *id));
-                    decrement(&mut self.kept, place.seq);
-                }
-                false => decrement(&mut self.sequences, place.seq),
-            }
+        if let Some((c, _)) = self.fresh.remove(id) {
+            self.close(c);
         }
     }
 
@@ -237,16 +149,6 @@ impl OpenWork {
             if c.open == 0 {
                 self.commits.remove(&commit);
             }
-        }
-    }
-}
-
-/// One job fewer of `seq` in `counts`.
-fn decrement(counts: &mut HashMap<Seq, u32>, seq: Seq) {
-    if let std::collections::hash_map::Entry::Occupied(mut n) = counts.entry(seq) {
-        *n.get_mut() -= 1;
-        if *n.get() == 0 {
-            n.remove();
         }
     }
 }
@@ -266,7 +168,6 @@ mod tests {
             expire_at,
             endpoint: "http://a/".into(),
             place: None,
-            kept: false,
             blocking: None,
         }
     }
@@ -348,80 +249,5 @@ mod tests {
         let fresh = w.fresh_among([id(1), id(2), id(3)].iter());
         assert_eq!(fresh.len(), 1);
         assert!(fresh.contains_key(&id(1)));
-    }
-
-    #[test]
-    fn sequences_of_fresh_ordered_jobs_are_counted_until_each_rests_or_ends() {
-        let (now, expiry) = (Instant::now(), Utc::now());
-        let place = |n: u8| crate::job::Place {
-            seq: [n; 16],
-            position: ulid::Ulid::from(u128::from(n)),
-        };
-        let born = |n: u8| Fresh {
-            place: Some(place(n)),
-            ..fresh(expiry)
-        };
-        let mut w = OpenWork::default();
-        let accepted = [(id(1), born(7)), (id(2), born(7)), (id(3), born(8))];
-        w.committed(Some(10), now, &accepted, &[], &[], &[]);
-        assert_eq!(w.sequences(), &HashMap::from([([7; 16], 2), ([8; 16], 1)]));
-        // One ends, one rests (its entry now says it is under way): their counts go.
-        let end = Transition::discarded(id(1), 1, expiry, AttemptRecord::default());
-        let rest = OpenRow::resting(id(3), 12, Some(born(8))).under_way();
-        assert!(rest.released);
-        w.committed(None, now, &[], &[], &[(11, end)], &[rest]);
-        assert_eq!(w.sequences(), &HashMap::from([([7; 16], 1)]));
-        // A job the writer never knew as fresh changes nothing.
-        let other = Transition::discarded(id(9), 1, expiry, AttemptRecord::default());
-        w.committed(None, now, &[], &[], &[(13, other)], &[]);
-        assert_eq!(w.sequences().len(), 1);
-    }
-
-    #[test]
-    fn kept_jobs_are_counted_apart_until_they_go_on_rest_or_expire() {
-        let now = Instant::now();
-        let soon = Utc::now() + chrono::Duration::seconds(10);
-        let kept = |n: u8, expire_at| Fresh {
-            place: Some(crate::job::Place {
-                seq: [7; 16],
-                position: ulid::Ulid::from(u128::from(n)),
-            }),
-            kept: true,
-            ..fresh(expire_at)
-        };
-        let mut w = OpenWork::default();
-        let later = soon + chrono::Duration::seconds(50);
-        w.committed(
-            Some(1),
-            now,
-            &[(id(1), kept(1, later)), (id(2), kept(2, soon))],
-            &[],
-            &[],
-            &[],
-        );
-        assert!(w.sequences().is_empty(), "nothing of it is under way");
-        assert_eq!(w.kept_sequences(), &HashMap::from([([7; 16], 2)]));
-        assert_eq!(w.next_kept_expiry(), Some(soon));
-        assert_eq!(w.ordered_fresh().len(), 2);
-        assert!(w
-            .kept_expired(soon - chrono::Duration::seconds(1))
-            .is_empty());
-        let expired = w.kept_expired(soon);
-        assert_eq!(expired.len(), 1);
-        assert!(expired[0].1.kept);
-        // Job 1 goes on from memory: under way, fresh, no longer kept.
-        w.gone_on(&[id(1)]);
-        assert_eq!(w.sequences(), &HashMap::from([([7; 16], 1)]));
-        assert_eq!(w.kept_sequences(), &HashMap::from([([7; 16], 1)]));
-        assert!(!w.fresh(&id(1)).is_some_and(|f| f.kept));
-        // Job 2 rests (held): nothing is kept any more.
-        let rest = OpenRow::rest_of_fresh(id(2), 3, w.fresh(&id(2)).expect("fresh"));
-        assert!(!rest.released, "a kept job's entry goes in held");
-        w.committed(None, now, &[], &[], &[], &[rest]);
-        assert!(w.kept_sequences().is_empty());
-        assert_eq!(w.next_kept_expiry(), None);
-        assert_eq!(w.kept_jobs().len(), 0);
-        let under_way = OpenRow::rest_of_fresh(id(1), 4, w.fresh(&id(1)).expect("fresh"));
-        assert!(under_way.released, "a job gone on rests under way");
     }
 }

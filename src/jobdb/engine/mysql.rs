@@ -6,7 +6,6 @@
 //! `SUBSTRING_INDEX`, `DELETE … LIMIT`, sizes from `information_schema`), and the decoders and
 //! write path generated for its types. Named `q` inside `with_pool!` bodies.
 
-use std::str::FromStr;
 use std::time::Duration;
 
 use chrono::{DateTime, Utc};
@@ -22,15 +21,6 @@ crate::jobdb::notices::notices_sql!(sqlx::MySql);
 
 /// This engine's schema migrations (`migrations/`), embedded at build time.
 pub static MIGRATOR: sqlx::migrate::Migrator = sqlx::migrate!("./migrations");
-
-/// The options of a server (no database) from its URL, logging every statement at trace level
-/// and slow ones (2 s) as warnings.
-pub(crate) fn server_options(url: &str) -> Result<MySqlConnectOptions, JobDbError> {
-    Ok(MySqlConnectOptions::from_str(url)
-        .map_err(|e| JobDbError::InvalidUrl(e.to_string()))?
-        .log_statements(tracing::log::LevelFilter::Trace)
-        .log_slow_statements(tracing::log::LevelFilter::Warn, Duration::from_secs(2)))
-}
 
 /// A pool to the JobDB's database, and the largest packet its server accepts
 /// (`max_allowed_packet`): no statement may be larger.

@@ -20,6 +20,7 @@ use sqlx::sqlite::{
 };
 use sqlx::{ConnectOptions, Connection};
 
+use crate::jobdb::url::SQLITE_SUFFIX;
 use crate::jobdb::{JobDbError, JobDbUrl};
 
 super::engine_common!(sqlx::Sqlite, sqlx::sqlite::SqliteRow);
@@ -31,17 +32,9 @@ crate::jobdb::notices::notices_sql!(sqlx::Sqlite);
 /// SQLite's types), embedded at build time.
 pub static MIGRATOR: sqlx::migrate::Migrator = sqlx::migrate!("./migrations/sqlite");
 
-/// The file name suffix of a SQLite JobDB.
-pub const SQLITE_SUFFIX: &str = ".sqlite3";
-
 /// The packet limit assumed for SQLite (which has none below its 1 GB value limit), so one
 /// row is refused on both engines at the same size.
 const MAX_PACKET: usize = 64 * 1024 * 1024;
-
-/// The file of JobDB `database` in `dir`.
-pub(crate) fn file_in(dir: &Path, database: &str) -> PathBuf {
-    dir.join(format!("{database}{SQLITE_SUFFIX}"))
-}
 
 /// An I/O error on `path`, as a [`JobDbError::File`].
 fn file_error(path: &Path) -> impl FnOnce(std::io::Error) -> JobDbError + '_ {

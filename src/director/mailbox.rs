@@ -1,8 +1,10 @@
-//! What the writer's senders use: the requests it takes ([`WriteOp`]), the answers it gives
-//! ([`Accepted`], or why nothing was stored: [`WriteRejected`]), and the claim on a producer's
-//! request ([`Ticket`]). The senders are the Director's intake (submissions, imports), its
-//! scheduler (transitions, starts, rests), its sequencer (releases) and its archiving
-//! (`archived` rows); the writer task itself is [`super::Writer`].
+//! What the Director's tasks send one another. To the writer: the requests it takes
+//! ([`WriteOp`]), the answers it gives ([`Accepted`], or why nothing was stored:
+//! [`WriteRejected`]), and the claim on a producer's request ([`Ticket`]); its senders are the
+//! intake (submissions, imports), the scheduler (transitions, starts, rests, offers), the
+//! sequencer (releases, blocks left) and archiving (`archived` rows). To the scheduler: what
+//! it must react to ([`Event`]), from the writer, its attempts, its reads and the watchers. A
+//! leaf: it names no task, so the tasks name it and not each other.
 
 use std::sync::Arc;
 
@@ -10,8 +12,13 @@ use chrono::{DateTime, Utc};
 use tokio::sync::oneshot;
 use ulid::Ulid;
 
-use crate::job::{AttemptStart, Job, JobId, Recovered, Seq, Transition};
+use std::collections::HashSet;
+
+use crate::delivery::AttemptResult;
+use crate::job::{AttemptStart, Job, JobId, Progress, Recovered, Seq, Transition};
+use crate::jobdb::commands::Command;
 use crate::jobdb::BlockedKey;
+use crate::registry::controls::Controls;
 use crate::rpc::api::FieldError;
 use crate::rpc::error::{ApiError, OUTCOME_UNKNOWN};
 
@@ -148,7 +155,7 @@ pub enum WriteOp {
         /// only when the JobDB refuses a duplicate, so a first try costs no read.
         forwarded: bool,
         /// Those of its ordered jobs the intake cleared against the other live JobDBs
-        /// (`director::sequencer::Clearance`): they may go in the writer's commits.
+        /// (`director::ordering::survey::Clearance`): they may go in the writer's commits.
         cleared: Vec<JobId>,
         /// Where the outcome goes once known.
         reply: oneshot::Sender<Result<Accepted, WriteRejected>>,
@@ -187,8 +194,7 @@ pub enum WriteOp {
     },
     /// Ordered jobs just ended (their rows sent before this) whose lanes could start an
     /// attempt: the next job of each of their sequences may begin its attempt in the commit
-    /// that releases it (see [`crate::jobdb::Append::begin_released`]), one commit less per
-    /// job of a key. The scheduler hears `BegunOnRelease` for the jobs begun so; an offer not
+    /// that releases it, one commit less per job of a key. The scheduler hears `BegunOnRelease` for the jobs begun so; an offer not
     /// taken costs nothing.
     Begin {
         /// The sequences.
@@ -196,19 +202,16 @@ pub enum WriteOp {
     },
     /// Jobs accepted and never tried that wait in the JobDB only from now on (the cache has
     /// no room for them): each gets its `open_jobs` entry unless it has one, so backlog passes
-    /// find it. A fresh ordered job (born released) is under way: its entry goes in released.
+    /// find it. A fresh ordered job is under way: its entry goes in released.
     Rest {
-        /// The jobs, each with its place when it is ordered and the writer may not know it
-        /// (a previous owner's: only a job born released is listed by the commit log alone).
-        jobs: Vec<(JobId, Option<crate::job::Place>)>,
-        /// Jobs a previous owner accepted, which this writer does not know: they rest whatever
-        /// it knows, each ordered one released (under way), in its place.
-        recovered: bool,
+        /// The jobs.
+        jobs: Vec<JobId>,
         /// Told once their entries are durable (or will never be).
         done: Option<oneshot::Sender<Result<(), WriteRejected>>>,
     },
     /// Ordered jobs whose turn came (the sequencer found each its sequence's head): released
-    /// in the commit if each still is, and handed to the scheduler after it.
+    /// in the commit if each still is (the writer's book tells, or the store for a spilled
+    /// sequence), and handed to the scheduler after it.
     Release {
         /// Each sequence with the job at its head.
         heads: Vec<(Seq, JobId)>,
@@ -223,4 +226,75 @@ pub enum WriteOp {
     /// A [`WriteOp::Barrier`] before which every kept ordered job gets its held entry: what an
     /// operator command's read of the JobDB waits for (kept jobs have no entry to find).
     RestKept(oneshot::Sender<u64>),
+    /// The blocks left (`ordering_blocked`), read after every write before barrier id `as_of`
+    /// committed: a key whose block an operator deleted goes on.
+    BlocksLeft {
+        /// The barrier's id.
+        as_of: u64,
+        /// The blocked sequences read.
+        left: std::collections::HashSet<Seq>,
+    },
+}
+
+/// Something the scheduler must react to.
+#[derive(Debug)]
+pub enum Event {
+    /// New jobs, durable in the JobDB.
+    Accepted(Vec<Arc<Job>>),
+    /// Jobs a commit hands over with a past (attempts, a due time): imports from a retired
+    /// JobDB, ordered jobs released for their turn (or to be expired), completion notices.
+    HandedOver(Vec<Recovered>),
+    /// The commit that begins these jobs' attempts is durable: deliver them now.
+    Started(Vec<JobId>, AttemptStart),
+    /// The commit that would begin these jobs' attempts could not be written.
+    StartFailed(Vec<JobId>, WriteRejected),
+    /// Spilled jobs read back from the JobDB (with the ids that were asked for).
+    Reloaded(Vec<Job>, Vec<JobId>),
+    /// Reading spilled jobs back failed; they are tried again shortly.
+    ReloadFailed(Vec<JobId>),
+    /// A page of the backlog (jobs in the JobDB but not in the cache), read with `limit`.
+    BacklogPage {
+        /// The jobs, without payloads; `None` if the read failed.
+        jobs: Option<Vec<(Job, Progress)>>,
+        /// The most the page could hold: fewer means the pass reached the end.
+        limit: usize,
+        /// For a last page read up to a horizon: when the first job beyond it comes due.
+        next_due: Option<DateTime<Utc>>,
+    },
+    /// Waiting jobs of every lane but `lane`, read while that lane holds most of a full
+    /// cache: they come in, and `lane` gives way to them.
+    OtherLanesPage {
+        /// The jobs, without payloads; `None` if the read failed.
+        jobs: Option<Vec<(Job, Progress)>>,
+        /// The lane left out.
+        lane: Arc<str>,
+        /// The most the page could hold: fewer means the read reached the end.
+        limit: usize,
+    },
+    /// An operator command appended to the JobDB, to apply.
+    Command(Box<Command>),
+    /// The endpoint and bucket controls in force now (from the registry).
+    Controls(Arc<Controls>),
+    /// The subscriptions disabled now (from the control database): their jobs wait.
+    DisabledSubscriptions(Arc<HashSet<ulid::Ulid>>),
+    /// The caps subscriptions put on their URLs now (from the control database): applied
+    /// with the registry's endpoint controls, the tighter of the two.
+    SubscriptionCaps(Arc<crate::events::EndpointCaps>),
+    /// The jobs in the JobDB a command names (`None` if the read failed).
+    CommandTargets {
+        /// The command.
+        command: Box<Command>,
+        /// Waiting jobs it names, with their progress.
+        targets: Option<Vec<(JobId, Progress)>>,
+    },
+    /// Ordered jobs a commit released and began the attempts of (their sequences offered:
+    /// [`WriteOp::Begin`]), with where they began.
+    BegunOnRelease(Vec<Recovered>, AttemptStart),
+    /// An attempt ended.
+    Finished {
+        /// The job.
+        id: JobId,
+        /// What happened.
+        result: Box<AttemptResult>,
+    },
 }
