@@ -17,7 +17,8 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use common::mariadb::PrivateMariaDb;
-use common::procs::{args, free_port};
+use common::procs::{args, free_port, spindle_bin};
+use common::sql_proxy::{Hold, SqlProxy};
 use common::*;
 use spindle::job::State;
 use spindle::jobdb::{JobDb, JobDbUrl};
@@ -200,7 +201,7 @@ impl ReadyWatch {
 
 /// A `spindle director` process with `--write-timeout-ms` given through its environment.
 fn spawn_director(args: &[String], port: u16, write_timeout: Duration) -> Child {
-    Command::new(env!("CARGO_BIN_EXE_spindle"))
+    Command::new(spindle_bin())
         .args(args.iter().map(|a| a.replace("{port}", &port.to_string())))
         .env(
             "SPINDLE_WRITE_TIMEOUT_MS",
@@ -687,116 +688,6 @@ async fn a_cluster_director_on_a_locked_jobdb_leaves_the_catalog_until_it_can_wr
     consul.stop().await;
 }
 
-/// What the proxy holds back on a connection, once armed: the client's `COMMIT`, or the
-/// server's answer to it.
-#[derive(Clone, Copy, PartialEq)]
-enum Hold {
-    Commit,
-    Answer,
-}
-
-/// A TCP proxy in front of the private server that, once armed, holds back the first `COMMIT`
-/// a client sends (or the server's answer to it) until released: a COMMIT that gets no answer,
-/// as from a server or network that stopped answering at the worst moment.
-struct CommitProxy {
-    port: u16,
-    armed: Arc<Mutex<Option<Hold>>>,
-    release: Arc<tokio::sync::Notify>,
-    held: Arc<AtomicBool>,
-}
-
-impl CommitProxy {
-    async fn start(upstream: u16) -> CommitProxy {
-        use tokio::io::{AsyncReadExt, AsyncWriteExt};
-        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-        let port = listener.local_addr().unwrap().port();
-        let armed: Arc<Mutex<Option<Hold>>> = Arc::default();
-        let release = Arc::new(tokio::sync::Notify::new());
-        let held = Arc::new(AtomicBool::new(false));
-        let (a, r, h) = (armed.clone(), release.clone(), held.clone());
-        tokio::spawn(async move {
-            while let Ok((client, _)) = listener.accept().await {
-                let Ok(server) = tokio::net::TcpStream::connect(("127.0.0.1", upstream)).await
-                else {
-                    continue;
-                };
-                let (mut client_rx, mut client_tx) = client.into_split();
-                let (mut server_rx, mut server_tx) = server.into_split();
-                let (armed, release, held) = (a.clone(), r.clone(), h.clone());
-                let committing = Arc::new(AtomicBool::new(false));
-                let seen = committing.clone();
-                // Client to server, a packet at a time (3-byte length, sequence, payload).
-                tokio::spawn(async move {
-                    loop {
-                        let mut head = [0u8; 4];
-                        if client_rx.read_exact(&mut head).await.is_err() {
-                            return;
-                        }
-                        let len = usize::from(head[0])
-                            | usize::from(head[1]) << 8
-                            | usize::from(head[2]) << 16;
-                        let mut payload = vec![0u8; len];
-                        if client_rx.read_exact(&mut payload).await.is_err() {
-                            return;
-                        }
-                        if payload == b"\x03COMMIT" {
-                            let hold = armed.lock().unwrap().take();
-                            if hold == Some(Hold::Commit) {
-                                held.store(true, Ordering::SeqCst);
-                                release.notified().await;
-                            }
-                            if hold == Some(Hold::Answer) {
-                                seen.store(true, Ordering::SeqCst);
-                            }
-                        }
-                        if server_tx.write_all(&head).await.is_err()
-                            || server_tx.write_all(&payload).await.is_err()
-                        {
-                            return;
-                        }
-                    }
-                });
-                let (release, held) = (r.clone(), h.clone());
-                tokio::spawn(async move {
-                    let mut buf = vec![0u8; 64 * 1024];
-                    loop {
-                        let n = match server_rx.read(&mut buf).await {
-                            Ok(0) | Err(_) => return,
-                            Ok(n) => n,
-                        };
-                        if committing.swap(false, Ordering::SeqCst) {
-                            held.store(true, Ordering::SeqCst);
-                            release.notified().await;
-                        }
-                        if client_tx.write_all(&buf[..n]).await.is_err() {
-                            return;
-                        }
-                    }
-                });
-            }
-        });
-        CommitProxy {
-            port,
-            armed,
-            release,
-            held,
-        }
-    }
-
-    fn arm(&self, hold: Hold) {
-        self.held.store(false, Ordering::SeqCst);
-        *self.armed.lock().unwrap() = Some(hold);
-    }
-
-    fn holding(&self) -> bool {
-        self.held.load(Ordering::SeqCst)
-    }
-
-    fn release(&self) {
-        self.release.notify_waiters();
-    }
-}
-
 /// A bounded write's COMMIT that gets no answer is neither waited for forever nor guessed at:
 /// it fails `CommitStalled` within its bound, and only once `settle` has made sure the server
 /// is done with that connection does a read tell whether it committed. Both ways: a COMMIT the
@@ -807,7 +698,7 @@ async fn a_commit_without_an_answer_is_settled_before_it_is_read() {
     let mariadb = tokio::task::block_in_place(PrivateMariaDb::start);
     let direct: JobDbUrl = mariadb.url("spindle_commit").parse().unwrap();
     JobDb::open(&direct, true, 1).await.unwrap().close().await;
-    let proxy = CommitProxy::start(mariadb.port).await;
+    let proxy = SqlProxy::start(mariadb.port).await;
     let proxied: JobDbUrl = format!("mysql://root@127.0.0.1:{}/spindle_commit", proxy.port)
         .parse()
         .unwrap();
@@ -863,78 +754,4 @@ async fn a_commit_without_an_answer_is_settled_before_it_is_read() {
     }
     db.close().await;
     reader.close().await;
-}
-
-/// A Director alone whose COMMIT stores a key's first job *born released* (fresh: no
-/// `open_jobs` entry, handed to its scheduler only from what the write answered) and whose
-/// answer is lost: once it has read that the commit happened, it reads which of the batch's
-/// new ordered jobs have no entry (born or kept: it cannot tell which), gives them held
-/// entries at once (nothing else comes to commit), and its sequencer releases them by
-/// position: the key's jobs are delivered in order, each once.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_lost_commit_answer_still_delivers_the_ordered_jobs_it_bore() {
-    let mariadb = tokio::task::block_in_place(PrivateMariaDb::start);
-    let direct = mariadb.url("spindle_bore");
-    let direct_url: JobDbUrl = direct.parse().unwrap();
-    JobDb::open(&direct_url, true, 1)
-        .await
-        .unwrap()
-        .close()
-        .await;
-    let proxy = CommitProxy::start(mariadb.port).await;
-    let sink = spindle::cli::sink::Sink::start("127.0.0.1:0".parse().unwrap())
-        .await
-        .unwrap();
-    let proxied = format!("mysql://root@127.0.0.1:{}/spindle_bore", proxy.port);
-    let (mut director, base) = spawn_alone(&proxied, Duration::from_secs(1)).await;
-    let client = reqwest::Client::new();
-    // The next COMMIT's answer is held: the submit's, which bears the key's first job.
-    proxy.arm(Hold::Answer);
-    let jobs: Vec<serde_json::Value> = (0..3)
-        .map(|i| {
-            serde_json::json!({"bucket": "b", "endpoint": sink.url("/capture"),
-                "ordering_key": "k", "payload": {"i": i}})
-        })
-        .collect();
-    let answer = client
-        .post(format!("{base}/v1/jobs"))
-        .json(&serde_json::json!({ "jobs": jobs }))
-        .timeout(Duration::from_secs(30))
-        .send()
-        .await
-        .unwrap();
-    assert!(proxy.holding(), "the submit's COMMIT answer was held");
-    // Committed, so 202 (told in time) or 504 (unknown): never 503.
-    assert!(
-        matches!(answer.status().as_u16(), 202 | 504),
-        "submit answered {}",
-        answer.status()
-    );
-    let received = || {
-        sink.received()
-            .iter()
-            .filter(|r| r.path == "/capture")
-            .map(|r| {
-                let body: serde_json::Value = serde_json::from_slice(&r.body).unwrap();
-                (body["i"].as_i64().unwrap(), r.status)
-            })
-            .collect::<Vec<_>>()
-    };
-    wait_for(Duration::from_secs(30), "the key's three jobs", || async {
-        received()
-            .iter()
-            .filter(|(_, status)| *status == 200)
-            .count()
-            >= 3
-    })
-    .await;
-    assert_eq!(
-        received(),
-        [(0, 200), (1, 200), (2, 200)],
-        "in order, once each"
-    );
-    proxy.release();
-    director.start_kill().unwrap();
-    director.wait().await.unwrap();
-    sink.stop().await;
 }

@@ -19,6 +19,7 @@ pub mod mariadb;
 pub mod procs;
 pub mod redis_server;
 pub mod s3;
+pub mod sql_proxy;
 
 /// The MySQL server the tests use (the machine's MariaDB unless overridden).
 pub fn mysql_server() -> String {

@@ -14,9 +14,15 @@ pub fn free_port() -> u16 {
         .port()
 }
 
+/// The `spindle` binary the tests run: this build's, or `SPINDLE_BIN` (another build's, to
+/// show a test or the history checker catching what that build gets wrong).
+pub fn spindle_bin() -> String {
+    std::env::var("SPINDLE_BIN").unwrap_or_else(|_| env!("CARGO_BIN_EXE_spindle").to_owned())
+}
+
 /// Runs a `spindle` command (`spindle replay ...`, `spindle endpoints ...`) to its end.
 pub fn run(args: &[&str]) -> std::process::Output {
-    std::process::Command::new(env!("CARGO_BIN_EXE_spindle"))
+    std::process::Command::new(spindle_bin())
         .args(args)
         .output()
         .unwrap_or_else(|e| panic!("run spindle {args:?}: {e}"))
@@ -52,7 +58,7 @@ impl Proc {
     /// [`Proc::spawn`] with more environment variables (e.g. `LD_PRELOAD` of libfaketime).
     pub fn spawn_with_env(args: &[String], port: u16, env: &[(&str, &str)]) -> Proc {
         let port = if port == 0 { free_port() } else { port };
-        let child = Command::new(env!("CARGO_BIN_EXE_spindle"))
+        let child = Command::new(spindle_bin())
             .args(args.iter().map(|a| a.replace("{port}", &port.to_string())))
             .env(
                 "SPINDLE_LOG",
