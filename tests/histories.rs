@@ -5,35 +5,37 @@
 //! - `a_director_alone_keeps_every_invariant::{mysql,sqlite}`: one Director process on a JobDB
 //!   of each engine; operations: lanes that fail, 429, hang and recover, operator commands
 //!   (expedite, postpone, flush, discard of one job, a lane or a bucket), endpoint pause,
-//!   resume and caps, kill -9 and restart, releases of blocked keys. Alone, an ordered job
-//!   whose key has nothing open is born released in the commit that stores it (fresh, with no
-//!   entry: a kill -9 leaves it to the next owner through the commit log), and the next one
-//!   goes in the commit that ends it, its attempt begun there too when the lane could take
-//!   it (*begun on release*): the key-order, one-end and nothing-early checks hold that path,
-//!   and `unlisted` checks that every request that arrived was listed as begun by a commit
-//!   of the JobDB. The writer takes the heads of sequences it knows from memory, and keeps
-//!   a key's waiting jobs there too (*kept*: fresh, no entry, until their turn or a rest):
-//!   `misremembered` checks it never named one the JobDB did not hold waiting, `kept` that
-//!   the path ran at all (the key-order, expiry and command checks then cover it), and
-//!   `block-held` (both worlds) that a blocked key waits for the operator. The Director has
-//!   a control database: a publisher sends events to two subscriptions (one takes every
-//!   type, one `hist.created` only, and an operation disables it for a while);
-//!   `event-atomic` checks every stored event has exactly one job per matching subscription
-//!   across kill -9s and outages, `subscription-held` that the disabled one's jobs wait.
+//!   resume and caps, kill -9 and restart, releases of blocked keys, a lock on the
+//!   checkpoint row while it takes its JobDB over again (MySQL), a slow Consul, and (MySQL:
+//!   the Director writes through a proxy) commits that fail or lose their answer. Alone, an
+//!   ordered job whose key has nothing open goes in the commit that stores it (fresh, with no
+//!   entry: a kill -9 leaves it to the next owner through the commit log), the key's later
+//!   ones wait in the writer's book (*kept*: fresh, no entry, until their turn or a rest),
+//!   and the next one goes in the commit that ends one, its attempt begun there too when the
+//!   lane could take it (*begun on release*); its book is small (40 jobs), so sequences also
+//!   spill to the store and go by the sequencer's reads. The key-order, one-end and
+//!   nothing-early checks hold those paths, `unlisted` checks that every request that arrived
+//!   was listed as begun by a commit of the JobDB, `misremembered` that the book never named
+//!   a head the JobDB did not hold waiting, `kept` that the path ran at all, and `block-held`
+//!   (both worlds) that a blocked key waits for the operator. The Director has a control
+//!   database: a publisher sends events to two subscriptions (one takes every type, one
+//!   `hist.created` only, and an operation disables it for a while); `event-atomic` checks
+//!   every stored event has exactly one job per matching subscription across kill -9s and
+//!   outages, `subscription-held` that the disabled one's jobs wait.
 //! - `a_cluster_keeps_every_invariant`: three Directors on Consul, two routers (one with its
 //!   clock 1.5 s ahead, under Debian's `faketime`), a manager retiring JobDBs every 12 s, a
-//!   drainer, S3 (moto), JobDBs on the shared MariaDB and on a private one; adds kill -9 of
-//!   routers, retirements and a JobDB outage (`FLUSH TABLES WITH READ LOCK` on the private
-//!   server). Events go through the routers (a control database on the shared server), again
-//!   with the same key until settled and sometimes on purpose: `event-once` checks each key
-//!   stored one event and every answer named its jobs, across router kills. Directors 1 and
-//!   2 join after the first seconds: until then director 0's JobDB is the only live one and
-//!   its commits release ordered jobs in themselves (born released and fresh, under its
-//!   JobDB's fresh mark, the next in the commit that ends one; the joiners' reads must find
-//!   its fresh jobs still under way); after, a job whose key no other JobDB holds is *cleared* at intake and
-//!   goes in the writer's commits too, the others through the sequencer (producers send a
-//!   key's jobs to several Directors and routers, so keys do meet in two JobDBs). The
-//!   key-order checks hold across both (the log prints how many jobs went each way).
+//!   drainer, S3 (moto), JobDBs on the shared MariaDB and on a private one (reached through
+//!   the commit-fault proxy); adds kill -9 of routers, retirements, a JobDB outage (`FLUSH
+//!   TABLES WITH READ LOCK` on the private server), a dead Director's JobDB retired before any
+//!   takeover, Directors leaving and joining while keys flow, a lock on the checkpoint row
+//!   during a takeover. Events go through the routers (a control database on the shared
+//!   server), again with the same key until settled and sometimes on purpose: `event-once`
+//!   checks each key stored one event and every answer named its jobs, across router kills.
+//!   Directors 1 and 2 join after the first seconds. A job whose key no other JobDB holds is
+//!   *cleared* at intake and goes in the writer's commits, the others through the sequencer
+//!   (producers send a key's jobs to several Directors and routers, so keys do meet in two
+//!   JobDBs). The key-order checks hold across both (the log prints how many jobs went each
+//!   way).
 //!
 //! Every run prints its seed; `SPINDLE_HISTORY_SEED=<seed>` replays its schedule and its
 //! producers' choices (timing differs run to run), `SPINDLE_HISTORY_SECS` sets how long the

@@ -1,10 +1,12 @@
 //! The random-history checker's parts: the system under test ([`world`]), the endpoints that
-//! record arrivals ([`endpoint`]), the recorder ([`record`]), the operations and producers
-//! ([`ops`]) and the invariants ([`check`]); [`run`] puts them together.
+//! record arrivals ([`endpoint`]), the recorder ([`record`]), the operations ([`ops`]), the
+//! producers and the readiness sampler ([`producers`]) and the invariants ([`check`]); [`run`]
+//! puts them together.
 
 pub mod check;
 pub mod endpoint;
 pub mod ops;
+pub mod producers;
 pub mod record;
 pub mod world;
 
@@ -68,7 +70,12 @@ pub async fn run(world: World, plan: Plan, name: &str) -> Vec<Violation> {
     if events {
         ops::subscribe(&world).await;
     }
-    let ops = ops::schedule(&mut rng, plan.run, ops::Kinds { cluster, events });
+    let kinds = ops::Kinds {
+        cluster,
+        events,
+        commit_faults: world.proxy.is_some(),
+    };
+    let ops = ops::schedule(&mut rng, plan.run, kinds);
     println!(
         "histories {name}: {} operations over {} s",
         ops.len(),
@@ -79,7 +86,7 @@ pub async fn run(world: World, plan: Plan, name: &str) -> Vec<Violation> {
     let until = start + plan.run;
     let mut tasks = tokio::task::JoinSet::new();
     for p in 0..plan.producers {
-        tasks.spawn(ops::producer(
+        tasks.spawn(producers::producer(
             p,
             plan.seed,
             world.clone(),
@@ -87,7 +94,7 @@ pub async fn run(world: World, plan: Plan, name: &str) -> Vec<Violation> {
             until,
         ));
     }
-    tasks.spawn(ops::readiness(world.clone(), rec.clone(), until));
+    tasks.spawn(producers::readiness(world.clone(), rec.clone(), until));
     if events {
         tasks.spawn(ops::publisher(plan.seed, world.clone(), rec.clone(), until));
     }
@@ -120,6 +127,17 @@ pub async fn run(world: World, plan: Plan, name: &str) -> Vec<Violation> {
         ops::RELEASES_BLOCKS
     ));
     world.endpoint.all_ok();
+    if let Some(proxy) = &world.proxy {
+        proxy.disarm();
+        proxy.release();
+    }
+    world
+        .consul
+        .double
+        .as_ref()
+        .unwrap()
+        .faults()
+        .set_latency(Duration::ZERO);
     if events {
         rec.op(ops::ENABLES.into());
         ops::set_created_enabled(&world, true).await;

@@ -1,8 +1,11 @@
-//! What happens to the system: producers (sequential, each owning a few ordered keys) submit
-//! mixes of jobs to every front; a schedule of operations drawn from the seed switches
+//! What happens to the system (the producers are [`super::producers`]): a schedule of
+//! operations drawn from the seed switches
 //! endpoints' behaviour, issues operator commands and endpoint controls, kills processes,
-//! retires JobDBs, locks the private MariaDB, and releases blocked keys; samplers look at
-//! readiness and at jobs past their expiry while it runs.
+//! retires JobDBs, locks the private MariaDB, and releases blocked keys; and the faults that
+//! find where a key's order breaks: a commit that fails or loses its answer, a dead
+//! Director's JobDB retired and drained before any takeover, Directors leaving and joining
+//! while keys flow, a lock on the checkpoint row during a takeover, a slow Consul. Samplers
+//! look at readiness and at jobs past their expiry while it runs.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -10,14 +13,15 @@ use std::time::Duration;
 use chrono::Utc;
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
-use serde_json::{json, Value};
+use serde_json::json;
 use spindle::job::JobId;
 use spindle::registry::inventory::JobDbState;
 use spindle_client::JobStatus;
 
-use super::endpoint::{Mode, FAIL_FIRST, WANT};
-use super::record::{Outcome, ReadySample, Recorder, SeqKey, Spec, Violation};
+use super::endpoint::Mode;
+use super::record::{Outcome, Recorder, Spec, Violation};
 use super::world::World;
+use crate::common::sql_proxy::Hold;
 
 /// The lanes (endpoints) jobs go to; ordered keys use the first two.
 pub const LANES: [&str; 4] = ["a", "b", "c", "d"];
@@ -50,6 +54,20 @@ pub enum Op {
     ReleaseBlocks,
     /// The `created` subscription disabled (`false`) or enabled again (`true`).
     Subscription(bool),
+    /// The next COMMIT through the proxy in front of a JobDB fails (its connection drops, or
+    /// it never reaches the server) or loses its answer; what it holds goes after the pause.
+    CommitFault(Hold, Duration),
+    /// kill -9 of a Director, its JobDB marked retiring before anyone takes it over (the
+    /// drain of a dead Director's JobDB); the Director starts again after the pause.
+    KillAndRetire(usize, Duration),
+    /// A Director stops (SIGTERM) and starts again after the pause: Directors leaving and
+    /// joining while keys flow.
+    Leave(usize, Duration),
+    /// kill -9 of a Director, then a transaction holds its JobDB's checkpoint row while it
+    /// starts again and takes the JobDB over, for the pause.
+    LockCheckpoint(usize, Duration),
+    /// Every answer of Consul comes this much later, for a while.
+    SlowConsul(Duration, Duration),
 }
 
 /// The cap the `created` subscription puts on its URL (lane b, which producers' jobs use too),
@@ -83,6 +101,8 @@ pub struct Kinds {
     pub cluster: bool,
     /// Events published to subscriptions (a control database).
     pub events: bool,
+    /// A proxy in front of a JobDB's server, for commit faults.
+    pub commit_faults: bool,
 }
 
 /// The operations of a run of `run`, in time order, drawn from `rng`.
@@ -92,8 +112,9 @@ pub fn schedule(rng: &mut StdRng, run: Duration, kinds: Kinds) -> Vec<(Duration,
     let lane = |rng: &mut StdRng| LANES[rng.random_range(0..LANES.len())];
     let secs =
         |rng: &mut StdRng, lo: f64, hi: f64| Duration::from_secs_f64(rng.random_range(lo..hi));
+    let directors = if kinds.cluster { 3 } else { 1 };
     while t < run {
-        let roll = rng.random_range(0..100);
+        let roll = rng.random_range(0..115);
         let op = match roll {
             0..=21 => {
                 let l = lane(rng);
@@ -135,6 +156,21 @@ pub fn schedule(rng: &mut StdRng, run: Duration, kinds: Kinds) -> Vec<(Duration,
             85..=99 if kinds.events => {
                 ops.push(((t + secs(rng, 1.5, 5.0)).min(run), Op::Subscription(true)));
                 Op::Subscription(false)
+            }
+            100..=104 if kinds.commit_faults => {
+                let hold = [Hold::Drop, Hold::Commit, Hold::Answer][rng.random_range(0..3)];
+                Op::CommitFault(hold, secs(rng, 2.5, 4.0))
+            }
+            105..=107 => Op::LockCheckpoint(rng.random_range(0..directors), secs(rng, 1.0, 4.0)),
+            108..=109 => {
+                let latency = Duration::from_millis(rng.random_range(100..400));
+                Op::SlowConsul(latency, secs(rng, 2.0, 6.0))
+            }
+            110..=112 if kinds.cluster => {
+                Op::KillAndRetire(rng.random_range(0..directors), secs(rng, 0.0, 2.0))
+            }
+            113..=114 if kinds.cluster => {
+                Op::Leave(rng.random_range(0..directors), secs(rng, 1.0, 4.0))
             }
             _ => Op::ReleaseBlocks,
         };
@@ -331,6 +367,137 @@ async fn execute(world: &World, rec: &Recorder, op: &Op, rng: &mut StdRng) {
             let n = world.on_every_jobdb("DELETE FROM ordering_blocked").await;
             rec.op_at(at, format!("{RELEASES_BLOCKS} (in {n} jobdbs)"));
         }
+        Op::CommitFault(hold, pause) => {
+            let Some(proxy) = &world.proxy else {
+                return;
+            };
+            proxy.arm(*hold);
+            rec.op(format!(
+                "commit fault: the next commit through the proxy, {hold:?}"
+            ));
+            // For the JobDB's writer, a short outage.
+            rec.outage(true);
+            tokio::time::sleep(*pause).await;
+            let used = proxy.holding();
+            proxy.disarm();
+            proxy.release();
+            rec.outage(false);
+            rec.op(format!(
+                "commit fault over ({})",
+                if used {
+                    "it happened"
+                } else {
+                    "no commit came"
+                }
+            ));
+        }
+        Op::KillAndRetire(i, down) => {
+            let slot = &world.directors[*i];
+            if !slot.running().await {
+                return;
+            }
+            let owned = world.jobdb_of(*i).await;
+            slot.kill9().await;
+            rec.crash(format!("kill -9 {}", slot.name));
+            // Before its lock's session expires: no one can have taken the JobDB over.
+            let retired = match (&world.inventory, owned) {
+                (Some(inventory), Some((_, Some(listed)))) => {
+                    let done = inventory
+                        .set_state(&listed, JobDbState::Retiring, "histories")
+                        .await
+                        .unwrap_or(false);
+                    format!("jobdb {} retired: {done}", listed.record.name)
+                }
+                _ => "it served no jobdb".to_owned(),
+            };
+            rec.op(format!(
+                "kill -9 {} and retire its jobdb before a takeover ({retired}; back in {} ms)",
+                slot.name,
+                down.as_millis()
+            ));
+            tokio::time::sleep(*down).await;
+            slot.start().await;
+            rec.op(format!("{} started", slot.name));
+        }
+        Op::Leave(i, down) => {
+            let slot = &world.directors[*i];
+            if !slot.running().await {
+                return;
+            }
+            slot.term().await;
+            rec.op(format!(
+                "{} leaves (SIGTERM; back in {} ms)",
+                slot.name,
+                down.as_millis()
+            ));
+            tokio::time::sleep(*down).await;
+            slot.start().await;
+            rec.op(format!("{} joins again", slot.name));
+        }
+        Op::LockCheckpoint(i, pause) => {
+            let slot = &world.directors[*i];
+            let Some((url, _)) = world.jobdb_of(*i).await else {
+                return;
+            };
+            if url.sqlite_file().is_some() {
+                return;
+            }
+            world.tally_remembered().await;
+            slot.kill9().await;
+            rec.crash(format!("kill -9 {}", slot.name));
+            let lock = CheckpointLock::take(&url).await;
+            rec.op(format!(
+                "kill -9 {}, its jobdb's checkpoint row locked ({}) while it starts again, for {} ms",
+                slot.name,
+                if lock.is_some() { "held" } else { "could not" },
+                pause.as_millis()
+            ));
+            slot.start().await;
+            tokio::time::sleep(*pause).await;
+            if let Some(lock) = lock {
+                lock.release().await;
+            }
+            rec.op(format!("{}'s checkpoint row unlocked", slot.name));
+        }
+        Op::SlowConsul(latency, pause) => {
+            let faults = world.consul.double.as_ref().unwrap().faults();
+            faults.set_latency(*latency);
+            rec.op(format!(
+                "consul answers {} ms late for {} ms",
+                latency.as_millis(),
+                pause.as_millis()
+            ));
+            tokio::time::sleep(*pause).await;
+            faults.set_latency(Duration::ZERO);
+            rec.op("consul answers on time".into());
+        }
+    }
+}
+
+/// A transaction holding a MySQL JobDB's checkpoint row (`SELECT ... FOR UPDATE`), as an
+/// operator's would. (A SQLite JobDB has no row locks: a transaction there stops every
+/// writer, which a starting Director's ownership write then fails on.)
+struct CheckpointLock(sqlx::MySqlConnection);
+
+impl CheckpointLock {
+    async fn take(url: &spindle::jobdb::JobDbUrl) -> Option<CheckpointLock> {
+        use sqlx::{ConnectOptions, Executor};
+        if url.sqlite_file().is_some() {
+            return None;
+        }
+        let mut conn = url.mysql_options().ok()?.connect().await.ok()?;
+        conn.execute("BEGIN").await.ok()?;
+        conn.execute("SELECT open_from FROM jobdb_checkpoint WHERE id = 1 FOR UPDATE")
+            .await
+            .ok()?;
+        Some(CheckpointLock(conn))
+    }
+
+    async fn release(self) {
+        use sqlx::{Connection, Executor};
+        let mut conn = self.0;
+        let _ = conn.execute("ROLLBACK").await;
+        let _ = conn.close().await;
     }
 }
 
@@ -368,358 +535,14 @@ async fn spindle_cmd(args: &[&str]) {
     }
 }
 
-/// One producer's ordered key: a new generation starts when a submission's fate is unknown.
-struct KeyState {
-    name: String,
-    gen: u32,
-    bucket: &'static str,
-    lane: &'static str,
-}
-
-/// A producer repeats an idempotency key only among its last this many jobs: at a few jobs
-/// a second, well inside the routers' dedup window, which the `dedup` invariant assumes.
-const RECENT_REPEATS: usize = 32;
-
-/// A producer: one request at a time, so every key it owns is submitted sequentially and its
-/// acknowledged order is its expected order.
-pub async fn producer(
-    p: usize,
-    seed: u64,
-    world: Arc<World>,
-    rec: Arc<Recorder>,
-    until: tokio::time::Instant,
-) {
-    let mut rng = StdRng::seed_from_u64(
-        seed.wrapping_add(0x9e37_79b9_7f4a_7c15u64.wrapping_mul(p as u64 + 1)),
-    );
-    let fronts = world.fronts();
-    let mut keys: Vec<KeyState> = (0..3)
-        .map(|i| KeyState {
-            name: format!("p{p}k{i}"),
-            gen: 0,
-            bucket: BUCKETS[(p + i) % BUCKETS.len()],
-            lane: LANES[i % 2],
-        })
-        .collect();
-    let mut mine: Vec<Spec> = Vec::new();
-    let mut owed: Vec<Spec> = Vec::new();
-    let mut n = 0usize;
-    while tokio::time::Instant::now() < until {
-        let mut batch: Vec<Spec> = std::mem::take(&mut owed);
-        let fresh = rng.random_range(1..=3usize);
-        let mut used: Vec<usize> = batch
-            .iter()
-            .filter_map(|s| s.seq.as_ref())
-            .filter_map(|q| {
-                keys.iter()
-                    .position(|k| q.key.starts_with(&format!("{}.", k.name)))
-            })
-            .collect();
-        for _ in 0..fresh {
-            if rng.random_range(0..100) < 8 && !mine.is_empty() {
-                // A repeated idempotency key: the same job submitted again, one of the
-                // producer's last few (well inside the routers' 120 s dedup window: a key
-                // sent again after the window is a new job by design).
-                let recent = mine.len().saturating_sub(RECENT_REPEATS);
-                let again = mine[rng.random_range(recent..mine.len())].clone();
-                if again.seq.is_none() && !batch.iter().any(|s| s.key == again.key) {
-                    batch.push(again);
-                }
-                continue;
-            }
-            n += 1;
-            let key = format!("{}-p{p}-{n}", world.tag);
-            let ordered = rng.random_range(0..100) < 45;
-            let k = rng.random_range(0..keys.len());
-            if ordered && used.contains(&k) {
-                continue;
-            }
-            let spec = job(&mut rng, &world, key, ordered.then(|| &keys[k]));
-            if ordered {
-                used.push(k);
-            }
-            batch.push(spec);
-        }
-        if batch.is_empty() {
-            continue;
-        }
-        // Jobs sent again go to the same kind of front (a router's dedup must see them).
-        let through_router = batch.iter().any(|s| {
-            rec.log
-                .lock()
-                .unwrap()
-                .outcomes
-                .get(&s.key)
-                .is_some_and(|o| o.iter().any(|(via, _)| via.starts_with("router")))
-        });
-        let candidates: Vec<&(String, String)> = fronts
-            .iter()
-            .filter(|(name, _)| !through_router || name.starts_with("router"))
-            .collect();
-        // Mostly through routers when there are any.
-        let routers = candidates
-            .iter()
-            .filter(|(n, _)| n.starts_with("router"))
-            .count();
-        let pick = if routers > 0 && rng.random_range(0..100) < 75 {
-            rng.random_range(0..routers)
-        } else {
-            rng.random_range(0..candidates.len())
-        };
-        let (via, base) = candidates[pick].clone();
-        for s in &batch {
-            rec.spec(s);
-        }
-        rec.request();
-        let answer = submit(&world.client, &base, &batch).await;
-        match answer {
-            Ok(reply) => {
-                for (spec, job) in batch.iter().zip(&reply.jobs) {
-                    let outcome = match job.status {
-                        JobStatus::Accepted => Outcome::Accepted(job.id.clone()),
-                        JobStatus::Duplicate => Outcome::Duplicate(job.id.clone()),
-                        JobStatus::Pending | JobStatus::Failed => {
-                            owed.push(spec.clone());
-                            Outcome::NotStored(format!(
-                                "{}: {}",
-                                job.status,
-                                job.error.clone().unwrap_or_default()
-                            ))
-                        }
-                    };
-                    rec.outcome(spec, &via, outcome, Some(job));
-                    if job.status == JobStatus::Accepted && spec.seq.is_none() {
-                        mine.push(spec.clone());
-                    }
-                }
-            }
-            Err(Failure::NotStored(why)) => {
-                for spec in &batch {
-                    rec.outcome(spec, &via, Outcome::NotStored(why.clone()), None);
-                    owed.push(spec.clone());
-                }
-            }
-            Err(Failure::Unknown(why)) => {
-                for spec in &batch {
-                    rec.outcome(spec, &via, Outcome::Unknown(why.clone()), None);
-                    if via.starts_with("router") {
-                        // The router's dedup settles it: the same key again.
-                        owed.push(spec.clone());
-                    } else if let Some(seq) = &spec.seq {
-                        // Its place in its key is unknown: the key ends here, a new one starts.
-                        if let Some(k) = keys
-                            .iter_mut()
-                            .find(|k| seq.key.starts_with(&format!("{}.", k.name)))
-                        {
-                            k.gen += 1;
-                        }
-                    }
-                }
-            }
-        }
-        // A job that does not settle within a while is given up (its key with it).
-        owed.retain(|s| {
-            let tries = rec
-                .log
-                .lock()
-                .unwrap()
-                .outcomes
-                .get(&s.key)
-                .map_or(0, Vec::len);
-            if tries > 40 {
-                if let Some(seq) = &s.seq {
-                    if let Some(k) = keys
-                        .iter_mut()
-                        .find(|k| seq.key.starts_with(&format!("{}.", k.name)))
-                    {
-                        k.gen += 1;
-                    }
-                }
-                return false;
-            }
-            true
-        });
-        let pause = if owed.is_empty() {
-            rng.random_range(20..150)
-        } else {
-            250
-        };
-        tokio::time::sleep(Duration::from_millis(pause)).await;
-    }
-}
-
-/// A new job, ordered on `key` when given.
-fn job(rng: &mut StdRng, world: &World, key: String, ordered: Option<&KeyState>) -> Spec {
-    let (bucket, lane) = match ordered {
-        Some(k) => (k.bucket, k.lane),
-        None => (
-            BUCKETS[rng.random_range(0..BUCKETS.len())],
-            LANES[rng.random_range(0..LANES.len())],
-        ),
-    };
-    let endpoint = world.endpoint.lane_url(lane);
-    let mut job = json!({
-        "bucket": bucket,
-        "endpoint": endpoint,
-        "idempotency_key": key,
-        "payload": {"key": key},
-        "execution_timeout_ms": 1000,
-        "backoff_min_delay_ms": 100,
-        "backoff_coefficient": 1.5,
-        "ttl_ms": rng.random_range(15_000..30_000),
-    });
-    let o = job.as_object_mut().unwrap();
-    let mut headers = serde_json::Map::new();
-    let roll = rng.random_range(0..100);
-    if roll < 5 {
-        headers.insert(WANT.into(), json!("400"));
-    } else if roll < 9 {
-        headers.insert(WANT.into(), json!("503"));
-    } else if roll < 25 {
-        headers.insert(FAIL_FIRST.into(), json!(rng.random_range(1..4).to_string()));
-    }
-    if !headers.is_empty() {
-        o.insert("headers".into(), Value::Object(headers));
-    }
-    if rng.random_range(0..100) < 12 {
-        o.insert("ttl_ms".into(), json!(rng.random_range(2_000..6_000)));
-    }
-    let mut deliver_at = None;
-    if ordered.is_none() && rng.random_range(0..100) < 15 {
-        let at = Utc::now() + chrono::Duration::milliseconds(rng.random_range(500..6_000));
-        o.insert("deliver_at".into(), json!(at));
-        deliver_at = Some(at);
-    }
-    let notice = rng.random_range(0..100) < 25;
-    if notice {
-        o.insert(
-            "on_complete".into(),
-            json!(world.endpoint.notice_url(bucket)),
-        );
-    }
-    let mut seq = None;
-    if let Some(k) = ordered {
-        let name = format!("{}.{}", k.name, k.gen);
-        o.insert("ordering_key".into(), json!(name));
-        if rng.random_range(0..100) < 10 {
-            o.insert("ordering_failure".into(), json!("block"));
-        }
-        seq = Some(SeqKey {
-            bucket: bucket.into(),
-            endpoint,
-            key: name,
-        });
-    }
-    Spec {
-        key,
-        json: job,
-        seq,
-        deliver_at,
-    }
-}
-
-pub enum Failure {
-    NotStored(String),
-    Unknown(String),
-}
-
-/// `POST /v1/jobs` of `specs` to `base`.
-pub async fn submit(
-    client: &reqwest::Client,
-    base: &str,
-    specs: &[Spec],
-) -> Result<spindle_client::SubmitReply, Failure> {
-    let jobs: Vec<&Value> = specs.iter().map(|s| &s.json).collect();
-    let sent = client
-        .post(format!("{base}/v1/jobs"))
-        .json(&json!({ "jobs": jobs }))
-        .send()
-        .await;
-    match sent {
-        Ok(r) if r.status() == reqwest::StatusCode::ACCEPTED => r
-            .json::<spindle_client::SubmitReply>()
-            .await
-            .map_err(|e| Failure::Unknown(format!("202 without a body: {e}"))),
-        Ok(r) => {
-            let status = r.status();
-            let text = r.text().await.unwrap_or_default();
-            if status.is_client_error() && status != reqwest::StatusCode::TOO_MANY_REQUESTS {
-                panic!("submission refused: {status} {text}");
-            }
-            Err(Failure::NotStored(format!(
-                "{status}: {}",
-                text.chars().take(120).collect::<String>()
-            )))
-        }
-        // A connection that could not be made stored nothing; anything else may have.
-        Err(e) if e.is_connect() => Err(Failure::NotStored(format!("connect: {e}"))),
-        Err(e) => Err(Failure::Unknown(format!("{e}"))),
-    }
-}
-
-/// Samples each Director's readiness once a second: `/readyz`, a probe job, `/readyz` again.
-pub async fn readiness(world: Arc<World>, rec: Arc<Recorder>, until: tokio::time::Instant) {
-    let client = reqwest::Client::builder()
-        .timeout(Duration::from_secs(3))
-        .build()
-        .unwrap();
-    let mut n = 0;
-    while tokio::time::Instant::now() < until {
-        for d in &world.directors {
-            let base = d.base();
-            let ready = || async {
-                matches!(client.get(format!("{base}/readyz")).send().await,
-                         Ok(r) if r.status().is_success())
-            };
-            let at = Utc::now();
-            let before = ready().await;
-            n += 1;
-            let key = format!("{}-probe-{}-{n}", world.tag, d.name);
-            let spec = Spec {
-                key: key.clone(),
-                json: json!({"bucket": "probe", "endpoint": world.endpoint.probe_url(),
-                             "idempotency_key": key, "ttl_ms": 60_000}),
-                seq: None,
-                deliver_at: None,
-            };
-            rec.spec(&spec);
-            let accepted = match submit(&client, &base, std::slice::from_ref(&spec)).await {
-                Ok(reply) => {
-                    let job = &reply.jobs[0];
-                    rec.outcome(&spec, &d.name, Outcome::Accepted(job.id.clone()), Some(job));
-                    Some(true)
-                }
-                Err(Failure::NotStored(why)) => {
-                    rec.outcome(&spec, &d.name, Outcome::NotStored(why), None);
-                    Some(false)
-                }
-                Err(Failure::Unknown(why)) => {
-                    rec.outcome(&spec, &d.name, Outcome::Unknown(why), None);
-                    None
-                }
-            };
-            let after = ready().await;
-            rec.ready(ReadySample {
-                director: d.name.clone(),
-                at,
-                ready_before: before,
-                accepted,
-                ready_after: after,
-            });
-        }
-        tokio::time::sleep(Duration::from_millis(700)).await;
-    }
-}
-
 /// How long the cluster runs with one Director (one live JobDB) at most.
 pub const JOIN_AFTER: Duration = Duration::from_secs(6);
 
-/// The cluster's start: director 0 alone for `after` (its JobDB the only live one, so its
-/// commits release ordered jobs in themselves), then the other Directors join (their JobDBs go
-/// live and director 0's commits leave releases to its sequencer). Alone, director 0 bears
-/// ordered jobs fresh under its JobDB's fresh mark: the others' reads must find those still
-/// under way when they join (key-order). The key-order checks hold across the change; what
-/// director 0 did alone is printed.
+/// The cluster's start: director 0 alone for `after` (its JobDB the only live one: its
+/// intake clears every key, and its commits let their jobs go), then the other Directors join
+/// (their JobDBs go live, and keys that meet in two JobDBs go by the sequencer). The others'
+/// reads must find director 0's jobs under way when they join (key-order); what director 0
+/// did alone is printed.
 pub async fn join_directors(world: Arc<World>, rec: Arc<Recorder>, after: Duration) {
     tokio::time::sleep(after).await;
     let base = world.directors[0].base();
@@ -730,11 +553,9 @@ pub async fn join_directors(world: Arc<World>, rec: Arc<Recorder>, after: Durati
         Err(_) => String::new(),
     };
     let born = crate::common::metric_value(&text, "spindle_ordered_born_total");
-    let alone = crate::common::metric_value(&text, "spindle_ordered_alone");
-    let marked = crate::common::metric_value(&text, "spindle_ordered_fresh_marked");
     rec.op(format!(
-        "directors 1 and 2 join (director 0 alone until now: {born} ordered jobs born \
-         released, spindle_ordered_alone {alone}, born fresh under its mark {marked})"
+        "directors 1 and 2 join (director 0's jobdb the only live one until now: {born} \
+         ordered jobs born released, cleared at intake)"
     ));
     for slot in &world.directors[1..] {
         slot.start().await;

@@ -2,8 +2,10 @@
 //! SQLite JobDB (controls read from the Consul double), or a cluster (the Consul double, three
 //! Directors, two routers, one of them with its clock ahead, a manager that retires JobDBs
 //! every few seconds, a drainer, moto as S3, the machine's Redis for dedup, and a private
-//! `mariadbd` that holds some JobDBs so that an outage can lock it). And the readers: every
-//! job's histories in every JobDB still there and in the archive.
+//! `mariadbd` that holds some JobDBs so that an outage can lock it). Writes to a MySQL JobDB
+//! of the Director alone, and to the cluster's private `mariadbd`, go through a proxy that an
+//! operation arms to fail a COMMIT or lose its answer. And the readers: every job's histories
+//! in every JobDB still there and in the archive.
 
 use std::collections::{HashMap, HashSet};
 use std::time::Duration;
@@ -21,6 +23,7 @@ use crate::common::cluster::{
 use crate::common::mariadb::PrivateMariaDb;
 use crate::common::procs::{free_port, skewed_clock, words, Proc};
 use crate::common::s3::S3Server;
+use crate::common::sql_proxy::SqlProxy;
 use crate::common::{mysql_server, ConsulUnderTest, Engine, TestDb};
 
 /// How far ahead the skewed router's clock runs (within the routers' `--dedup-max-skew-ms`).
@@ -33,21 +36,27 @@ pub struct Slot {
     args: Vec<String>,
     /// Runs under `faketime` with this offset.
     skew: Option<String>,
+    /// More environment variables (settings an older build, run through `SPINDLE_BIN`,
+    /// ignores rather than refuses).
+    env: Vec<(String, String)>,
     pub port: u16,
     proc: tokio::sync::Mutex<Option<Proc>>,
 }
 
 impl Slot {
     pub fn new(name: &str, args: Vec<String>, skew: Option<String>) -> Slot {
-        let slot = Slot {
-            name: name.to_owned(),
-            args,
-            skew,
-            port: free_port(),
-            proc: tokio::sync::Mutex::new(None),
-        };
+        let slot = Slot::idle(name, args, skew);
         *slot.proc.try_lock().unwrap() = Some(slot.spawn());
         slot
+    }
+
+    /// The same (idle) slot with more environment variables.
+    pub fn with_env(mut self, env: &[(&str, &str)]) -> Slot {
+        self.env = env
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect();
+        self
     }
 
     /// A slot whose process is not started yet ([`Slot::start`] starts it).
@@ -56,6 +65,7 @@ impl Slot {
             name: name.to_owned(),
             args,
             skew,
+            env: Vec::new(),
             port: free_port(),
             proc: tokio::sync::Mutex::new(None),
         }
@@ -71,7 +81,8 @@ impl Slot {
         // monotonic clock (timers, timeouts) stays true. (Through the `faketime` wrapper a kill
         // reached the wrapper and left the process running.)
         let skew = self.skew.as_deref().map(skewed_clock).unwrap_or_default();
-        let env: Vec<(&str, &str)> = skew.iter().map(|(k, v)| (*k, v.as_str())).collect();
+        let mut env: Vec<(&str, &str)> = skew.iter().map(|(k, v)| (*k, v.as_str())).collect();
+        env.extend(self.env.iter().map(|(k, v)| (k.as_str(), v.as_str())));
         Proc::spawn_with_env(&self.args, self.port, &env)
     }
 
@@ -134,9 +145,13 @@ pub struct World {
     pub archive: Option<Archive>,
     pub inventory: Option<Inventory>,
     pub mariadb: Option<std::sync::Mutex<PrivateMariaDb>>,
-    /// Alone: the Director's `spindle_ordered_heads_known_total`,
-    /// `spindle_ordered_heads_misremembered_total` and `spindle_ordered_kept_total`, summed
-    /// over its lives (read before each kill -9 and at the end).
+    /// In front of the Director's MySQL JobDB (alone), or of the private `mariadbd` (cluster):
+    /// what the commit faults arm.
+    pub proxy: Option<SqlProxy>,
+    /// Alone: the Director's `spindle_ordered_released_total`,
+    /// `spindle_ordered_heads_misremembered_total`, `spindle_ordered_kept_total` and
+    /// `spindle_ordered_spilled_total`, summed over its lives (read before each kill -9 and at
+    /// the end).
     pub remembered: std::sync::Mutex<Remembered>,
 }
 
@@ -161,6 +176,22 @@ impl World {
         let db = TestDb::on(engine, &tag);
         let control = TestDb::on(engine, &format!("{tag}c"));
         let consul_url = consul.double.as_ref().unwrap().url();
+        // The Director writes a MySQL JobDB through the proxy; the checker reads it directly.
+        let proxy = match engine {
+            Engine::MySql => Some(SqlProxy::start(3306).await),
+            Engine::Sqlite => None,
+        };
+        let jobdb = match &proxy {
+            Some(proxy) => {
+                spindle::jobdb::JobDb::open(&db.url, true, 1)
+                    .await
+                    .unwrap()
+                    .close()
+                    .await;
+                proxy.url(&db.url.database)
+            }
+            None => db.url_string(),
+        };
         let mut args = strings(&[
             "director",
             "--listen",
@@ -171,10 +202,13 @@ impl World {
             "--allow-subnet",
             "127.0.0.0/8",
         ]);
-        args.extend(["--jobdb".into(), db.url_string()]);
+        args.extend(["--jobdb".into(), jobdb]);
         args.extend(["--control-db".into(), control.url_string()]);
         args.extend(director_flags());
-        let director = Slot::new("director0", args, None);
+        // A small book: sequences spill to the store (the sequencer's path) when keys back up.
+        let director =
+            Slot::idle("director0", args, None).with_env(&[("SPINDLE_ORDERED_BOOK_JOBS", "40")]);
+        director.start().await;
         World {
             tag,
             consul,
@@ -192,6 +226,7 @@ impl World {
             archive: None,
             inventory: None,
             mariadb: None,
+            proxy,
         }
     }
 
@@ -207,7 +242,12 @@ impl World {
         } = Archiving::start("hist").await;
         let mariadb = tokio::task::block_in_place(PrivateMariaDb::start);
         let s3_args = s3_args(&s3, &bucket);
-        let servers = [mysql_server(), mariadb.server()];
+        // The JobDBs the manager makes on the private server are reached through the proxy.
+        let proxy = SqlProxy::start(mariadb.port).await;
+        let servers = [
+            mysql_server(),
+            format!("mysql://root@127.0.0.1:{}", proxy.port),
+        ];
         let manager = manager_args(&consul_url, &servers, &tag, "m0", 2, max_age_s());
         let mut drainer = drainer_args(&consul_url, "dr0");
         drainer.extend(s3_args.clone());
@@ -257,6 +297,7 @@ impl World {
             s3: Some(s3),
             archive: Some(archive),
             mariadb: Some(std::sync::Mutex::new(mariadb)),
+            proxy: Some(proxy),
         }
     }
 
@@ -309,6 +350,23 @@ impl World {
                 .collect(),
             _ => vec![],
         }
+    }
+
+    /// The JobDB director `i` serves: alone, its one JobDB; in a cluster, the active one whose
+    /// lock its id was last written in. With its inventory entry, in a cluster.
+    pub async fn jobdb_of(
+        &self,
+        i: usize,
+    ) -> Option<(JobDbUrl, Option<spindle::registry::inventory::Listed>)> {
+        if let Some(db) = &self.alone {
+            return Some((db.url.clone(), None));
+        }
+        let id = format!("{}-d{i}", self.tag);
+        let listed = self.inventory.as_ref()?.list().await.ok()?;
+        let mine = listed.into_iter().find(|l| {
+            l.record.state == JobDbState::Active && l.holder_id.as_deref() == Some(&id)
+        })?;
+        Some((mine.record.url.parse().ok()?, Some(mine)))
     }
 
     /// Runs `sql` on every live JobDB (an operator's statement); JobDBs that fail are skipped.
@@ -405,21 +463,23 @@ impl World {
     }
 }
 
-/// What the Director alone's writer did from memory (see [`World::remembered`]).
+/// What the Director alone's ordering did (see [`World::remembered`]).
 #[derive(Clone, Copy, Debug, Default)]
 pub struct Remembered {
-    /// Heads it took from memory.
-    pub heads: u64,
-    /// Of those, heads the JobDB did not hold waiting.
+    /// Ordered jobs it released.
+    pub released: u64,
+    /// Heads its book held waiting that the JobDB did not.
     pub wrong: u64,
-    /// Ordered jobs it kept in memory (no entry) until their turn.
+    /// Ordered jobs it kept in its book (no entry) until their turn.
     pub kept: u64,
+    /// Sequences it spilled to the store.
+    pub spilled: u64,
 }
 
 impl World {
-    /// Alone: adds the Director's counts of heads its writer took from memory, and of those
-    /// it found not held (see [`World::remembered`]), read from its `/metrics` now. A count
-    /// bumped between this read and a kill -9 is lost: the tally is a floor.
+    /// Alone: adds the Director's counts of what its ordering did (see
+    /// [`World::remembered`]), read from its `/metrics` now. A count bumped between this read
+    /// and a kill -9 is lost: the tally is a floor.
     pub async fn tally_remembered(&self) {
         if self.alone.is_none() {
             return;
@@ -438,9 +498,10 @@ impl World {
         let text = answer.text().await.unwrap_or_default();
         let count = |name: &str| crate::common::metric_value(&text, name) as u64;
         let mut tally = self.remembered.lock().unwrap();
-        tally.heads += count("spindle_ordered_heads_known_total");
+        tally.released += count("spindle_ordered_released_total");
         tally.wrong += count("spindle_ordered_heads_misremembered_total");
         tally.kept += count("spindle_ordered_kept_total");
+        tally.spilled += count("spindle_ordered_spilled_total");
     }
 
     /// Alone: every attempt the JobDB's commits list as begun (`commit_log.started`), as
@@ -523,6 +584,9 @@ fn director_flags() -> Vec<String> {
         "2000",
         "--max-payload-bytes",
         &super::ops::DIRECTOR_MAX_PAYLOAD.to_string(),
+        // A commit held back by the proxy fails within 2 s: the commit faults hold longer.
+        "--write-timeout-ms",
+        "2000",
     ])
 }
 
