@@ -1,0 +1,117 @@
+//! The bodies of `POST /v1/import`: jobs moved out of a retired JobDB with their progress, or
+//! new jobs a router forwards with their ids.
+
+use chrono::{DateTime, Utc};
+use serde::{Deserialize, Serialize};
+
+#[cfg(doc)]
+use super::NewJob;
+use super::{EventLink, OrderingFailure};
+
+/// Jobs moved out of a retired JobDB.
+// (`POST /v1/import` body, admin only: also new jobs a router forwards with their ids. The
+// doc line above is the schema's description in /openapi.json.)
+#[derive(Clone, Debug, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+#[serde(deny_unknown_fields)]
+pub struct ImportRequest {
+    /// The JobDB the caller expects this Director to own (409 if it owns another).
+    pub jobdb: String,
+    /// The retired JobDB the jobs come from; absent for new jobs forwarded by a router.
+    #[serde(default)]
+    pub from_jobdb: Option<String>,
+    /// New jobs only: refuse the request (409, nothing stored) once this instant has passed.
+    #[serde(default)]
+    pub not_after: Option<DateTime<Utc>>,
+    /// 1 to 1000 jobs (none when the request only carries `blocked_keys`).
+    pub jobs: Vec<ImportJob>,
+    /// Moves only: ordered keys blocked in the retired JobDB (a job that asked to block its key
+    /// ended without success there), carried so the block follows the key: stored in this
+    /// JobDB with the same transaction as `jobs`; a key blocked here already keeps its block.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub blocked_keys: Vec<BlockedKey>,
+}
+
+/// An ordered key stopped by a job that ended without success and asked to block it; it stays
+/// stopped until an operator deletes its `ordering_blocked` row.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+#[serde(deny_unknown_fields)]
+pub struct BlockedKey {
+    /// The key's bucket.
+    pub bucket: String,
+    /// The key's endpoint URL.
+    pub endpoint: String,
+    /// The ordering key.
+    pub ordering_key: String,
+    /// The job whose end blocked it (ULID).
+    pub job_id: String,
+    /// How that job ended (`discarded`, `archiving`).
+    pub state: String,
+    /// When it blocked the key.
+    pub blocked_at: DateTime<Utc>,
+}
+
+/// One job as it was stored in the retired JobDB, with its progress.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+#[serde(deny_unknown_fields)]
+pub struct ImportJob {
+    /// The job's id (ULID), kept.
+    pub id: String,
+    /// Its bucket.
+    pub bucket: String,
+    /// Its endpoint URL.
+    pub endpoint: String,
+    /// Its HTTP method.
+    pub method: String,
+    /// Its headers as `[name, value]` pairs, in order.
+    pub headers: Vec<(String, String)>,
+    /// Its body, base64.
+    pub payload_base64: String,
+    /// Deadline of one attempt.
+    pub execution_timeout_ms: u32,
+    /// Delay before the second attempt.
+    pub backoff_min_delay_ms: u32,
+    /// Growth of the delay per attempt.
+    pub backoff_coefficient: f64,
+    /// When it was first accepted.
+    pub created_at: DateTime<Utc>,
+    /// When it stops being retried.
+    pub expire_at: DateTime<Utc>,
+    /// The producer's idempotency key.
+    pub idempotency_key: Option<String>,
+    /// The URL told when it ends (see [`NewJob::on_complete`]).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub on_complete: Option<String>,
+    /// Its ordering key (see [`NewJob::ordering_key`]).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ordering_key: Option<String>,
+    /// What it does to its key's later jobs if it ends without success.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ordering_failure: Option<OrderingFailure>,
+    /// Moves only: its place in its key's order (a ULID the accepting Director minted), kept
+    /// so a moved job keeps its turn; a router's new jobs get theirs where they are stored.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ordering_position: Option<String>,
+    /// The event it delivers, if an event's subscription made it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub event: Option<EventLink>,
+    /// Attempts made so far (0 for new jobs).
+    #[serde(default)]
+    pub attempts: u16,
+    /// When its next attempt is due (new jobs: when they were accepted).
+    pub retry_at: DateTime<Utc>,
+}
+
+/// What an import did.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+pub struct ImportResponse {
+    /// The JobDB the jobs are now in.
+    pub jobdb: String,
+    /// Jobs stored by this request.
+    pub imported: usize,
+    /// Jobs that were already there (an earlier attempt of the same import).
+    pub already_present: usize,
+}

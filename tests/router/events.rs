@@ -1,0 +1,374 @@
+//! Events through routers: each key's event published once across router crashes, a lapsed
+//! claim settled by reading a retired JobDB, and an event refused for its content answered so.
+
+use std::collections::HashMap;
+use std::time::{Duration, Instant};
+
+use serde_json::{json, Value};
+
+use crate::common::cluster::Cluster;
+use crate::common::*;
+use crate::ONE_AT_A_TIME;
+
+/// `POST /v1/events` through routers, with a router crashing (a test fault: abort, as a
+/// kill -9) right after claiming an event's key and another right after its jobs were stored
+/// but before the key was confirmed: every key's event is stored once, with one job per
+/// matching subscription, and every answer for the key names that event; a repeat is answered
+/// `duplicate` with the event's jobs; each subscription gets each of its events once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_event_is_published_once_through_router_crashes() {
+    use spindle_client::{Client, NewEvent, NewSubscription, PayloadFilter, PublishReply};
+    let _one = ONE_AT_A_TIME.lock().await;
+    let cluster = Cluster::builder("rev")
+        .jobdbs(2)
+        .directors(2)
+        .service_ttl_ms(2000)
+        .redis(None)
+        .router(2)
+        .control()
+        .start()
+        .await;
+    let api = Client::new(&cluster.router_base(), None).unwrap();
+    let capture = |name: &str| cluster.sink.url(&format!("/capture?s={name}"));
+    let all_orders = NewSubscription::new("shop", capture("all"), ["order.*"]);
+    let paid_in_order = NewSubscription {
+        ordering_key: Some("/customer".into()),
+        ..NewSubscription::new("shop", capture("paid"), ["order.paid"])
+    };
+    let gold = NewSubscription {
+        filter: Some(PayloadFilter {
+            pointer: "/tier".into(),
+            equals: json!("gold"),
+        }),
+        ..NewSubscription::new("shop", capture("gold"), ["*"])
+    };
+    // Published at once: a Director that has not read a subscription yet retries its jobs
+    // (`unknown-subscription`) rather than send them without its signature.
+    let mut secrets = HashMap::new();
+    // Two through the router, one through a Director: the router's cache reads the third
+    // from the control database within two seconds.
+    let director = Client::new(&cluster.directors[0].base(), None).unwrap();
+    for (i, s) in [all_orders, paid_in_order, gold].into_iter().enumerate() {
+        let via = if i == 2 { &director } else { &api };
+        let added = via.add_subscription(&s).await.unwrap();
+        let secret = added.secret.unwrap().parse().unwrap();
+        secrets.insert(added.id, secret);
+    }
+    let seen = Instant::now();
+    wait_for(
+        Duration::from_secs(2),
+        "the router sees all three",
+        || async {
+            api.subscriptions(Some("shop"))
+                .await
+                .is_ok_and(|l| l.subscriptions.len() == 3)
+        },
+    )
+    .await;
+    println!(
+        "a subscription made at a Director reached the router in {} ms",
+        seen.elapsed().as_millis()
+    );
+    let event = |n: usize, key: &str| {
+        let tier = if n.is_multiple_of(2) {
+            "gold"
+        } else {
+            "silver"
+        };
+        order_paid(
+            key,
+            json!({"n": n, "customer": format!("c{}", n % 3), "tier": tier}),
+        )
+    };
+    // Publishes through `via` until it answers (503s and transport errors: again).
+    let settle = |via: Client, event: NewEvent| async move {
+        let started = Instant::now();
+        loop {
+            match via.publish(&event).await {
+                Ok(reply) => return reply,
+                Err(e) => {
+                    assert!(
+                        e.status().is_none_or(|s| s == 503 || s == 504),
+                        "publish refused: {e}"
+                    );
+                    assert!(
+                        started.elapsed() < Duration::from_secs(60),
+                        "unsettled: {e}"
+                    );
+                    tokio::time::sleep(Duration::from_millis(200)).await;
+                }
+            }
+        }
+    };
+    let sorted = |reply: &PublishReply| {
+        let mut d: Vec<(String, String)> = reply
+            .deliveries
+            .iter()
+            .map(|d| (d.subscription_id.clone(), d.job_id.clone()))
+            .collect();
+        d.sort();
+        d
+    };
+
+    // Ten events, then five of their keys again.
+    let mut answers: HashMap<String, Vec<PublishReply>> = HashMap::new();
+    for n in 0..10 {
+        let key = format!("k{n}");
+        let reply = settle(api.clone(), event(n, &key)).await;
+        assert!(!reply.duplicate);
+        assert_eq!(
+            reply.deliveries.len(),
+            if n.is_multiple_of(2) { 3 } else { 2 }
+        );
+        answers.entry(key).or_default().push(reply);
+    }
+    for n in 0..5 {
+        let key = format!("k{n}");
+        let reply = settle(api.clone(), event(n, &key)).await;
+        let first = &answers[&key][0];
+        assert!(reply.duplicate, "{key}: a repeat is a duplicate");
+        assert_eq!(reply.event_id, first.event_id, "{key}: the first event");
+        assert_eq!(
+            sorted(&reply),
+            sorted(first),
+            "{key}: the first event's jobs"
+        );
+        answers.entry(key).or_default().push(reply);
+    }
+
+    // A router that crashes after storing (before confirming), and one that crashes after
+    // claiming (before forwarding): the retry through the cluster's router settles both.
+    for (step, n, stored) in [("stored", 10, true), ("claimed", 11, false)] {
+        let key = format!("crash-{step}");
+        let crash = format!("{step}:{key}");
+        let mut doomed = cluster.spawn_router(2, &[("SPINDLE_FAULT_CRASH", &crash)]);
+        cluster.wait_ready([&doomed]).await;
+        let lost = Client::new(&doomed.base(), None)
+            .unwrap()
+            .publish(&event(n, &key))
+            .await;
+        assert!(lost.is_err(), "the router crashed at {step}: {lost:?}");
+        let reply = settle(api.clone(), event(n, &key)).await;
+        assert_eq!(reply.duplicate, stored, "{key}: {reply:?}");
+        assert_eq!(
+            reply.deliveries.len(),
+            if n.is_multiple_of(2) { 3 } else { 2 }
+        );
+        let again = settle(api.clone(), event(n, &key)).await;
+        assert!(again.duplicate && again.event_id == reply.event_id, "{key}");
+        answers.entry(key).or_default().extend([reply, again]);
+        doomed.kill9().await;
+    }
+
+    // Stored: per key, exactly the jobs of the one event every answer names.
+    let expected: usize = answers.values().map(|a| a[0].deliveries.len()).sum();
+    wait_for(
+        Duration::from_secs(30),
+        "every event job delivered",
+        || async { cluster.sink.received().len() >= expected },
+    )
+    .await;
+    let mut stored: HashMap<String, Vec<String>> = HashMap::new();
+    for (id, key, _, _) in cluster.stored().await {
+        stored.entry(key.expect("a key")).or_default().push(id);
+    }
+    assert_eq!(stored.len(), answers.len(), "one set of jobs per key");
+    let mut delivered_pairs = std::collections::BTreeSet::new();
+    for (key, replies) in &answers {
+        let event_id = replies[0].event_id.as_ref().expect("an event");
+        assert!(
+            replies
+                .iter()
+                .all(|r| r.event_id.as_ref() == Some(event_id)),
+            "{key}"
+        );
+        let mut jobs: Vec<String> = replies
+            .iter()
+            .find(|r| !r.deliveries.is_empty())
+            .unwrap()
+            .deliveries
+            .iter()
+            .map(|d| d.job_id.clone())
+            .collect();
+        jobs.sort();
+        let mut held = stored[key].clone();
+        held.sort();
+        assert_eq!(held, jobs, "{key}: stored jobs are the event's");
+        for d in &replies[0].deliveries {
+            delivered_pairs.insert((event_id.clone(), d.subscription_id.clone()));
+        }
+    }
+    // Delivered: each (event, subscription) once, signed for that subscription.
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let mut seen = std::collections::BTreeSet::new();
+    for r in cluster.sink.received() {
+        let arrival = event_arrival(&r, &secrets);
+        let pair = (arrival.event_id, arrival.subscription);
+        assert!(seen.insert(pair.clone()), "{pair:?} delivered twice");
+    }
+    assert_eq!(seen, delivered_pairs);
+    cluster.stop().await;
+}
+
+/// A router dies after claiming an event's key (nothing stored) and another after storing
+/// one (not confirmed); then every JobDB that could hold them retires and its Director moves
+/// to a spare. A retry through a live router finds both claims lapsed with their holders in
+/// no JobDB a Director serves: it reads the retired JobDBs itself, so the stored event is
+/// answered `duplicate` and the other is published fresh (before, both were answered 503
+/// "cannot be checked now" for as long as the retired JobDBs existed).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lapsed_claim_is_settled_by_reading_a_retired_jobdb() {
+    use spindle::registry::inventory::JobDbState;
+    use spindle_client::{Client, NewSubscription};
+    let _one = ONE_AT_A_TIME.lock().await;
+    let cluster = Cluster::builder("rlc")
+        .jobdbs(2)
+        .directors(1)
+        .service_ttl_ms(2000)
+        .redis(None)
+        .router(1)
+        .control()
+        .start()
+        .await;
+    let api = Client::new(&cluster.router_base(), None).unwrap();
+    let sub = NewSubscription::new("shop", cluster.sink.url("/ok"), ["order.*"]);
+    api.add_subscription(&sub).await.unwrap();
+    let event = |key: &str| order_paid(key, json!({}));
+    for step in ["stored", "claimed"] {
+        let key = format!("crash-{step}");
+        let mut doomed =
+            cluster.spawn_router(1, &[("SPINDLE_FAULT_CRASH", &format!("{step}:{key}"))]);
+        cluster.wait_ready([&doomed]).await;
+        let lost = Client::new(&doomed.base(), None)
+            .unwrap()
+            .publish(&event(&key))
+            .await;
+        assert!(lost.is_err(), "the router crashed at {step}: {lost:?}");
+        doomed.kill9().await;
+    }
+    let stored = cluster.stored().await;
+    assert_eq!(stored.len(), 1, "{stored:?}");
+    // The active JobDB retires; the Director takes the spare.
+    let listed = cluster.inventory.list().await.unwrap();
+    let active = listed
+        .iter()
+        .find(|l| l.record.state == JobDbState::Active)
+        .expect("an active jobdb");
+    assert!(cluster
+        .inventory
+        .set_state(active, JobDbState::Retiring, "test")
+        .await
+        .unwrap());
+    let retired = active.record.name.clone();
+    wait_for(
+        Duration::from_secs(30),
+        "the director on the spare",
+        || async {
+            cluster
+                .catalog()
+                .await
+                .values()
+                .all(|jobdb| *jobdb != retired)
+                && cluster.in_state(JobDbState::Active).await == 1
+        },
+    )
+    .await;
+
+    let started = Instant::now();
+    let mut answers = Vec::new();
+    for key in ["crash-stored", "crash-claimed"] {
+        let reply = loop {
+            match api.publish(&event(key)).await {
+                Ok(reply) => break reply,
+                Err(e) => {
+                    assert_eq!(e.status(), Some(503), "{key}: {e}");
+                    assert!(
+                        started.elapsed() < Duration::from_secs(30),
+                        "{key} unsettled: {e}"
+                    );
+                    tokio::time::sleep(Duration::from_millis(200)).await;
+                }
+            }
+        };
+        answers.push(reply);
+    }
+    println!(
+        "both lapsed claims settled {} ms after the retirement",
+        started.elapsed().as_millis()
+    );
+    assert!(
+        answers[0].duplicate && answers[0].event_id.is_some(),
+        "{:?}",
+        answers[0]
+    );
+    assert!(!answers[1].duplicate, "{:?}", answers[1]);
+    let mut keys: Vec<(Option<String>, String)> = cluster
+        .stored()
+        .await
+        .into_iter()
+        .map(|(id, key, _, _)| (key, id))
+        .collect();
+    keys.sort();
+    assert_eq!(keys.len(), 2, "one event per key: {keys:?}");
+    assert_eq!(keys[0].0.as_deref(), Some("crash-claimed"));
+    assert_eq!(keys[1], (Some("crash-stored".into()), stored[0].0.clone()));
+    cluster.stop().await;
+}
+
+/// A Director whose payload limit is below the router's refuses an event's jobs for their
+/// content: the publish is answered 413 naming the `event` (every Director refused it; a retry
+/// cannot help), not 503, nothing is stored, and the key's claim is released so the producer
+/// can publish a smaller event under the same key.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_event_refused_for_its_content_is_answered_so() {
+    use spindle_client::{Client, NewSubscription};
+    let _one = ONE_AT_A_TIME.lock().await;
+    let cluster = Cluster::builder("rce")
+        .jobdbs(2)
+        .directors(2)
+        .service_ttl_ms(2000)
+        .director_args("--max-payload-bytes 512")
+        .redis(None)
+        .router(1)
+        .control()
+        .start()
+        .await;
+    let api = Client::new(&cluster.router_base(), None).unwrap();
+    let sub = NewSubscription::new("shop", cluster.sink.url("/ok"), ["order.*"]);
+    api.add_subscription(&sub).await.unwrap();
+    let event = |payload: Value| order_paid("big-then-small", payload);
+    let refused = api
+        .publish(&event(json!({ "note": "x".repeat(2000) })))
+        .await
+        .unwrap_err();
+    let answer = refused.api().expect("an error answer");
+    assert_eq!(answer.status, 413, "{refused}");
+    assert_eq!(answer.field.as_deref(), Some("event"), "{refused}");
+    assert!(answer.message.contains("payload"), "{refused}");
+    assert!(cluster.stored().await.is_empty(), "nothing stored");
+
+    // The key is free again: a smaller event under it is published, not a duplicate.
+    let reply = api.publish(&event(json!({"n": 1}))).await.unwrap();
+    assert!(!reply.duplicate, "{reply:?}");
+    assert_eq!(reply.deliveries.len(), 1);
+    wait_for(
+        Duration::from_secs(20),
+        "the small event delivered",
+        || async { cluster.sink.received().len() == 1 },
+    )
+    .await;
+    assert_eq!(cluster.stored().await.len(), 1);
+    cluster.stop().await;
+}
+
+/// An `order.paid` event of bucket `shop` under idempotency key `key`.
+fn order_paid(key: &str, payload: Value) -> spindle_client::NewEvent {
+    spindle_client::NewEvent {
+        bucket: "shop".into(),
+        event_type: "order.paid".into(),
+        payload: serde_json::value::RawValue::from_string(payload.to_string()).unwrap(),
+        idempotency_key: Some(key.to_owned()),
+        deliver_at: None,
+        on_complete: None,
+    }
+}
