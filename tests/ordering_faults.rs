@@ -5,7 +5,7 @@
 //!   dies with a key's first job under way and two waiting; its JobDB is retired before anyone
 //!   takes it over, and a drainer moves the jobs to another Director's JobDB (once from a
 //!   cluster Director, once from a Director that ran without peers, whose waiting jobs had no
-//!   entry);
+//!   entry); the drained JobDB on MariaDB and on SQLite;
 //! - `a_failed_or_unanswered_commit_that_lets_a_kept_job_go_on_keeps_it`: a Director alone
 //!   whose commit that ends a key's job (and lets the kept next one go) fails, or loses its
 //!   answer, then gets the key's next job;
@@ -153,10 +153,13 @@ async fn wait_owned(life: &Cluster, name: &str) {
     .await;
 }
 
-async fn a_dead_directors_jobdb_drained_keeps_its_keys_in_order(peers: bool) {
+async fn a_dead_directors_jobdb_drained_keeps_its_keys_in_order(engine: Engine, peers: bool) {
     let life = Cluster::builder("ordrain").s3().start().await;
-    let first = create_jobdb(&life, "first").await;
-    let first_url = format!("{}/{first}", life.mysql);
+    // The drained JobDB on `engine`; the one the jobs move to on MariaDB.
+    let db = TestDb::on(engine, "ordrain");
+    let first_url = db.url_string();
+    JobDb::open(&db.url, true, 1).await.unwrap().close().await;
+    let first = first_url.rsplit('/').next().unwrap().to_owned();
     let mut d0 = match peers {
         true => {
             register(&life, &first, &first_url, JobDbState::Spare).await;
@@ -206,11 +209,12 @@ async fn a_dead_directors_jobdb_drained_keeps_its_keys_in_order(peers: bool) {
 /// cluster Director's waiting jobs have entries from the start; a Director without peers kept
 /// them in its book, and the drainer gives them (and the job under way) their entries, in
 /// their places, before it moves anything.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_dead_directors_jobdb_drained_before_any_takeover_keeps_its_keys_in_order() {
-    a_dead_directors_jobdb_drained_keeps_its_keys_in_order(true).await;
-    a_dead_directors_jobdb_drained_keeps_its_keys_in_order(false).await;
+async fn a_dead_directors_jobdb_drained_before_any_takeover_keeps_its_keys_in_order(engine: Engine) {
+    a_dead_directors_jobdb_drained_keeps_its_keys_in_order(engine, true).await;
+    a_dead_directors_jobdb_drained_keeps_its_keys_in_order(engine, false).await;
 }
+
+on_both_engines!(a_dead_directors_jobdb_drained_before_any_takeover_keeps_its_keys_in_order);
 
 /// A Director alone on a JobDB behind a proxy, with a 1 s write timeout; its base URL.
 async fn alone_behind(proxy: &SqlProxy, database: &str) -> (Proc, String) {
