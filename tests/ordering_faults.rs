@@ -209,7 +209,9 @@ async fn a_dead_directors_jobdb_drained_keeps_its_keys_in_order(engine: Engine, 
 /// cluster Director's waiting jobs have entries from the start; a Director without peers kept
 /// them in its book, and the drainer gives them (and the job under way) their entries, in
 /// their places, before it moves anything.
-async fn a_dead_directors_jobdb_drained_before_any_takeover_keeps_its_keys_in_order(engine: Engine) {
+async fn a_dead_directors_jobdb_drained_before_any_takeover_keeps_its_keys_in_order(
+    engine: Engine,
+) {
     a_dead_directors_jobdb_drained_keeps_its_keys_in_order(engine, true).await;
     a_dead_directors_jobdb_drained_keeps_its_keys_in_order(engine, false).await;
 }

@@ -3,7 +3,7 @@
 //! server's answer to it) until released, or drop the connection at it: a COMMIT that gets no
 //! answer, or fails, as from a server or network that stopped answering at the worst moment.
 //! It can also delay every statement that contains some text (a read made slow, to widen a
-//! window between two reads).
+//! window between two reads), or every statement (a slow server or network).
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
@@ -84,11 +84,14 @@ impl SqlProxy {
                                 None => {}
                             }
                         }
+                        // An empty text matches every statement.
                         let delay = delays
                             .lock()
                             .unwrap()
                             .iter()
-                            .find(|(text, _)| payload.windows(text.len()).any(|w| w == text))
+                            .find(|(text, _)| {
+                                text.is_empty() || payload.windows(text.len()).any(|w| w == text)
+                            })
                             .map(|(_, delay)| *delay);
                         if let Some(delay) = delay {
                             tokio::time::sleep(delay).await;
@@ -160,6 +163,13 @@ impl SqlProxy {
             .lock()
             .unwrap()
             .push((text.as_bytes().to_vec(), delay));
+    }
+
+    /// Every statement sent `delay` late (`None`: no delay at all, the texts' ones too).
+    pub fn slow(&self, delay: Option<Duration>) {
+        let mut delays = self.delays.lock().unwrap();
+        delays.clear();
+        delays.extend(delay.map(|d| (Vec::new(), d)));
     }
 
     /// A URL of database `database` through the proxy.

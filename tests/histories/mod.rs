@@ -109,7 +109,8 @@ pub async fn run(world: World, plan: Plan, name: &str) -> Vec<Violation> {
         tasks.spawn(ops::join_directors(
             world.clone(),
             rec.clone(),
-            (plan.run / 4).min(ops::JOIN_AFTER),
+            ops::join_at(plan.run),
+            ops::Opening::of(plan.seed),
         ));
     }
     let watch = tokio::spawn(ops::expiry_watch(

@@ -20,7 +20,7 @@ use spindle_client::JobStatus;
 
 use super::endpoint::Mode;
 use super::record::{Outcome, Recorder, Spec, Violation};
-use super::world::World;
+use super::world::{Slot, World};
 use crate::common::sql_proxy::Hold;
 
 /// The lanes (endpoints) jobs go to; ordered keys use the first two.
@@ -110,11 +110,18 @@ pub fn schedule(rng: &mut StdRng, run: Duration, kinds: Kinds) -> Vec<(Duration,
     let mut ops: Vec<(Duration, Op)> = Vec::new();
     let mut t = Duration::from_secs(2);
     let lane = |rng: &mut StdRng| LANES[rng.random_range(0..LANES.len())];
-    let secs =
-        |rng: &mut StdRng, lo: f64, hi: f64| Duration::from_secs_f64(rng.random_range(lo..hi));
     let directors = if kinds.cluster { 3 } else { 1 };
+    // The cluster's opening is its own (see [`Opening`]): until 4 s after the join, lanes and
+    // operator commands only.
+    let opened = match kinds.cluster {
+        true => join_at(run) + Duration::from_secs(4),
+        false => Duration::ZERO,
+    };
     while t < run {
-        let roll = rng.random_range(0..115);
+        let roll = match t < opened {
+            true => rng.random_range(0..50),
+            false => rng.random_range(0..115),
+        };
         let op = match roll {
             0..=21 => {
                 let l = lane(rng);
@@ -179,6 +186,11 @@ pub fn schedule(rng: &mut StdRng, run: Duration, kinds: Kinds) -> Vec<(Duration,
     }
     ops.sort_by_key(|(t, _)| *t);
     ops
+}
+
+/// A time between `lo` and `hi` seconds.
+fn secs(rng: &mut StdRng, lo: f64, hi: f64) -> Duration {
+    Duration::from_secs_f64(rng.random_range(lo..hi))
 }
 
 /// Runs the operations at their times (relative to `start`).
@@ -446,18 +458,7 @@ async fn execute(world: &World, rec: &Recorder, op: &Op, rng: &mut StdRng) {
             slot.kill9().await;
             rec.crash(format!("kill -9 {}", slot.name));
             let lock = CheckpointLock::take(&url).await;
-            rec.op(format!(
-                "kill -9 {}, its jobdb's checkpoint row locked ({}) while it starts again, for {} ms",
-                slot.name,
-                if lock.is_some() { "held" } else { "could not" },
-                pause.as_millis()
-            ));
-            slot.start().await;
-            tokio::time::sleep(*pause).await;
-            if let Some(lock) = lock {
-                lock.release().await;
-            }
-            rec.op(format!("{}'s checkpoint row unlocked", slot.name));
+            start_held(rec, slot, lock, *pause).await;
         }
         Op::SlowConsul(latency, pause) => {
             let faults = world.consul.double.as_ref().unwrap().faults();
@@ -477,6 +478,23 @@ async fn execute(world: &World, rec: &Recorder, op: &Op, rng: &mut StdRng) {
 /// A transaction holding a MySQL JobDB's checkpoint row (`SELECT ... FOR UPDATE`), as an
 /// operator's would. (A SQLite JobDB has no row locks: a transaction there stops every
 /// writer, which a starting Director's ownership write then fails on.)
+/// Starts `slot` again while `lock` holds its JobDB's checkpoint row, and lets the row go after
+/// `pause`: the new owner cannot commit meanwhile.
+async fn start_held(rec: &Recorder, slot: &Slot, lock: Option<CheckpointLock>, pause: Duration) {
+    rec.op(format!(
+        "{} starts again, its jobdb's checkpoint row locked ({}) for {} ms",
+        slot.name,
+        if lock.is_some() { "held" } else { "could not" },
+        pause.as_millis()
+    ));
+    slot.start().await;
+    tokio::time::sleep(pause).await;
+    if let Some(lock) = lock {
+        lock.release().await;
+    }
+    rec.op(format!("{}'s checkpoint row unlocked", slot.name));
+}
+
 struct CheckpointLock(sqlx::MySqlConnection);
 
 impl CheckpointLock {
@@ -535,16 +553,66 @@ async fn spindle_cmd(args: &[&str]) {
     }
 }
 
-/// How long the cluster runs with one Director (one live JobDB) at most.
-pub const JOIN_AFTER: Duration = Duration::from_secs(6);
+/// When the other Directors join the cluster's director 0 in a run of `run`: a quarter in, at
+/// most 6 s (until then its JobDB is the only live one).
+pub fn join_at(run: Duration) -> Duration {
+    (run / 4).min(Duration::from_secs(6))
+}
+
+/// How the cluster's start ends, when the other Directors join director 0 (the seed chooses):
+/// the moments at which keys move between JobDBs, each with the fault that once broke a key's
+/// order there.
+#[derive(Clone, Copy, Debug)]
+pub enum Opening {
+    /// They join.
+    Join,
+    /// They join while every statement to the JobDBs' server is sent this late (a survey's
+    /// reads of director 0's JobDB far apart), for 4 s.
+    JoinWhileSlow(Duration),
+    /// Director 0 dies, its JobDB is retired before anyone takes it over (the drainer moves its
+    /// jobs), they join, and it starts again after the pause.
+    KillAndRetire(Duration),
+    /// Director 0 dies, they join, and it starts again held at its first commit (its JobDB's
+    /// checkpoint row locked) for the pause.
+    LockCheckpoint(Duration),
+}
+
+impl Opening {
+    /// The opening of the run of `seed` (its own draw: the schedule of a seed stays as it was).
+    pub fn of(seed: u64) -> Opening {
+        let mut rng = StdRng::seed_from_u64(seed ^ 0x0be1_1175);
+        match rng.random_range(0..4) {
+            0 => Opening::Join,
+            1 => Opening::JoinWhileSlow(Duration::from_millis(rng.random_range(50..250))),
+            2 => Opening::KillAndRetire(secs(&mut rng, 0.0, 2.0)),
+            _ => Opening::LockCheckpoint(secs(&mut rng, 1.0, 4.0)),
+        }
+    }
+}
 
 /// The cluster's start: director 0 alone for `after` (its JobDB the only live one: its
 /// intake clears every key, and its commits let their jobs go), then the other Directors join
-/// (their JobDBs go live, and keys that meet in two JobDBs go by the sequencer). The others'
-/// reads must find director 0's jobs under way when they join (key-order); what director 0
-/// did alone is printed.
-pub async fn join_directors(world: Arc<World>, rec: Arc<Recorder>, after: Duration) {
-    tokio::time::sleep(after).await;
+/// as `opening` says (their JobDBs go live, and keys that meet in two JobDBs go by the
+/// sequencer). The others' reads must find director 0's jobs under way and waiting when they
+/// join (key-order): lane a hangs from 2 s before the join (its keys' first jobs in flight
+/// until their timeout, then retried; the ones behind them wait) until 2 s after the opening's
+/// fault. What director 0 did alone is
+/// printed.
+pub async fn join_directors(
+    world: Arc<World>,
+    rec: Arc<Recorder>,
+    after: Duration,
+    opening: Opening,
+) {
+    let (w, r) = (world.as_ref(), rec.as_ref());
+    let lane_a = |mode| async move {
+        let op = Op::Mode(LANES[0], mode);
+        execute(w, r, &op, &mut StdRng::seed_from_u64(0)).await;
+    };
+    let failing = Duration::from_secs(2).min(after);
+    tokio::time::sleep(after - failing).await;
+    lane_a(Mode::Hang).await;
+    tokio::time::sleep(failing).await;
     let base = world.directors[0].base();
     let client = reqwest::Client::new();
     // Director 0 may be down (a kill -9 of the schedule): then nothing is read.
@@ -554,11 +622,60 @@ pub async fn join_directors(world: Arc<World>, rec: Arc<Recorder>, after: Durati
     };
     let born = crate::common::metric_value(&text, "spindle_ordered_born_total");
     rec.op(format!(
-        "directors 1 and 2 join (director 0's jobdb the only live one until now: {born} \
-         ordered jobs born released, cleared at intake)"
+        "directors 1 and 2 join, {opening:?} (director 0's jobdb the only live one until now: \
+         {born} ordered jobs born released, cleared at intake)"
     ));
-    for slot in &world.directors[1..] {
-        slot.start().await;
+    join(&world, &rec, opening).await;
+    tokio::time::sleep(failing).await;
+    lane_a(Mode::Ok).await;
+}
+
+/// Directors 1 and 2 start, with the opening's fault.
+async fn join(world: &World, rec: &Recorder, opening: Opening) {
+    let join = || async {
+        for slot in &world.directors[1..] {
+            slot.start().await;
+        }
+    };
+    match opening {
+        Opening::Join => join().await,
+        Opening::JoinWhileSlow(late) => {
+            let proxy = world.proxy.as_ref().expect("the cluster's proxy");
+            proxy.slow(Some(late));
+            rec.outage(true);
+            join().await;
+            tokio::time::sleep(Duration::from_secs(4)).await;
+            proxy.slow(None);
+            rec.outage(false);
+            rec.op("the jobdbs' server answers at its own pace again".into());
+        }
+        Opening::KillAndRetire(down) => {
+            let (op, mut rng) = (Op::KillAndRetire(0, down), StdRng::seed_from_u64(0));
+            tokio::join!(execute(world, rec, &op, &mut rng), join());
+        }
+        Opening::LockCheckpoint(pause) => {
+            let slot = &world.directors[0];
+            let Some((url, _)) = world.jobdb_of(0).await else {
+                return join().await;
+            };
+            slot.kill9().await;
+            rec.crash(format!("kill -9 {}", slot.name));
+            let lock = CheckpointLock::take(&url).await;
+            join().await;
+            // They serve their JobDBs (or 15 s passed) before it starts again.
+            let _ = tokio::time::timeout(Duration::from_secs(15), async {
+                for slot in &world.directors[1..] {
+                    while !matches!(
+                        world.client.get(format!("{}/readyz", slot.base())).send().await,
+                        Ok(r) if r.status().is_success()
+                    ) {
+                        tokio::time::sleep(Duration::from_millis(100)).await;
+                    }
+                }
+            })
+            .await;
+            start_held(rec, slot, lock, pause).await;
+        }
     }
 }
 
