@@ -460,7 +460,20 @@ impl Drain {
             .into_iter()
             .map(|t| (o.next_id.fetch_add(1, Ordering::SeqCst), t))
             .collect();
-        o.db.append(o.token, &[], &numbered).await?;
+        // An ordered job that asked to block its key and expires here blocks it, as at its
+        // Director: the store reads the sequences of the jobs that end and writes the blocks
+        // (a move then carries them).
+        let ending: Vec<JobId> = numbered
+            .iter()
+            .filter(|(_, t)| crate::jobdb::blocks_sequence(t))
+            .map(|(_, t)| t.job_id)
+            .collect();
+        let append = crate::jobdb::Append {
+            transitions: &numbered,
+            read_left: &ending,
+            ..crate::jobdb::Append::default()
+        };
+        o.db.append_all(o.token, &append).await?;
         Ok(())
     }
 

@@ -353,6 +353,72 @@ async fn a_blocked_key_stays_blocked_when_its_jobs_move_to_another_jobdb() {
     life.stop().await;
 }
 
+/// A job that asked to block its key expires while its Director is dead, and the drainer ends
+/// it: the key is blocked as if its Director had (found by the history checker, seed 502: the
+/// drainer archived such a job without a block, and the key's next job, moved to a live
+/// JobDB, went at once).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_blocking_job_the_drainer_expires_blocks_its_key() {
+    let life = start().await;
+    let (first, _) = life.add_jobdb("bex1", JobDbState::Spare).await;
+    let mut dead = life.director_with("d0", &["--min-retry-delay-ms", "20"]);
+    life.wait_owned(&first, "the director on its jobdb").await;
+    let url = life.sink.url("/flaky/0");
+    let body = json!({"jobs": [
+        {"bucket": "bex", "endpoint": url, "ordering_key": "k", "ordering_failure": "block",
+         "ttl_ms": 4000, "backoff_min_delay_ms": 20, "headers": {"x-sink-status": "503"}},
+        {"bucket": "bex", "endpoint": url, "ordering_key": "k"},
+    ]});
+    let reply = wait_submit(&life.client, &dead.base(), &body).await;
+    let ids: Vec<String> = reply["jobs"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|j| j["id"].as_str().unwrap().to_owned())
+        .collect();
+    // The first job fails and waits for its retries; its Director dies, and its JobDB retires
+    // before anyone takes it over.
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    dead.kill9().await;
+    let listed = life.inventory.get(&first).await.unwrap().unwrap();
+    assert!(life
+        .inventory
+        .set_state(&listed, JobDbState::Retiring, "test")
+        .await
+        .unwrap());
+    let (second, second_db) = life.add_jobdb("bex2", JobDbState::Spare).await;
+    let mut live = life.director_with("d1", &["--min-retry-delay-ms", "20"]);
+    life.wait_owned(&second, "a director on the spare").await;
+    // Past the first job's expiry, the drainer ends it and moves the second.
+    tokio::time::sleep(Duration::from_secs(4)).await;
+    let mut drainer = life.drainer("dr");
+    life.wait_drained(&first, Duration::from_secs(60)).await;
+    let counts = second_db.ordering_counts().await.unwrap();
+    assert_eq!(
+        (counts.held, counts.blocked),
+        (1, 1),
+        "the moved job waits, blocked, in {second}"
+    );
+    tokio::time::sleep(
+        spindle::director::ordering::sequencer::SWEEP_EVERY + Duration::from_secs(1),
+    )
+    .await;
+    let sent = life
+        .sink
+        .per_job()
+        .get(&ids[1])
+        .copied()
+        .unwrap_or_default();
+    assert_eq!(
+        sent, 0,
+        "the key's next job went though the expired job blocks it"
+    );
+    second_db.close().await;
+    drainer.term().await;
+    live.term().await;
+    life.stop().await;
+}
+
 /// In a cluster, ordered jobs the intake cleared against the other live JobDBs go in the
 /// writer's commits (a key's first job born released, with its entry; the next in the commit
 /// that ends one), the others through the sequencer. A second Director joins while keys flow
