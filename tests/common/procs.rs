@@ -132,6 +132,11 @@ impl Proc {
         let _ = self.child.wait().await;
     }
 
+    /// How it ended, if it has exited.
+    pub fn exited(&mut self) -> Option<std::process::ExitStatus> {
+        self.child.try_wait().ok().flatten()
+    }
+
     pub async fn term(&mut self) {
         if let Some(pid) = self.child.id() {
             let _ = nix::sys::signal::kill(

@@ -118,6 +118,11 @@ pub async fn run(world: World, plan: Plan, name: &str) -> Vec<Violation> {
         rec.clone(),
         until + Duration::from_secs(600),
     ));
+    let supervisor = tokio::spawn(ops::supervise(
+        world.clone(),
+        rec.clone(),
+        until + Duration::from_secs(600),
+    ));
     while let Some(done) = tasks.join_next().await {
         done.expect("a producer or the schedule failed");
     }
@@ -193,6 +198,8 @@ pub async fn run(world: World, plan: Plan, name: &str) -> Vec<Violation> {
     };
     watch.abort();
     let _ = watch.await;
+    supervisor.abort();
+    let _ = supervisor.await;
     // A last look a little later: a second notice or a late delivery shows too.
     drop(settled_at);
     tokio::time::sleep(Duration::from_secs(3)).await;

@@ -314,7 +314,7 @@ async fn execute(world: &World, rec: &Recorder, op: &Op, rng: &mut StdRng) {
             let slot = &world.directors[*i];
             world.tally_remembered().await;
             slot.kill9().await;
-            rec.crash(format!("kill -9 {}", slot.name));
+            rec.killed(&slot.name);
             rec.op(format!(
                 "kill -9 {} (back in {} ms)",
                 slot.name,
@@ -410,7 +410,7 @@ async fn execute(world: &World, rec: &Recorder, op: &Op, rng: &mut StdRng) {
             }
             let owned = world.jobdb_of(*i).await;
             slot.kill9().await;
-            rec.crash(format!("kill -9 {}", slot.name));
+            rec.killed(&slot.name);
             // Before its lock's session expires: no one can have taken the JobDB over.
             let retired = match (&world.inventory, owned) {
                 (Some(inventory), Some((_, Some(listed)))) => {
@@ -437,6 +437,7 @@ async fn execute(world: &World, rec: &Recorder, op: &Op, rng: &mut StdRng) {
                 return;
             }
             slot.term().await;
+            rec.down(&slot.name);
             rec.op(format!(
                 "{} leaves (SIGTERM; back in {} ms)",
                 slot.name,
@@ -456,7 +457,7 @@ async fn execute(world: &World, rec: &Recorder, op: &Op, rng: &mut StdRng) {
             }
             world.tally_remembered().await;
             slot.kill9().await;
-            rec.crash(format!("kill -9 {}", slot.name));
+            rec.killed(&slot.name);
             let lock = CheckpointLock::take(&url).await;
             start_held(rec, slot, lock, *pause).await;
         }
@@ -659,7 +660,7 @@ async fn join(world: &World, rec: &Recorder, opening: Opening) {
                 return join().await;
             };
             slot.kill9().await;
-            rec.crash(format!("kill -9 {}", slot.name));
+            rec.killed(&slot.name);
             let lock = CheckpointLock::take(&url).await;
             join().await;
             // They serve their JobDBs (or 15 s passed) before it starts again.
@@ -679,9 +680,28 @@ async fn join(world: &World, rec: &Recorder, opening: Opening) {
     }
 }
 
+/// Until `until`, every half second: a Director or router whose process exited on its own
+/// (a Director that cannot read its JobDB at start exits non-zero) is started again, as the
+/// deployment's supervisor would, and the log says so.
+pub async fn supervise(world: Arc<World>, rec: Arc<Recorder>, until: tokio::time::Instant) {
+    while tokio::time::Instant::now() < until {
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        for slot in world.directors.iter().chain(&world.routers) {
+            if let Some(ended) = slot.revive().await {
+                rec.down(&slot.name);
+                rec.op(format!(
+                    "{} exited on its own ({ended}); started again by its supervisor",
+                    slot.name
+                ));
+            }
+        }
+    }
+}
+
 /// While the run goes on: every few seconds, a job still open in a live JobDB more than
-/// [`EXPIRY_BOUND`] past its expiry, not counting JobDB outages since, is a violation (reported
-/// once per job).
+/// [`EXPIRY_BOUND`] past its expiry, not counting JobDB outages and the time Directors were
+/// down since (a killed Director's JobDB waits for a takeover), is a violation (reported once
+/// per job).
 pub async fn expiry_watch(world: Arc<World>, rec: Arc<Recorder>, until: tokio::time::Instant) {
     let mut reported: std::collections::HashSet<JobId> = Default::default();
     while tokio::time::Instant::now() < until {
@@ -706,7 +726,7 @@ pub async fn expiry_watch(world: Arc<World>, rec: Arc<Recorder>, until: tokio::t
                     continue;
                 }
                 // Time the JobDBs could not be written does not count: nothing ends then.
-                let stalled = rec.outage_time(job.expire_at, now);
+                let stalled = rec.stalled_time(job.expire_at, now);
                 if job.expire_at + bound + stalled < now && reported.insert(job.id) {
                     rec.violation(Violation {
                         invariant: "expiry-liveness",
@@ -770,7 +790,10 @@ pub async fn set_created_enabled(world: &World, enabled: bool) {
     let api = events_api(world);
     for _ in 0..100 {
         match api.update_subscription(&s.created, &patch).await {
-            Ok(_) => return,
+            Ok(_) => {
+                edit_elsewhere(world, &s.created).await;
+                return;
+            }
             Err(e) => {
                 println!("histories: subscription change failed, again: {e}");
                 tokio::time::sleep(Duration::from_millis(200)).await;
@@ -778,6 +801,30 @@ pub async fn set_created_enabled(world: &World, enabled: bool) {
         }
     }
     panic!("the subscription could not be changed");
+}
+
+/// At once, through another process (a Director, whose cache may not have read the change
+/// yet), an edit of another field that changes nothing: it must not undo the change
+/// (`subscription-held` fails if it enables the subscription again).
+async fn edit_elsewhere(world: &World, id: &str) {
+    let patch = spindle_client::SubscriptionPatch {
+        event_types: Some(vec!["hist.created".to_owned()]),
+        ..Default::default()
+    };
+    for director in &world.directors {
+        let Ok(api) =
+            spindle_client::Client::from_reqwest(world.client.clone(), &director.base(), None)
+        else {
+            continue;
+        };
+        if director.base() == world.api_base() {
+            continue;
+        }
+        match api.update_subscription(id, &patch).await {
+            Ok(_) => return,
+            Err(e) => println!("histories: the edit through {} failed: {e}", director.name),
+        }
+    }
 }
 
 /// How many jobs an event of this type makes (both subscriptions exist for the whole run).

@@ -90,6 +90,10 @@ pub struct Log {
     pub crashes: Vec<(DateTime<Utc>, String)>,
     /// JobDB outages (global read locks on the private server): from, and until when over.
     pub outages: Vec<(DateTime<Utc>, Option<DateTime<Utc>>)>,
+    /// Directors down (killed, or stopped to join again): which, from, and until when it
+    /// answered `/readyz` again. Its JobDB has no owner meanwhile (a kill -9 leaves it so
+    /// until the lock's session and lock-delay run out).
+    pub downs: Vec<(String, DateTime<Utc>, Option<DateTime<Utc>>)>,
     pub live: Vec<Violation>,
     pub requests: usize,
 }
@@ -115,6 +119,21 @@ impl Recorder {
         self.log.lock().unwrap().crashes.push((Utc::now(), what));
     }
 
+    /// kill -9 of a Director: a crash, and it is down until it is ready again.
+    pub fn killed(&self, director: &str) {
+        self.crash(format!("kill -9 {director}"));
+        self.down(director);
+    }
+
+    /// A Director is down from now until a readiness sample finds it ready.
+    pub fn down(&self, director: &str) {
+        self.log
+            .lock()
+            .unwrap()
+            .downs
+            .push((director.to_owned(), Utc::now(), None));
+    }
+
     /// A JobDB outage begins (`true`) or ends.
     pub fn outage(&self, begins: bool) {
         let now = Utc::now();
@@ -129,17 +148,12 @@ impl Recorder {
         }
     }
 
-    /// How long JobDBs could not be written between `from` and `to`: nothing ends a job then,
-    /// so a liveness bound stretches by it.
-    pub fn outage_time(&self, from: DateTime<Utc>, to: DateTime<Utc>) -> chrono::Duration {
+    /// How long, between `from` and `to`, a JobDB could not be written or some Director was
+    /// down (its JobDB without an owner): the time an expiry may wait for.
+    pub fn stalled_time(&self, from: DateTime<Utc>, to: DateTime<Utc>) -> chrono::Duration {
         let log = self.log.lock().unwrap();
-        log.outages
-            .iter()
-            .map(|(start, until)| {
-                let (start, until) = ((*start).max(from), until.unwrap_or(to).min(to));
-                (until - start).max(chrono::Duration::zero())
-            })
-            .sum()
+        let downs = log.downs.iter().map(|(_, start, until)| (*start, *until));
+        covered(log.outages.iter().copied().chain(downs), from, to)
     }
 
     pub fn spec(&self, spec: &Spec) {
@@ -194,7 +208,15 @@ impl Recorder {
     }
 
     pub fn ready(&self, sample: ReadySample) {
-        self.log.lock().unwrap().readiness.push(sample);
+        let mut log = self.log.lock().unwrap();
+        if sample.ready_before {
+            for (director, start, until) in log.downs.iter_mut() {
+                if *director == sample.director && until.is_none() && *start <= sample.at {
+                    *until = Some(sample.at);
+                }
+            }
+        }
+        log.readiness.push(sample);
     }
 
     pub fn violation(&self, v: Violation) {
@@ -228,4 +250,27 @@ impl Recorder {
             .collect();
         (!recent.is_empty()).then(|| recent[pick % recent.len()].id)
     }
+}
+
+/// How much of `from`..`to` the windows (from, until when over) cover, overlaps counted once.
+fn covered(
+    windows: impl Iterator<Item = (DateTime<Utc>, Option<DateTime<Utc>>)>,
+    from: DateTime<Utc>,
+    to: DateTime<Utc>,
+) -> chrono::Duration {
+    let mut clipped: Vec<(DateTime<Utc>, DateTime<Utc>)> = windows
+        .map(|(start, until)| (start.max(from), until.unwrap_or(to).min(to)))
+        .filter(|(start, until)| start < until)
+        .collect();
+    clipped.sort();
+    let mut total = chrono::Duration::zero();
+    let mut reach: Option<DateTime<Utc>> = None;
+    for (start, until) in clipped {
+        let start = reach.map_or(start, |r| start.max(r));
+        if until > start {
+            total += until - start;
+        }
+        reach = Some(reach.map_or(until, |r| r.max(until)));
+    }
+    total
 }

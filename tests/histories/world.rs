@@ -108,6 +108,15 @@ impl Slot {
             p.term().await;
         }
     }
+
+    /// Starts its process again if it exited on its own (no operation stopped it), as the
+    /// deployment's supervisor does (`restart: unless-stopped`); returns how it had ended.
+    pub async fn revive(&self) -> Option<std::process::ExitStatus> {
+        let mut proc = self.proc.lock().await;
+        let ended = proc.as_mut()?.exited()?;
+        *proc = Some(self.spawn());
+        Some(ended)
+    }
 }
 
 /// What one place (a JobDB, or an archive object) holds of a job.
