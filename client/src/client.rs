@@ -320,9 +320,24 @@ impl Client {
         id: &str,
         patch: &SubscriptionPatch,
     ) -> Result<SubscriptionView, Error> {
+        self.update_subscription_if(id, patch, None).await
+    }
+
+    /// `PATCH /v1/subscriptions/{id}` with `If-Match: "<version>"` when `version` is given:
+    /// the change holds only if the subscription is still at that version (a 412 otherwise,
+    /// nothing changed), so an edit made from what was read never undoes another's.
+    pub async fn update_subscription_if(
+        &self,
+        id: &str,
+        patch: &SubscriptionPatch,
+        version: Option<u64>,
+    ) -> Result<SubscriptionView, Error> {
         let url = self.url(&["v1", "subscriptions", id]);
-        let response = self.send(self.http.patch(url.clone()).json(patch), &url);
-        read_json(response.await?, &url).await
+        let mut request = self.http.patch(url.clone()).json(patch);
+        if let Some(v) = version {
+            request = request.header(reqwest::header::IF_MATCH, format!("\"{v}\""));
+        }
+        read_json(self.send(request, &url).await?, &url).await
     }
 
     /// `DELETE /v1/subscriptions/{id}`: no new event reaches it; its jobs already made go on.

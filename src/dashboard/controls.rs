@@ -216,10 +216,12 @@ pub(super) async fn post_subscription(
         message: format!("id must be a subscription id (a ULID), not {:?}", change.id),
     })?;
     match cache.set_enabled(id, change.enabled).await {
-        Ok(Some(_)) => {
+        Ok(crate::events::Edited::Done(_)) => {
             tracing::info!(subscription = %id, enabled = change.enabled, by = %caller, "subscription changed from the dashboard");
         }
-        Ok(None) => return Err(QueryError::NotFound(format!("no subscription {id}"))),
+        Ok(crate::events::Edited::Missing | crate::events::Edited::Stale { .. }) => {
+            return Err(QueryError::NotFound(format!("no subscription {id}")))
+        }
         Err(e) => {
             return Err(QueryError::Unavailable(format!(
                 "writing the control database: {e}"

@@ -87,14 +87,14 @@ pub async fn watch_controls(
     }
 }
 
-/// Hands the scheduler every new set of disabled subscriptions (the first at once) until
-/// `stop`: their jobs wait until they are enabled again.
-pub async fn watch_disabled(
-    disabled: tokio::sync::watch::Receiver<std::sync::Arc<HashSet<ulid::Ulid>>>,
+/// Hands the scheduler every new subscription gate (the first at once) until `stop`: the
+/// jobs of subscriptions it holds wait until they are known and enabled.
+pub async fn watch_gate(
+    gate: tokio::sync::watch::Receiver<std::sync::Arc<crate::events::SubscriptionGate>>,
     scheduler: mpsc::UnboundedSender<Event>,
     stop: CancellationToken,
 ) {
-    follow(disabled, Event::DisabledSubscriptions, scheduler, stop).await
+    follow(gate, Event::SubscriptionGate, scheduler, stop).await
 }
 
 /// Hands the scheduler every new set of subscription caps (the first at once) until `stop`.

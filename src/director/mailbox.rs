@@ -12,8 +12,6 @@ use chrono::{DateTime, Utc};
 use tokio::sync::oneshot;
 use ulid::Ulid;
 
-use std::collections::HashSet;
-
 use crate::delivery::AttemptResult;
 use crate::job::{AttemptStart, Job, JobId, Progress, Recovered, Seq, Transition};
 use crate::jobdb::commands::Command;
@@ -275,8 +273,9 @@ pub enum Event {
     Command(Box<Command>),
     /// The endpoint and bucket controls in force now (from the registry).
     Controls(Arc<Controls>),
-    /// The subscriptions disabled now (from the control database): their jobs wait.
-    DisabledSubscriptions(Arc<HashSet<ulid::Ulid>>),
+    /// The subscriptions whose jobs wait now (disabled, or not known yet; from the control
+    /// database).
+    SubscriptionGate(Arc<crate::events::SubscriptionGate>),
     /// The caps subscriptions put on their URLs now (from the control database): applied
     /// with the registry's endpoint controls, the tighter of the two.
     SubscriptionCaps(Arc<crate::events::EndpointCaps>),

@@ -451,7 +451,7 @@ async fn serve(
     scheduler.begin_on_release();
     scheduler.applied_by(&config.holder);
     if let Some(subscriptions) = &config.subscriptions {
-        scheduler.start_disabled(subscriptions.disabled().borrow().clone());
+        scheduler.start_gate(subscriptions.gate().borrow().clone());
     }
     scheduler.watched(supervisor.watch(
         "scheduler",
@@ -472,9 +472,9 @@ async fn serve(
             subscriptions.clone().run(scheduler_stop.clone()),
         );
         supervisor.spawn(
-            "disabled subscriptions watcher",
-            commands::watch_disabled(
-                subscriptions.disabled(),
+            "subscription gate watcher",
+            commands::watch_gate(
+                subscriptions.gate(),
                 commands_tx.clone(),
                 scheduler_stop.clone(),
             ),

@@ -1,8 +1,9 @@
 //! Each process's copy of the subscriptions ([`Subscriptions`]): publishing matches from
 //! memory, never from the control database. A refresher reads the rows changed since the
-//! version it holds every [`REFRESH_EVERY`] (and everything every [`RELOAD_EVERY`], for an
-//! operator's SQL that did not take a version), so an edit reaches every router and Director
-//! within about a second.
+//! version it holds every [`REFRESH_EVERY`] (every change takes a version, an operator's SQL
+//! too: the control schema's triggers), so an edit reaches every router and Director within
+//! about a second. Edits ([`Subscriptions::edit`]) read the row as it is and write it only if
+//! it is still so.
 
 use std::collections::{HashMap, HashSet};
 use std::sync::{Arc, Mutex, RwLock};
@@ -20,8 +21,8 @@ use crate::rpc::api::IntakeLimits;
 
 /// How often the control database is asked for changes.
 pub const REFRESH_EVERY: Duration = Duration::from_millis(500);
-/// How often everything is read again.
-pub const RELOAD_EVERY: Duration = Duration::from_secs(30);
+/// How many times an edit reads the row again after another change overtook it.
+const EDIT_TRIES: usize = 5;
 
 /// The subscriptions a process knows, and the control database they come from.
 pub struct Subscriptions {
@@ -29,8 +30,39 @@ pub struct Subscriptions {
     limits: IntakeLimits,
     index: RwLock<Arc<Index>>,
     state: Mutex<State>,
-    disabled: watch::Sender<Arc<HashSet<Ulid>>>,
+    gate: watch::Sender<Arc<SubscriptionGate>>,
     caps: watch::Sender<Arc<EndpointCaps>>,
+}
+
+/// The subscription gate: whose jobs wait instead of being sent. A subscription's that is
+/// disabled, or that this process does not know (made elsewhere and not read here yet; none,
+/// without a control database). Waiting for a subscription is not failing its endpoint: such
+/// a job uses no attempt and tells its URL's breaker nothing; it goes once the subscription
+/// is known and enabled, or ends at its expiry.
+#[derive(Clone, Debug, Default)]
+pub struct SubscriptionGate {
+    disabled: HashSet<Ulid>,
+    known: Arc<Index>,
+}
+
+impl SubscriptionGate {
+    /// Whether the jobs of `subscription` wait.
+    pub fn holds(&self, subscription: &Ulid) -> bool {
+        self.disabled.contains(subscription)
+            || (self.known.get(subscription).is_none()
+                && self.known.removed(subscription).is_none())
+    }
+
+    /// Whether the two hold back the jobs of the same known subscriptions (those newly
+    /// known aside).
+    pub fn same_disabled(&self, other: &SubscriptionGate) -> bool {
+        self.disabled == other.disabled
+    }
+
+    /// How many subscriptions are disabled.
+    pub fn disabled(&self) -> usize {
+        self.disabled.len()
+    }
 }
 
 /// Caps on an endpoint's requests, per Director.
@@ -74,20 +106,38 @@ struct State {
 struct Row {
     subscription: Arc<Subscription>,
     removed: bool,
-    /// The change it was read at.
-    version: u64,
-    /// What it was made from (its stored columns, hashed): a reload that reads the same keeps
-    /// it instead of checking it again.
-    read: u64,
 }
 
-/// The stored columns a row is made from, hashed.
-fn read_of(row: &ChangedRow) -> u64 {
-    let mut h = xxhash_rust::xxh3::Xxh3::new();
-    h.update(row.spec.as_bytes());
-    h.update(&[u8::from(row.enabled), u8::from(row.removed)]);
-    h.update(&row.version.to_le_bytes());
-    h.digest()
+/// What [`Subscriptions::edit`] did.
+#[derive(Debug)]
+pub enum Edited {
+    /// Written: the subscription as it is now.
+    Done(Arc<Subscription>),
+    /// There is no such live subscription.
+    Missing,
+    /// The row is at another version than the one the editor read (`If-Match`): nothing
+    /// was written.
+    Stale {
+        /// The row's version now.
+        current: u64,
+    },
+}
+
+/// Why an edit was not written.
+#[derive(Debug, thiserror::Error)]
+pub enum EditError<E> {
+    /// The control database failed.
+    #[error(transparent)]
+    Store(#[from] StoreError),
+    /// The edit refused the subscription as it is (or what it would make of it).
+    #[error("the edit was refused")]
+    Refused(E),
+    /// The stored row cannot be read as a subscription (an operator's SQL): fix it in SQL.
+    #[error("the stored subscription is not valid: {0}")]
+    Unreadable(String),
+    /// Other changes overtook this one every time it was tried.
+    #[error("the subscription kept changing while this edit was written")]
+    Contended,
 }
 
 impl std::fmt::Debug for Subscriptions {
@@ -105,17 +155,17 @@ impl Subscriptions {
         db: ControlDb,
         limits: IntakeLimits,
     ) -> Result<Arc<Subscriptions>, StoreError> {
-        let (disabled, _) = watch::channel(Arc::default());
+        let (gate, _) = watch::channel(Arc::default());
         let (caps, _) = watch::channel(Arc::default());
         let cache = Arc::new(Subscriptions {
             db,
             limits,
             index: RwLock::new(Arc::default()),
             state: Mutex::new(State::default()),
-            disabled,
+            gate,
             caps,
         });
-        cache.reload().await?;
+        cache.refresh().await?;
         Ok(cache)
     }
 
@@ -137,9 +187,9 @@ impl Subscriptions {
         <Self as SubscriptionSecrets>::secret(self, id)
     }
 
-    /// Follows the set of disabled subscriptions (a Director's scheduler parks their jobs).
-    pub fn disabled(&self) -> watch::Receiver<Arc<HashSet<Ulid>>> {
-        self.disabled.subscribe()
+    /// Follows the subscription gate: whose jobs wait (a Director's scheduler parks them).
+    pub fn gate(&self) -> watch::Receiver<Arc<SubscriptionGate>> {
+        self.gate.subscribe()
     }
 
     /// Follows the caps subscriptions put on their URLs (a Director's scheduler applies them
@@ -148,25 +198,59 @@ impl Subscriptions {
         self.caps.subscribe()
     }
 
-    /// Enables or disables the subscription `id` (its other fields as they are), committed to
-    /// the control database and read back here; `Ok(None)` when there is no such live
-    /// subscription.
+    /// Enables or disables the subscription `id` (its other fields as they are now in the
+    /// control database), committed there and read back here.
     pub async fn set_enabled(
         &self,
         id: Ulid,
         enabled: bool,
-    ) -> Result<Option<Arc<Subscription>>, StoreError> {
-        let Some(current) = self.index().get(&id).cloned() else {
-            return Ok(None);
-        };
-        let mut spec = current.spec.clone();
-        spec.given.enabled = Some(enabled);
-        spec.updated_at = chrono::Utc::now();
-        if self.db.update(id, &spec).await?.is_none() {
-            return Ok(None);
+    ) -> Result<Edited, EditError<std::convert::Infallible>> {
+        self.edit(id, None, |current| {
+            let mut next = current.clone();
+            next.spec.given.enabled = Some(enabled);
+            next.spec.updated_at = chrono::Utc::now();
+            Ok(next)
+        })
+        .await
+    }
+
+    /// Edits the subscription `id` as its row is now, not as this cache last read it:
+    /// `change` gets the current subscription and returns what to write (or refuses). The
+    /// write holds only if nobody changed the row since it was read; otherwise the row is read
+    /// again and `change` applied again, so concurrent edits of different fields both hold.
+    /// With `expected` (the version the caller read, `If-Match`), a row at another version
+    /// is left alone ([`Edited::Stale`]).
+    pub async fn edit<E>(
+        &self,
+        id: Ulid,
+        expected: Option<u64>,
+        change: impl Fn(&Subscription) -> Result<Subscription, E>,
+    ) -> Result<Edited, EditError<E>> {
+        for _ in 0..EDIT_TRIES {
+            let Some(row) = self.db.read(id).await? else {
+                return Ok(Edited::Missing);
+            };
+            if let Some(v) = expected.filter(|v| *v != row.version) {
+                tracing::debug!(subscription = %id, expected = v, current = row.version, "edit of an older version refused");
+                return Ok(Edited::Stale {
+                    current: row.version,
+                });
+            }
+            let current = self.subscription_of(&row).map_err(EditError::Unreadable)?;
+            let mut next = change(&current).map_err(EditError::Refused)?;
+            if let Some(version) = self.db.update(id, &next.spec, row.version).await? {
+                next.version = version;
+                if let Err(e) = self.refresh().await {
+                    tracing::warn!(error = %e, "reading subscriptions back failed; the refresher will");
+                }
+                let now = self.index().get(&id).cloned();
+                return Ok(Edited::Done(
+                    now.filter(|s| s.version >= version)
+                        .unwrap_or_else(|| Arc::new(next)),
+                ));
+            }
         }
-        self.refresh().await?;
-        Ok(self.index().get(&id).cloned())
+        Err(EditError::Contended)
     }
 
     /// Reads the changes since the version held, and applies them. Returns whether anything
@@ -192,7 +276,7 @@ impl Subscriptions {
                 if state
                     .rows
                     .get(&row.id)
-                    .is_some_and(|held| held.version > row.version)
+                    .is_some_and(|held| held.subscription.version > row.version)
                 {
                     continue;
                 }
@@ -206,96 +290,48 @@ impl Subscriptions {
         Ok(true)
     }
 
-    /// Reads everything again (an operator's SQL may have changed rows without a version).
-    /// Rows read as they were are kept as they are: only what changed is checked again, and
-    /// the index is rebuilt only if anything did.
-    pub async fn reload(&self) -> Result<(), StoreError> {
-        let mut read = Vec::new();
-        let mut after = 0;
-        loop {
-            let page = self.db.changes(after).await?;
-            let Some(last) = page.last() else { break };
-            after = last.version;
-            read.extend(page);
-        }
-        let changed = {
-            let mut state = self.lock();
-            let mut rows = HashMap::with_capacity(read.len());
-            let mut changed = read.len() != state.rows.len();
-            for row in read {
-                let same = read_of(&row);
-                match state.rows.remove(&row.id) {
-                    Some(held) if held.read == same => {
-                        rows.insert(row.id, held);
-                    }
-                    _ => {
-                        changed = true;
-                        if let Some(s) = self.checked(&row) {
-                            rows.insert(row.id, s);
-                        }
-                    }
-                }
-            }
-            changed |= !state.rows.is_empty();
-            state.version = after;
-            state.rows = rows;
-            changed
-        };
-        if changed {
-            self.publish();
-        }
-        Ok(())
-    }
-
-    /// Refreshes every [`REFRESH_EVERY`] and reloads every [`RELOAD_EVERY`] until `stop`. A
-    /// failed read keeps what is known and tries again.
+    /// Refreshes every [`REFRESH_EVERY`] until `stop`. A failed read keeps what is known and
+    /// tries again.
     pub async fn run(self: Arc<Self>, stop: CancellationToken) {
-        let mut last_reload = tokio::time::Instant::now();
         loop {
             tokio::select! {
                 _ = stop.cancelled() => return,
                 _ = tokio::time::sleep(REFRESH_EVERY) => {}
             }
-            let read = if last_reload.elapsed() >= RELOAD_EVERY {
-                last_reload = tokio::time::Instant::now();
-                self.reload().await.map(|_| true)
-            } else {
-                self.refresh().await
-            };
-            if let Err(e) = read {
+            if let Err(e) = self.refresh().await {
                 tracing::warn!(error = %e, "reading subscriptions failed; keeping the ones known");
             }
         }
     }
 
+    /// A row as the subscription it holds, checked again (the `enabled` column wins over the
+    /// spec's), or what is wrong with it.
+    fn subscription_of(&self, row: &ChangedRow) -> Result<Subscription, String> {
+        let stored: Stored =
+            serde_json::from_str(&row.spec).map_err(|e| format!("spec is not readable: {e}"))?;
+        let mut s = Subscription::from_stored(row.id, stored, &self.limits)
+            .map_err(|e| format!("{} {}", e.field, e.message))?;
+        s.spec.given.enabled = Some(row.enabled);
+        s.version = row.version;
+        Ok(s)
+    }
+
     /// A changed row as a subscription, or `None` when it cannot be read (an operator's bad
     /// row is left out, with a warning; it stops nothing else).
     fn checked(&self, row: &ChangedRow) -> Option<Row> {
-        let stored: Stored = match serde_json::from_str(&row.spec) {
-            Ok(stored) => stored,
+        match self.subscription_of(row) {
+            Ok(s) => Some(Row {
+                subscription: Arc::new(s),
+                removed: row.removed,
+            }),
             Err(e) => {
-                tracing::warn!(subscription = %row.id, error = %e, "subscription spec is not readable; left out");
-                return None;
-            }
-        };
-        match Subscription::from_stored(row.id, stored, &self.limits) {
-            Ok(mut s) => {
-                s.spec.given.enabled = Some(row.enabled);
-                Some(Row {
-                    subscription: Arc::new(s),
-                    removed: row.removed,
-                    version: row.version,
-                    read: read_of(row),
-                })
-            }
-            Err(e) => {
-                tracing::warn!(subscription = %row.id, field = %e.field, error = %e.message, "stored subscription is not valid; left out");
+                tracing::warn!(subscription = %row.id, error = %e, "stored subscription is not valid; left out");
                 None
             }
         }
     }
 
-    /// Builds the index from the rows held, and tells who follows the disabled set or the
+    /// Builds the index from the rows held, and tells who follows whose jobs wait or the
     /// caps.
     fn publish(&self) {
         let (index, disabled, caps) = {
@@ -323,17 +359,16 @@ impl Subscriptions {
             }
             (index, disabled, caps)
         };
+        let index = Arc::new(index);
         *self
             .index
             .write()
-            .unwrap_or_else(|poisoned| poisoned.into_inner()) = Arc::new(index);
-        self.disabled.send_if_modified(|current| {
-            let changed = **current != disabled;
-            if changed {
-                *current = Arc::new(disabled);
-            }
-            changed
-        });
+            .unwrap_or_else(|poisoned| poisoned.into_inner()) = index.clone();
+        // Every change may make a subscription known: its waiting jobs go.
+        self.gate.send_replace(Arc::new(SubscriptionGate {
+            disabled,
+            known: index,
+        }));
         self.caps.send_if_modified(|current| {
             let changed = **current != caps;
             if changed {

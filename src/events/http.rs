@@ -4,7 +4,9 @@
 //! admin token, all of them): using a bucket is not enough, since a subscription decides where
 //! the bucket's events go and may carry credentials in its headers. A change is
 //! committed to the control database and in this process's cache before the answer; other
-//! processes see it within about a second.
+//! processes see it within about a second. A `PATCH` changes only the fields it names, on the
+//! subscription as it is in the control database, and with `If-Match` only if it is still at
+//! the version the client read.
 
 use std::sync::Arc;
 
@@ -19,7 +21,8 @@ use spindle_client::api::MAX_SUBSCRIPTIONS_PER_PAGE;
 use spindle_client::{NewSubscription, SubscriptionList, SubscriptionPatch, SubscriptionView};
 use ulid::Ulid;
 
-use super::{Subscription, Subscriptions};
+use super::subscription::{MAX_SUBSCRIPTIONS_PER_BUCKET, MAX_SUBSCRIPTION_BYTES};
+use super::{EditError, Edited, StoreError, Subscription, Subscriptions};
 use crate::delivery::guard::AddressPolicy;
 use crate::rpc::api::{FieldError, IntakeLimits};
 use crate::rpc::auth::{Caller, TokenStore};
@@ -40,7 +43,7 @@ pub struct SubscriptionApi {
 
 /// The routes of the subscription API.
 pub fn routes(api: SubscriptionApi) -> Router {
-    let body_limit = api.limits.max_request_bytes;
+    let body_limit = api.limits.max_request_bytes.min(MAX_SUBSCRIPTION_BYTES);
     Router::new()
         .route("/v1/subscriptions", get(list).post(add))
         .route(
@@ -81,9 +84,68 @@ fn parse_id(id: &str) -> Result<Ulid, ApiError> {
     })
 }
 
-fn unavailable(e: crate::events::StoreError) -> ApiError {
-    tracing::warn!(error = %e, "control database write failed");
-    ApiError::Unavailable("the control database is unavailable; nothing was changed".into())
+/// A write the control database did not take: refused for good (4xx, naming the field), or
+/// unavailable (503, retry).
+fn refused(e: StoreError) -> ApiError {
+    match e {
+        StoreError::TooLarge(why) => ApiError::InvalidField(FieldError::too_large(
+            "body",
+            format!("was refused by the control database as too long ({why}); nothing was changed"),
+        )),
+        e @ StoreError::BucketFull { .. } => ApiError::InvalidField(FieldError::new(
+            "bucket",
+            format!("{e}; nothing was changed"),
+        )),
+        e => {
+            tracing::warn!(error = %e, "control database write failed");
+            ApiError::Unavailable("the control database is unavailable; nothing was changed".into())
+        }
+    }
+}
+
+/// A subscription's request body: at most [`MAX_SUBSCRIPTION_BYTES`].
+fn body_of(body: Result<Bytes, BytesRejection>) -> Result<Bytes, ApiError> {
+    body.map_err(|rejection| match rejection.status() {
+        StatusCode::PAYLOAD_TOO_LARGE => ApiError::InvalidField(FieldError::too_large(
+            "body",
+            format!("a subscription is at most {MAX_SUBSCRIPTION_BYTES} bytes of JSON"),
+        )),
+        _ => ApiError::InvalidJson {
+            field: None,
+            message: rejection.body_text(),
+        },
+    })
+}
+
+/// The version an `If-Match` names (`"12"`, `W/"12"` or `12`); `*` names none.
+fn if_match(headers: &HeaderMap) -> Result<Option<u64>, ApiError> {
+    let Some(value) = headers.get(axum::http::header::IF_MATCH) else {
+        return Ok(None);
+    };
+    let text = value.to_str().unwrap_or("").trim();
+    if text == "*" {
+        return Ok(None);
+    }
+    let tag = text.strip_prefix("W/").unwrap_or(text).trim_matches('"');
+    tag.parse::<u64>().map(Some).map_err(|_| {
+        ApiError::InvalidField(FieldError::new(
+            "If-Match",
+            "must name a subscription's version (its `version`, or the ETag of an answer)",
+        ))
+    })
+}
+
+/// A subscription with its version as the answer's `ETag`.
+fn tagged(
+    s: &Subscription,
+) -> (
+    [(axum::http::HeaderName, String); 1],
+    Json<SubscriptionView>,
+) {
+    (
+        [(axum::http::header::ETAG, format!("\"{}\"", s.version))],
+        Json(s.view(false)),
+    )
 }
 
 /// The subscription `id`, if the caller may see it (else 404, as if it did not exist).
@@ -184,10 +246,10 @@ async fn show(
     State(api): State<SubscriptionApi>,
     headers: HeaderMap,
     Path(id): Path<String>,
-) -> Result<Json<SubscriptionView>, ApiError> {
+) -> Result<impl axum::response::IntoResponse, ApiError> {
     let caller = api.caller(&headers)?;
     let s = visible(api.cache()?, caller.as_ref(), &id)?;
-    Ok(Json(s.view(false)))
+    Ok(tagged(&s))
 }
 
 async fn add(
@@ -197,15 +259,15 @@ async fn add(
 ) -> Result<(StatusCode, Json<SubscriptionView>), ApiError> {
     let caller = api.caller(&headers)?;
     let cache = api.cache()?;
-    let body = crate::rpc::request_body(body, &api.limits)?;
+    let body = body_of(body)?;
     let given: NewSubscription = crate::rpc::parse_json(&body)?;
     check_manager(caller.as_ref(), &given.bucket)?;
     let s = Subscription::check(Ulid::new(), given, &api.limits, &api.policy, Utc::now())?;
     cache
         .db()
-        .insert(s.id, &s.spec)
+        .insert(s.id, &s.spec, MAX_SUBSCRIPTIONS_PER_BUCKET)
         .await
-        .map_err(unavailable)?;
+        .map_err(refused)?;
     refresh(cache).await;
     tracing::info!(subscription = %s.id, bucket = s.bucket(), "subscription added");
     Ok((StatusCode::CREATED, Json(s.view(true))))
@@ -216,36 +278,63 @@ async fn update(
     headers: HeaderMap,
     Path(id): Path<String>,
     body: Result<Bytes, BytesRejection>,
-) -> Result<Json<SubscriptionView>, ApiError> {
+) -> Result<impl axum::response::IntoResponse, ApiError> {
     let caller = api.caller(&headers)?;
     let cache = api.cache()?;
-    let body = crate::rpc::request_body(body, &api.limits)?;
+    let expected = if_match(&headers)?;
+    let body = body_of(body)?;
     let patch: SubscriptionPatch = crate::rpc::parse_json(&body)?;
-    let current = visible(cache, caller.as_ref(), &id)?;
-    let mut given = current.spec.given.clone();
-    if let Some(enabled) = patch.enabled {
-        given.enabled = Some(enabled);
-    }
-    if let Some(url) = patch.url {
-        given.url = url;
-    }
-    if let Some(types) = patch.event_types {
-        given.event_types = types;
-    }
-    let mut s = Subscription::check(current.id, given, &api.limits, &api.policy, Utc::now())?;
-    s.spec.created_at = current.spec.created_at;
-    match cache
-        .db()
-        .update(s.id, &s.spec)
-        .await
-        .map_err(unavailable)?
-    {
-        Some(_) => {}
-        None => return Err(ApiError::NotFound(format!("no subscription {}", s.id))),
-    }
-    refresh(cache).await;
+    let id = parse_id(&id)?;
+    let not_found = || ApiError::NotFound(format!("no subscription {id}"));
+    let edited = cache
+        .edit(id, expected, |current| {
+            if caller
+                .as_ref()
+                .is_some_and(|c| !c.may_manage(current.bucket()))
+            {
+                return Err(not_found());
+            }
+            let mut given = current.spec.given.clone();
+            if let Some(enabled) = patch.enabled {
+                given.enabled = Some(enabled);
+            }
+            if let Some(url) = &patch.url {
+                given.url = url.clone();
+            }
+            if let Some(types) = &patch.event_types {
+                given.event_types = types.clone();
+            }
+            let mut s = Subscription::check(id, given, &api.limits, &api.policy, Utc::now())?;
+            s.spec.created_at = current.spec.created_at;
+            Ok(s)
+        })
+        .await;
+    let s = match edited {
+        Ok(Edited::Done(s)) => s,
+        Ok(Edited::Missing) => return Err(not_found()),
+        Ok(Edited::Stale { current }) => {
+            return Err(ApiError::PreconditionFailed(format!(
+                "subscription {id} is at version {current}, not the one If-Match names; \
+                 nothing was changed: read it again"
+            )))
+        }
+        Err(EditError::Refused(e)) => return Err(e),
+        Err(EditError::Store(e)) => return Err(refused(e)),
+        Err(e @ EditError::Unreadable(_)) => {
+            return Err(ApiError::Conflict {
+                message: format!("{e}; nothing was changed"),
+                field: None,
+            })
+        }
+        Err(e @ EditError::Contended) => {
+            return Err(ApiError::Conflict {
+                message: format!("{e}; nothing was changed: try again"),
+                field: None,
+            })
+        }
+    };
     tracing::info!(subscription = %s.id, enabled = s.enabled(), "subscription changed");
-    Ok(Json(s.view(false)))
+    Ok(tagged(&s))
 }
 
 async fn remove(
@@ -260,7 +349,7 @@ async fn remove(
         .db()
         .remove(current.id, Utc::now())
         .await
-        .map_err(unavailable)?
+        .map_err(refused)?
     {
         Some(_) => {}
         None => {

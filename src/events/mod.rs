@@ -23,7 +23,7 @@ pub mod subscription;
 
 use crate::rpc::api::FieldError;
 
-pub use cache::{Cap, EndpointCaps, Subscriptions};
+pub use cache::{Cap, EditError, Edited, EndpointCaps, SubscriptionGate, Subscriptions};
 pub use matching::Index;
 pub use store::{ControlDb, StoreError};
 pub use subscription::Subscription;

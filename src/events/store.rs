@@ -36,8 +36,15 @@ const READ_VERSION: &str = "SELECT version FROM control_version WHERE id = 1";
 const INSERT: &str = "INSERT INTO subscriptions \
      (id, bucket, enabled, removed, spec, version, created_at, updated_at) \
      VALUES (?, ?, ?, 0, ?, ?, ?, ?)";
+/// Replaces a live subscription's spec if it is still at the version its editor read.
 const UPDATE: &str = "UPDATE subscriptions SET enabled = ?, spec = ?, version = ?, updated_at = ? \
-     WHERE id = ? AND removed = 0";
+     WHERE id = ? AND removed = 0 AND version = ?";
+/// One live subscription, as an edit reads it before it writes.
+const READ_ONE: &str =
+    "SELECT id, enabled, removed, spec, version FROM subscriptions WHERE id = ? AND removed = 0";
+/// A bucket's live subscriptions, counted under the version row's lock (so two adds at once
+/// cannot both take the last place).
+const COUNT_IN_BUCKET: &str = "SELECT COUNT(*) FROM subscriptions WHERE bucket = ? AND removed = 0";
 const REMOVE: &str =
     "UPDATE subscriptions SET removed = 1, version = ?, updated_at = ? WHERE id = ? AND removed = 0";
 const CHANGES: &str = "SELECT id, enabled, removed, spec, version FROM subscriptions \
@@ -65,6 +72,21 @@ macro_rules! change {
     };
 }
 
+/// A `subscriptions` row as [`ChangedRow`], with the engine module `$q`'s decoders.
+macro_rules! changed_row {
+    ($q:ident, $row:expr) => {{
+        let row = $row;
+        let version: i64 = row.try_get("version")?;
+        Ok::<_, StoreError>(ChangedRow {
+            id: $q::ulid_of(row, "id")?,
+            enabled: row.try_get("enabled")?,
+            removed: row.try_get("removed")?,
+            spec: $q::text(row, "spec")?,
+            version: u64::try_from(version).unwrap_or(0),
+        })
+    }};
+}
+
 /// Most rows one read of changes returns (a cache reads on until it has them all).
 const CHANGES_PER_READ: i64 = 5000;
 
@@ -80,11 +102,30 @@ pub enum StoreError {
     /// Another process held the migration lock for a minute.
     #[error("another process has been migrating the control database for a minute")]
     Busy,
+    /// The database refused a value for its size: the request can never succeed as it is.
+    #[error("the control database refused a value as too long: {0}")]
+    TooLarge(String),
+    /// The bucket already has the most live subscriptions allowed.
+    #[error("bucket {bucket:?} has {limit} subscriptions, the most allowed")]
+    BucketFull {
+        /// The bucket.
+        bucket: String,
+        /// The most it may have.
+        limit: u64,
+    },
 }
+
+/// SQLSTATE of a value too long for its column (MySQL 1406 in strict mode).
+const DATA_TOO_LONG: &str = "22001";
 
 impl From<sqlx::Error> for StoreError {
     fn from(e: sqlx::Error) -> Self {
-        StoreError::Db(e.into())
+        match &e {
+            sqlx::Error::Database(d) if d.code().as_deref() == Some(DATA_TOO_LONG) => {
+                StoreError::TooLarge(d.message().to_owned())
+            }
+            _ => StoreError::Db(e.into()),
+        }
     }
 }
 
@@ -169,19 +210,46 @@ impl ControlDb {
         &self.url
     }
 
-    /// Stores a new subscription; returns the change's version.
-    pub async fn insert(&self, id: Ulid, stored: &Stored) -> Result<u64, StoreError> {
+    /// Stores a new subscription, unless its bucket already has `per_bucket` live ones;
+    /// returns the change's version.
+    pub async fn insert(
+        &self,
+        id: Ulid,
+        stored: &Stored,
+        per_bucket: u64,
+    ) -> Result<u64, StoreError> {
         let spec = encode(id, stored)?;
         let enabled = stored.given.enabled.unwrap_or(true);
-        let version = change!(self, |version| sqlx::query(INSERT)
-            .bind(id.to_bytes().to_vec())
-            .bind(stored.given.bucket.as_str())
-            .bind(enabled)
-            .bind(spec)
-            .bind(crate::jobdb::int(version))
-            .bind(stored.created_at.naive_utc())
-            .bind(stored.updated_at.naive_utc()))?;
-        version.ok_or_else(|| StoreError::Encode(id, "the row was not written".into()))
+        let bucket = stored.given.bucket.as_str();
+        with_pool!(self, |p, _q| async {
+            let mut tx = p.begin().await?;
+            sqlx::query(NEXT_VERSION).execute(&mut *tx).await?;
+            let v: i64 = sqlx::query_scalar(READ_VERSION).fetch_one(&mut *tx).await?;
+            let live: i64 = sqlx::query_scalar(COUNT_IN_BUCKET)
+                .bind(bucket)
+                .fetch_one(&mut *tx)
+                .await?;
+            if u64::try_from(live).unwrap_or(0) >= per_bucket {
+                tx.rollback().await?;
+                return Err(StoreError::BucketFull {
+                    bucket: bucket.to_owned(),
+                    limit: per_bucket,
+                });
+            }
+            sqlx::query(INSERT)
+                .bind(id.to_bytes().to_vec())
+                .bind(bucket)
+                .bind(enabled)
+                .bind(spec)
+                .bind(v)
+                .bind(stored.created_at.naive_utc())
+                .bind(stored.updated_at.naive_utc())
+                .execute(&mut *tx)
+                .await?;
+            tx.commit().await?;
+            Ok(u64::try_from(v).unwrap_or(0))
+        }
+        .await)
     }
 
     /// Stores many new subscriptions in one transaction (an import; a benchmark's set-up),
@@ -222,8 +290,14 @@ impl ControlDb {
         .await)
     }
 
-    /// Replaces a subscription's spec; `Ok(None)` when it does not exist (or was removed).
-    pub async fn update(&self, id: Ulid, stored: &Stored) -> Result<Option<u64>, StoreError> {
+    /// Replaces a subscription's spec if its row is still at `read` (the version its editor
+    /// read); `Ok(None)` when it is not (changed since, removed, or never was).
+    pub async fn update(
+        &self,
+        id: Ulid,
+        stored: &Stored,
+        read: u64,
+    ) -> Result<Option<u64>, StoreError> {
         let spec = encode(id, stored)?;
         let enabled = stored.given.enabled.unwrap_or(true);
         change!(self, |version| sqlx::query(UPDATE)
@@ -231,7 +305,19 @@ impl ControlDb {
             .bind(spec)
             .bind(crate::jobdb::int(version))
             .bind(stored.updated_at.naive_utc())
-            .bind(id.to_bytes().to_vec()))
+            .bind(id.to_bytes().to_vec())
+            .bind(crate::jobdb::int(read)))
+    }
+
+    /// A live subscription's row as it is now (not as a cache last read it).
+    pub async fn read(&self, id: Ulid) -> Result<Option<ChangedRow>, StoreError> {
+        with_pool!(self, |p, q| {
+            let row = sqlx::query(READ_ONE)
+                .bind(id.to_bytes().to_vec())
+                .fetch_optional(p)
+                .await?;
+            row.as_ref().map(|row| changed_row!(q, row)).transpose()
+        })
     }
 
     /// Removes a subscription (its row stays, marked); `Ok(None)` when there is none.
@@ -258,17 +344,10 @@ impl ControlDb {
                 .bind(CHANGES_PER_READ)
                 .fetch_all(p)
                 .await?;
-            let mut changed = Vec::with_capacity(rows.len());
-            for row in &rows {
-                let version: i64 = row.try_get("version")?;
-                changed.push(ChangedRow {
-                    id: q::ulid_of(row, "id")?,
-                    enabled: row.try_get("enabled")?,
-                    removed: row.try_get("removed")?,
-                    spec: q::text(row, "spec")?,
-                    version: u64::try_from(version).unwrap_or(0),
-                });
-            }
+            let changed = rows
+                .iter()
+                .map(|row| changed_row!(q, row))
+                .collect::<Result<_, StoreError>>()?;
             Ok(changed)
         })
     }

@@ -24,6 +24,13 @@ pub const MAX_DESCRIPTION_CHARS: usize = 256;
 pub const MAX_CONCURRENCY: u32 = 10_000;
 /// Highest `max_per_second` of a subscription.
 pub const MAX_PER_SECOND: f64 = 1_000_000.0;
+/// Largest `filter.equals`, as JSON text: an event's payload is at most 1 MiB, and a filter
+/// compares one value in it.
+pub const MAX_FILTER_VALUE_BYTES: usize = 1024;
+/// Largest subscription, as the JSON of the request that makes or changes it.
+pub const MAX_SUBSCRIPTION_BYTES: usize = 64 * 1024;
+/// Most live subscriptions of one bucket (every publish to it matches against them all).
+pub const MAX_SUBSCRIPTIONS_PER_BUCKET: u64 = 1000;
 
 /// A checked subscription, as the cache and publishing use it.
 #[derive(Clone, Debug)]
@@ -36,6 +43,9 @@ pub struct Subscription {
     pub patterns: Vec<Pattern>,
     /// Its signing key.
     pub secret: SigningSecret,
+    /// The control database's version of its last change (0 until it is stored and read
+    /// back): what an editor names in `If-Match`.
+    pub version: u64,
 }
 
 /// A subscription as the control database keeps it (`subscriptions.spec`, JSON): everything
@@ -67,6 +77,15 @@ impl Subscription {
         let patterns = patterns_of(&given.event_types)?;
         if let Some(filter) = &given.filter {
             check_pointer(&filter.pointer, "filter.pointer")?;
+            let bytes = serde_json::to_string(&filter.equals).map_or(usize::MAX, |t| t.len());
+            if bytes > MAX_FILTER_VALUE_BYTES {
+                return Err(FieldError::too_large(
+                    "filter.equals",
+                    format!(
+                        "is {bytes} bytes as JSON; at most {MAX_FILTER_VALUE_BYTES} are allowed"
+                    ),
+                ));
+            }
         }
         if let Some(pointer) = &given.ordering_key {
             check_pointer(pointer, "ordering_key")?;
@@ -138,6 +157,7 @@ impl Subscription {
             },
             patterns,
             secret,
+            version: 0,
         })
     }
 
@@ -209,6 +229,7 @@ impl Subscription {
             max_per_second: given.max_per_second,
             created_at: self.spec.created_at,
             updated_at: self.spec.updated_at,
+            version: self.version,
         }
     }
 

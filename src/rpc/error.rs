@@ -60,6 +60,9 @@ pub enum ApiError {
         /// The field naming the expected state.
         field: Option<String>,
     },
+    /// The request's `If-Match` names another version than the resource's: nothing changed.
+    #[error("{0}")]
+    PreconditionFailed(String),
     /// The Director is stopping and takes no new work.
     #[error("the director is shutting down; submit to another one")]
     ShuttingDown,
@@ -151,6 +154,12 @@ impl IntoResponse for ApiError {
             ApiError::Conflict { message, field } => {
                 (StatusCode::CONFLICT, "conflict", message, field)
             }
+            ApiError::PreconditionFailed(m) => (
+                StatusCode::PRECONDITION_FAILED,
+                "precondition_failed",
+                m,
+                Some("If-Match".to_owned()),
+            ),
             e @ ApiError::ShuttingDown => return unavailable("shutting_down", e.to_string()),
             ApiError::OutcomeUnknown(m) => {
                 (StatusCode::GATEWAY_TIMEOUT, "outcome_unknown", m, None)

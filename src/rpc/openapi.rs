@@ -255,8 +255,8 @@ fn list_subscriptions() {}
         (status = 400, description = "Malformed JSON, or unknown or missing field", body = api::ErrorBody),
         (status = 401, description = "Missing or invalid bearer token", body = api::ErrorBody),
         (status = 403, description = "The token may not use the bucket; nothing stored", body = api::ErrorBody),
-        (status = 413, description = "Body too large", body = api::ErrorBody),
-        (status = 422, description = "A field has an invalid value (a URL in a blocked range, an event type, a filter that is not a JSON pointer); nothing stored", body = api::ErrorBody),
+        (status = 413, description = "Body over 64 KiB, or `filter.equals` over 1 KiB; nothing stored", body = api::ErrorBody),
+        (status = 422, description = "A field has an invalid value (a URL in a blocked range, an event type, a filter that is not a JSON pointer), or the bucket has 1,000 live subscriptions; nothing stored", body = api::ErrorBody),
         (status = 429, description = "The token is over its request rate; nothing stored", body = api::ErrorBody),
         (status = 503, description = "No control database, or it is unavailable; nothing stored", body = api::ErrorBody)
     )
@@ -279,18 +279,24 @@ fn add_subscription() {}
 fn show_subscription() {}
 
 /// Change a subscription: enable or disable it (a disabled one's jobs wait), its URL, its
-/// event types.
+/// event types. Only the fields named change, on the subscription as stored now; with
+/// `If-Match`, only if it is still at that version.
 #[utoipa::path(
     patch,
     path = "/v1/subscriptions/{id}",
-    params(("id" = String, Path, description = "Subscription id (a ULID)")),
+    params(
+        ("id" = String, Path, description = "Subscription id (a ULID)"),
+        ("If-Match" = Option<String>, Header, description = "The version the change was made from (`\"12\"`, a view's `version` or an answer's `ETag`)")
+    ),
     request_body = api::SubscriptionPatch,
     responses(
-        (status = 200, description = "Changed", body = api::SubscriptionView),
+        (status = 200, description = "Changed; `ETag` is its new version", body = api::SubscriptionView),
         (status = 400, description = "Malformed JSON, or unknown field", body = api::ErrorBody),
         (status = 401, description = "Missing or invalid bearer token", body = api::ErrorBody),
         (status = 404, description = "No such subscription the token may see", body = api::ErrorBody),
-        (status = 413, description = "Body too large", body = api::ErrorBody),
+        (status = 409, description = "Other edits kept overtaking this one, or the stored subscription is not valid; nothing changed", body = api::ErrorBody),
+        (status = 412, description = "The subscription is no longer at the version `If-Match` names; nothing changed", body = api::ErrorBody),
+        (status = 413, description = "Body over 64 KiB; nothing changed", body = api::ErrorBody),
         (status = 422, description = "A field has an invalid value; nothing changed", body = api::ErrorBody),
         (status = 503, description = "No control database, or it is unavailable; nothing changed", body = api::ErrorBody)
     )

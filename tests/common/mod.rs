@@ -670,20 +670,26 @@ pub fn import_form(
 
 /// Runs an operator's statement with a connection of its own, as `mysql` or `sqlite3` would.
 pub async fn operator_sql(db: &JobDb, sql: &str) {
+    try_sql(db.url(), sql).await.unwrap();
+}
+
+/// Runs `sql` as an operator would, on its own connection to the database at `url`; the
+/// database's answer if it refuses.
+pub async fn try_sql(url: &JobDbUrl, sql: &str) -> Result<(), sqlx::Error> {
     use sqlx::{ConnectOptions, Connection, Executor};
-    let url = db.url();
     match url.sqlite_file() {
         Some(file) => {
-            let mut conn = sqlx::SqliteConnection::connect(&format!("sqlite://{}", file.display()))
-                .await
-                .unwrap();
-            conn.execute(sql).await.unwrap();
-            conn.close().await.unwrap();
+            let mut conn =
+                sqlx::SqliteConnection::connect(&format!("sqlite://{}", file.display())).await?;
+            let done = conn.execute(sql).await.map(|_| ());
+            conn.close().await?;
+            done
         }
         None => {
-            let mut conn = url.mysql_options().unwrap().connect().await.unwrap();
-            conn.execute(sql).await.unwrap();
-            conn.close().await.unwrap();
+            let mut conn = url.mysql_options().expect("mysql url").connect().await?;
+            let done = conn.execute(sql).await.map(|_| ());
+            conn.close().await?;
+            done
         }
     }
 }
@@ -743,13 +749,35 @@ impl Control {
 
     /// Director settings that publish to these subscriptions.
     pub fn tweak(&self) -> impl FnOnce(&mut DirectorConfig) + use<> {
-        let subscriptions = self.subscriptions.clone();
-        move |c: &mut DirectorConfig| c.publish_to(subscriptions)
+        publishing_to(self.subscriptions.clone())
+    }
+
+    /// Another process's cache of the same control database (its own pool, read whole now):
+    /// as a second Director or a router holds it.
+    pub async fn another_cache(&self) -> std::sync::Arc<spindle::events::Subscriptions> {
+        let store = spindle::events::ControlDb::open(self.subscriptions.db().url())
+            .await
+            .expect("control db");
+        spindle::events::Subscriptions::load(store, Default::default())
+            .await
+            .expect("subscriptions")
+    }
+
+    /// Where the control database is.
+    pub fn url(&self) -> &JobDbUrl {
+        self.subscriptions.db().url()
     }
 
     pub async fn stop(self) {
         self.subscriptions.db().close().await;
     }
+}
+
+/// Director settings that publish to `subscriptions`.
+pub fn publishing_to(
+    subscriptions: std::sync::Arc<spindle::events::Subscriptions>,
+) -> impl FnOnce(&mut DirectorConfig) + use<> {
+    move |c: &mut DirectorConfig| c.publish_to(subscriptions)
 }
 
 /// An event's job as a subscriber received it, its signature checked.

@@ -42,8 +42,8 @@ async fn an_event_is_published_once_through_router_crashes() {
         }),
         ..NewSubscription::new("shop", capture("gold"), ["*"])
     };
-    // Published at once: a Director that has not read a subscription yet retries its jobs
-    // (`unknown-subscription`) rather than send them without its signature.
+    // Published at once: a Director that has not read a subscription yet holds its jobs
+    // rather than send them without its signature.
     let mut secrets = HashMap::new();
     // Two through the router, one through a Director: the router's cache reads the third
     // from the control database within two seconds.

@@ -164,6 +164,11 @@ pub struct SubscriptionView {
     pub created_at: DateTime<Utc>,
     /// When it last changed.
     pub updated_at: DateTime<Utc>,
+    /// The version of its last change: give it as `If-Match` to a `PATCH` so that the edit
+    /// holds only if nobody changed it since (its answer's `ETag` too). 0 in the answer that
+    /// made it, before it is read back.
+    #[serde(default)]
+    pub version: u64,
 }
 
 /// `GET /v1/subscriptions` answer.

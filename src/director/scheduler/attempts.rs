@@ -225,12 +225,19 @@ impl Scheduler {
         let hold = self.gates.holds_back(key);
         let mut ready = Vec::new();
         let mut withdrawn = Vec::new();
-        let (queues, cache) = (&mut self.queues, &self.cache);
+        let (queues, cache, gates) = (&mut self.queues, &self.cache, &self.gates);
+        // A job whose bucket was paused, or whose subscription was disabled, while its start
+        // was being written is not sent either: it parks.
+        let parks = |id: &JobId| {
+            cache
+                .get(id)
+                .is_some_and(|e| gates.park_key(&e.job).is_some())
+        };
         if let Some(lane) = queues.lane_mut(key) {
             if hold {
                 while let Some(id) = lane.started.pop_front() {
                     let probe = cache.get(&id).is_some_and(|e| e.probe);
-                    if probe && lane.in_flight < per_endpoint {
+                    if probe && lane.in_flight < per_endpoint && !parks(&id) {
                         lane.in_flight += 1;
                         ready.push(id);
                     } else {
@@ -242,6 +249,10 @@ impl Scheduler {
                     let Some(id) = lane.started.pop_front() else {
                         break;
                     };
+                    if parks(&id) {
+                        withdrawn.push(id);
+                        continue;
+                    }
                     lane.in_flight += 1;
                     ready.push(id);
                 }
@@ -310,14 +321,28 @@ impl Scheduler {
         if let Some(lane) = self.queues.lane_mut(&key) {
             lane.in_flight -= 1;
         }
-        self.record_outcome(&key, &result.verdict);
+        // Not sent for want of its subscription (read here since the job was started): no
+        // word on the endpoint, and no attempt used.
+        let unsent = matches!(
+            result.verdict,
+            Verdict::Retry {
+                error_type: ErrorType::UnknownSubscription,
+                ..
+            }
+        );
+        if !unsent {
+            self.record_outcome(&key, &result.verdict);
+        }
         self.dispatch(&key);
         let Some(entry) = self.cache.get_mut(&id) else {
             return;
         };
+        if unsent {
+            entry.attempts = entry.attempts.saturating_sub(1);
+        }
         let attempt = entry.attempts;
         let mut result = result;
-        result.record.started = entry.started.take();
+        result.record.started = entry.started.take().filter(|_| !unsent);
         entry.probe = false;
         let now = Utc::now();
         if let Some(d) = result.record.duration {
@@ -336,7 +361,7 @@ impl Scheduler {
                 self.forget(id);
                 Transition::discarded(id, attempt, now, result.record)
             }
-            Verdict::Retry { .. } if attempt >= self.limits.max_attempts => {
+            Verdict::Retry { .. } if attempt >= self.limits.max_attempts && !unsent => {
                 // The last attempt it may make failed: it ends here, with that answer.
                 self.forget(id);
                 self.metrics.jobs_out_of_attempts.inc();

@@ -57,7 +57,7 @@ struct Rate {
 /// starts with it.
 const SUBSCRIPTION_KEY: &str = "\u{1}subscription:";
 
-/// The park key of a disabled subscription's jobs.
+/// The park key of a waiting subscription's jobs.
 fn subscription_key(id: &ulid::Ulid) -> Arc<str> {
     format!("{SUBSCRIPTION_KEY}{id}").into()
 }
@@ -82,13 +82,14 @@ pub(super) struct Gates {
     rates: HashMap<Arc<str>, Rate>,
     /// Endpoint and bucket controls in force.
     controls: Arc<Controls>,
-    /// Disabled subscriptions: their jobs are parked as a paused bucket's are.
-    disabled: Arc<HashSet<ulid::Ulid>>,
+    /// Subscriptions whose jobs wait (disabled, or not known here): parked as a paused
+    /// bucket's are.
+    subscriptions: Arc<crate::events::SubscriptionGate>,
     /// Lanes to look at again at an instant (a breaker's next probe, a rate limit's token).
     timers: BinaryHeap<Reverse<(Instant, Arc<str>)>>,
     /// The instant each lane's timer is set for (one timer per lane and instant).
     wakes: HashMap<Arc<str>, Instant>,
-    /// Due jobs of paused buckets and of disabled subscriptions, by bucket or by
+    /// Due jobs of paused buckets and of waiting subscriptions, by bucket or by
     /// [`subscription_key`] (ids of jobs that left since are skipped).
     parked: HashMap<Arc<str>, Vec<JobId>>,
     /// Jobs parked.
@@ -108,7 +109,7 @@ impl Gates {
             pruned: Instant::now(),
             rates: HashMap::new(),
             controls: Arc::default(),
-            disabled: Arc::default(),
+            subscriptions: Arc::default(),
             timers: BinaryHeap::new(),
             wakes: HashMap::new(),
             parked: HashMap::new(),
@@ -276,20 +277,20 @@ impl Gates {
         self.controls.bucket_paused(bucket)
     }
 
-    /// Whether the subscription is disabled.
-    pub(super) fn subscription_disabled(&self, subscription: &ulid::Ulid) -> bool {
-        self.disabled.contains(subscription)
+    /// Whether the subscription's jobs wait (it is disabled, or not known here).
+    pub(super) fn subscription_waits(&self, subscription: &ulid::Ulid) -> bool {
+        self.subscriptions.holds(subscription)
     }
 
     /// Where a due job waits instead of its queue, if it must: under its bucket while the
-    /// bucket is paused, else under its subscription while that is disabled.
+    /// bucket is paused, else under its subscription while that waits.
     pub(super) fn park_key(&self, job: &crate::job::Job) -> Option<Arc<str>> {
         if self.bucket_paused(&job.bucket) {
             return Some(job.bucket.clone());
         }
         job.event
             .as_ref()
-            .filter(|e| self.subscription_disabled(&e.subscription))
+            .filter(|e| self.subscription_waits(&e.subscription))
             .map(|e| subscription_key(&e.subscription))
     }
 
@@ -298,14 +299,17 @@ impl Gates {
         match key.strip_prefix(SUBSCRIPTION_KEY) {
             Some(id) => id
                 .parse::<ulid::Ulid>()
-                .is_ok_and(|id| self.subscription_disabled(&id)),
+                .is_ok_and(|id| self.subscription_waits(&id)),
             None => self.controls.bucket_paused(key),
         }
     }
 
-    /// Replaces the set of disabled subscriptions.
-    pub(super) fn set_disabled(&mut self, disabled: Arc<HashSet<ulid::Ulid>>) {
-        self.disabled = disabled;
+    /// Replaces whose jobs wait; returns whether the disabled ones changed (those whose
+    /// queued jobs must be parked now).
+    pub(super) fn set_gate(&mut self, gate: Arc<crate::events::SubscriptionGate>) -> bool {
+        let changed = !self.subscriptions.same_disabled(&gate);
+        self.subscriptions = gate;
+        changed
     }
 
     /// Replaces the controls in force. Rate limits whose rate changed start afresh.

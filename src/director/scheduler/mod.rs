@@ -218,10 +218,11 @@ impl Scheduler {
         self.health.clone()
     }
 
-    /// Starts with these subscriptions disabled: a job recovered or accepted before the
-    /// watcher's first word is parked, never begun.
-    pub fn start_disabled(&mut self, disabled: Arc<HashSet<ulid::Ulid>>) {
-        self.gates.set_disabled(disabled);
+    /// Starts with these subscriptions waiting: a job recovered or accepted before the
+    /// watcher's first word is parked, never begun. (Without a control database no
+    /// subscription is known: every event's job waits, until its expiry.)
+    pub fn start_gate(&mut self, gate: Arc<crate::events::SubscriptionGate>) {
+        self.gates.set_gate(gate);
     }
 
     /// Names this Director in the results of the operator commands it applies.
@@ -450,7 +451,7 @@ impl Scheduler {
                 self.subscription_caps = caps;
                 self.merge_controls();
             }
-            Event::DisabledSubscriptions(disabled) => self.set_disabled(disabled),
+            Event::SubscriptionGate(gate) => self.set_gate(gate),
             Event::CommandTargets { command, targets } => self.apply_command(*command, targets),
         }
     }
@@ -785,12 +786,16 @@ impl Scheduler {
         self.gates_changed();
     }
 
-    /// Applies a new set of disabled subscriptions: parks their queued jobs, queues those of
-    /// subscriptions enabled again.
-    fn set_disabled(&mut self, disabled: Arc<HashSet<ulid::Ulid>>) {
-        tracing::info!(disabled = disabled.len(), "disabled subscriptions changed");
-        self.gates.set_disabled(disabled);
-        // Rare (an operator's change), so a walk over every queue is fine.
+    /// Applies a new set of waiting subscriptions: parks the queued jobs of those disabled
+    /// now (a walk over every queue, only then: an operator's change), and queues those of
+    /// subscriptions that go again (enabled, or known at last).
+    fn set_gate(&mut self, gate: Arc<crate::events::SubscriptionGate>) {
+        let disabled = gate.disabled();
+        if !self.gates.set_gate(gate) {
+            self.gates_changed();
+            return;
+        }
+        tracing::info!(disabled, "disabled subscriptions changed");
         let all: HashSet<Arc<str>> = self.queues.buckets().cloned().collect();
         let queued: Vec<JobId> = self
             .queues
@@ -801,7 +806,7 @@ impl Scheduler {
                     e.job
                         .event
                         .as_ref()
-                        .is_some_and(|ev| self.gates.subscription_disabled(&ev.subscription))
+                        .is_some_and(|ev| self.gates.subscription_waits(&ev.subscription))
                 })
             })
             .collect();
