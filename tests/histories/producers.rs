@@ -24,9 +24,13 @@ struct KeyState {
     lane: &'static str,
 }
 
-/// A producer repeats an idempotency key only among its last this many jobs: at a few jobs
-/// a second, well inside the routers' dedup window, which the `dedup` invariant assumes.
+/// A producer repeats an idempotency key only among its last this many jobs, and only one
+/// accepted less than [`REPEAT_WITHIN`] ago: well inside the routers' 120 s dedup window,
+/// which the `dedup` invariant assumes (a key sent again after the window is a new job by
+/// design; a run slowed by faults once stretched 32 jobs over 124–131 s).
 const RECENT_REPEATS: usize = 32;
+/// How long after its acceptance a job may be repeated.
+const REPEAT_WITHIN: Duration = Duration::from_secs(60);
 
 /// A producer: one request at a time, so every key it owns is submitted sequentially and its
 /// acknowledged order is its expected order.
@@ -49,7 +53,7 @@ pub async fn producer(
             lane: LANES[i % 2],
         })
         .collect();
-    let mut mine: Vec<Spec> = Vec::new();
+    let mut mine: Vec<(tokio::time::Instant, Spec)> = Vec::new();
     let mut owed: Vec<Spec> = Vec::new();
     let mut n = 0usize;
     while tokio::time::Instant::now() < until {
@@ -64,12 +68,13 @@ pub async fn producer(
             })
             .collect();
         for _ in 0..fresh {
+            mine.retain(|(at, _)| at.elapsed() < REPEAT_WITHIN);
             if rng.random_range(0..100) < 8 && !mine.is_empty() {
                 // A repeated idempotency key: the same job submitted again, one of the
                 // producer's last few (well inside the routers' 120 s dedup window: a key
                 // sent again after the window is a new job by design).
                 let recent = mine.len().saturating_sub(RECENT_REPEATS);
-                let again = mine[rng.random_range(recent..mine.len())].clone();
+                let again = mine[rng.random_range(recent..mine.len())].1.clone();
                 if again.seq.is_none() && !batch.iter().any(|s| s.key == again.key) {
                     batch.push(again);
                 }
@@ -137,7 +142,7 @@ pub async fn producer(
                     };
                     rec.outcome(spec, &via, outcome, Some(job));
                     if job.status == JobStatus::Accepted && spec.seq.is_none() {
-                        mine.push(spec.clone());
+                        mine.push((tokio::time::Instant::now(), spec.clone()));
                     }
                 }
             }
