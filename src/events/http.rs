@@ -284,7 +284,9 @@ async fn update(
     let expected = if_match(&headers)?;
     let body = body_of(body)?;
     let patch: SubscriptionPatch = crate::rpc::parse_json(&body)?;
-    let id = parse_id(&id)?;
+    // Told apart from a subscription it may not see only after this (a 412 would say it
+    // exists).
+    let id = visible(cache, caller.as_ref(), &id)?.id;
     let not_found = || ApiError::NotFound(format!("no subscription {id}"));
     let edited = cache
         .edit(id, expected, |current| {
