@@ -111,10 +111,10 @@ impl PeerSurvey {
     /// landed in a JobDB that was active (in the inventory) before the move began, so the
     /// second list names it. A third list after the reads finds a JobDB read as active that
     /// began to leave meanwhile (moves out of it may have passed the reads): then the survey
-    /// is an error, read again later. A JobDB is active in the inventory before its Director serves
-    /// anything (`campaign::start_on`), so no job, whether through a router, a drainer or
-    /// straight from a producer, reaches a JobDB a fresh list does not name. An error: some
-    /// JobDB (or the inventory) could not be read.
+    /// is an error, read again later. A JobDB is active in the inventory before its Director
+    /// serves anything (`campaign::start_on`), so no job, whether through a router, a drainer
+    /// or straight from a producer, reaches a JobDB a fresh list does not name. An error:
+    /// some JobDB (or the inventory) could not be read, or one began to leave.
     pub(super) async fn survey(&mut self, seqs: &[Seq]) -> Result<Survey, String> {
         let mut found = Survey::default();
         let mut read: BTreeSet<String> = BTreeSet::new();
