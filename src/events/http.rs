@@ -43,7 +43,7 @@ pub struct SubscriptionApi {
 
 /// The routes of the subscription API.
 pub fn routes(api: SubscriptionApi) -> Router {
-    let body_limit = api.limits.max_request_bytes.min(MAX_SUBSCRIPTION_BYTES);
+    let body_limit = body_limit(&api);
     Router::new()
         .route("/v1/subscriptions", get(list).post(add))
         .route(
@@ -103,18 +103,14 @@ fn refused(e: StoreError) -> ApiError {
     }
 }
 
-/// A subscription's request body: at most [`MAX_SUBSCRIPTION_BYTES`].
-fn body_of(body: Result<Bytes, BytesRejection>) -> Result<Bytes, ApiError> {
-    body.map_err(|rejection| match rejection.status() {
-        StatusCode::PAYLOAD_TOO_LARGE => ApiError::InvalidField(FieldError::too_large(
-            "body",
-            format!("a subscription is at most {MAX_SUBSCRIPTION_BYTES} bytes of JSON"),
-        )),
-        _ => ApiError::InvalidJson {
-            field: None,
-            message: rejection.body_text(),
-        },
-    })
+/// A subscription's request body: at most [`MAX_SUBSCRIPTION_BYTES`] (and the API's limit).
+fn body_of(body: Result<Bytes, BytesRejection>, api: &SubscriptionApi) -> Result<Bytes, ApiError> {
+    crate::rpc::request_body_within(body, body_limit(api))
+}
+
+/// The body limit of the subscription routes.
+fn body_limit(api: &SubscriptionApi) -> usize {
+    api.limits.max_request_bytes.min(MAX_SUBSCRIPTION_BYTES)
 }
 
 /// The version an `If-Match` names (`"12"`, `W/"12"` or `12`); `*` names none.
@@ -259,7 +255,7 @@ async fn add(
 ) -> Result<(StatusCode, Json<SubscriptionView>), ApiError> {
     let caller = api.caller(&headers)?;
     let cache = api.cache()?;
-    let body = body_of(body)?;
+    let body = body_of(body, &api)?;
     let given: NewSubscription = crate::rpc::parse_json(&body)?;
     check_manager(caller.as_ref(), &given.bucket)?;
     let s = Subscription::check(Ulid::new(), given, &api.limits, &api.policy, Utc::now())?;
@@ -282,7 +278,7 @@ async fn update(
     let caller = api.caller(&headers)?;
     let cache = api.cache()?;
     let expected = if_match(&headers)?;
-    let body = body_of(body)?;
+    let body = body_of(body, &api)?;
     let patch: SubscriptionPatch = crate::rpc::parse_json(&body)?;
     // Told apart from a subscription it may not see only after this (a 412 would say it
     // exists).

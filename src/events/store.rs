@@ -33,18 +33,18 @@ const INSERT_ROWS: &str =
 /// Rows per statement of [`ControlDb::insert_many`].
 const ROWS_PER_INSERT: usize = 500;
 const READ_VERSION: &str = "SELECT version FROM control_version WHERE id = 1";
+/// Stores a subscription unless its bucket has as many live ones as bound last (counted after
+/// the version row's lock is taken, so two adds at once cannot both take the last place).
 const INSERT: &str = "INSERT INTO subscriptions \
      (id, bucket, enabled, removed, spec, version, created_at, updated_at) \
-     VALUES (?, ?, ?, 0, ?, ?, ?, ?)";
+     SELECT ?, ?, ?, 0, ?, ?, ?, ? FROM control_version WHERE id = 1 \
+     AND (SELECT COUNT(*) FROM subscriptions WHERE bucket = ? AND removed = 0) < ?";
 /// Replaces a live subscription's spec if it is still at the version its editor read.
 const UPDATE: &str = "UPDATE subscriptions SET enabled = ?, spec = ?, version = ?, updated_at = ? \
      WHERE id = ? AND removed = 0 AND version = ?";
 /// One live subscription, as an edit reads it before it writes.
 const READ_ONE: &str =
     "SELECT id, enabled, removed, spec, version FROM subscriptions WHERE id = ? AND removed = 0";
-/// A bucket's live subscriptions, counted under the version row's lock (so two adds at once
-/// cannot both take the last place).
-const COUNT_IN_BUCKET: &str = "SELECT COUNT(*) FROM subscriptions WHERE bucket = ? AND removed = 0";
 const REMOVE: &str =
     "UPDATE subscriptions SET removed = 1, version = ?, updated_at = ? WHERE id = ? AND removed = 0";
 const CHANGES: &str = "SELECT id, enabled, removed, spec, version FROM subscriptions \
@@ -221,35 +221,20 @@ impl ControlDb {
         let spec = encode(id, stored)?;
         let enabled = stored.given.enabled.unwrap_or(true);
         let bucket = stored.given.bucket.as_str();
-        with_pool!(self, |p, _q| async {
-            let mut tx = p.begin().await?;
-            sqlx::query(NEXT_VERSION).execute(&mut *tx).await?;
-            let v: i64 = sqlx::query_scalar(READ_VERSION).fetch_one(&mut *tx).await?;
-            let live: i64 = sqlx::query_scalar(COUNT_IN_BUCKET)
-                .bind(bucket)
-                .fetch_one(&mut *tx)
-                .await?;
-            if u64::try_from(live).unwrap_or(0) >= per_bucket {
-                tx.rollback().await?;
-                return Err(StoreError::BucketFull {
-                    bucket: bucket.to_owned(),
-                    limit: per_bucket,
-                });
-            }
-            sqlx::query(INSERT)
-                .bind(id.to_bytes().to_vec())
-                .bind(bucket)
-                .bind(enabled)
-                .bind(spec)
-                .bind(v)
-                .bind(stored.created_at.naive_utc())
-                .bind(stored.updated_at.naive_utc())
-                .execute(&mut *tx)
-                .await?;
-            tx.commit().await?;
-            Ok(u64::try_from(v).unwrap_or(0))
-        }
-        .await)
+        let version = change!(self, |version| sqlx::query(INSERT)
+            .bind(id.to_bytes().to_vec())
+            .bind(bucket)
+            .bind(enabled)
+            .bind(spec)
+            .bind(crate::jobdb::int(version))
+            .bind(stored.created_at.naive_utc())
+            .bind(stored.updated_at.naive_utc())
+            .bind(bucket)
+            .bind(crate::jobdb::int(per_bucket)))?;
+        version.ok_or_else(|| StoreError::BucketFull {
+            bucket: bucket.to_owned(),
+            limit: per_bucket,
+        })
     }
 
     /// Stores many new subscriptions in one transaction (an import; a benchmark's set-up),

@@ -104,10 +104,16 @@ pub fn request_body(
     body: Result<Bytes, BytesRejection>,
     limits: &IntakeLimits,
 ) -> Result<Bytes, ApiError> {
+    request_body_within(body, limits.max_request_bytes)
+}
+
+/// [`request_body`] of a route whose body limit is `limit` (its `DefaultBodyLimit`).
+pub fn request_body_within(
+    body: Result<Bytes, BytesRejection>,
+    limit: usize,
+) -> Result<Bytes, ApiError> {
     body.map_err(|rejection| match rejection.status() {
-        StatusCode::PAYLOAD_TOO_LARGE => ApiError::BodyTooLarge {
-            limit: limits.max_request_bytes,
-        },
+        StatusCode::PAYLOAD_TOO_LARGE => ApiError::BodyTooLarge { limit },
         _ => ApiError::InvalidJson {
             field: None,
             message: rejection.body_text(),
