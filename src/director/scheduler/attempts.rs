@@ -258,6 +258,24 @@ impl Scheduler {
                 }
             }
         }
+        // A rate-limited lane sends at its rate: what has no token yet waits, begun, at the
+        // head of its lane until one is due.
+        let mut sending = 0;
+        while sending < ready.len() {
+            match self.gates.take_send_token(key, Instant::now()) {
+                Ok(()) => sending += 1,
+                Err(at) => {
+                    self.gates.wake_at(key, at);
+                    break;
+                }
+            }
+        }
+        if let Some(lane) = self.queues.lane_mut(key) {
+            for id in ready.drain(sending..).rev() {
+                lane.in_flight -= 1;
+                lane.started.push_front(id);
+            }
+        }
         for id in ready {
             self.deliver(id);
         }

@@ -48,9 +48,13 @@ pub(super) enum Recorded {
 struct Rate {
     /// The rate it was built for (a changed control builds a new one).
     per_second: f64,
+    /// Paces the attempts the lane begins.
     limiter: DefaultDirectRateLimiter,
     /// Out of tokens until this instant.
     until: Option<Instant>,
+    /// Paces the requests the lane sends: attempts begun at their pace whose commit lands
+    /// late (a slow or held JobDB) would otherwise all go out at once.
+    sends: DefaultDirectRateLimiter,
 }
 
 /// How a park key names a subscription: a bucket has no control characters, so no bucket
@@ -159,18 +163,17 @@ impl Gates {
         let Some(rate) = self.rate_of(key) else {
             return Ok(());
         };
-        match rate.limiter.check() {
-            Ok(()) => {
-                rate.until = None;
-                Ok(())
-            }
-            Err(not_until) => {
-                let wait = not_until.wait_time_from(DefaultClock::default().now());
-                // Never "wait" for nothing: that would pick the lane again at once.
-                let at = now + wait.max(Duration::from_millis(1));
-                rate.until = Some(at);
-                Err(at)
-            }
+        let taken = token(&rate.limiter, now);
+        rate.until = taken.err();
+        taken
+    }
+
+    /// Takes a request token of a rate-limited lane for a begun attempt about to be sent:
+    /// `Err(at)` when there is none before `at` (the attempt waits, begun, until then).
+    pub(super) fn take_send_token(&mut self, key: &Arc<str>, now: Instant) -> Result<(), Instant> {
+        match self.rate_of(key) {
+            Some(rate) => token(&rate.sends, now),
+            None => Ok(()),
         }
     }
 
@@ -181,6 +184,7 @@ impl Gates {
             per_second: per_second.0,
             limiter: RateLimiter::direct(per_second.1),
             until: None,
+            sends: RateLimiter::direct(per_second.1),
         });
         Some(rate)
     }
@@ -410,6 +414,15 @@ impl Gates {
 /// A control's request rate as (requests per second, quota), if it sets a usable one: a burst
 /// of at most one second's worth (at least one request). Rates that are not finite and
 /// positive, or too small or large to express, mean no limit.
+/// A token of `limiter`, or the instant one is due (never `now`: a lane told to wait for
+/// nothing would be picked again at once).
+fn token(limiter: &DefaultDirectRateLimiter, now: Instant) -> Result<(), Instant> {
+    limiter.check().map_err(|not_until| {
+        let wait = not_until.wait_time_from(DefaultClock::default().now());
+        now + wait.max(Duration::from_millis(1))
+    })
+}
+
 fn rate_limit(control: &EndpointControl) -> Option<(f64, Quota)> {
     let per_second = control
         .max_per_second
@@ -541,11 +554,16 @@ mod tests {
         assert_eq!(gates.limit(&key, now), Limit::Wait(Some(at)));
         // Past the token's time the lane is open again.
         assert_eq!(gates.limit(&key, at), Limit::Open(8));
+        // Sends are paced apart: a burst of begun attempts goes out at the same rate.
+        assert_eq!(gates.take_send_token(&key, now), Ok(()));
+        assert_eq!(gates.take_send_token(&key, now), Ok(()));
+        assert!(gates.take_send_token(&key, now).is_err());
         // Unlimited lanes never wait.
         let free: Arc<str> = "http://b/".into();
         assert!(gates.is_rate_limited(&key) && !gates.is_rate_limited(&free));
         for _ in 0..1000 {
             assert_eq!(gates.take_token(&free, now), Ok(()));
+            assert_eq!(gates.take_send_token(&free, now), Ok(()));
         }
     }
 

@@ -569,7 +569,15 @@ impl Scheduler {
             }
         }
         while let Some(key) = self.gates.pop_wake(now) {
-            self.relist(&key);
+            // A lane may wait for a token to send what it has begun, or to begin more.
+            match self
+                .queues
+                .lane(&key)
+                .is_some_and(|l| !l.started.is_empty())
+            {
+                true => self.dispatch(&key),
+                false => self.relist(&key),
+            }
         }
         let mut expired = Vec::new();
         let mut reload = Vec::new();

@@ -135,7 +135,7 @@ pub(super) fn events(i: &Inputs, out: &mut Vec<Violation>, tally: &mut Tally) {
 
 /// The `created` subscription caps its URL (lane b) at [`ops::CREATED_PER_SECOND`]
 /// requests a second per Director: no second holds more than a burst and a second's worth per
-/// Director, away from Director restarts (a new limiter starts with a full burst)
+/// Director, away from the times a Director was down (a new limiter starts with a full burst)
 /// (`subscription-cap`).
 fn capped(i: &Inputs, out: &mut Vec<Violation>) {
     let rate = ops::CREATED_PER_SECOND;
@@ -147,11 +147,13 @@ fn capped(i: &Inputs, out: &mut Vec<Violation>) {
         .map(|a| a.at)
         .collect();
     at.sort();
+    // A Director down (killed, stopped to join again, or exited and restarted) starts a new
+    // limiter when it comes back, however long it was down.
     let restarted = |from: DateTime<Utc>, to: DateTime<Utc>| {
-        i.log
-            .crashes
-            .iter()
-            .any(|(c, _)| *c >= from - Duration::seconds(3) && *c <= to + Duration::seconds(1))
+        i.log.downs.iter().any(|(_, down, until)| {
+            *down <= to + Duration::seconds(1)
+                && until.is_none_or(|up| up >= from - Duration::seconds(3))
+        })
     };
     let mut start = 0;
     for end in 0..at.len() {
