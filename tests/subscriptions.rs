@@ -4,7 +4,8 @@
 //! `If-Match` refuses an edit of a version since changed; an operator's SQL reaches every
 //! cache within a second and a subscription is never deleted from under them; an event's job
 //! whose subscription is not known waits for it, using no attempt and telling its URL's
-//! breaker nothing.
+//! breaker nothing; a back-fill sent again while the first one's commit is under way makes
+//! one job per event.
 
 mod common;
 
@@ -343,6 +344,92 @@ async fn an_events_job_waits_for_its_subscription_without_failing_its_url(engine
     }
     rig.stop().await;
     elsewhere.stop().await;
+    control.stop().await;
+}
+
+/// A back-fill whose commit outlasts its request (504), and the same events sent again at
+/// once, while that commit is still under way: each event gets one job of the subscription,
+/// not two. The second request's look finds none of them (the first has not committed); the
+/// writer, looking again just before the commit that would store them, finds them all. A
+/// proxy slows every statement that carries a marker event only the first request holds (its
+/// look and one statement of its commit), so the first outlasts its write timeout and the
+/// second does not.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_backfill_sent_again_after_a_timeout_makes_one_job_per_event() {
+    use common::sql_proxy::SqlProxy;
+    const MARKER: &[u8; 16] = b"SLOWSLOWSLOWSLOW";
+    let control = Control::start(Engine::MySql).await;
+    let proxy = SqlProxy::start(3306).await;
+    let publishing = control.tweak();
+    let through = proxy.url("");
+    let rig = Rig::start_on(Engine::MySql, "bfagain", move |c| {
+        publishing(c);
+        let proxied: spindle::jobdb::JobDbUrl =
+            format!("{through}{}", c.jobdb.database).parse().unwrap();
+        c.jobdb = proxied;
+        c.writer.write_timeout = Duration::from_millis(2000);
+    })
+    .await;
+    let api = rig.api();
+    let late = api
+        .add_subscription(&NewSubscription {
+            enabled: Some(false),
+            ..NewSubscription::new("t", rig.sink.url("/ok"), ["*"])
+        })
+        .await
+        .unwrap();
+    let past = |id: ulid::Ulid, n: usize| spindle_client::PastEvent {
+        event_id: id.to_string(),
+        event_type: "order.paid".into(),
+        timestamp: Utc::now(),
+        data: serde_json::value::RawValue::from_string(json!({ "n": n }).to_string()).unwrap(),
+    };
+    let events: Vec<spindle_client::PastEvent> =
+        (1..4).map(|n| past(ulid::Ulid::new(), n)).collect();
+    let marker = ulid::Ulid::from_bytes(*MARKER);
+    let first = spindle_client::BackfillRequest {
+        events: [past(marker, 0)]
+            .into_iter()
+            .chain(events.clone())
+            .collect(),
+    };
+    // Its look and the next statement that names the marker (the writer's look before the
+    // commit), each 1.6 s late: answered 504 at 2 s, committed at about 3.2 s.
+    proxy.delay_times(MARKER, Duration::from_millis(1600), 2);
+    let answer = api.backfill(&late.id, &first).await;
+    assert_eq!(
+        refused(answer.expect_err("the commit outlasts the request")).0,
+        504
+    );
+    let again = api
+        .backfill(&late.id, &spindle_client::BackfillRequest { events })
+        .await
+        .expect("sent again while the first commit is under way");
+    assert_eq!(
+        (again.deliveries.len(), again.skipped),
+        (0, 3),
+        "the events the first back-fill stored are skipped"
+    );
+    let mut sql = {
+        use sqlx::Connection;
+        sqlx::MySqlConnection::connect(&rig.db.url_string())
+            .await
+            .unwrap()
+    };
+    let per_event: std::collections::HashMap<String, i64> = sqlx::query_as(
+        "SELECT HEX(event_id), COUNT(*) FROM jobs WHERE event_id IS NOT NULL GROUP BY event_id",
+    )
+    .fetch_all(&mut sql)
+    .await
+    .unwrap()
+    .into_iter()
+    .collect();
+    assert_eq!(
+        (per_event.len(), per_event.values().all(|n| *n == 1)),
+        (4, true),
+        "one job per event: {per_event:?}"
+    );
+    rig.stop().await;
     control.stop().await;
 }
 

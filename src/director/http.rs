@@ -19,7 +19,7 @@ use tokio::sync::{mpsc, oneshot};
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
-use super::mailbox::{Accepted, Ticket, WriteOp, WriteRejected};
+use super::mailbox::{Accepted, Repeats, Ticket, WriteOp, WriteRejected};
 use super::supervise::{Progress, Readiness};
 use crate::events::http::SubscriptionApi;
 use crate::job::{JobId, Recovered};
@@ -67,9 +67,6 @@ pub struct RpcState {
     pub policy: Arc<crate::delivery::guard::AddressPolicy>,
     /// In a cluster, the intake's clearance of new ordered jobs against the other live JobDBs.
     pub clearance: Option<crate::director::ordering::survey::Clearance>,
-    /// Held by a back-fill from its look for the events that have their job to its store:
-    /// two back-fills of one subscription cannot both find an event without one.
-    pub backfills: Arc<tokio::sync::Mutex<()>>,
 }
 
 /// How long a producer's request waits for the writer, and how the handler knows the JobDB
@@ -166,14 +163,15 @@ impl RpcState {
     }
 
     /// Stores new jobs as one submission (they get their positions first) and waits for the
-    /// commit: its transaction id.
+    /// commit (`repeats`: which jobs it skips as stored already).
     async fn store(
         &self,
         kind: &'static str,
         jobs: &mut [Arc<crate::job::Job>],
         scheduled: &crate::job::Scheduled,
+        repeats: Repeats,
         deadline: Instant,
-    ) -> Result<ulid::Ulid, ApiError> {
+    ) -> Result<Accepted, ApiError> {
         self.positions.place(jobs);
         self.check_writable(kind)?;
         let (reply, outcome) = oneshot::channel();
@@ -183,14 +181,11 @@ impl RpcState {
             jobs: jobs.to_vec(),
             scheduled: scheduled.clone(),
             not_after: None,
-            forwarded: false,
+            repeats,
             reply,
             ticket: ticket.clone(),
         };
-        Ok(self
-            .write(kind, op, &ticket, outcome, deadline)
-            .await?
-            .transaction)
+        self.write(kind, op, &ticket, outcome, deadline).await
     }
 
     /// Which of `jobs` (positions placed) the intake's survey of the other live JobDBs
@@ -274,8 +269,15 @@ async fn publish_event(
     }
     let mut jobs = published.jobs;
     let transaction = state
-        .store("publish", &mut jobs, &published.scheduled, deadline)
-        .await?;
+        .store(
+            "publish",
+            &mut jobs,
+            &published.scheduled,
+            Repeats::Impossible,
+            deadline,
+        )
+        .await?
+        .transaction;
     Ok((
         StatusCode::ACCEPTED,
         Json(api::PublishReply {
@@ -298,8 +300,15 @@ async fn submit_jobs(
     let (mut jobs, scheduled) = check_submission(&body, &state.limits, || state.next_id())?;
     check_buckets(caller.as_ref(), &jobs)?;
     let transaction = state
-        .store("submit", &mut jobs, &scheduled, deadline)
-        .await?;
+        .store(
+            "submit",
+            &mut jobs,
+            &scheduled,
+            Repeats::Impossible,
+            deadline,
+        )
+        .await?
+        .transaction;
     let response = SubmitReply {
         transaction_id: transaction.to_string(),
         jobs: api::accepted_jobs(&jobs, &scheduled),
@@ -395,7 +404,8 @@ async fn backfill(
         .iter()
         .filter_map(|j| j.event.as_ref().map(|e| e.event_id))
         .collect();
-    let _one_at_a_time = state.backfills.lock().await;
+    // The writer skips an event that has a job of the subscription by the time of its commit;
+    // this look only spares it most of them.
     let present = state
         .db
         .events_delivered_to(id, &events)
@@ -414,9 +424,27 @@ async fn backfill(
         })
         .collect();
     if !jobs.is_empty() {
-        state
-            .store("backfill", &mut jobs, &Default::default(), deadline)
+        let accepted = state
+            .store(
+                "backfill",
+                &mut jobs,
+                &Default::default(),
+                Repeats::SameDeliveries,
+                deadline,
+            )
             .await?;
+        if accepted.already_present > 0 {
+            let ids: Vec<JobId> = jobs.iter().map(|j| j.id).collect();
+            let stored = state.db.existing_jobs(&ids).await.map_err(|e| {
+                tracing::warn!(error = %e, "backfill: reading which jobs were stored failed");
+                ApiError::Unavailable(
+                    "the jobdb is unavailable after the back-fill was stored; send it again \
+                     to learn its jobs"
+                        .into(),
+                )
+            })?;
+            jobs.retain(|j| stored.contains(&j.id));
+        }
     }
     let deliveries: Vec<api::BackfilledEvent> = jobs
         .iter()
@@ -679,7 +707,7 @@ async fn import_jobs(
                     jobs,
                     scheduled,
                     not_after: request.not_after,
-                    forwarded: true,
+                    repeats: Repeats::SameIds,
                     reply,
                     ticket: ticket.clone(),
                 };

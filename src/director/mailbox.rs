@@ -79,6 +79,22 @@ pub struct Accepted {
     pub already_present: usize,
 }
 
+/// Which jobs of a submission may be stored already (an earlier request's), and so are
+/// skipped rather than stored twice.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Repeats {
+    /// None: its ids were minted for it here.
+    Impossible,
+    /// A job whose id is stored: its ids were minted elsewhere (a router's forward), and an
+    /// earlier try of the same request may have stored some. Found only when the JobDB
+    /// refuses a duplicate, so a first try costs no read.
+    SameIds,
+    /// A job of an event that has a job of the same subscription here (a back-fill, perhaps
+    /// sent again after a 504). The writer looks before each try of the commit: it alone
+    /// stores jobs in its JobDB, so nothing can store one between its look and its commit.
+    SameDeliveries,
+}
+
 /// Why a write was not made.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, thiserror::Error)]
 pub enum WriteRejected {
@@ -148,10 +164,9 @@ pub enum WriteOp {
         /// Never committed after this instant (a router's claim deadline): checked when the
         /// batch is assembled and again just before each COMMIT that carries the jobs.
         not_after: Option<DateTime<Utc>>,
-        /// The jobs' ids were minted elsewhere (a router's forward): an earlier try of the same
-        /// request may have stored some. Those are skipped (and counted), not refused, found
-        /// only when the JobDB refuses a duplicate, so a first try costs no read.
-        forwarded: bool,
+        /// Which of its jobs may be stored already, by an earlier request: those are skipped
+        /// (and counted), not refused.
+        repeats: Repeats,
         /// Those of its ordered jobs the intake cleared against the other live JobDBs
         /// (`director::ordering::survey::Clearance`): they may go in the writer's commits.
         cleared: Vec<JobId>,

@@ -539,7 +539,6 @@ async fn serve(
         policy: Arc::new(crate::delivery::guard::AddressPolicy::new(
             config.delivery.allow_subnets.clone(),
         )),
-        backfills: Default::default(),
         clearance,
     };
     if config.auth.is_none() {

@@ -3,7 +3,8 @@
 //! server's answer to it) until released, or drop the connection at it: a COMMIT that gets no
 //! answer, or fails, as from a server or network that stopped answering at the worst moment.
 //! It can also delay every statement that contains some text (a read made slow, to widen a
-//! window between two reads), or every statement (a slow server or network).
+//! window between two reads), or only the next few such, or every statement (a slow server or
+//! network).
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
@@ -22,8 +23,9 @@ pub enum Hold {
     Drop,
 }
 
-/// Statements containing a text, and how late they are sent.
-type Delays = Arc<Mutex<Vec<(Vec<u8>, Duration)>>>;
+/// Statements containing a text, how late they are sent, and for how many more statements
+/// (`None`: every one).
+type Delays = Arc<Mutex<Vec<(Vec<u8>, Duration, Option<usize>)>>>;
 
 /// A proxy on its own loopback port in front of the server at `upstream`.
 pub struct SqlProxy {
@@ -50,6 +52,9 @@ impl SqlProxy {
                 else {
                     continue;
                 };
+                // A packet's head and payload go in two writes: without this, each statement
+                // would wait out the peer's delayed ACK (some 40 ms).
+                let _ = (client.set_nodelay(true), server.set_nodelay(true));
                 let (mut client_rx, mut client_tx) = client.into_split();
                 let (mut server_rx, mut server_tx) = server.into_split();
                 let (armed, release, held, delays) = (a.clone(), r.clone(), h.clone(), d.clone());
@@ -88,11 +93,18 @@ impl SqlProxy {
                         let delay = delays
                             .lock()
                             .unwrap()
-                            .iter()
-                            .find(|(text, _)| {
-                                text.is_empty() || payload.windows(text.len()).any(|w| w == text)
+                            .iter_mut()
+                            .find(|(text, _, left)| {
+                                *left != Some(0)
+                                    && (text.is_empty()
+                                        || payload.windows(text.len()).any(|w| w == text))
                             })
-                            .map(|(_, delay)| *delay);
+                            .map(|(_, delay, left)| {
+                                if let Some(left) = left {
+                                    *left -= 1;
+                                }
+                                *delay
+                            });
                         if let Some(delay) = delay {
                             tokio::time::sleep(delay).await;
                         }
@@ -162,14 +174,22 @@ impl SqlProxy {
         self.delays
             .lock()
             .unwrap()
-            .push((text.as_bytes().to_vec(), delay));
+            .push((text.as_bytes().to_vec(), delay, None));
+    }
+
+    /// The next `times` statements containing `text` are sent `delay` late.
+    pub fn delay_times(&self, text: &[u8], delay: Duration, times: usize) {
+        self.delays
+            .lock()
+            .unwrap()
+            .push((text.to_vec(), delay, Some(times)));
     }
 
     /// Every statement sent `delay` late (`None`: no delay at all, the texts' ones too).
     pub fn slow(&self, delay: Option<Duration>) {
         let mut delays = self.delays.lock().unwrap();
         delays.clear();
-        delays.extend(delay.map(|d| (Vec::new(), d)));
+        delays.extend(delay.map(|d| (Vec::new(), d, None)));
     }
 
     /// A URL of database `database` through the proxy.

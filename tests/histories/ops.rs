@@ -54,6 +54,10 @@ pub enum Op {
     ReleaseBlocks,
     /// The `created` subscription disabled (`false`) or enabled again (`true`).
     Subscription(bool),
+    /// Alone: a back-fill of this many events never published (`hist.updated`, so each wants
+    /// one job, of `all`) sent twice at once, and once more a moment later, as a producer
+    /// whose answer was lost would.
+    Backfill(usize),
     /// The next COMMIT through the proxy in front of a JobDB fails (its connection drops, or
     /// it never reaches the server) or loses its answer; what it holds goes after the pause.
     CommitFault(Hold, Duration),
@@ -155,6 +159,7 @@ pub fn schedule(rng: &mut StdRng, run: Duration, kinds: Kinds) -> Vec<(Duration,
                 rng.random_range(0..if kinds.cluster { 3 } else { 1 }),
                 secs(rng, 0.0, 2.0),
             ),
+            75..=76 if kinds.events && !kinds.cluster => Op::Backfill(rng.random_range(1..40)),
             75..=79 => Op::ReleaseBlocks,
             80..=84 if kinds.cluster => Op::KillRouter(rng.random_range(0..2), secs(rng, 0.0, 1.5)),
             85..=91 if kinds.cluster => Op::Retire,
@@ -222,6 +227,7 @@ async fn execute(world: &World, rec: &Recorder, op: &Op, rng: &mut StdRng) {
                 rec.op(DISABLES.into());
             }
         }
+        Op::Backfill(n) => backfill(world, rec, *n).await,
         Op::Mode(lane, mode) => {
             world.endpoint.set_mode(lane, *mode);
             rec.op(format!("lane {lane} answers {mode:?}"));
@@ -824,6 +830,109 @@ async fn edit_elsewhere(world: &World, id: &str) {
             Ok(_) => return,
             Err(e) => println!("histories: the edit through {} failed: {e}", director.name),
         }
+    }
+}
+
+/// [`Op::Backfill`]: `n` events, each recorded as a spec of its own (its back-fill key), sent
+/// to subscription `all` twice at once and once more 300 ms later. Every event must get one
+/// job (`event-atomic` counts them); each answer's jobs are its acknowledged ones.
+async fn backfill(world: &World, rec: &Recorder, n: usize) {
+    let Some(subscribed) = world.subscriptions.get() else {
+        return;
+    };
+    let events: Vec<spindle_client::PastEvent> = (0..n)
+        .map(|i| spindle_client::PastEvent {
+            event_id: ulid::Ulid::new().to_string(),
+            event_type: "hist.updated".into(),
+            timestamp: Utc::now(),
+            data: serde_json::value::RawValue::from_string(json!({ "backfilled": i }).to_string())
+                .expect("json"),
+        })
+        .collect();
+    let specs: std::collections::HashMap<String, Spec> = events
+        .iter()
+        .map(|e| {
+            let key = format!("backfill:{}", e.event_id);
+            let spec = Spec {
+                json: json!({"bucket": EVENT_BUCKET, "event_type": e.event_type}),
+                key: key.clone(),
+                seq: None,
+                deliver_at: None,
+            };
+            rec.spec(&spec);
+            (e.event_id.clone(), spec)
+        })
+        .collect();
+    let request = spindle_client::BackfillRequest { events };
+    let url = format!(
+        "{}/v1/subscriptions/{}/backfill",
+        world.api_base(),
+        subscribed.all
+    );
+    let send = |delay: u64| {
+        let (client, url, request) = (&world.client, &url, &request);
+        async move {
+            tokio::time::sleep(Duration::from_millis(delay)).await;
+            rec.request();
+            client.post(url).json(request).send().await
+        }
+    };
+    let answers = futures::future::join3(send(0), send(0), send(300)).await;
+    let mut told = Vec::new();
+    for sent in [answers.0, answers.1, answers.2] {
+        let status = match sent {
+            Ok(r) if r.status() == reqwest::StatusCode::ACCEPTED => {
+                match r.json::<spindle_client::BackfillReply>().await {
+                    Ok(reply) => {
+                        for d in &reply.deliveries {
+                            let Some(spec) = specs.get(&d.event_id) else {
+                                continue;
+                            };
+                            let answer = spindle_client::AcceptedJob {
+                                id: d.job_id.clone(),
+                                status: JobStatus::Accepted,
+                                bucket: EVENT_BUCKET.into(),
+                                created_at: None,
+                                expire_at: None,
+                                deliver_at: None,
+                                idempotency_key: Some(spec.key.clone()),
+                                error: None,
+                            };
+                            let o = Outcome::Accepted(d.job_id.clone());
+                            rec.outcome(spec, "director0", o, Some(&answer));
+                        }
+                        format!("{} made, {} skipped", reply.deliveries.len(), reply.skipped)
+                    }
+                    Err(e) => {
+                        unknown(rec, &specs, format!("202 without a body: {e}"));
+                        "202 unread".into()
+                    }
+                }
+            }
+            // The writer may have taken it: whether its jobs were stored is unknown.
+            Ok(r) if r.status() == reqwest::StatusCode::GATEWAY_TIMEOUT => {
+                unknown(rec, &specs, "504".into());
+                "504".into()
+            }
+            Ok(r) => format!("{}", r.status()),
+            Err(e) if e.is_connect() => "not connected".into(),
+            Err(e) => {
+                unknown(rec, &specs, e.to_string());
+                "no answer".into()
+            }
+        };
+        told.push(status);
+    }
+    rec.op(format!(
+        "back-fill of {n} unpublished events to subscription all, twice at once and again: {}",
+        told.join("; ")
+    ));
+}
+
+/// Every spec of a back-fill whose answer was lost has an unknown outcome.
+fn unknown(rec: &Recorder, specs: &std::collections::HashMap<String, Spec>, why: String) {
+    for spec in specs.values() {
+        rec.outcome(spec, "director0", Outcome::Unknown(why.clone()), None);
     }
 }
 

@@ -168,7 +168,6 @@ pub struct World {
 /// every event type (lane a), `created` only `hist.created` (lane b) and is the one an
 /// operation disables for a while.
 pub struct Subscribed {
-    #[allow(dead_code)]
     pub all: String,
     pub created: String,
 }

@@ -9,7 +9,7 @@ use std::sync::Arc;
 use chrono::{DateTime, Utc};
 use tokio::sync::oneshot;
 
-use crate::director::mailbox::{Accepted, Ticket, WriteRejected};
+use crate::director::mailbox::{Accepted, Repeats, Ticket, WriteRejected};
 use crate::director::ordering::plan::{Arrival, Leaving};
 use crate::job::{AttemptStart, Job, JobId, Recovered, Seq, State, Transition};
 use crate::jobdb::lifecycle::Origin;
@@ -87,12 +87,12 @@ impl Request {
 
 /// Who hears about a request's outcome.
 pub(super) enum Reply {
-    /// A submission: its reply, whether its ids were minted elsewhere (forwarded), how many
-    /// of its jobs an earlier try had stored already, and which of its jobs wait for a later
+    /// A submission: its reply, which of its jobs may be stored already, how many of its
+    /// jobs an earlier request had stored already, and which of its jobs wait for a later
     /// first attempt.
     Submit(
         oneshot::Sender<Result<Accepted, WriteRejected>>,
-        bool,
+        Repeats,
         usize,
         crate::job::Scheduled,
     ),
@@ -273,22 +273,22 @@ impl Batch {
         out
     }
 
-    /// Ids of the jobs of forwarded submissions.
-    pub(super) fn forwarded_ids(&self) -> Vec<JobId> {
+    /// The jobs of the submissions that may repeat an earlier request's as `repeats` says.
+    pub(super) fn repeating(&self, repeats: Repeats) -> Vec<Arc<Job>> {
         let mut start = Ends::default();
-        let mut ids = Vec::new();
+        let mut jobs = Vec::new();
         for r in &self.requests {
-            if let Reply::Submit(_, true, ..) = r.reply {
-                ids.extend(self.jobs[start.jobs..r.ends.jobs].iter().map(|j| j.id));
+            if matches!(r.reply, Reply::Submit(_, of, ..) if of == repeats) {
+                jobs.extend(self.jobs[start.jobs..r.ends.jobs].iter().cloned());
             }
             start = r.ends;
         }
-        ids
+        jobs
     }
 
-    /// Drops the jobs in `present` from forwarded submissions, counting them on each
-    /// request; returns how many were dropped.
-    pub(super) fn skip_present(&mut self, present: &std::collections::HashSet<JobId>) -> usize {
+    /// Drops the jobs in `present` from the submissions that may repeat an earlier request's,
+    /// counting them on each request; returns how many were dropped.
+    pub(super) fn skip_present(&mut self, present: &HashSet<JobId>) -> usize {
         let old = std::mem::take(self);
         let (mut jobs, mut accepted) = (old.jobs.into_iter(), old.accepted.into_iter());
         let (mut rows, mut origins) = (old.rows.into_iter(), old.origins.into_iter());
@@ -299,10 +299,11 @@ impl Batch {
         for request in old.requests {
             let n = request.ends - at;
             at = request.ends;
-            let forwarded = matches!(request.reply, Reply::Submit(_, true, ..));
+            let repeating =
+                matches!(request.reply, Reply::Submit(_, r, ..) if r != Repeats::Impossible);
             let (ticket, not_after) = (request.ticket, request.not_after);
             let reply = match request.reply {
-                Reply::Submit(reply, true, count, scheduled) => {
+                Reply::Submit(reply, repeats, count, scheduled) if repeating => {
                     let mut dropped = 0;
                     for job in jobs.by_ref().take(n.jobs) {
                         if present.contains(&job.id) {
@@ -315,11 +316,11 @@ impl Batch {
                     let absent = |id: &JobId| !present.contains(id);
                     let taken = accepted.by_ref().take(n.accepted);
                     self.accepted.extend(taken.filter(|(id, _)| absent(id)));
-                    // A forward's rows are its scheduled jobs' rows.
+                    // A submission's rows are its scheduled jobs' rows.
                     let taken = rows.by_ref().take(n.rows);
                     self.rows.extend(taken.filter(|(_, t)| absent(&t.job_id)));
                     skipped += dropped;
-                    Reply::Submit(reply, true, count + dropped, scheduled)
+                    Reply::Submit(reply, repeats, count + dropped, scheduled)
                 }
                 other => {
                     self.jobs.extend(jobs.by_ref().take(n.jobs));
@@ -330,11 +331,11 @@ impl Batch {
             };
             self.origins.extend(origins.by_ref().take(n.origins));
             self.starts.extend(starts.by_ref().take(n.starts));
-            // A forward's rests are its ordered jobs' entries: one stored already keeps its
+            // A submission's rests are its ordered jobs' entries: one stored already keeps its
             // own (it may have moved on since).
             let taken = rests.by_ref().take(n.rests);
             self.rests
-                .extend(taken.filter(|r| !forwarded || !present.contains(&r.job_id)));
+                .extend(taken.filter(|r| !repeating || !present.contains(&r.job_id)));
             self.release.extend(release.by_ref().take(n.release));
             self.seal_producers(reply, ticket, not_after);
         }

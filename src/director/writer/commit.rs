@@ -3,7 +3,7 @@
 //! refused, duplicate, expired, outcome unknown, or not committed) before anything is retried,
 //! as the module doc of [`super`] describes.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -12,7 +12,7 @@ use ulid::Ulid;
 
 use super::batch::{Batch, Reply};
 use super::Writer;
-use crate::director::mailbox::{Accepted, Event, Ticket, WriteRejected};
+use crate::director::mailbox::{Accepted, Event, Repeats, Ticket, WriteRejected};
 use crate::director::ordering::plan::Plan;
 use crate::director::ordering::{Done, Write};
 use crate::job::{AttemptStart, Job, JobId, Recovered, Transition};
@@ -31,6 +31,7 @@ impl Writer {
                 return fail(batch, WriteRejected::LockLost);
             }
             self.leave_out_lapsed(&mut batch);
+            self.skip_delivered(&mut batch).await;
             if batch.is_empty() && !self.ordering.pending() {
                 return self.acknowledge(batch, None);
             }
@@ -418,7 +419,11 @@ impl Writer {
     /// the batch and counted on their requests. Returns how many (`None`: the JobDB could not
     /// be asked, or the batch forwards nothing).
     async fn skip_present(&self, batch: &mut Batch) -> Option<usize> {
-        let ids = batch.forwarded_ids();
+        let ids: Vec<JobId> = batch
+            .repeating(Repeats::SameIds)
+            .iter()
+            .map(|j| j.id)
+            .collect();
         if ids.is_empty() {
             return None;
         }
@@ -437,6 +442,56 @@ impl Writer {
             );
         }
         Some(skipped)
+    }
+
+    /// Before a try that stores back-filled jobs: drops each whose event has a job of its
+    /// subscription here already, or earlier in the batch (counted on its request). This
+    /// writer alone stores jobs in its JobDB, and its commits go one at a time, so what it
+    /// reads holds until its commit. If the JobDB cannot be read, the back-fills are refused
+    /// (nothing of them stored; they may be sent again).
+    async fn skip_delivered(&self, batch: &mut Batch) {
+        let jobs = batch.repeating(Repeats::SameDeliveries);
+        if jobs.is_empty() {
+            return;
+        }
+        let mut events: HashMap<Ulid, Vec<Ulid>> = HashMap::new();
+        for link in jobs.iter().filter_map(|j| j.event.as_ref()) {
+            events
+                .entry(link.subscription)
+                .or_default()
+                .push(link.event_id);
+        }
+        let mut delivered = HashSet::new();
+        for (subscription, events) in &events {
+            match self.db.events_delivered_to(*subscription, events).await {
+                Ok(found) => delivered.extend(found.into_iter().map(|e| (*subscription, e))),
+                Err(err) => {
+                    tracing::warn!(error = %err, "back-fill refused: the jobdb could not be read");
+                    let refused = batch.retain(|r| {
+                        !matches!(r.reply, Reply::Submit(_, Repeats::SameDeliveries, ..))
+                    });
+                    for (request, _) in refused {
+                        request.reply.reject(WriteRejected::Unavailable);
+                    }
+                    return;
+                }
+            }
+        }
+        let present: HashSet<JobId> = jobs
+            .iter()
+            .filter(|j| {
+                j.event
+                    .as_ref()
+                    .is_some_and(|e| !delivered.insert((e.subscription, e.event_id)))
+            })
+            .map(|j| j.id)
+            .collect();
+        if !present.is_empty() && batch.skip_present(&present) > 0 {
+            tracing::info!(
+                skipped = present.len(),
+                "back-filled events with a job of their subscription already: not stored again"
+            );
+        }
     }
 
     /// The checkpoint to write with the next commit, if one is due: the oldest commit that

@@ -237,7 +237,7 @@ impl Writer {
                 jobs,
                 scheduled,
                 not_after,
-                forwarded,
+                repeats,
                 cleared,
                 reply,
                 ticket,
@@ -283,7 +283,7 @@ impl Writer {
                     }
                 }
                 batch.jobs.extend(jobs);
-                let reply = Reply::Submit(reply, forwarded, 0, scheduled);
+                let reply = Reply::Submit(reply, repeats, 0, scheduled);
                 batch.seal_producers(reply, Some(ticket), not_after);
             }
             WriteOp::Import {
