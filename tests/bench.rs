@@ -100,8 +100,8 @@ fn the_benchmark_measures_both_paths() {
     ]);
     check(&backlog, 1000, &["director", "mariadb"]);
     assert_eq!(backlog["backlog"], 2000);
-    // Events: 200 events to 5 subscriptions each are 1,000 jobs, every one delivered, beside
-    // 2,000 subscriptions of other buckets that get none.
+    // Events: 200 events to 5 subscriptions each (batches of 100 events a request) are 1,000
+    // jobs, every one delivered, beside 2,000 subscriptions of other buckets that get none.
     let events = report(&[
         "bench",
         "--events",

@@ -339,7 +339,107 @@ async fn a_disabled_subscription_holds_its_jobs_until_enabled(engine: Engine) {
     control.stop().await;
 }
 
+/// A batch of events (`{"events": [...]}`) is one transaction: 1,000 events make their jobs
+/// (two subscriptions of one type, one of the other; none for a type no one wants) committed
+/// before the answer, which names each event's jobs in order; a bad event refuses the whole
+/// batch, naming `events[i].…`, and so do a batch of 1,001 and one whose events make more than
+/// 10,000 jobs, storing nothing. `spindle publish --ndjson` sends a file's events in batches.
+async fn a_batch_of_events_is_one_transaction(engine: Engine) {
+    let control = Control::start(engine).await;
+    let rig = Rig::start_on(engine, "evbatch", control.tweak()).await;
+    let api = rig.api();
+    for types in [vec!["*"], vec!["order.paid"]] {
+        api.add_subscription(&NewSubscription::new("shop", rig.sink.url("/ok"), types))
+            .await
+            .unwrap();
+    }
+    let kinds = ["order.paid", "order.made", "other.thing"];
+    let batch: Vec<NewEvent> = (0..1000)
+        .map(|n| {
+            let kind = if n % 10 == 9 { kinds[2] } else { kinds[n % 2] };
+            let bucket = if kind == kinds[2] { "nobody" } else { "shop" };
+            event(bucket, kind, json!({ "n": n }))
+        })
+        .collect();
+    let reply = api.publish_batch(&batch).await.unwrap();
+    assert_eq!(reply.events.len(), 1000);
+    let mut jobs = 0;
+    for (n, (sent, answer)) in batch.iter().zip(&reply.events).enumerate() {
+        let want = match sent.event_type.as_str() {
+            "order.paid" if sent.bucket == "shop" => 2,
+            "order.made" => 1,
+            _ => 0,
+        };
+        assert_eq!(answer.deliveries.len(), want, "event {n}: {answer:?}");
+        assert_eq!(answer.event_id.is_some(), want > 0, "event {n}");
+        assert_eq!(
+            answer.transaction_id.as_ref(),
+            reply.transaction_id.as_ref().filter(|_| want > 0)
+        );
+        jobs += want;
+    }
+    assert_eq!(
+        rig.reader.count_jobs().await.unwrap(),
+        jobs as u64,
+        "every job stored before the answer"
+    );
+    // Refused whole, nothing stored.
+    let mut bad = batch[..10].to_vec();
+    bad[7].event_type = "order paid".into();
+    let too_many: Vec<NewEvent> = (0..1001).map(|_| batch[0].clone()).collect();
+    let refusals = [
+        (bad, 422, "events[7].event_type"),
+        (too_many, 422, "events"),
+        (Vec::new(), 422, "events"),
+    ];
+    for (events, status, field) in refusals {
+        let e = api.publish_batch(&events).await.unwrap_err();
+        assert_eq!(refused(e), (status, Some(field.to_owned())));
+    }
+    for _ in 0..10 {
+        api.add_subscription(&NewSubscription::new("shop", rig.sink.url("/ok"), ["*"]))
+            .await
+            .unwrap();
+    }
+    // 1,000 events of 11 or 12 subscriptions each: over 10,000 jobs.
+    let wide: Vec<NewEvent> = (0..1000)
+        .map(|n| event("shop", "order.made", json!({ "n": n })))
+        .collect();
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    let e = api.publish_batch(&wide).await.unwrap_err();
+    assert_eq!(refused(e), (413, Some("events".to_owned())));
+    assert_eq!(rig.reader.count_jobs().await.unwrap(), jobs as u64);
+    // From NDJSON, two at a time: one answer per event, in order.
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("events.ndjson");
+    let lines: Vec<String> = (0..5)
+        .map(|n| serde_json::to_string(&event("shop", "order.made", json!({ "n": n }))).unwrap())
+        .collect();
+    std::fs::write(&file, lines.join("\n") + "\n\n").unwrap();
+    let base = rig.base();
+    let out = procs::run_ok(&[
+        "publish",
+        "--ndjson",
+        file.to_str().unwrap(),
+        "--batch",
+        "2",
+        "--api",
+        &base,
+    ]);
+    let answers: Vec<spindle_client::PublishReply> = out
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    assert_eq!(answers.len(), 5, "{out}");
+    assert!(answers.iter().all(|a| a.deliveries.len() == 11), "{out}");
+    rig.wait_in_state(State::Succeeded, jobs as u64 + 55, Duration::from_secs(60))
+        .await;
+    rig.stop().await;
+    control.stop().await;
+}
+
 on_both_engines!(
+    a_batch_of_events_is_one_transaction,
     events_reach_every_matching_subscription,
     a_disabled_subscription_holds_its_jobs_until_enabled,
     processes_starting_together_share_a_new_control_database,

@@ -16,8 +16,8 @@ use url::Url;
 
 use crate::api::{
     BackfillReply, BackfillRequest, EndpointsView, ErrorBody, EventView, ImportRequest,
-    ImportResponse, JobView, NewEvent, NewJob, NewSubscription, PublishReply, SubmitReply,
-    SubscriptionList, SubscriptionPatch, SubscriptionView,
+    ImportResponse, JobView, NewEvent, NewJob, NewSubscription, PublishBatchReply, PublishReply,
+    SubmitReply, SubscriptionList, SubscriptionPatch, SubscriptionView,
 };
 use crate::error::{ApiError, Error};
 
@@ -225,6 +225,18 @@ impl Client {
     pub async fn publish(&self, event: &NewEvent) -> Result<PublishReply, Error> {
         let url = self.url(&["v1", "events"]);
         let response = self.send(self.http.post(url.clone()).json(event), &url);
+        read_json(response.await?, &url).await
+    }
+
+    /// `POST /v1/events` with a batch of 1 to [`crate::api::MAX_EVENTS_PER_REQUEST`] events
+    /// (Directors only): every job of every event committed in one transaction, or none.
+    pub async fn publish_batch(&self, events: &[NewEvent]) -> Result<PublishBatchReply, Error> {
+        #[derive(Serialize)]
+        struct Batch<'a> {
+            events: &'a [NewEvent],
+        }
+        let url = self.url(&["v1", "events"]);
+        let response = self.send(self.http.post(url.clone()).json(&Batch { events }), &url);
         read_json(response.await?, &url).await
     }
 

@@ -123,8 +123,9 @@ pub enum Command {
     /// Subscriptions (stored in the control database): who gets which events of a bucket.
     #[command(subcommand)]
     Subscriptions(SubscriptionsCommand),
-    /// Publish one event to every matching subscription of its bucket (all of its jobs are
-    /// committed together); prints the event id and each subscription's job.
+    /// Publish an event to every matching subscription of its bucket (all of its jobs are
+    /// committed together), or a file of events (`--ndjson`, in batches); prints each event's
+    /// id and each subscription's job.
     Publish(Box<PublishArgs>),
 }
 

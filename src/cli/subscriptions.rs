@@ -172,17 +172,26 @@ pub struct AddArgs {
 #[derive(Debug, Args)]
 pub struct PublishArgs {
     /// The bucket (tenant).
-    #[arg(long)]
-    pub bucket: String,
+    #[arg(long, required_unless_present = "ndjson")]
+    pub bucket: Option<String>,
     /// The event type.
-    #[arg(long = "type")]
-    pub event_type: String,
+    #[arg(long = "type", required_unless_present = "ndjson")]
+    pub event_type: Option<String>,
     /// The payload, JSON.
     #[arg(long, default_value = "{}")]
     pub payload: String,
     /// An idempotency key (a router drops a repeat).
     #[arg(long)]
     pub idempotency_key: Option<String>,
+    /// Publish the events of this file instead (`-`: standard input): one event per line, as
+    /// `POST /v1/events` takes one, sent to a Director in batches of `--batch` (each batch's
+    /// jobs committed together). Prints each event's answer, a line each, in order.
+    #[arg(long, conflicts_with_all = ["bucket", "event_type", "idempotency_key"])]
+    pub ndjson: Option<std::path::PathBuf>,
+    /// With `--ndjson`: events per request (1 to 1000).
+    #[arg(long, default_value_t = 1000, requires = "ndjson",
+          value_parser = clap::value_parser!(u16).range(1..=1000))]
+    pub batch: u16,
     /// The API.
     #[command(flatten)]
     pub api: ApiArgs,
@@ -266,11 +275,14 @@ pub(super) async fn run(command: SubscriptionsCommand) -> anyhow::Result<()> {
 
 /// Runs `spindle publish`: prints the event id and each subscription's job.
 pub(super) async fn publish(args: PublishArgs) -> anyhow::Result<()> {
+    if let Some(path) = &args.ndjson {
+        return publish_ndjson(&args.api, path, usize::from(args.batch)).await;
+    }
     let payload = serde_json::value::RawValue::from_string(args.payload.clone())
         .context("--payload must be JSON")?;
     let event = NewEvent {
-        bucket: args.bucket,
-        event_type: args.event_type,
+        bucket: args.bucket.context("--bucket is required")?,
+        event_type: args.event_type.context("--type is required")?,
         payload,
         idempotency_key: args.idempotency_key,
         deliver_at: None,
@@ -278,6 +290,46 @@ pub(super) async fn publish(args: PublishArgs) -> anyhow::Result<()> {
     };
     let reply = args.api.client()?.publish(&event).await?;
     println!("{}", serde_json::to_string_pretty(&reply)?);
+    Ok(())
+}
+
+/// `spindle publish --ndjson`: the file's events, a batch at a time. A bad line stops it
+/// before its batch is sent (the batches before it stay published).
+async fn publish_ndjson(api: &ApiArgs, path: &std::path::Path, batch: usize) -> anyhow::Result<()> {
+    use std::io::BufRead;
+    let input: Box<dyn BufRead> = match path.to_str() {
+        Some("-") => Box::new(std::io::stdin().lock()),
+        _ => Box::new(std::io::BufReader::new(
+            std::fs::File::open(path).with_context(|| format!("opening {}", path.display()))?,
+        )),
+    };
+    let client = api.client()?;
+    let mut pending: Vec<NewEvent> = Vec::with_capacity(batch);
+    let (mut published, mut first_line) = (0usize, 1usize);
+    let mut lines = input.lines().enumerate().peekable();
+    while let Some((i, line)) = lines.next() {
+        let line = line.with_context(|| format!("reading line {}", i + 1))?;
+        if !line.trim().is_empty() {
+            let event: NewEvent = serde_json::from_str(&line)
+                .with_context(|| format!("line {}: not an event", i + 1))?;
+            pending.push(event);
+        }
+        if pending.len() == batch || (lines.peek().is_none() && !pending.is_empty()) {
+            let reply = client.publish_batch(&pending).await.with_context(|| {
+                format!(
+                    "publishing lines {first_line} to {} ({published} events published before \
+                     them)",
+                    i + 1
+                )
+            })?;
+            for event in &reply.events {
+                println!("{}", serde_json::to_string(event)?);
+            }
+            published += pending.len();
+            pending.clear();
+            first_line = i + 2;
+        }
+    }
     Ok(())
 }
 

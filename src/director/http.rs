@@ -233,60 +233,70 @@ pub fn router(state: RpcState) -> Router {
         .merge(subscriptions)
 }
 
-/// Publish an event: one job per matching subscription, all persisted in one transaction
-/// before the answer (none when the transaction fails).
+/// Publish an event, or a batch of them (`{"events": [...]}`): one job per matching
+/// subscription of each, all persisted in one transaction before the answer (none when the
+/// transaction fails).
 async fn publish_event(
     State(state): State<RpcState>,
     headers: HeaderMap,
     body: Result<Bytes, BytesRejection>,
-) -> Result<impl IntoResponse, ApiError> {
+) -> Result<axum::response::Response, ApiError> {
     let (deadline, caller) = state.intake(&headers)?;
     let subscriptions = crate::events::configured(&state.subscriptions)?;
     let body = request_body(body, &state.limits)?;
-    let event: api::NewEvent = rpc::parse_json(&body)?;
-    rpc::check_publisher(caller.as_ref(), &event.bucket)?;
-    let event_id = state.next_id().0;
-    let published = crate::events::publish::fan_out(
-        event,
+    let publishing = crate::events::publish::Publishing::read(&body)?;
+    for event in publishing.events() {
+        rpc::check_publisher(caller.as_ref(), &event.bucket)?;
+    }
+    let batch = matches!(publishing, crate::events::publish::Publishing::Batch(_));
+    let mut made = publishing.fan_out(
         &subscriptions.index(),
         &state.limits,
         Utc::now(),
         chrono::Duration::zero(),
-        event_id,
+        || state.next_id().0,
         || state.next_id(),
     )?;
-    state.metrics.events_published(published.jobs.len());
-    if published.jobs.is_empty() {
-        return Ok((
-            StatusCode::ACCEPTED,
-            Json(api::PublishReply {
-                event_id: None,
-                transaction_id: None,
-                deliveries: Vec::new(),
-                duplicate: false,
-            }),
-        ));
+    for (_, deliveries) in &made.events {
+        state.metrics.events_published(deliveries.len());
     }
-    let mut jobs = published.jobs;
-    let transaction = state
-        .store(
-            "publish",
-            &mut jobs,
-            &published.scheduled,
-            Repeats::Impossible,
-            deadline,
-        )
-        .await?
-        .transaction;
-    Ok((
-        StatusCode::ACCEPTED,
-        Json(api::PublishReply {
-            event_id: Some(event_id.to_string()),
-            transaction_id: Some(transaction.to_string()),
-            deliveries: published.deliveries,
+    let transaction = match made.jobs.is_empty() {
+        true => None,
+        false => Some(
+            state
+                .store(
+                    "publish",
+                    &mut made.jobs,
+                    &made.scheduled,
+                    Repeats::Impossible,
+                    deadline,
+                )
+                .await?
+                .transaction
+                .to_string(),
+        ),
+    };
+    let mut replies: Vec<api::PublishReply> = made
+        .events
+        .into_iter()
+        .map(|(event_id, deliveries)| api::PublishReply {
+            transaction_id: event_id.and(transaction.clone()),
+            event_id: event_id.map(|id| id.to_string()),
+            deliveries,
             duplicate: false,
-        }),
-    ))
+        })
+        .collect();
+    Ok(match (batch, replies.pop()) {
+        (false, Some(reply)) => (StatusCode::ACCEPTED, Json(reply)).into_response(),
+        (_, last) => {
+            replies.extend(last);
+            let reply = api::PublishBatchReply {
+                transaction_id: transaction,
+                events: replies,
+            };
+            (StatusCode::ACCEPTED, Json(reply)).into_response()
+        }
+    })
 }
 
 /// Submit jobs. The whole batch is persisted in one transaction before the answer.

@@ -10,14 +10,17 @@
 use std::sync::Arc;
 
 use chrono::{DateTime, SecondsFormat, Utc};
+use serde::Deserialize;
 use serde_json::value::RawValue;
 use sha2::{Digest, Sha256};
-use spindle_client::{EventDelivery, NewEvent, PastEvent, SubmitRequest};
+use spindle_client::api::{MAX_EVENTS_PER_REQUEST, MAX_JOBS_PER_EVENT_BATCH};
+use spindle_client::{EventBatch, EventDelivery, NewEvent, PastEvent, SubmitRequest};
 use ulid::Ulid;
 
 use super::{check_event_type, Index, Subscription};
 use crate::job::{EventLink, Job, JobId, Scheduled};
 use crate::rpc::api::{validate_request, FieldError, IntakeLimits, MAX_ORDERING_KEY_BYTES};
+use crate::rpc::error::ApiError;
 use crate::rpc::validate;
 
 /// Most subscriptions one event reaches (its jobs are one submission).
@@ -123,6 +126,108 @@ pub fn fan_out(
         scheduled,
         deliveries,
     })
+}
+
+/// What a `POST /v1/events` body carries.
+#[derive(Debug)]
+pub enum Publishing {
+    /// One event (the body is the event).
+    One(NewEvent),
+    /// A batch (`{"events": [...]}`): 1 to [`MAX_EVENTS_PER_REQUEST`] events.
+    Batch(Vec<NewEvent>),
+}
+
+impl Publishing {
+    /// Reads a `POST /v1/events` body, naming a bad field as the body does (`events[3].bucket`
+    /// in a batch).
+    pub fn read(body: &[u8]) -> Result<Publishing, ApiError> {
+        // Only the top level is looked at here: whether it has `events`.
+        #[derive(Deserialize)]
+        struct Shape<'a> {
+            #[serde(borrow, default)]
+            events: Option<&'a RawValue>,
+        }
+        let batch = serde_json::from_slice::<Shape>(body).is_ok_and(|s| s.events.is_some());
+        if !batch {
+            return Ok(Publishing::One(crate::rpc::parse_json(body)?));
+        }
+        let EventBatch { events } = crate::rpc::parse_json(body)?;
+        if events.is_empty() || events.len() > MAX_EVENTS_PER_REQUEST {
+            return Err(ApiError::InvalidField(FieldError::new(
+                "events",
+                format!(
+                    "holds {} events; a batch holds 1 to {MAX_EVENTS_PER_REQUEST}",
+                    events.len()
+                ),
+            )));
+        }
+        Ok(Publishing::Batch(events))
+    }
+
+    /// Its events, in order.
+    pub fn events(&self) -> &[NewEvent] {
+        match self {
+            Publishing::One(event) => std::slice::from_ref(event),
+            Publishing::Batch(events) => events,
+        }
+    }
+
+    /// Makes each event's jobs ([`fan_out`]), all of them one submission: a bad event refuses
+    /// the whole request (a field of a batch's event `i` is named `events[i].…`), and so does
+    /// a batch whose events make more than [`MAX_JOBS_PER_EVENT_BATCH`] jobs between them.
+    /// `event_id` mints each event's id.
+    #[allow(clippy::too_many_arguments)]
+    pub fn fan_out(
+        self,
+        index: &Index,
+        limits: &IntakeLimits,
+        now: DateTime<Utc>,
+        skew: chrono::Duration,
+        mut event_id: impl FnMut() -> Ulid,
+        mut next_id: impl FnMut() -> JobId,
+    ) -> Result<PublishedBatch, FieldError> {
+        let (events, batch) = match self {
+            Publishing::One(event) => (vec![event], false),
+            Publishing::Batch(events) => (events, true),
+        };
+        let mut out = PublishedBatch::default();
+        for (i, event) in events.into_iter().enumerate() {
+            let one = fan_out(event, index, limits, now, skew, event_id(), &mut next_id).map_err(
+                |mut e| {
+                    if batch {
+                        e.field = format!("events[{i}].{}", e.field);
+                    }
+                    e
+                },
+            )?;
+            if out.jobs.len() + one.jobs.len() > MAX_JOBS_PER_EVENT_BATCH {
+                return Err(FieldError::too_large(
+                    "events",
+                    format!(
+                        "its events make more than {MAX_JOBS_PER_EVENT_BATCH} jobs between them; \
+                         send fewer at a time"
+                    ),
+                ));
+            }
+            let id = (!one.jobs.is_empty()).then_some(one.event_id);
+            out.jobs.extend(one.jobs);
+            out.scheduled.extend(one.scheduled);
+            out.events.push((id, one.deliveries));
+        }
+        Ok(out)
+    }
+}
+
+/// A publish's events made into jobs: one submission, so committed together or not at all.
+#[derive(Debug, Default)]
+pub struct PublishedBatch {
+    /// Every event's jobs, event after event.
+    pub jobs: Vec<Arc<Job>>,
+    /// Their first attempt times, when `deliver_at` is ahead (in the order of `jobs`).
+    pub scheduled: Scheduled,
+    /// Per event, in order: its id when it made a job (one matching nothing stores nothing
+    /// and is named by nothing), and its jobs.
+    pub events: Vec<(Option<Ulid>, Vec<EventDelivery>)>,
 }
 
 /// A back-fill's jobs for one subscription, ready for the writer (after the JobDB's own

@@ -8,10 +8,11 @@
 
 pub use spindle_client::api::{
     AcceptedJob, BackfillReply, BackfillRequest, BackfilledEvent, EndpointHealth, EndpointsView,
-    ErrorBody, ErrorDetail, EventDelivery, EventLink, EventView, JobDescription, JobStatus,
-    JobView, NewEvent, NewJob, NewSubscription, OrderingFailure, PastEvent, PayloadFilter,
-    PublishReply, SubmitReply, SubmitRequest, SubscriptionList, SubscriptionPatch,
-    SubscriptionView, TransitionView, MAX_JOBS_PER_REQUEST,
+    ErrorBody, ErrorDetail, EventBatch, EventDelivery, EventLink, EventView, JobDescription,
+    JobStatus, JobView, NewEvent, NewJob, NewSubscription, OrderingFailure, PastEvent,
+    PayloadFilter, PublishBatchReply, PublishReply, SubmitReply, SubmitRequest, SubscriptionList,
+    SubscriptionPatch, SubscriptionView, TransitionView, MAX_EVENTS_PER_REQUEST,
+    MAX_JOBS_PER_EVENT_BATCH, MAX_JOBS_PER_REQUEST,
 };
 
 pub use super::validate::{

@@ -57,7 +57,11 @@ use super::import::{self, ImportRequest, ImportResponse};
         import::ImportResponse,
         api::EventLink,
         api::NewEvent,
+        api::EventBatch,
+        PublishBody,
         api::PublishReply,
+        api::PublishBatchReply,
+        PublishAnswer,
         api::EventView,
         api::EventDelivery,
         api::NewSubscription,
@@ -186,21 +190,38 @@ fn endpoints() {}
 )]
 fn import_jobs() {}
 
-/// Publish an event: one job per matching subscription of its bucket (exact type, prefix
-/// wildcard, payload filter), all persisted in one transaction before the answer. Through a
-/// router, a repeated `idempotency_key` (within the dedup window) stores nothing and answers
-/// the first event, `duplicate: true`.
+/// `POST /v1/events` body: one event, or a batch of events.
+#[derive(serde::Serialize, utoipa::ToSchema)]
+#[serde(untagged)]
+enum PublishBody {
+    One(api::NewEvent),
+    Batch(api::EventBatch),
+}
+
+/// `POST /v1/events` answer: one event's, or a batch's.
+#[derive(serde::Serialize, utoipa::ToSchema)]
+#[serde(untagged)]
+enum PublishAnswer {
+    One(api::PublishReply),
+    Batch(api::PublishBatchReply),
+}
+
+/// Publish an event, or a batch of 1 to 1,000 (`{"events": [...]}`, Directors only): one job
+/// per matching subscription of its bucket (exact type, prefix wildcard, payload filter), all
+/// of the request's jobs persisted in one transaction before the answer. Through a router, a
+/// repeated `idempotency_key` (within the dedup window) stores nothing and answers the first
+/// event, `duplicate: true`.
 #[utoipa::path(
     post,
     path = "/v1/events",
-    request_body = api::NewEvent,
+    request_body = PublishBody,
     responses(
-        (status = 202, description = "The event's jobs are persisted (none when no subscription matched)", body = api::PublishReply),
+        (status = 202, description = "The events' jobs are persisted (none for an event no subscription matched); a batch is answered per event, in order", body = PublishAnswer),
         (status = 400, description = "Malformed JSON, or unknown or missing field", body = api::ErrorBody),
         (status = 401, description = "Missing or invalid bearer token", body = api::ErrorBody),
         (status = 403, description = "The token may not publish to the bucket; nothing stored", body = api::ErrorBody),
-        (status = 413, description = "Body or payload too large", body = api::ErrorBody),
-        (status = 422, description = "A field has an invalid value", body = api::ErrorBody),
+        (status = 413, description = "Body or payload too large, or a batch's events make more than 10,000 jobs", body = api::ErrorBody),
+        (status = 422, description = "A field has an invalid value (in a batch, named `events[i].…`), or a batch holds no event or more than 1,000, or (router) a batch; nothing stored", body = api::ErrorBody),
         (status = 429, description = "The token is over its request rate; nothing stored", body = api::ErrorBody),
         (status = 503, description = "No control database, JobDB unavailable, Director stopping, or (router) another publish of the key still being stored; nothing stored", body = api::ErrorBody),
         (status = 504, description = "The jobs were being written when the write timeout ran out: they may or may not be stored; publish again with the same idempotency key", body = api::ErrorBody)

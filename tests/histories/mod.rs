@@ -5,6 +5,7 @@
 
 pub mod check;
 pub mod endpoint;
+pub mod events;
 pub mod ops;
 pub mod producers;
 pub mod record;
@@ -68,7 +69,7 @@ pub async fn run(world: World, plan: Plan, name: &str) -> Vec<Violation> {
     let mut rng = StdRng::seed_from_u64(plan.seed);
     let events = world.control.is_some();
     if events {
-        ops::subscribe(&world).await;
+        events::subscribe(&world).await;
     }
     let kinds = ops::Kinds {
         cluster,
@@ -96,7 +97,12 @@ pub async fn run(world: World, plan: Plan, name: &str) -> Vec<Violation> {
     }
     tasks.spawn(producers::readiness(world.clone(), rec.clone(), until));
     if events {
-        tasks.spawn(ops::publisher(plan.seed, world.clone(), rec.clone(), until));
+        tasks.spawn(events::publisher(
+            plan.seed,
+            world.clone(),
+            rec.clone(),
+            until,
+        ));
     }
     tasks.spawn(ops::run_schedule(
         world.clone(),
@@ -145,8 +151,8 @@ pub async fn run(world: World, plan: Plan, name: &str) -> Vec<Violation> {
         .faults()
         .set_latency(Duration::ZERO);
     if events {
-        rec.op(ops::ENABLES.into());
-        ops::set_created_enabled(&world, true).await;
+        rec.op(events::ENABLES.into());
+        events::set_created_enabled(&world, true).await;
     }
     let consul = world.consul.double.as_ref().unwrap().url();
     for lane in ops::LANES {

@@ -164,7 +164,7 @@ pub struct World {
     pub remembered: std::sync::Mutex<Remembered>,
 }
 
-/// The subscriptions of bucket [`crate::histories::ops::EVENT_BUCKET`]: `all` takes
+/// The subscriptions of bucket [`crate::histories::events::EVENT_BUCKET`]: `all` takes
 /// every event type (lane a), `created` only `hist.created` (lane b) and is the one an
 /// operation disables for a while.
 pub struct Subscribed {
@@ -591,7 +591,7 @@ fn director_flags() -> Vec<String> {
         "--breaker-probe-max-ms",
         "2000",
         "--max-payload-bytes",
-        &super::ops::DIRECTOR_MAX_PAYLOAD.to_string(),
+        &super::events::DIRECTOR_MAX_PAYLOAD.to_string(),
         // A commit held back by the proxy fails within 2 s: the commit faults hold longer.
         "--write-timeout-ms",
         "2000",

@@ -230,6 +230,35 @@ pub struct PublishReply {
     pub duplicate: bool,
 }
 
+/// Most events one `POST /v1/events` carries.
+pub const MAX_EVENTS_PER_REQUEST: usize = 1000;
+
+/// Most jobs one request's events make between them (each event makes one per matching
+/// subscription); all of them are committed in one transaction.
+pub const MAX_JOBS_PER_EVENT_BATCH: usize = 10_000;
+
+/// `POST /v1/events` body for a batch: 1 to [`MAX_EVENTS_PER_REQUEST`] events, whose jobs are
+/// all committed in one transaction, or none of them.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+#[serde(deny_unknown_fields)]
+pub struct EventBatch {
+    /// The events, each as `POST /v1/events` takes one.
+    pub events: Vec<NewEvent>,
+}
+
+/// `POST /v1/events` answer to a batch: per event, in the request's order, what a publish of
+/// it alone answers. Every job was committed in one transaction before this answer.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+pub struct PublishBatchReply {
+    /// The JobDB transaction that stored the jobs (absent when no event matched anything).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub transaction_id: Option<String>,
+    /// One answer per event.
+    pub events: Vec<PublishReply>,
+}
+
 /// `GET /v1/events/{id}` answer: an event as the JobDB of the Director asked holds it.
 #[derive(Clone, Debug, Serialize, Deserialize)]
 #[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]

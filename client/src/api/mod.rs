@@ -10,9 +10,10 @@ mod events;
 mod import;
 
 pub use events::{
-    BackfillReply, BackfillRequest, BackfilledEvent, EventDelivery, EventLink, EventView, NewEvent,
-    NewSubscription, PastEvent, PayloadFilter, PublishReply, SubscriptionList, SubscriptionPatch,
-    SubscriptionView, MAX_SUBSCRIPTIONS_PER_PAGE,
+    BackfillReply, BackfillRequest, BackfilledEvent, EventBatch, EventDelivery, EventLink,
+    EventView, NewEvent, NewSubscription, PastEvent, PayloadFilter, PublishBatchReply,
+    PublishReply, SubscriptionList, SubscriptionPatch, SubscriptionView, MAX_EVENTS_PER_REQUEST,
+    MAX_JOBS_PER_EVENT_BATCH, MAX_SUBSCRIPTIONS_PER_PAGE,
 };
 pub use import::{BlockedKey, ImportJob, ImportRequest, ImportResponse};
 

@@ -48,7 +48,7 @@ pub struct BenchArgs {
     /// Jobs to submit (and measure).
     #[arg(long, default_value_t = 100_000)]
     pub jobs: usize,
-    /// Jobs per request.
+    /// Jobs per request (with `--events`: events per request, 1 to 1000).
     #[arg(long, default_value_t = 100)]
     pub batch: usize,
     /// Concurrent producers.
@@ -88,7 +88,7 @@ pub struct BenchArgs {
     pub ordering_keys: usize,
     /// Publish events instead of submitting jobs (straight to the Director, which gets a
     /// control database): each event matches every one of `--subscribers` subscriptions, so
-    /// `--jobs` jobs are `--jobs / --subscribers` events, one per request.
+    /// `--jobs` jobs are `--jobs / --subscribers` events, `--batch` per request.
     #[arg(long, conflicts_with_all = ["via_router", "ordering_keys", "generator"])]
     pub events: bool,
     /// With `--events`: subscriptions per event.
@@ -221,6 +221,10 @@ pub async fn run(args: BenchArgs) -> anyhow::Result<()> {
         !args.events || (1..=1000).contains(&args.subscribers),
         "--subscribers must be 1 to 1000"
     );
+    anyhow::ensure!(
+        !args.events || (1..=1000).contains(&args.batch),
+        "--batch must be 1 to 1000 events with --events"
+    );
     let tag = ulid::Ulid::new().to_string().to_lowercase();
     let sink = Sink::start_counting("127.0.0.1:0".parse()?).await?;
     let topology = if args.via_router {
@@ -259,8 +263,8 @@ fn print(report: &BenchReport) -> anyhow::Result<()> {
     );
     if let Some(events) = report.jobs.checked_div(report.subscribers) {
         println!(
-            "events          {events} × {} subscribers = {} jobs, one event per request",
-            report.subscribers, report.jobs
+            "events          {events} × {} subscribers = {} jobs, {} events per request",
+            report.subscribers, report.jobs, report.batch
         );
     }
     println!("accepted        {:>10.0} jobs/s", report.accepted_per_sec);
@@ -419,14 +423,21 @@ async fn others(
     Ok(())
 }
 
-/// One `POST /v1/events` body per event, encoded ahead.
+/// The `POST /v1/events` bodies, encoded ahead: one event each, or batches of `--batch`.
 fn event_bodies(args: &BenchArgs, events: usize) -> Vec<bytes::Bytes> {
     let payload = "x".repeat(args.payload_bytes.saturating_sub(12));
-    (0..events)
-        .map(|n| {
-            let event = json!({"bucket": "bench-events", "event_type": "bench.created",
-                               "payload": {"n": n, "data": payload}});
-            bytes::Bytes::from(event.to_string())
+    let event = |n: usize| {
+        json!({"bucket": "bench-events", "event_type": "bench.created",
+               "payload": {"n": n, "data": payload}})
+    };
+    let all: Vec<usize> = (0..events).collect();
+    all.chunks(args.batch.max(1))
+        .map(|chunk| {
+            let body = match chunk {
+                [n] => event(*n),
+                _ => json!({"events": chunk.iter().map(|n| event(*n)).collect::<Vec<_>>()}),
+            };
+            bytes::Bytes::from(body.to_string())
         })
         .collect()
 }

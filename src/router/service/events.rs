@@ -20,7 +20,7 @@ use axum::response::{IntoResponse, Response};
 use axum::Json;
 use bytes::Bytes;
 use chrono::{DateTime, Utc};
-use spindle_client::{EventView, NewEvent, PublishReply};
+use spindle_client::{EventView, PublishReply};
 
 use super::claims::{claim, settle_claims, Holds, Keyed};
 use super::forward::{forward, Group};
@@ -38,7 +38,16 @@ pub(super) async fn publish_event(
 ) -> Result<Response, ApiError> {
     let (caller, body) = shared.intake(&headers, body)?;
     let subscriptions = crate::events::configured(&shared.settings.subscriptions)?;
-    let event: NewEvent = crate::rpc::parse_json(&body)?;
+    let event = match crate::events::publish::Publishing::read(&body)? {
+        crate::events::publish::Publishing::One(event) => event,
+        crate::events::publish::Publishing::Batch(_) => {
+            return Err(ApiError::InvalidField(FieldError::new(
+                "events",
+                "a router publishes one event per request (each claims its own key); send \
+                 batches of events straight to a Director",
+            )))
+        }
+    };
     crate::rpc::check_publisher(caller.as_ref(), &event.bucket)?;
     let (bucket, key) = (event.bucket.clone(), event.idempotency_key.clone());
     let event_id = shared.next_id().0;

@@ -9,7 +9,7 @@ use chrono::{DateTime, Duration, Utc};
 use spindle::job::JobId;
 
 use super::{v, Inputs, Tally};
-use crate::histories::ops;
+use crate::histories::events;
 use crate::histories::record::{Outcome, Violation};
 
 /// Events: every stored event has exactly the jobs its type fans out to, one per
@@ -27,7 +27,7 @@ pub(super) fn events(i: &Inputs, out: &mut Vec<Violation>, tally: &mut Tally) {
     tally.events = by_event.len();
     tally.event_jobs = by_event.values().map(Vec::len).sum();
     for (event, jobs) in &by_event {
-        let expected = ops::fan_out(&jobs[0].1.event_type);
+        let expected = events::fan_out(&jobs[0].1.event_type);
         let subscriptions: HashSet<ulid::Ulid> = jobs.iter().map(|(_, e)| e.subscription).collect();
         if jobs.len() != expected || subscriptions.len() != expected {
             v(
@@ -89,9 +89,9 @@ pub(super) fn events(i: &Inputs, out: &mut Vec<Violation>, tally: &mut Tally) {
     let mut windows: Vec<(DateTime<Utc>, DateTime<Utc>)> = Vec::new();
     let mut from: Option<DateTime<Utc>> = None;
     for (t, op) in &i.log.ops {
-        if op == ops::DISABLES {
+        if op == events::DISABLES {
             from = Some(*t);
-        } else if op == ops::ENABLES {
+        } else if op == events::ENABLES {
             if let Some(f) = from.take() {
                 windows.push((f, *t));
             }
@@ -133,12 +133,12 @@ pub(super) fn events(i: &Inputs, out: &mut Vec<Violation>, tally: &mut Tally) {
     }
 }
 
-/// The `created` subscription caps its URL (lane b) at [`ops::CREATED_PER_SECOND`]
+/// The `created` subscription caps its URL (lane b) at [`events::CREATED_PER_SECOND`]
 /// requests a second per Director: no second holds more than a burst and a second's worth per
 /// Director, away from the times a Director was down (a new limiter starts with a full burst)
 /// (`subscription-cap`).
 fn capped(i: &Inputs, out: &mut Vec<Violation>) {
-    let rate = ops::CREATED_PER_SECOND;
+    let rate = events::CREATED_PER_SECOND;
     let allowed = (2.0 * rate * i.directors as f64).ceil() as usize;
     let mut at: Vec<DateTime<Utc>> = i
         .arrivals
