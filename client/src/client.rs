@@ -265,6 +265,14 @@ impl Client {
         self.post_encoded(&["v1", "events"], body.into()).await
     }
 
+    /// `POST /v1/events` with a body already encoded as a [`crate::EventBatch`].
+    pub async fn publish_batch_encoded(
+        &self,
+        body: impl Into<Bytes>,
+    ) -> Result<PublishBatchReply, Error> {
+        self.post_encoded(&["v1", "events"], body.into()).await
+    }
+
     /// `POST /v1/subscriptions`: stores a subscription; the answer shows its secret, once.
     pub async fn add_subscription(
         &self,

@@ -135,6 +135,27 @@ async fn an_event_is_published_once_through_router_crashes() {
         );
         answers.entry(key).or_default().push(reply);
     }
+    // Its metrics count events apart from jobs: ten stored with their 25 jobs, five repeats.
+    let text = metrics_text(&cluster.client, &cluster.router_base()).await;
+    let events = |result: &str| {
+        metric_value(
+            &text,
+            &format!("spindle_router_events_total{{result=\"{result}\"}}"),
+        )
+    };
+    assert!(
+        events("stored") >= 10.0 && events("stored") + events("duplicate") >= 15.0,
+        "{text}"
+    );
+    assert!(
+        metric_value(&text, "spindle_router_event_jobs_total") >= 25.0,
+        "{text}"
+    );
+    assert_eq!(
+        metric_value(&text, "spindle_router_jobs_total{status=\"accepted\"}"),
+        0.0,
+        "an event's jobs are not submitted jobs"
+    );
 
     // A router that crashes after storing (before confirming), and one that crashes after
     // claiming (before forwarding): the retry through the cluster's router settles both.

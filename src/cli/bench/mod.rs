@@ -433,8 +433,8 @@ fn event_bodies(args: &BenchArgs, events: usize) -> Vec<bytes::Bytes> {
     let all: Vec<usize> = (0..events).collect();
     all.chunks(args.batch.max(1))
         .map(|chunk| {
-            let body = match chunk {
-                [n] => event(*n),
+            let body = match (args.batch, chunk) {
+                (1, [n]) => event(*n),
                 _ => json!({"events": chunk.iter().map(|n| event(*n)).collect::<Vec<_>>()}),
             };
             bytes::Bytes::from(body.to_string())
@@ -459,7 +459,7 @@ async fn produce(
             .no_timeout()
             .build()?;
         let (bodies, next) = (bodies.clone(), next.clone());
-        let events = args.events;
+        let (events, batch) = (args.events, args.batch);
         producers.push(tokio::spawn(async move {
             let mut latencies = Vec::new();
             loop {
@@ -468,9 +468,13 @@ async fn produce(
                     return Ok::<_, anyhow::Error>(latencies);
                 }
                 let t = Instant::now();
-                match events {
-                    true => client.publish_encoded(bodies[i].clone()).await.map(|_| ()),
-                    false => client.submit_encoded(bodies[i].clone()).await.map(|_| ()),
+                match (events, batch) {
+                    (true, 1) => client.publish_encoded(bodies[i].clone()).await.map(|_| ()),
+                    (true, _) => client
+                        .publish_batch_encoded(bodies[i].clone())
+                        .await
+                        .map(|_| ()),
+                    (false, _) => client.submit_encoded(bodies[i].clone()).await.map(|_| ()),
                 }
                 .context("submit")?;
                 latencies.push(t.elapsed());

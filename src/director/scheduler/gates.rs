@@ -411,9 +411,6 @@ impl Gates {
     }
 }
 
-/// A control's request rate as (requests per second, quota), if it sets a usable one: a burst
-/// of at most one second's worth (at least one request). Rates that are not finite and
-/// positive, or too small or large to express, mean no limit.
 /// A token of `limiter`, or the instant one is due (never `now`: a lane told to wait for
 /// nothing would be picked again at once).
 fn token(limiter: &DefaultDirectRateLimiter, now: Instant) -> Result<(), Instant> {
@@ -423,6 +420,9 @@ fn token(limiter: &DefaultDirectRateLimiter, now: Instant) -> Result<(), Instant
     })
 }
 
+/// A control's request rate as (requests per second, quota), if it sets a usable one: a burst
+/// of at most one second's worth (at least one request). Rates that are not finite and
+/// positive, or too small or large to express, mean no limit.
 fn rate_limit(control: &EndpointControl) -> Option<(f64, Quota)> {
     let per_second = control
         .max_per_second

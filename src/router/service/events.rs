@@ -63,6 +63,7 @@ pub(super) async fn publish_event(
         || shared.next_id(),
     )?;
     if published.jobs.is_empty() {
+        shared.metrics.event("unmatched", 0);
         return Ok(reply(None, Vec::new(), false));
     }
 
@@ -74,6 +75,7 @@ pub(super) async fn publish_event(
     if let Some(c) = claim_of {
         match claim(&shared, &[c], Holds::Events).await?.pop() {
             Some(Keyed::Duplicate(owner)) => {
+                shared.metrics.event("duplicate", 0);
                 let deliveries = find_event(&shared, owner)
                     .await
                     .map(|e| e.deliveries)
@@ -118,6 +120,7 @@ pub(super) async fn publish_event(
     match sent {
         Sent::Stored => {
             crash_at("stored", key.as_deref());
+            shared.metrics.event("stored", published.deliveries.len());
             settle_claims(&shared, &claims, &[]).await;
             Ok(reply(
                 Some(event_id.to_string()),
@@ -126,12 +129,14 @@ pub(super) async fn publish_event(
             ))
         }
         Sent::Refused(why) => {
+            shared.metrics.event("refused", 0);
             settle_claims(&shared, &[], &claims).await;
             Err(ApiError::Unavailable(format!("nothing was stored: {why}")))
         }
         Sent::Invalid(why, status) => {
             // The last Director tried refused the event's jobs for their content (a limit of
             // its own below the router's; the others refused too): a retry cannot help.
+            shared.metrics.event("invalid", 0);
             settle_claims(&shared, &[], &claims).await;
             let message = format!("was refused for its content, nothing was stored: {why}");
             Err(ApiError::InvalidField(match status {
@@ -139,10 +144,13 @@ pub(super) async fn publish_event(
                 _ => FieldError::new("event", message),
             }))
         }
-        Sent::Unknown(why) => Err(ApiError::OutcomeUnknown(format!(
-            "the event's jobs may or may not be stored ({why}); publish again with the same \
+        Sent::Unknown(why) => {
+            shared.metrics.event("unknown", 0);
+            Err(ApiError::OutcomeUnknown(format!(
+                "the event's jobs may or may not be stored ({why}); publish again with the same \
              idempotency key"
-        ))),
+            )))
+        }
     }
 }
 

@@ -21,10 +21,18 @@ struct ForwardLabels {
     outcome: &'static str,
 }
 
+/// Label set of a published event's result.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct ResultLabels {
+    result: &'static str,
+}
+
 /// The router's metrics (`spindle_router_*`).
 pub(super) struct RouterMetrics {
     registry: Registry,
     jobs: Family<StatusLabels, Counter>,
+    events: Family<ResultLabels, Counter>,
+    event_jobs: Counter,
     forwards: Family<ForwardLabels, Counter>,
     pub(super) claim_seconds: Histogram,
     pub(super) dedup_lost: Counter,
@@ -37,6 +45,19 @@ impl RouterMetrics {
         let mut registry = Registry::with_prefix("spindle_router");
         let jobs = Family::<StatusLabels, Counter>::default();
         registry.register("jobs", "Submitted jobs by result", jobs.clone());
+        let events = Family::<ResultLabels, Counter>::default();
+        registry.register(
+            "events",
+            "Published events by result (stored, duplicate, unmatched, refused, invalid, \
+             unknown); their jobs are not counted in jobs",
+            events.clone(),
+        );
+        let event_jobs = Counter::default();
+        registry.register(
+            "event_jobs",
+            "Jobs of published events that were stored (one per matching subscription)",
+            event_jobs.clone(),
+        );
         let forwards = Family::<ForwardLabels, Counter>::default();
         registry.register(
             "forwards",
@@ -70,6 +91,8 @@ impl RouterMetrics {
         RouterMetrics {
             registry,
             jobs,
+            events,
+            event_jobs,
             forwards,
             claim_seconds,
             dedup_lost,
@@ -86,6 +109,12 @@ impl RouterMetrics {
             JobStatus::Failed => "failed",
         };
         self.jobs.get_or_create(&StatusLabels { status }).inc();
+    }
+
+    /// A published event's result, and how many jobs it stored.
+    pub(super) fn event(&self, result: &'static str, jobs: usize) {
+        self.events.get_or_create(&ResultLabels { result }).inc();
+        self.event_jobs.inc_by(jobs as u64);
     }
 
     pub(super) fn forward(&self, outcome: &'static str) {
