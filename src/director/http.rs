@@ -286,17 +286,16 @@ async fn publish_event(
             duplicate: false,
         })
         .collect();
-    Ok(match (batch, replies.pop()) {
-        (false, Some(reply)) => (StatusCode::ACCEPTED, Json(reply)).into_response(),
-        (_, last) => {
-            replies.extend(last);
-            let reply = api::PublishBatchReply {
-                transaction_id: transaction,
-                events: replies,
-            };
-            (StatusCode::ACCEPTED, Json(reply)).into_response()
+    if !batch {
+        if let Some(one) = replies.pop() {
+            return Ok((StatusCode::ACCEPTED, Json(one)).into_response());
         }
-    })
+    }
+    let reply = api::PublishBatchReply {
+        transaction_id: transaction,
+        events: replies,
+    };
+    Ok((StatusCode::ACCEPTED, Json(reply)).into_response())
 }
 
 /// Submit jobs. The whole batch is persisted in one transaction before the answer.
