@@ -199,6 +199,32 @@ impl<R: Recorder> Archiver<R> {
         })
     }
 
+    /// Archives the events kept in the JobDB without a job (a drained JobDB's, before it is
+    /// dropped), [`MAX_BATCH_JOBS`] per object. Nothing is planned or confirmed: the events
+    /// no longer change once their JobDB is drained, so writing them again (after a crash)
+    /// writes the same objects. Returns how many were archived.
+    pub async fn archive_kept_events(
+        &self,
+        stop: &CancellationToken,
+    ) -> Result<usize, ArchiverError> {
+        let (mut after, mut archived) = (None, 0);
+        loop {
+            let page = self.db.kept_events(after, MAX_BATCH_JOBS).await?;
+            let Some(last) = page.last() else {
+                return Ok(archived);
+            };
+            after = Some(last.id);
+            let events = page
+                .iter()
+                .filter_map(|e| crate::events::publish::kept_to_wire(e).ok())
+                .collect::<Vec<_>>();
+            let name = self.db.name();
+            self.until_stored(last.id, stop, || self.archive.put_events(name, &events))
+                .await?;
+            archived += events.len();
+        }
+    }
+
     /// Puts the batch until S3 confirms it, backing off on failures, or until `stop`.
     async fn upload(
         &self,
@@ -206,17 +232,28 @@ impl<R: Recorder> Archiver<R> {
         records: &[ArchivedJob],
         stop: &CancellationToken,
     ) -> Result<Manifest, ArchiverError> {
+        let name = self.db.name();
+        self.until_stored(batch.batch, stop, || {
+            self.archive
+                .put_batch(name, batch.kind, batch.batch, records)
+        })
+        .await
+    }
+
+    /// Runs `put` until it succeeds, backing off on failures, or until `stop`.
+    async fn until_stored<T, F: std::future::Future<Output = Result<T, ArchiveError>>>(
+        &self,
+        batch: Ulid,
+        stop: &CancellationToken,
+        put: impl Fn() -> F,
+    ) -> Result<T, ArchiverError> {
         let mut pause = Duration::from_millis(200);
         loop {
-            match self
-                .archive
-                .put_batch(self.db.name(), batch.kind, batch.batch, records)
-                .await
-            {
-                Ok(manifest) => return Ok(manifest),
+            match put().await {
+                Ok(done) => return Ok(done),
                 Err(e) => {
                     self.metrics.archive_failures.inc();
-                    log_failure(&e, batch.batch, pause);
+                    log_failure(&e, batch, pause);
                 }
             }
             tokio::select! {

@@ -141,6 +141,23 @@ pub struct EventLink {
     pub subscription: Ulid,
 }
 
+/// An event kept without a job: one that matched no subscription when it was published. Its
+/// `events` row holds the envelope (`{"type", "timestamp", "data"}`) no job carries, so the
+/// event keeps its id and a subscription added later can be back-filled with it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct EventRecord {
+    /// The event.
+    pub id: Ulid,
+    /// Its bucket.
+    pub bucket: Arc<str>,
+    /// Its type.
+    pub event_type: Arc<str>,
+    /// When it was published.
+    pub created_at: DateTime<Utc>,
+    /// Its envelope, as a job of it would carry it.
+    pub envelope: Bytes,
+}
+
 impl EventLink {
     /// Its wire form (job views, imports, the archive).
     pub fn to_wire(&self) -> spindle_client::EventLink {

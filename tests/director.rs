@@ -601,6 +601,7 @@ async fn a_forward_tried_again_stores_each_job_once(engine: Engine) {
         from_jobdb: None,
         not_after: Some(chrono::Utc::now() + chrono::Duration::seconds(30)),
         blocked_keys: Vec::new(),
+        events: Vec::new(),
         jobs: ids.iter().map(|id| job(*id)).collect(),
     };
     let api = rig.api();

@@ -189,11 +189,13 @@ async fn events_reach_every_matching_subscription(engine: Engine) {
         .publish(&event("nobody", "x", json!(null)))
         .await
         .unwrap();
-    assert!(
-        nobody.deliveries.is_empty()
-            && nobody.transaction_id.is_none()
-            && nobody.event_id.is_none()
-    );
+    // Kept all the same: it has an id, and its JobDB knows it (with no job).
+    assert!(nobody.deliveries.is_empty() && nobody.transaction_id.is_some());
+    let kept = api
+        .event(nobody.event_id.as_deref().expect("a kept event has an id"))
+        .await
+        .unwrap();
+    assert!(kept.deliveries.is_empty() && kept.bucket == "nobody");
     // Bad events: 422 naming the field, nothing stored.
     for (bad, field) in [
         (event("acme", "bad type", json!(1)), "event_type"),
@@ -364,6 +366,7 @@ async fn a_batch_of_events_is_one_transaction(engine: Engine) {
     let reply = api.publish_batch(&batch).await.unwrap();
     assert_eq!(reply.events.len(), 1000);
     let mut jobs = 0;
+    let mut ids = std::collections::HashSet::new();
     for (n, (sent, answer)) in batch.iter().zip(&reply.events).enumerate() {
         let want = match sent.event_type.as_str() {
             "order.paid" if sent.bucket == "shop" => 2,
@@ -371,13 +374,16 @@ async fn a_batch_of_events_is_one_transaction(engine: Engine) {
             _ => 0,
         };
         assert_eq!(answer.deliveries.len(), want, "event {n}: {answer:?}");
-        assert_eq!(answer.event_id.is_some(), want > 0, "event {n}");
-        assert_eq!(
-            answer.transaction_id.as_ref(),
-            reply.transaction_id.as_ref().filter(|_| want > 0)
-        );
+        // An event that makes no job is kept all the same, in the same transaction.
+        let id = answer.event_id.clone().expect("every event has an id");
+        assert!(ids.insert(id), "event {n}: a new id");
+        assert!(answer.transaction_id.is_some());
+        assert_eq!(answer.transaction_id, reply.transaction_id);
         jobs += want;
     }
+    let nobody = reply.events[9].event_id.as_deref().unwrap();
+    let kept = api.event(nobody).await.unwrap();
+    assert!(kept.deliveries.is_empty() && kept.bucket == "nobody");
     assert_eq!(
         rig.reader.count_jobs().await.unwrap(),
         jobs as u64,
@@ -467,7 +473,8 @@ fn backfill(args: &[&str]) -> String {
 /// Events published before a subscription existed reach it by a back-fill, from the JobDB and
 /// from the S3 archive (moto), each once, with the event's own id and timestamp, signed with
 /// the new subscription's secret; the types and filter it was made with decide; a second
-/// back-fill sends nothing again.
+/// back-fill sends nothing again. Events no subscription wanted when they were published
+/// (a type's first subscriber) are kept and back-filled too.
 async fn a_later_subscription_is_backfilled_from_the_jobdb_and_from_s3(engine: Engine) {
     use common::s3::{ArchiveStore, Backend};
     let store = ArchiveStore::start(Backend::S3, "backfill").await;
@@ -491,11 +498,11 @@ async fn a_later_subscription_is_backfilled_from_the_jobdb_and_from_s3(engine: E
     api.add_subscription(&early).await.unwrap();
     let since = chrono::Utc::now() - chrono::Duration::seconds(1);
     let mut published = HashMap::new();
-    for n in 0..6 {
-        let event_type = if n == 5 {
-            "order.refunded"
-        } else {
-            "order.paid"
+    for n in 0..9 {
+        let event_type = match n {
+            5 => "order.refunded",
+            6.. => "invoice.sent",
+            _ => "order.paid",
         };
         let tier = if n % 2 == 0 { "gold" } else { "silver" };
         let reply = api
@@ -530,10 +537,22 @@ async fn a_later_subscription_is_backfilled_from_the_jobdb_and_from_s3(engine: E
         ])
     };
     let out = from_jobdb(&paid.id);
-    assert!(out.contains("selected 6, delivered 5, skipped 1"), "{out}");
-    // Again: the five have its jobs now; the other one is still not wanted.
+    assert!(out.contains("selected 9, delivered 5, skipped 4"), "{out}");
+    // Again: the five have its jobs now; the other ones are still not wanted.
     let out = from_jobdb(&paid.id);
-    assert!(out.contains("selected 1, delivered 0, skipped 1"), "{out}");
+    assert!(out.contains("selected 4, delivered 0, skipped 4"), "{out}");
+    // The invoices made no job when published (nothing subscribed to them): kept all the
+    // same, so their first subscriber gets them.
+    let invoices = api
+        .add_subscription(&NewSubscription::new(
+            "shop",
+            rig.sink.url("/capture?s=invoices"),
+            ["invoice.*"],
+        ))
+        .await
+        .unwrap();
+    let out = from_jobdb(&invoices.id);
+    assert!(out.contains("selected 9, delivered 3, skipped 6"), "{out}");
 
     // From S3: the gold ones of every order event.
     let gold = api
@@ -612,7 +631,7 @@ async fn a_later_subscription_is_backfilled_from_the_jobdb_and_from_s3(engine: E
     assert_eq!(made, 8, "one job per event across concurrent back-fills");
 
     // Delivered once each, as the events were, signed for each subscription.
-    let expected: usize = 5 + 3;
+    let expected: usize = 5 + 3 + 3;
     wait_for(
         Duration::from_secs(20),
         "back-filled jobs delivered",
@@ -627,7 +646,7 @@ async fn a_later_subscription_is_backfilled_from_the_jobdb_and_from_s3(engine: E
     )
     .await;
     tokio::time::sleep(Duration::from_millis(300)).await;
-    let secrets: HashMap<String, SigningSecret> = [&paid, &gold]
+    let secrets: HashMap<String, SigningSecret> = [&paid, &gold, &invoices]
         .iter()
         .map(|s| (s.id.clone(), s.secret.clone().unwrap().parse().unwrap()))
         .collect();
@@ -646,6 +665,7 @@ async fn a_later_subscription_is_backfilled_from_the_jobdb_and_from_s3(engine: E
     }
     assert_eq!(got[&paid.id], vec![0, 1, 2, 3, 4]);
     assert_eq!(got[&gold.id], vec![0, 2, 4]);
+    assert_eq!(got[&invoices.id], vec![6, 7, 8]);
     rig.stop().await;
     control.stop().await;
 }

@@ -343,6 +343,7 @@ async fn a_drainer_killed_at_random_converges_without_loss_or_duplicates() {
     let life = start().await;
     let (retired, db) = life.add_jobdb("old", JobDbState::Retiring).await;
     let (live, expired) = fill_retired(&db, &life.sink, n, 10).await;
+    let kept = keep_events(&db, 2500).await;
     db.close().await;
     let (spare, _spare_db) = life.add_jobdb("new", JobDbState::Spare).await;
     let mut director = life.director("d1");
@@ -415,11 +416,48 @@ async fn a_drainer_killed_at_random_converges_without_loss_or_duplicates() {
             "{id}"
         );
     }
+    // Events kept without a job: each in the archive once (they are not moved).
+    let mut archived = Vec::new();
+    for key in life.archive().event_objects(Some(&retired)).await.unwrap() {
+        let events = life.archive().read_events(&key).await.unwrap();
+        archived.extend(events.into_iter().map(|e| e.event_id));
+    }
+    archived.sort();
+    assert_eq!(archived, kept, "every kept event archived once");
     old.close().await;
     new.close().await;
     drainer.term().await;
     director.term().await;
     life.stop().await;
+}
+
+/// Writes `n` events kept without a job (published when nothing subscribed) into `db`;
+/// returns their ids, sorted.
+async fn keep_events(db: &JobDb, n: usize) -> Vec<String> {
+    let token = db.take_ownership("test").await.unwrap();
+    let mut gen = ulid::Generator::new();
+    let events: Vec<spindle::job::EventRecord> = (0..n)
+        .map(|i| spindle::job::EventRecord {
+            id: gen.generate().unwrap(),
+            bucket: "b0".into(),
+            event_type: "x.y".into(),
+            created_at: chrono::Utc::now(),
+            envelope: format!(
+                "{{\"type\":\"x.y\",\"timestamp\":\"2026-11-29T00:00:00Z\",\"data\":{i}}}"
+            )
+            .into(),
+        })
+        .collect();
+    for chunk in events.chunks(500) {
+        let append = spindle::jobdb::Append {
+            events: chunk,
+            ..Default::default()
+        };
+        db.append_all(token, &append).await.unwrap();
+    }
+    let mut ids: Vec<String> = events.iter().map(|e| e.id.to_string()).collect();
+    ids.sort();
+    ids
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -376,6 +376,7 @@ async fn the_client_submits_looks_up_and_maps_errors() {
             from_jobdb: None,
             not_after: None,
             blocked_keys: Vec::new(),
+            events: Vec::new(),
             jobs: Vec::new(),
         })
         .await

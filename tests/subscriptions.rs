@@ -349,11 +349,10 @@ async fn an_events_job_waits_for_its_subscription_without_failing_its_url(engine
 
 /// A back-fill whose commit outlasts its request (504), and the same events sent again at
 /// once, while that commit is still under way: each event gets one job of the subscription,
-/// not two. The second request's look finds none of them (the first has not committed); the
-/// writer, looking again just before the commit that would store them, finds them all. A
-/// proxy slows every statement that carries a marker event only the first request holds (its
-/// look and one statement of its commit), so the first outlasts its write timeout and the
-/// second does not.
+/// not two: the writer, looking just before the commit that would store the second request's
+/// jobs (after the first's commit landed), finds them all. A proxy slows every statement that
+/// carries a marker event only the first request holds (the writer's look and one statement of
+/// its commit), so the first outlasts its write timeout and the second does not.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_backfill_sent_again_after_a_timeout_makes_one_job_per_event() {
     use common::sql_proxy::SqlProxy;
@@ -393,8 +392,8 @@ async fn a_backfill_sent_again_after_a_timeout_makes_one_job_per_event() {
             .chain(events.clone())
             .collect(),
     };
-    // Its look and the next statement that names the marker (the writer's look before the
-    // commit), each 1.6 s late: answered 504 at 2 s, committed at about 3.2 s.
+    // The writer's look and the next statement that names the marker (its insert), each 1.6 s
+    // late: answered 504 at 2 s, committed at about 3.2 s.
     proxy.delay_times(MARKER, Duration::from_millis(1600), 2);
     let answer = api.backfill(&late.id, &first).await;
     assert_eq!(

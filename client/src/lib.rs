@@ -54,9 +54,9 @@ mod error;
 pub use api::{
     AcceptedJob, BackfillReply, BackfillRequest, BackfilledEvent, BlockedKey, EventBatch,
     EventDelivery, EventLink, EventView, ImportJob, ImportRequest, ImportResponse, JobDescription,
-    JobState, JobStatus, JobView, NewEvent, NewJob, NewSubscription, OrderingFailure, PastEvent,
-    PayloadFilter, PublishBatchReply, PublishReply, SubmitReply, SubmitRequest, SubscriptionList,
-    SubscriptionPatch, SubscriptionView, TransitionView,
+    JobState, JobStatus, JobView, KeptEvent, NewEvent, NewJob, NewSubscription, OrderingFailure,
+    PastEvent, PayloadFilter, PublishBatchReply, PublishReply, SubmitReply, SubmitRequest,
+    SubscriptionList, SubscriptionPatch, SubscriptionView, TransitionView,
 };
 pub use client::{Client, ClientBuilder, DEFAULT_CONNECT_TIMEOUT, DEFAULT_TIMEOUT};
 pub use error::{ApiError, Error};

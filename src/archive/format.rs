@@ -349,6 +349,28 @@ pub fn encode_batch(jobs: &[ArchivedJob]) -> Result<EncodedBatch, ArchiveError> 
             .map_err(|e| ArchiveError::Rejected(format!("job {}: {e}", job.id)))?;
         ndjson.push(b'\n');
     }
+    gzip(ndjson)
+}
+
+/// Encodes a JobDB's kept events (events that made no job) as gzip NDJSON, one
+/// [`KeptEvent`](spindle_client::KeptEvent) per line (the import's wire form).
+pub fn encode_events(events: &[spindle_client::KeptEvent]) -> Result<EncodedBatch, ArchiveError> {
+    let mut ndjson = Vec::new();
+    for event in events {
+        serde_json::to_writer(&mut ndjson, event)
+            .map_err(|e| ArchiveError::Rejected(format!("event {}: {e}", event.event_id)))?;
+        ndjson.push(b'\n');
+    }
+    gzip(ndjson)
+}
+
+/// Decodes an object [`encode_events`] wrote.
+pub fn decode_events(data: &[u8]) -> Result<Vec<spindle_client::KeptEvent>, ArchiveError> {
+    gunzip_lines(data)
+}
+
+/// Gzip (mtime 0, so the same lines give the same bytes) of NDJSON, with its SHA-256.
+fn gzip(ndjson: Vec<u8>) -> Result<EncodedBatch, ArchiveError> {
     let mut encoder = flate2::GzBuilder::new()
         .mtime(0)
         .write(Vec::new(), flate2::Compression::default());
@@ -368,6 +390,11 @@ pub fn encode_batch(jobs: &[ArchivedJob]) -> Result<EncodedBatch, ArchiveError> 
 
 /// Decodes a data object written by [`encode_batch`].
 pub fn decode_batch(data: &[u8]) -> Result<Vec<ArchivedJob>, ArchiveError> {
+    gunzip_lines(data)
+}
+
+/// The records of gzip NDJSON, one per non-empty line.
+fn gunzip_lines<T: serde::de::DeserializeOwned>(data: &[u8]) -> Result<Vec<T>, ArchiveError> {
     let mut ndjson = Vec::new();
     flate2::read::GzDecoder::new(data)
         .read_to_end(&mut ndjson)
@@ -407,6 +434,27 @@ pub(super) fn normalized_prefix(prefix: &str) -> String {
 /// normalized).
 pub(super) fn object_key(prefix: &str, jobdb: &str, kind: BatchKind, batch: Ulid) -> String {
     format!("{prefix}{jobdb}/{kind}/{batch}.ndjson.gz")
+}
+
+/// Key of an object of a JobDB's kept events: `{prefix}{jobdb}/events/{first}.ndjson.gz`, named
+/// by its first event's id (`prefix` normalized).
+pub(super) fn events_key(prefix: &str, jobdb: &str, first: Ulid) -> String {
+    format!("{prefix}{jobdb}/events/{first}.ndjson.gz")
+}
+
+/// Whether `key` has the shape of [`events_key`].
+pub(super) fn is_events_key(prefix: &str, key: &str) -> bool {
+    let Some(rest) = key.strip_prefix(prefix) else {
+        return false;
+    };
+    let parts: Vec<&str> = rest.split('/').collect();
+    let [jobdb, "events", file] = parts.as_slice() else {
+        return false;
+    };
+    !jobdb.is_empty()
+        && file
+            .strip_suffix(".ndjson.gz")
+            .is_some_and(|first| Ulid::from_string(first).is_ok())
 }
 
 /// Key of a batch's manifest: `{prefix}{jobdb}/{kind}/{batch}.manifest.json` (`prefix`

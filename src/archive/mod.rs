@@ -13,6 +13,9 @@
 //! - Writing is idempotent and deterministic: the same batch id and the same jobs give the same
 //!   keys and byte-identical objects (gzip with mtime 0; the manifest's time is the batch ULID's),
 //!   so a caller that crashed between the upload and its own commit can simply write again.
+//! - A JobDB's events that made no job (kept for back-fill) are objects of their own,
+//!   `{prefix}{jobdb}/events/{first event id}.ndjson.gz`, one event (id, bucket, type, time,
+//!   envelope) per line, written by the drainer before the JobDB is dropped.
 //! - Errors are classified for the caller's retry decision: [`ArchiveError::is_transient`].
 //!   Every S3 operation is bounded by [`S3Config::timeout`], so a dead store cannot hang a drainer.
 //!
@@ -52,8 +55,8 @@ use ulid::Ulid;
 pub(crate) use format::sha256_hex;
 use format::{check_jobdb_name, normalized_prefix};
 pub use format::{
-    decode_batch, encode_batch, ArchivedJob, ArchivedTransition, BatchKind, EncodedBatch, Manifest,
-    TextEncoding,
+    decode_batch, decode_events, encode_batch, encode_events, ArchivedJob, ArchivedTransition,
+    BatchKind, EncodedBatch, Manifest, TextEncoding,
 };
 pub use s3::S3Config;
 
@@ -286,6 +289,52 @@ impl Archive {
             "archived batch"
         );
         Ok(manifest)
+    }
+
+    /// Writes kept events of `jobdb` (events that made no job there: none of them is in a
+    /// batch) as one object named by the first one's id, confirmed stored as a batch is.
+    /// Idempotent: the same events give the same key and bytes. Returns the key.
+    pub async fn put_events(
+        &self,
+        jobdb: &str,
+        events: &[spindle_client::KeptEvent],
+    ) -> Result<String, ArchiveError> {
+        check_jobdb_name(jobdb)?;
+        let first = events
+            .first()
+            .and_then(|e| e.event_id.parse::<Ulid>().ok())
+            .ok_or_else(|| ArchiveError::Rejected(format!("events of {jobdb}: none, or no id")))?;
+        let encoded = encode_events(events)?;
+        let key = format::events_key(&self.prefix, jobdb, first);
+        self.put_verified(&key, encoded.data, &encoded.sha256, "application/gzip")
+            .await?;
+        Ok(key)
+    }
+
+    /// Keys of every object of kept events (optionally of one JobDB), in key order.
+    pub async fn event_objects(&self, jobdb: Option<&str>) -> Result<Vec<String>, ArchiveError> {
+        let list_prefix = match jobdb {
+            Some(name) => {
+                check_jobdb_name(name)?;
+                format!("{}{name}/events/", self.prefix)
+            }
+            None => self.prefix.to_string(),
+        };
+        let mut keys = self.list(&list_prefix).await?;
+        keys.retain(|k| format::is_events_key(&self.prefix, k));
+        Ok(keys)
+    }
+
+    /// The kept events of one object ([`Archive::event_objects`]).
+    pub async fn read_events(
+        &self,
+        key: &str,
+    ) -> Result<Vec<spindle_client::KeptEvent>, ArchiveError> {
+        let (data, _) = self
+            .get(key)
+            .await?
+            .ok_or_else(|| ArchiveError::Rejected(format!("no object {key}")))?;
+        decode_events(&data)
     }
 
     /// PUTs an object with its SHA-256 in metadata, then HEADs it to confirm it is there whole.

@@ -1,10 +1,12 @@
 //! Back-fill: delivers a bucket's past events to a subscription added after them, read from a
 //! JobDB or from the archive, through a Director's `POST /v1/subscriptions/{id}/backfill`.
 //!
-//! Each event is read back from one of its jobs (the job's body is the event's envelope,
-//! `{"type", "timestamp", "data"}`, and its event link names the event); an event that already
-//! has a job of the subscription in the source is left out, and the Director leaves out those
-//! its own JobDB has. The subscription's types and filter decide on the Director which events
+//! A JobDB keeps every event published to it (with the envelope, `{"type", "timestamp",
+//! "data"}`, in its `events` row or in its jobs' bodies), so a bucket's first subscription can
+//! be back-filled too; the archive holds the events that made jobs (each job's body is the
+//! envelope, its event link names the event) and, in `events` objects, those that made none. An
+//! event that already has a job of the
+//! subscription in the source is left out, and the Director leaves out those its own JobDB has. The subscription's types and filter decide on the Director which events
 //! it wants. The subscriber sees the event's own id (`spindle-event-id`) and timestamp.
 
 use std::collections::{BTreeMap, HashSet};
@@ -16,7 +18,6 @@ use ulid::Ulid;
 
 use super::replay::{ReplayError, ReplaySource};
 use crate::archive::BatchKind;
-use crate::job::Job;
 
 /// Events sent per request.
 const BATCH: usize = 500;
@@ -49,7 +50,7 @@ pub struct BackfillReport {
     pub delivered: usize,
     /// Events the Director skipped (not wanted, or already given a job there).
     pub skipped: usize,
-    /// Jobs whose body is not an event envelope (left out).
+    /// Events whose envelope cannot be read (left out).
     pub unreadable: usize,
 }
 
@@ -62,21 +63,25 @@ struct Envelope {
     data: Box<serde_json::value::RawValue>,
 }
 
-/// The event a job of it carries, if its body is an envelope.
-fn past_event(job: &Job) -> Option<PastEvent> {
-    let link = job.event.as_ref()?;
-    let envelope: Envelope = serde_json::from_slice(&job.payload).ok()?;
+/// The event `id` whose envelope is `envelope`, if it is one.
+fn past_event(id: Ulid, envelope: &[u8]) -> Option<PastEvent> {
+    let envelope: Envelope = serde_json::from_slice(envelope).ok()?;
     Some(PastEvent {
-        event_id: link.event_id.to_string(),
+        event_id: id.to_string(),
         event_type: envelope.event_type,
         timestamp: envelope.timestamp,
         data: envelope.data,
     })
 }
 
-/// Queues the event a job carries, or counts it unreadable.
-fn take(job: &Job, report: &mut BackfillReport, pending: &mut Vec<PastEvent>) {
-    match past_event(job) {
+/// Queues the event `id` with its envelope, or counts it unreadable.
+fn take(
+    id: Ulid,
+    envelope: Option<&[u8]>,
+    report: &mut BackfillReport,
+    pending: &mut Vec<PastEvent>,
+) {
+    match envelope.and_then(|e| past_event(id, e)) {
         Some(event) => {
             report.selected += 1;
             pending.push(event);
@@ -111,17 +116,17 @@ pub async fn backfill(
                     )
                     .await?;
                 let Some(last) = page.last() else { break };
-                after = Some(last.id);
-                for job in &page {
-                    take(job, &mut report, &mut pending);
+                after = Some(last.0);
+                for (id, envelope) in &page {
+                    take(*id, envelope.as_deref(), &mut report, &mut pending);
                 }
                 send(&client, options, &mut pending, &mut report).await?;
             }
         }
         ReplaySource::Archive { archive, jobdb } => {
             // Every job of the bucket's events since then: one per event to send, unless one
-            // of them is already the subscription's.
-            let mut events: BTreeMap<Ulid, Job> = BTreeMap::new();
+            // of them is already the subscription's; and the events kept without a job.
+            let mut events: BTreeMap<Ulid, bytes::Bytes> = BTreeMap::new();
             let mut delivered: HashSet<Ulid> = HashSet::new();
             for manifest in archive.manifests(jobdb.as_deref()).await? {
                 for archived in archive.read_batch(&manifest.object_key).await? {
@@ -139,18 +144,32 @@ pub async fn backfill(
                     if link.subscription == options.subscription {
                         delivered.insert(link.event_id);
                     } else {
-                        events.entry(link.event_id).or_insert(job);
+                        events.entry(link.event_id).or_insert(job.payload);
                     }
                 }
             }
-            for (event, job) in &events {
+            for key in archive.event_objects(jobdb.as_deref()).await? {
+                for kept in archive.read_events(&key).await? {
+                    let Ok(id) = kept.event_id.parse::<Ulid>() else {
+                        report.unreadable += 1;
+                        continue;
+                    };
+                    if kept.bucket != options.bucket || kept.created_at < options.since {
+                        continue;
+                    }
+                    let envelope =
+                        bytes::Bytes::from(String::from(Box::<str>::from(kept.envelope)));
+                    events.entry(id).or_insert(envelope);
+                }
+            }
+            for (event, envelope) in &events {
                 if report.selected >= options.limit {
                     break;
                 }
                 if delivered.contains(event) {
                     continue;
                 }
-                take(job, &mut report, &mut pending);
+                take(*event, Some(envelope), &mut report, &mut pending);
                 if pending.len() >= BATCH {
                     send(&client, options, &mut pending, &mut report).await?;
                 }

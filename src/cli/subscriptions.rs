@@ -208,7 +208,8 @@ pub struct BackfillArgs {
     /// Where the events are read.
     #[command(flatten)]
     pub source: super::ops::SourceArgs,
-    /// The RPC API of a Director (routers do not serve back-fills).
+    /// The RPC API: a router (one job per event through any router, within its dedup window)
+    /// or a Director (one per event in its JobDB).
     #[command(flatten)]
     pub api: ApiArgs,
     /// At most this many events.

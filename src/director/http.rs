@@ -162,12 +162,15 @@ impl RpcState {
         Ok((deadline, self.caller(headers)?))
     }
 
-    /// Stores new jobs as one submission (they get their positions first) and waits for the
-    /// commit (`repeats`: which jobs it skips as stored already).
+    /// Stores new jobs as one submission (they get their positions first), with the events
+    /// `kept` without a job, and waits for the commit (`repeats`: which jobs it skips as
+    /// stored already).
+    #[allow(clippy::too_many_arguments)]
     async fn store(
         &self,
         kind: &'static str,
         jobs: &mut [Arc<crate::job::Job>],
+        kept: Vec<crate::job::EventRecord>,
         scheduled: &crate::job::Scheduled,
         repeats: Repeats,
         deadline: Instant,
@@ -179,6 +182,7 @@ impl RpcState {
         let op = WriteOp::Submit {
             cleared: self.cleared(jobs).await,
             jobs: jobs.to_vec(),
+            events: kept,
             scheduled: scheduled.clone(),
             not_after: None,
             repeats,
@@ -260,28 +264,24 @@ async fn publish_event(
     for (_, deliveries) in &made.events {
         state.metrics.events_published(deliveries.len());
     }
-    let transaction = match made.jobs.is_empty() {
-        true => None,
-        false => Some(
-            state
-                .store(
-                    "publish",
-                    &mut made.jobs,
-                    &made.scheduled,
-                    Repeats::Impossible,
-                    deadline,
-                )
-                .await?
-                .transaction
-                .to_string(),
-        ),
-    };
+    let transaction = state
+        .store(
+            "publish",
+            &mut made.jobs,
+            made.kept,
+            &made.scheduled,
+            Repeats::Impossible,
+            deadline,
+        )
+        .await?
+        .transaction
+        .to_string();
     let mut replies: Vec<api::PublishReply> = made
         .events
         .into_iter()
         .map(|(event_id, deliveries)| api::PublishReply {
-            transaction_id: event_id.and(transaction.clone()),
-            event_id: event_id.map(|id| id.to_string()),
+            transaction_id: Some(transaction.clone()),
+            event_id: Some(event_id.to_string()),
             deliveries,
             duplicate: false,
         })
@@ -292,7 +292,7 @@ async fn publish_event(
         }
     }
     let reply = api::PublishBatchReply {
-        transaction_id: transaction,
+        transaction_id: Some(transaction),
         events: replies,
     };
     Ok((StatusCode::ACCEPTED, Json(reply)).into_response())
@@ -312,6 +312,7 @@ async fn submit_jobs(
         .store(
             "submit",
             &mut jobs,
+            Vec::new(),
             &scheduled,
             Repeats::Impossible,
             deadline,
@@ -388,16 +389,8 @@ async fn backfill(
     body: Result<Bytes, BytesRejection>,
 ) -> Result<impl IntoResponse, ApiError> {
     let (deadline, caller) = state.intake(&headers)?;
-    let subscriptions = crate::events::configured(&state.subscriptions)?;
-    let id: ulid::Ulid = id
-        .parse()
-        .map_err(|_| ApiError::NotFound(format!("no subscription {id:?}")))?;
-    let subscription = subscriptions
-        .index()
-        .get(&id)
-        .cloned()
-        .ok_or_else(|| ApiError::NotFound(format!("no subscription {id}")))?;
-    crate::events::http::check_manager(caller.as_ref(), subscription.bucket())?;
+    let subscription =
+        crate::events::http::to_backfill(&state.subscriptions, &id, caller.as_ref())?;
     let body = request_body(body, &state.limits)?;
     let request: api::BackfillRequest = rpc::parse_json(&body)?;
     let total = request.events.len();
@@ -408,35 +401,15 @@ async fn backfill(
         Utc::now(),
         || state.next_id(),
     )?;
-    let events: Vec<ulid::Ulid> = made
-        .jobs
-        .iter()
-        .filter_map(|j| j.event.as_ref().map(|e| e.event_id))
-        .collect();
-    // The writer skips an event that has a job of the subscription by the time of its commit;
-    // this look only spares it most of them.
-    let present = state
-        .db
-        .events_delivered_to(id, &events)
-        .await
-        .map_err(|e| {
-            tracing::warn!(error = %e, "backfill: reading the subscription's events failed");
-            ApiError::Unavailable("the jobdb is unavailable; nothing was stored".into())
-        })?;
-    let mut jobs: Vec<Arc<crate::job::Job>> = made
-        .jobs
-        .into_iter()
-        .filter(|j| {
-            j.event
-                .as_ref()
-                .is_some_and(|e| !present.contains(&e.event_id))
-        })
-        .collect();
+    // The writer skips an event that has a job of the subscription by the time of its commit
+    // (it alone stores jobs in this JobDB): a back-fill sent again makes nothing twice.
+    let mut jobs = made.jobs;
     if !jobs.is_empty() {
         let accepted = state
             .store(
                 "backfill",
                 &mut jobs,
+                Vec::new(),
                 &Default::default(),
                 Repeats::SameDeliveries,
                 deadline,
@@ -553,7 +526,7 @@ async fn import_jobs(
         }
     }
     let body = rpc::request_body(body, &state.limits)?;
-    let request: ImportRequest =
+    let mut request: ImportRequest =
         serde_path_to_error::deserialize(&mut serde_json::Deserializer::from_slice(&body))
             .map_err(|e| ApiError::InvalidJson {
                 field: Some(e.path().to_string()),
@@ -591,7 +564,10 @@ async fn import_jobs(
         }
     }
     let carries_blocks = request.from_jobdb.is_some() && !request.blocked_keys.is_empty();
-    if (request.jobs.is_empty() && !carries_blocks) || request.jobs.len() > MAX_IMPORT_JOBS {
+    let carries_events = request.from_jobdb.is_none() && !request.events.is_empty();
+    if (request.jobs.is_empty() && !carries_blocks && !carries_events)
+        || request.jobs.len() > MAX_IMPORT_JOBS
+    {
         return Err(
             FieldError::new("jobs", format!("must hold 1 to {MAX_IMPORT_JOBS} jobs")).into(),
         );
@@ -599,6 +575,21 @@ async fn import_jobs(
     if request.from_jobdb.is_none() && !request.blocked_keys.is_empty() {
         return Err(FieldError::new("blocked_keys", "is only for moves (with from_jobdb)").into());
     }
+    if request.from_jobdb.is_some() && !request.events.is_empty() {
+        return Err(FieldError::new("events", "is only for new jobs (without from_jobdb)").into());
+    }
+    if request.events.len() > MAX_IMPORT_JOBS {
+        return Err(FieldError::new(
+            "events",
+            format!("must hold at most {MAX_IMPORT_JOBS} events"),
+        )
+        .into());
+    }
+    let kept = std::mem::take(&mut request.events)
+        .into_iter()
+        .enumerate()
+        .map(|(i, e)| crate::events::publish::kept_of_wire(e, i, &state.limits))
+        .collect::<Result<Vec<_>, _>>()?;
     if request.blocked_keys.len() > MAX_IMPORT_JOBS {
         return Err(FieldError::new(
             "blocked_keys",
@@ -677,7 +668,7 @@ async fn import_jobs(
             field: Some("not_after".to_owned()),
         });
     }
-    if imported > 0 || !blocks.is_empty() {
+    if imported > 0 || !blocks.is_empty() || !kept.is_empty() {
         let ticket = Ticket::new();
         let (op, outcome) = match &request.from_jobdb {
             Some(from) => {
@@ -714,6 +705,7 @@ async fn import_jobs(
                 let op = WriteOp::Submit {
                     cleared: state.cleared(&jobs).await,
                     jobs,
+                    events: kept,
                     scheduled,
                     not_after: request.not_after,
                     repeats: Repeats::SameIds,

@@ -158,6 +158,8 @@ pub enum WriteOp {
     Submit {
         /// The validated jobs.
         jobs: Vec<Arc<Job>>,
+        /// Events kept without a job (published, matching no subscription), written with them.
+        events: Vec<crate::job::EventRecord>,
         /// Those of `jobs` that wait for a later first attempt: each gets its `scheduled` row
         /// (and so its `open_jobs` entry) in the same commit.
         scheduled: crate::job::Scheduled,

@@ -44,6 +44,7 @@ impl Drain {
                     not_after: None,
                     jobs: Vec::new(),
                     blocked_keys: chunk.iter().map(blocked_key).collect(),
+                    events: Vec::new(),
                 };
                 let token = self
                     .config

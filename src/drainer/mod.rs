@@ -12,7 +12,8 @@
 //!    target confirmed. A job a target refuses is parked only if no Director of this version
 //!    could import it; otherwise it waits for one that does (`parking.rs`), and steps 2–4
 //!    repeat until it is moved or expires;
-//! 5. archives the histories of the moved jobs (kind `history`), so each keeps its whole trace;
+//! 5. archives the histories of the moved jobs (kind `history`), so each keeps its whole trace,
+//!    and the events kept without a job (published when nothing subscribed: `events` objects);
 //! 6. marks the JobDB `drained` when no job in it is unfinished; the manager drops it.
 //!
 //! Resolving a planned move after a crash: while the target JobDB is active, the same batch is
@@ -441,6 +442,8 @@ impl Drain {
         o.archiver
             .archive(BatchKind::History, &histories, stop)
             .await?;
+        // Events that made no job here live on only in the archive (for back-fills).
+        o.archiver.archive_kept_events(stop).await?;
         let open = o.db.unfinished_count().await?;
         let untraced = o.db.without_archived_history().await?.len();
         if open > 0 || untraced > 0 {

@@ -351,6 +351,7 @@ impl Drain {
             from_jobdb: Some(o.db.name().to_owned()),
             not_after: None,
             blocked_keys: Vec::new(),
+            events: Vec::new(),
             jobs: jobs
                 .iter()
                 .map(|job| {

@@ -78,6 +78,26 @@ pub fn check_manager(caller: Option<&Caller>, bucket: &str) -> Result<(), ApiErr
     }
 }
 
+/// The subscription `id` names (404 if none) that `caller` may manage (else 403): what a
+/// back-fill delivers to.
+pub fn to_backfill(
+    subscriptions: &Option<Arc<super::Subscriptions>>,
+    id: &str,
+    caller: Option<&Caller>,
+) -> Result<Arc<super::Subscription>, ApiError> {
+    let subscriptions = super::configured(subscriptions)?;
+    let id: Ulid = id
+        .parse()
+        .map_err(|_| ApiError::NotFound(format!("no subscription {id:?}")))?;
+    let subscription = subscriptions
+        .index()
+        .get(&id)
+        .cloned()
+        .ok_or_else(|| ApiError::NotFound(format!("no subscription {id}")))?;
+    check_manager(caller, subscription.bucket())?;
+    Ok(subscription)
+}
+
 fn parse_id(id: &str) -> Result<Ulid, ApiError> {
     id.parse::<Ulid>().map_err(|_| {
         ApiError::InvalidField(FieldError::new("id", "is not a subscription id (a ULID)"))

@@ -18,7 +18,7 @@ use spindle_client::{EventBatch, EventDelivery, NewEvent, PastEvent, SubmitReque
 use ulid::Ulid;
 
 use super::{check_event_type, Index, Subscription};
-use crate::job::{EventLink, Job, JobId, Scheduled};
+use crate::job::{EventLink, EventRecord, Job, JobId, Scheduled};
 use crate::rpc::api::{validate_request, FieldError, IntakeLimits, MAX_ORDERING_KEY_BYTES};
 use crate::rpc::error::ApiError;
 use crate::rpc::validate;
@@ -37,6 +37,8 @@ pub struct Published {
     pub scheduled: Scheduled,
     /// Which job is whose.
     pub deliveries: Vec<EventDelivery>,
+    /// The event itself when it made no job (it matched no subscription): kept all the same.
+    pub kept: Option<EventRecord>,
 }
 
 /// Checks `event` and makes its jobs from the subscriptions `index` matches. Fields are named
@@ -84,15 +86,22 @@ pub fn fan_out(
             ),
         ));
     }
+    let body = envelope(&event.event_type, now, &event.payload)?;
     if matched.is_empty() {
         return Ok(Published {
             event_id,
             jobs: Vec::new(),
             scheduled: Scheduled::new(),
             deliveries: Vec::new(),
+            kept: Some(EventRecord {
+                id: event_id,
+                bucket: event.bucket.as_str().into(),
+                event_type: event.event_type.as_str().into(),
+                created_at: now,
+                envelope: bytes::Bytes::from(String::from(Box::<str>::from(body))),
+            }),
         });
     }
-    let body = envelope(&event.event_type, now, &event.payload)?;
     let specs = matched
         .iter()
         .map(|s| {
@@ -125,6 +134,7 @@ pub fn fan_out(
         jobs,
         scheduled,
         deliveries,
+        kept: None,
     })
 }
 
@@ -209,13 +219,68 @@ impl Publishing {
                     ),
                 ));
             }
-            let id = (!one.jobs.is_empty()).then_some(one.event_id);
             out.jobs.extend(one.jobs);
             out.scheduled.extend(one.scheduled);
-            out.events.push((id, one.deliveries));
+            out.kept.extend(one.kept);
+            out.events.push((one.event_id, one.deliveries));
         }
         Ok(out)
     }
+}
+
+/// A kept event as a router forwards it (`POST /v1/import`'s `events`).
+pub fn kept_to_wire(event: &EventRecord) -> Result<spindle_client::KeptEvent, FieldError> {
+    let envelope = std::str::from_utf8(&event.envelope)
+        .ok()
+        .and_then(|text| RawValue::from_string(text.to_owned()).ok())
+        .ok_or_else(|| FieldError::new("payload", "the envelope is not JSON"))?;
+    Ok(spindle_client::KeptEvent {
+        event_id: event.id.to_string(),
+        bucket: event.bucket.to_string(),
+        event_type: event.event_type.to_string(),
+        created_at: event.created_at,
+        envelope,
+    })
+}
+
+/// A forwarded kept event (`events[i]` of an import), checked as a publish checks its event.
+pub fn kept_of_wire(
+    event: spindle_client::KeptEvent,
+    i: usize,
+    limits: &IntakeLimits,
+) -> Result<EventRecord, FieldError> {
+    let field = |name: &str| format!("events[{i}].{name}");
+    let id: Ulid = event
+        .event_id
+        .parse()
+        .map_err(|_| FieldError::new(field("event_id"), "must be a ULID"))?;
+    validate::check_bucket(&event.bucket, &field("bucket"))?;
+    check_event_type(&event.event_type, &field("event_type"))?;
+    // The envelope's data is the event's payload: held to this Director's limit, as a publish
+    // straight to it is.
+    #[derive(Deserialize)]
+    struct Envelope<'a> {
+        #[serde(rename = "type")]
+        event_type: &'a str,
+        #[serde(borrow)]
+        data: &'a RawValue,
+    }
+    let envelope: Envelope = serde_json::from_str(event.envelope.get())
+        .map_err(|e| FieldError::new(field("envelope"), e.to_string()))?;
+    if envelope.event_type != event.event_type {
+        return Err(FieldError::new(
+            field("envelope"),
+            "names another type than event_type",
+        ));
+    }
+    validate::check_payload(envelope.data.get().len(), limits, &field("envelope.data"))?;
+    Ok(EventRecord {
+        id,
+        bucket: event.bucket.as_str().into(),
+        event_type: event.event_type.as_str().into(),
+        created_at: event.created_at,
+        envelope: bytes::Bytes::from(String::from(Box::<str>::from(event.envelope))),
+    })
 }
 
 /// A publish's events made into jobs: one submission, so committed together or not at all.
@@ -225,9 +290,10 @@ pub struct PublishedBatch {
     pub jobs: Vec<Arc<Job>>,
     /// Their first attempt times, when `deliver_at` is ahead (in the order of `jobs`).
     pub scheduled: Scheduled,
-    /// Per event, in order: its id when it made a job (one matching nothing stores nothing
-    /// and is named by nothing), and its jobs.
-    pub events: Vec<(Option<Ulid>, Vec<EventDelivery>)>,
+    /// The events that made no job, kept all the same (in the same transaction).
+    pub kept: Vec<EventRecord>,
+    /// Per event, in order: its id and its jobs.
+    pub events: Vec<(Ulid, Vec<EventDelivery>)>,
 }
 
 /// A back-fill's jobs for one subscription, ready for the writer (after the JobDB's own

@@ -1,12 +1,12 @@
 //! The JobDB side of events: one event's row and jobs (`GET /v1/events/{id}`, and a router
 //! finding out whether a publish it lost track of was stored), and the events a back-fill
-//! replays to a subscription, a page at a time.
+//! replays to a subscription, a page at a time (every event kept here, with jobs or without).
 
 use chrono::{DateTime, Utc};
 use ulid::Ulid;
 
 use super::{with_pool, JobDb, JobDbError};
-use crate::job::{Job, JobId};
+use crate::job::{EventRecord, JobId};
 
 /// An event's row.
 const EVENT: &str = "SELECT bucket, event_type, created_at FROM events WHERE id = ?";
@@ -26,19 +26,21 @@ const WAITING_BY_SUBSCRIPTION: &str = "SELECT j.subscription_id, COUNT(*) AS n F
 /// ` AND event_id IN (…)`.
 const EVENTS_OF_SUBSCRIPTION: &str = "SELECT event_id FROM jobs WHERE subscription_id = ";
 
-/// The first job of each event of a bucket made at or after a time, after an id (job id order),
-/// whose event has no job of a subscription here: the caller binds bucket, since, after, the
-/// subscription and a limit.
+/// Events of a bucket published at or after a time, after an id (event id order), that have no
+/// job of a subscription here, each with its envelope (its own, or its first job's): the caller
+/// binds bucket, since, after, the subscription and a limit.
 const EVENT_SOURCES: &str = concat!(
-    "SELECT id, bucket, endpoint, method, headers, payload, execution_timeout_ms, ",
-    "backoff_min_delay_ms, backoff_coefficient, created_at, expire_at, idempotency_key, ",
-    "on_complete, ordering_key, ordering_blocks, ordering_position, event_id, event_type, ",
-    "subscription_id FROM jobs j WHERE j.bucket = ? AND j.event_id IS NOT NULL ",
-    "AND j.created_at >= ? AND j.id > ? ",
-    "AND j.id = (SELECT MIN(k.id) FROM jobs k WHERE k.event_id = j.event_id) ",
-    "AND NOT EXISTS (SELECT 1 FROM jobs m WHERE m.event_id = j.event_id ",
-    "AND m.subscription_id = ?) ORDER BY j.id LIMIT ?"
+    "SELECT e.id, COALESCE(e.payload, (SELECT j.payload FROM jobs j WHERE j.event_id = e.id ",
+    "ORDER BY j.id LIMIT 1)) AS payload FROM events e WHERE e.bucket = ? ",
+    "AND e.created_at >= ? AND e.id > ? ",
+    "AND NOT EXISTS (SELECT 1 FROM jobs m WHERE m.event_id = e.id AND m.subscription_id = ?) ",
+    "ORDER BY e.id LIMIT ?"
 );
+
+/// Events kept without a job (with their envelope), after an id, in id order: the caller binds
+/// the id and a limit.
+const KEPT_EVENTS: &str = "SELECT id, bucket, event_type, created_at, payload FROM events \
+     WHERE payload IS NOT NULL AND id > ? ORDER BY id LIMIT ?";
 
 /// An event as this JobDB has it: its row and the jobs of it stored here.
 #[derive(Clone, Debug, PartialEq)]
@@ -89,6 +91,35 @@ impl JobDb {
         })
     }
 
+    /// Up to `limit` events kept here without a job, after the event `after`, in id order (a
+    /// drainer archives them before the JobDB is dropped).
+    pub async fn kept_events(
+        &self,
+        after: Option<Ulid>,
+        limit: usize,
+    ) -> Result<Vec<EventRecord>, JobDbError> {
+        let after = after.map_or_else(|| vec![0u8; 16], |id| id.to_bytes().to_vec());
+        with_pool!(self, |p, q| {
+            sqlx::query(KEPT_EVENTS)
+                .bind(after)
+                .bind(i64::try_from(limit).unwrap_or(i64::MAX))
+                .fetch_all(p)
+                .await?
+                .iter()
+                .map(|row| {
+                    let envelope: Vec<u8> = sqlx::Row::try_get(row, "payload")?;
+                    Ok(EventRecord {
+                        id: q::ulid_of(row, "id")?,
+                        bucket: q::text(row, "bucket")?.into(),
+                        event_type: q::text(row, "event_type")?.into(),
+                        created_at: q::time_of(row, "created_at")?,
+                        envelope: envelope.into(),
+                    })
+                })
+                .collect()
+        })
+    }
+
     /// How many jobs of each subscription are unfinished here (waiting, retrying, under way).
     pub async fn waiting_by_subscription(
         &self,
@@ -130,16 +161,17 @@ impl JobDb {
     }
 
     /// Up to `limit` events of `bucket` published at or after `since` that have no job of
-    /// `subscription` in this JobDB, each as its first job here (whose payload is the event's
-    /// envelope), after the job `after` in id order.
+    /// `subscription` in this JobDB, after the event `after` in id order: each event's id and
+    /// envelope (`{"type", "timestamp", "data"}`; `None` if this JobDB lost it), whether it
+    /// made jobs or was kept without one.
     pub async fn event_sources(
         &self,
         bucket: &str,
         since: DateTime<Utc>,
         subscription: Ulid,
-        after: Option<JobId>,
+        after: Option<Ulid>,
         limit: usize,
-    ) -> Result<Vec<Job>, JobDbError> {
+    ) -> Result<Vec<(Ulid, Option<Vec<u8>>)>, JobDbError> {
         let after = after.map_or_else(|| vec![0u8; 16], |id| id.to_bytes().to_vec());
         with_pool!(self, |p, q| {
             sqlx::query(EVENT_SOURCES)
@@ -151,7 +183,10 @@ impl JobDb {
                 .fetch_all(p)
                 .await?
                 .iter()
-                .map(q::job_from_row)
+                .map(|row| {
+                    let payload: Option<Vec<u8>> = sqlx::Row::try_get(row, "payload")?;
+                    Ok((q::ulid_of(row, "id")?, payload))
+                })
                 .collect()
         })
     }

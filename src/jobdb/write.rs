@@ -19,7 +19,7 @@ use bytes::Bytes;
 use chrono::{DateTime, Utc};
 
 use super::open_jobs::{Fresh, OpenRow};
-use crate::job::{Job, JobId, Recovered, Seq, State, Transition};
+use crate::job::{EventRecord, Job, JobId, Recovered, Seq, State, Transition};
 
 /// Most rows in one multi-row INSERT (MySQL allows 65,535 placeholders per statement, SQLite
 /// 32,766). Chunks are powers of two up to this, so a connection prepares at most ten
@@ -49,13 +49,38 @@ pub struct Origin {
     pub imported_at: DateTime<Utc>,
 }
 
-/// The first job of each event among `jobs` (an event's row is written with its jobs).
-pub(crate) fn events_of(jobs: &[Arc<Job>]) -> Vec<&Job> {
+/// An `events` row a write adds: the event's id, bucket, type, publication time, and the
+/// envelope when no job here carries it.
+pub(crate) struct EventRow<'a> {
+    pub(crate) id: ulid::Ulid,
+    pub(crate) bucket: &'a str,
+    pub(crate) event_type: &'a str,
+    pub(crate) created_at: DateTime<Utc>,
+    pub(crate) envelope: Option<&'a [u8]>,
+}
+
+/// The `events` rows of a write: one per event among `jobs` (written with its first job, which
+/// carries the envelope), and one per event kept without a job.
+pub(crate) fn event_rows<'a>(jobs: &'a [Arc<Job>], kept: &'a [EventRecord]) -> Vec<EventRow<'a>> {
     let mut seen = std::collections::HashSet::new();
-    jobs.iter()
-        .filter(|job| job.event.as_ref().is_some_and(|e| seen.insert(e.event_id)))
-        .map(|job| &**job)
-        .collect()
+    let of_jobs = jobs.iter().filter_map(|job| {
+        let e = job.event.as_ref().filter(|e| seen.insert(e.event_id))?;
+        Some(EventRow {
+            id: e.event_id,
+            bucket: &job.bucket,
+            event_type: &e.event_type,
+            created_at: job.created_at,
+            envelope: None,
+        })
+    });
+    let kept = kept.iter().map(|e| EventRow {
+        id: e.id,
+        bucket: &e.bucket,
+        event_type: &e.event_type,
+        created_at: e.created_at,
+        envelope: Some(&e.envelope[..]),
+    });
+    of_jobs.chain(kept).collect()
 }
 
 /// One multi-row INSERT of transitions: the caller adds the rows.
@@ -167,14 +192,16 @@ macro_rules! write_path {
         }
 
         /// One multi-row INSERT of events (a repeat, such as a moved job's, is ignored).
-        fn insert_events<'a>(events: &'a [&'a $crate::job::Job]) -> sqlx::QueryBuilder<'a, $db> {
+        fn insert_events<'a>(
+            events: &'a [$crate::jobdb::write::EventRow<'a>],
+        ) -> sqlx::QueryBuilder<'a, $db> {
             let mut qb = sqlx::QueryBuilder::<$db>::new(INSERT_EVENTS);
-            qb.push_values(events, |mut row, job| {
-                let event = job.event.as_ref();
-                row.push_bind(event.map(|e| e.event_id.to_bytes().to_vec()))
-                    .push_bind(&*job.bucket)
-                    .push_bind(event.map(|e| &*e.event_type))
-                    .push_bind(job.created_at.naive_utc());
+            qb.push_values(events, |mut row, e| {
+                row.push_bind(e.id.to_bytes().to_vec())
+                    .push_bind(e.bucket)
+                    .push_bind(e.event_type)
+                    .push_bind(e.created_at.naive_utc())
+                    .push_bind(e.envelope);
             });
             qb
         }
@@ -243,8 +270,10 @@ macro_rules! write_path {
             for chunk in append.origins.chunks(MAX_ROWS_PER_INSERT) {
                 insert_origins(chunk).build().execute(&mut **tx).await?;
             }
-            let events = $crate::jobdb::write::events_of(append.jobs);
-            for chunk in events.chunks(MAX_ROWS_PER_INSERT) {
+            let events = $crate::jobdb::write::event_rows(append.jobs, append.events);
+            for chunk in chunks_by_size(&events, limit, |e| {
+                e.envelope.map_or(0, <[u8]>::len) + e.bucket.len() + e.event_type.len() + 32
+            }) {
                 insert_events(chunk).build().execute(&mut **tx).await?;
             }
             owe_notices(tx, append).await?;
@@ -432,6 +461,8 @@ pub fn transition_row_bytes(t: &Transition) -> usize {
 pub struct Append<'a> {
     /// New jobs.
     pub jobs: &'a [Arc<Job>],
+    /// Events kept without a job (the events of `jobs` are written with them).
+    pub events: &'a [EventRecord],
     /// Rows of `job_state_transitions`, with their ids.
     pub transitions: &'a [(u64, Transition)],
     /// Where imported jobs came from.

@@ -106,14 +106,13 @@ pub fn director_document() -> Result<String, serde_json::Error> {
 
 /// The router's document: the Director's without what only Directors serve (`/v1/import`,
 /// `/v1/endpoints`: each Director's own view of its endpoints, `/v1/events/{id}`: one
-/// JobDB's view of an event, and back-fills, which skip what one JobDB already has).
+/// JobDB's view of an event).
 pub fn router_document() -> Result<String, serde_json::Error> {
     let mut doc: serde_json::Value = serde_json::from_str(&director_document()?)?;
     if let Some(paths) = doc.get_mut("paths").and_then(|p| p.as_object_mut()) {
         paths.remove("/v1/import");
         paths.remove("/v1/endpoints");
         paths.remove("/v1/events/{id}");
-        paths.remove("/v1/subscriptions/{id}/backfill");
     }
     doc["info"]["description"] = serde_json::Value::String(
         "Database-as-a-queue HTTP delivery engine: router RPC API (dedup by idempotency key, \
@@ -353,9 +352,10 @@ fn readyz() {}
 fn metrics() {}
 
 /// Deliver past events to a subscription added after them (`spindle subscriptions backfill`
-/// reads them from a JobDB or the archive): one job per event it wants (types, filter) and has
-/// no job for in this Director's JobDB, with the event's own id and timestamp, all persisted in
-/// one transaction before the answer.
+/// reads them from a JobDB or the archive): one job per event it wants (types, filter), with
+/// the event's own id and timestamp, all persisted in one transaction before the answer. A
+/// Director skips events that have a job of the subscription in its JobDB; a router skips
+/// those back-filled to it before within its dedup window, through any router.
 #[utoipa::path(
     post,
     path = "/v1/subscriptions/{id}/backfill",

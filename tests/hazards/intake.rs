@@ -24,6 +24,7 @@ fn forward(
         from_jobdb: None,
         not_after: Some(not_after),
         blocked_keys: Vec::new(),
+        events: Vec::new(),
         jobs,
     }
 }
@@ -376,6 +377,7 @@ async fn what_a_director_accepts_another_imports() {
         from_jobdb: Some(rig.db.url.database.clone()),
         not_after: None,
         blocked_keys: Vec::new(),
+        events: Vec::new(),
         jobs: vec![spindle::rpc::import::import_job(&job, 1, Utc::now())],
     };
     let answer = other.api().import(&moved).await.expect("imported");
@@ -464,6 +466,7 @@ async fn a_tenant_retrying_in_a_loop_cannot_saturate_the_writer() {
         from_jobdb: Some("elsewhere".into()),
         not_after: None,
         blocked_keys: Vec::new(),
+        events: Vec::new(),
         jobs: vec![import_form(tired, rig.sink.url("/ok"), u16::MAX)],
     };
     rig.api().import(&import).await.expect("imported");

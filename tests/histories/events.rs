@@ -109,8 +109,9 @@ async fn edit_elsewhere(world: &World, id: &str) {
 }
 
 /// [`Op::Backfill`]: `n` events, each recorded as a spec of its own (its back-fill key), sent
-/// to subscription `all` twice at once and once more 300 ms later. Every event must get one
-/// job (`event-atomic` counts them); each answer's jobs are its acknowledged ones.
+/// to subscription `all` twice at once and once more 300 ms later: alone to the Director, in
+/// a cluster through the routers (the two at once through two of them). Every event must get
+/// one job (`event-atomic` counts them); each answer's jobs are its acknowledged ones.
 pub async fn backfill(world: &World, rec: &Recorder, n: usize) {
     let Some(subscribed) = world.subscriptions.get() else {
         return;
@@ -139,22 +140,20 @@ pub async fn backfill(world: &World, rec: &Recorder, n: usize) {
         })
         .collect();
     let request = spindle_client::BackfillRequest { events };
-    let url = format!(
-        "{}/v1/subscriptions/{}/backfill",
-        world.api_base(),
-        subscribed.all
-    );
-    let send = |delay: u64| {
-        let (client, url, request) = (&world.client, &url, &request);
+    let fronts = world.event_fronts();
+    let send = |delay: u64, front: usize| {
+        let (client, request) = (&world.client, &request);
+        let (via, base) = &fronts[front % fronts.len()];
+        let url = format!("{base}/v1/subscriptions/{}/backfill", subscribed.all);
         async move {
             tokio::time::sleep(Duration::from_millis(delay)).await;
             rec.request();
-            client.post(url).json(request).send().await
+            (via.as_str(), client.post(url).json(request).send().await)
         }
     };
-    let answers = futures::future::join3(send(0), send(0), send(300)).await;
+    let answers = futures::future::join3(send(0, 0), send(0, 1), send(300, 0)).await;
     let mut told = Vec::new();
-    for sent in [answers.0, answers.1, answers.2] {
+    for (via, sent) in [answers.0, answers.1, answers.2] {
         let status = match sent {
             Ok(r) if r.status() == reqwest::StatusCode::ACCEPTED => {
                 match r.json::<spindle_client::BackfillReply>().await {
@@ -165,111 +164,166 @@ pub async fn backfill(world: &World, rec: &Recorder, n: usize) {
                             };
                             let answer = event_job(&d.job_id, spec);
                             let o = Outcome::Accepted(d.job_id.clone());
-                            rec.outcome(spec, "director0", o, Some(&answer));
+                            rec.outcome(spec, via, o, Some(&answer));
                         }
                         format!("{} made, {} skipped", reply.deliveries.len(), reply.skipped)
                     }
                     Err(e) => {
-                        unknown(rec, &specs, format!("202 without a body: {e}"));
+                        unknown(rec, &specs, via, format!("202 without a body: {e}"));
                         "202 unread".into()
                     }
                 }
             }
             // The writer may have taken it: whether its jobs were stored is unknown.
             Ok(r) if r.status() == reqwest::StatusCode::GATEWAY_TIMEOUT => {
-                unknown(rec, &specs, "504".into());
+                unknown(rec, &specs, via, "504".into());
                 "504".into()
             }
             Ok(r) => format!("{}", r.status()),
             Err(e) if e.is_connect() => "not connected".into(),
             Err(e) => {
-                unknown(rec, &specs, e.to_string());
+                unknown(rec, &specs, via, e.to_string());
                 "no answer".into()
             }
         };
         told.push(status);
     }
     rec.op(format!(
-        "back-fill of {n} unpublished events to subscription all, twice at once and again: {}",
+        "back-fill of {n} unpublished events to subscription all, twice at once and again \
+         (through {}): {}",
+        fronts.len().min(2),
         told.join("; ")
     ));
 }
 
 /// Every spec of a back-fill whose answer was lost has an unknown outcome.
-fn unknown(rec: &Recorder, specs: &std::collections::HashMap<String, Spec>, why: String) {
+fn unknown(
+    rec: &Recorder,
+    specs: &std::collections::HashMap<String, Spec>,
+    via: &str,
+    why: String,
+) {
     for spec in specs.values() {
-        rec.outcome(spec, "director0", Outcome::Unknown(why.clone()), None);
+        rec.outcome(spec, via, Outcome::Unknown(why.clone()), None);
     }
 }
 
-/// Publishes `specs` as one batch straight to a Director: every event's jobs are stored
-/// together or none are; each event's jobs are acknowledged jobs of its spec.
+/// Publishes `specs` as one batch: every event's jobs are stored together or none are; each
+/// event's jobs are acknowledged jobs of its spec. Straight to a Director, once; through the
+/// routers (`retries`), again with the same keys until an answer settles it (a repeat is
+/// answered `duplicate` with the first event's jobs).
 async fn publish_batch(
     world: &World,
     rec: &Recorder,
-    (via, base): &(String, String),
+    fronts: &[(String, String)],
+    retries: bool,
     specs: &[Spec],
 ) {
     for spec in specs {
         rec.spec(spec);
     }
     let events: Vec<&serde_json::Value> = specs.iter().map(|s| &s.json).collect();
-    rec.request();
-    let sent = world
-        .client
-        .post(format!("{base}/v1/events"))
-        .json(&json!({ "events": events }))
-        .send()
-        .await;
-    let each = |o: &dyn Fn() -> Outcome| {
-        for spec in specs {
-            for _ in 0..fan_out(spec.json["event_type"].as_str().unwrap_or_default()) {
-                rec.outcome(spec, via, o(), None);
+    for attempt in 0..40usize {
+        let (via, base) = &fronts[attempt % fronts.len()];
+        rec.request();
+        let sent = world
+            .client
+            .post(format!("{base}/v1/events"))
+            .json(&json!({ "events": events }))
+            .send()
+            .await;
+        let each = |o: &dyn Fn() -> Outcome| {
+            for spec in specs {
+                for _ in 0..fan_out(spec.json["event_type"].as_str().unwrap_or_default()) {
+                    rec.outcome(spec, via, o(), None);
+                }
             }
+        };
+        match sent {
+            Ok(r) if r.status() == reqwest::StatusCode::ACCEPTED => {
+                let reply = match r.json::<spindle_client::PublishBatchReply>().await {
+                    Ok(reply) => reply,
+                    Err(e) => {
+                        each(&|| Outcome::Unknown(format!("202 without a body: {e}")));
+                        if retries {
+                            continue;
+                        }
+                        return;
+                    }
+                };
+                return batch_answered(rec, via, specs, &reply);
+            }
+            Ok(r) if r.status() == reqwest::StatusCode::GATEWAY_TIMEOUT => {
+                each(&|| Outcome::Unknown("504".into()))
+            }
+            Ok(r) => {
+                let status = r.status();
+                let text = r.text().await.unwrap_or_default();
+                if status.is_client_error() {
+                    panic!("batch publish refused: {status} {text}");
+                }
+                each(&|| Outcome::NotStored(format!("{status}")))
+            }
+            Err(e) if e.is_connect() => each(&|| Outcome::NotStored(format!("connect: {e}"))),
+            Err(e) => each(&|| Outcome::Unknown(format!("{e}"))),
         }
-    };
-    match sent {
-        Ok(r) if r.status() == reqwest::StatusCode::ACCEPTED => {
-            let reply = match r.json::<spindle_client::PublishBatchReply>().await {
-                Ok(reply) => reply,
-                Err(e) => return each(&|| Outcome::Unknown(format!("202 without a body: {e}"))),
+        if !retries {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}
+
+/// Records a batch's answer: each event's jobs (accepted, or a repeat's `duplicate`), and
+/// its fan-out checked.
+fn batch_answered(
+    rec: &Recorder,
+    via: &str,
+    specs: &[Spec],
+    reply: &spindle_client::PublishBatchReply,
+) {
+    for (spec, answer) in specs.iter().zip(&reply.events) {
+        let expected = fan_out(spec.json["event_type"].as_str().unwrap_or_default());
+        if answer.deliveries.len() != expected || reply.events.len() != specs.len() {
+            rec.violation(Violation {
+                invariant: "event-fan-out",
+                at: Utc::now(),
+                jobs: Vec::new(),
+                what: format!(
+                    "{via} answered event {} of a batch of {} with {} jobs; it fans out to \
+                     {expected}",
+                    spec.key,
+                    specs.len(),
+                    answer.deliveries.len()
+                ),
+            });
+        }
+        if expected == 0 {
+            kept(rec, &spec.key, via, answer.event_id.as_deref());
+        }
+        for d in &answer.deliveries {
+            let accepted = event_job(&d.job_id, spec);
+            let o = match answer.duplicate {
+                true => Outcome::Duplicate(d.job_id.clone()),
+                false => Outcome::Accepted(d.job_id.clone()),
             };
-            for (spec, answer) in specs.iter().zip(&reply.events) {
-                let expected = fan_out(spec.json["event_type"].as_str().unwrap_or_default());
-                if answer.deliveries.len() != expected || reply.events.len() != specs.len() {
-                    rec.violation(Violation {
-                        invariant: "event-fan-out",
-                        at: Utc::now(),
-                        jobs: Vec::new(),
-                        what: format!(
-                            "{via} answered event {} of a batch of {} with {} jobs; it fans \
-                             out to {expected}",
-                            spec.key,
-                            specs.len(),
-                            answer.deliveries.len()
-                        ),
-                    });
-                }
-                for d in &answer.deliveries {
-                    let accepted = event_job(&d.job_id, spec);
-                    let o = Outcome::Accepted(d.job_id.clone());
-                    rec.outcome(spec, via, o, Some(&accepted));
-                }
-            }
+            rec.outcome(spec, via, o, Some(&accepted));
         }
-        Ok(r) if r.status() == reqwest::StatusCode::GATEWAY_TIMEOUT => {
-            each(&|| Outcome::Unknown("504".into()))
-        }
-        Ok(r) => {
-            let status = r.status();
-            let text = r.text().await.unwrap_or_default();
-            if status.is_client_error() {
-                panic!("batch publish refused: {status} {text}");
-            }
-            each(&|| Outcome::NotStored(format!("{status}")))
-        }
-        Err(e) if e.is_connect() => each(&|| Outcome::NotStored(format!("connect: {e}"))),
-        Err(e) => each(&|| Outcome::Unknown(format!("{e}"))),
+    }
+}
+
+/// Records an acknowledged event no subscription wants: it must have an id (it is kept).
+fn kept(rec: &Recorder, key: &str, via: &str, event_id: Option<&str>) {
+    match event_id {
+        Some(id) => rec.kept(key, via, id),
+        None => rec.violation(Violation {
+            invariant: "event-kept",
+            at: Utc::now(),
+            jobs: Vec::new(),
+            what: format!(
+                "{via} acknowledged event {key}, which no subscription wants, without an id"
+            ),
+        }),
     }
 }
 
@@ -291,7 +345,20 @@ fn event_job(id: &str, spec: &Spec) -> spindle_client::AcceptedJob {
 pub fn fan_out(event_type: &str) -> usize {
     match event_type {
         "hist.created" => 2,
+        UNWANTED => 0,
         _ => 1,
+    }
+}
+
+/// A type no subscription wants: its events make no job and are kept all the same.
+pub const UNWANTED: &str = "other.unwanted";
+
+/// A random event type: created, updated, or now and then one nobody wants.
+fn any_type(rng: &mut StdRng) -> &'static str {
+    match rng.random_range(0..20) {
+        0 => UNWANTED,
+        n if n % 2 == 0 => "hist.created",
+        _ => "hist.updated",
     }
 }
 
@@ -307,24 +374,17 @@ pub async fn publisher(
     until: tokio::time::Instant,
 ) {
     let mut rng = StdRng::seed_from_u64(seed ^ 0x00e0_e0e0);
-    let fronts: Vec<(String, String)> = match world.routers.is_empty() {
-        true => vec![("director0".to_owned(), world.api_base())],
-        false => world
-            .routers
-            .iter()
-            .map(|r| (r.name.clone(), r.base()))
-            .collect(),
-    };
+    let fronts = world.event_fronts();
     let retries = fronts.len() > 1;
     let mut settled: Vec<Spec> = Vec::new();
     let mut n = 0usize;
     while tokio::time::Instant::now() < until {
-        // Alone, now and then a batch of events in one request (routers take one at a time).
-        if !retries && rng.random_range(0..100) < 15 {
+        // Now and then a batch of events in one request.
+        if rng.random_range(0..100) < 15 {
             let specs: Vec<Spec> = (0..rng.random_range(2..30))
                 .map(|_| {
                     n += 1;
-                    let event_type = ["hist.created", "hist.updated"][rng.random_range(0..2)];
+                    let event_type = any_type(&mut rng);
                     let key = format!("{}-ev-{n}", world.tag);
                     Spec {
                         json: json!({"bucket": EVENT_BUCKET, "event_type": event_type,
@@ -335,7 +395,13 @@ pub async fn publisher(
                     }
                 })
                 .collect();
-            publish_batch(&world, &rec, &fronts[0], &specs).await;
+            let from = n % fronts.len();
+            let order: Vec<(String, String)> = fronts[from..]
+                .iter()
+                .chain(&fronts[..from])
+                .cloned()
+                .collect();
+            publish_batch(&world, &rec, &order, retries, &specs).await;
             tokio::time::sleep(Duration::from_millis(rng.random_range(80..300))).await;
             continue;
         }
@@ -346,7 +412,7 @@ pub async fn publisher(
             }
             false => {
                 n += 1;
-                let event_type = ["hist.created", "hist.updated"][rng.random_range(0..2)];
+                let event_type = any_type(&mut rng);
                 let key = format!("{}-ev-{n}", world.tag);
                 // Now and then one too large for the Directors: answered 413, never stored.
                 let payload = match rng.random_range(0..100) < 3 {
@@ -421,6 +487,9 @@ pub async fn publisher(
                             }
                             if reply.duplicate && reply.deliveries.is_empty() {
                                 outcome(Outcome::Duplicate(String::new()));
+                            }
+                            if expected == 0 {
+                                kept(&rec, &spec.key, via, reply.event_id.as_deref());
                             }
                             if !reply.duplicate && reply.deliveries.len() != expected {
                                 rec.violation(Violation {

@@ -245,6 +245,15 @@ pub async fn run(world: World, plan: Plan, name: &str) -> Vec<Violation> {
         .alone
         .is_some()
         .then(|| *world.remembered.lock().unwrap());
+    let kept_ids: Vec<String> = rec
+        .log
+        .lock()
+        .unwrap()
+        .kept
+        .iter()
+        .map(|k| k.2.clone())
+        .collect();
+    let kept_found = world.kept_events(&kept_ids).await;
     let violations = {
         let log = rec.log.lock().unwrap();
         let (mut violations, tally) = check::check(&Inputs {
@@ -256,6 +265,7 @@ pub async fn run(world: World, plan: Plan, name: &str) -> Vec<Violation> {
             listed: listed.as_ref(),
             remembered,
             directors: world.directors.len(),
+            kept_found: &kept_found,
             held_subscription: world
                 .subscriptions
                 .get()

@@ -96,6 +96,8 @@ pub struct Log {
     pub downs: Vec<(String, DateTime<Utc>, Option<DateTime<Utc>>)>,
     pub live: Vec<Violation>,
     pub requests: usize,
+    /// Events no subscription wants, acknowledged with an id: (key, front, event id).
+    pub kept: Vec<(String, String, String)>,
 }
 
 /// The recorder, shared by the producers, the operations and the samplers.
@@ -113,6 +115,12 @@ impl Recorder {
     pub fn op_at(&self, at: DateTime<Utc>, text: String) {
         println!("histories: {} op {text}", at.format("%H:%M:%S%.3f"));
         self.log.lock().unwrap().ops.push((at, text));
+    }
+
+    /// An event no subscription wants was acknowledged with `event_id` through `via`.
+    pub fn kept(&self, key: &str, via: &str, event_id: &str) {
+        let entry = (key.to_owned(), via.to_owned(), event_id.to_owned());
+        self.log.lock().unwrap().kept.push(entry);
     }
 
     pub fn crash(&self, what: String) {

@@ -339,9 +339,47 @@ impl World {
             .collect()
     }
 
+    /// Where events are published and back-filled: the routers (name, base URL), or the
+    /// Director alone.
+    pub fn event_fronts(&self) -> Vec<(String, String)> {
+        match self.routers.is_empty() {
+            true => vec![("director0".to_owned(), self.api_base())],
+            false => self
+                .routers
+                .iter()
+                .map(|r| (r.name.clone(), r.base()))
+                .collect(),
+        }
+    }
+
     /// Where `GET /v1/jobs/{id}` is asked: a router, or the Director alone.
     pub fn api_base(&self) -> String {
         self.routers.first().unwrap_or(&self.directors[0]).base()
+    }
+
+    /// Of `ids` (events kept without a job), those some JobDB or the archive holds now.
+    pub async fn kept_events(&self, ids: &[String]) -> HashSet<String> {
+        let mut found = HashSet::new();
+        if let Some(archive) = &self.archive {
+            for key in archive.event_objects(None).await.unwrap_or_default() {
+                for e in archive.read_events(&key).await.unwrap_or_default() {
+                    found.insert(e.event_id);
+                }
+            }
+        }
+        for (_, url, _) in self.live_jobdbs().await {
+            let Ok(db) = JobDb::open_reader(&url, 2).await else {
+                continue;
+            };
+            for id in ids {
+                let Ok(ulid) = id.parse() else { continue };
+                if let Ok(Some(_)) = db.event(ulid).await {
+                    found.insert(id.clone());
+                }
+            }
+            db.close().await;
+        }
+        found
     }
 
     /// Every JobDB that may hold jobs now (name, URL, whether a Director serves it).

@@ -135,6 +135,141 @@ async fn an_event_is_published_once_through_router_crashes() {
         );
         answers.entry(key).or_default().push(reply);
     }
+    // An event no subscription wants is kept all the same: it has an id, a repeat of its key
+    // names the same one, and a Director's JobDB holds it (with no job).
+    let unwanted = spindle_client::NewEvent {
+        bucket: "quiet".into(),
+        ..order_paid("unwanted", json!({"n": 99}))
+    };
+    let kept = settle(api.clone(), unwanted.clone()).await;
+    let kept_id = kept.event_id.clone().expect("a kept event has an id");
+    assert!(kept.deliveries.is_empty() && !kept.duplicate);
+    let again = settle(api.clone(), unwanted).await;
+    assert!(again.duplicate && again.event_id.as_deref() == Some(kept_id.as_str()));
+    let mut holders = 0;
+    for d in &cluster.directors {
+        let client = Client::new(&d.base(), None).unwrap();
+        if let Ok(view) = client.event(&kept_id).await {
+            assert!(view.deliveries.is_empty() && view.bucket == "quiet");
+            holders += 1;
+        }
+    }
+    assert_eq!(holders, 1, "one JobDB keeps the event");
+
+    // A batch through the router: its new events stored together; a key published before is
+    // answered `duplicate` with that event's jobs, and so is a key given twice in the batch.
+    let quiet = spindle_client::NewEvent {
+        bucket: "quiet".into(),
+        ..order_paid("b-quiet", json!({"n": 98}))
+    };
+    let batch = vec![
+        event(20, "b20"),
+        event(21, "b21"),
+        event(0, "k0"),
+        event(20, "b20"),
+        quiet,
+    ];
+    let reply = api.publish_batch(&batch).await.unwrap();
+    let r = &reply.events;
+    assert_eq!(r.len(), 5);
+    assert!(!r[0].duplicate && r[0].deliveries.len() == 3, "{r:?}");
+    assert!(!r[1].duplicate && r[1].deliveries.len() == 2, "{r:?}");
+    assert!(r[2].duplicate && r[2].event_id == answers["k0"][0].event_id);
+    assert_eq!(sorted(&r[2]), sorted(&answers["k0"][0]));
+    assert!(r[3].duplicate && r[3].event_id == r[0].event_id);
+    assert_eq!(sorted(&r[3]), sorted(&r[0]));
+    assert!(r[4].event_id.is_some() && r[4].deliveries.is_empty());
+    for (key, at) in [("b20", 0), ("b20", 3), ("b21", 1)] {
+        answers
+            .entry(key.to_owned())
+            .or_default()
+            .push(r[at].clone());
+    }
+    // Its events may make at most 1,000 jobs between them (one forward): refused whole.
+    let big: Vec<spindle_client::NewEvent> =
+        (0..450).map(|n| event(n, &format!("big{n}"))).collect();
+    match api.publish_batch(&big).await {
+        Err(e) => assert_eq!(e.status(), Some(413), "{e}"),
+        Ok(reply) => panic!("{} events stored", reply.events.len()),
+    }
+
+    // A back-fill through two routers at once, and again: one job per event between them
+    // (each (subscription, event) claims its back-fill key), delivered once each below.
+    let late = api
+        .add_subscription(&NewSubscription::new(
+            "shop",
+            capture("late"),
+            ["order.refunded"],
+        ))
+        .await
+        .unwrap();
+    secrets.insert(
+        late.id.clone(),
+        late.secret.clone().unwrap().parse().unwrap(),
+    );
+    let mut second = cluster.spawn_router(2, &[]);
+    cluster.wait_ready([&second]).await;
+    let other = Client::new(&second.base(), None).unwrap();
+    let past: Vec<spindle_client::PastEvent> = (0..5)
+        .map(|n| spindle_client::PastEvent {
+            event_id: ulid::Ulid::new().to_string(),
+            event_type: "order.refunded".into(),
+            timestamp: chrono::Utc::now(),
+            data: serde_json::value::RawValue::from_string(
+                json!({"n": 40 + n, "customer": "c9", "tier": "silver"}).to_string(),
+            )
+            .unwrap(),
+        })
+        .collect();
+    let request = spindle_client::BackfillRequest { events: past };
+    // Both routers' caches must know the new subscription (404 until then).
+    let started = Instant::now();
+    let mut made: Vec<spindle_client::BackfilledEvent> = Vec::new();
+    loop {
+        let (one, two) = futures::future::join(
+            api.backfill(&late.id, &request),
+            other.backfill(&late.id, &request),
+        )
+        .await;
+        let mut unknown = false;
+        for answer in [one, two] {
+            match answer {
+                Ok(reply) => made.extend(reply.deliveries),
+                Err(e) if e.status() == Some(404) => unknown = true,
+                Err(e) => panic!("back-fill through a router: {e}"),
+            }
+        }
+        if !unknown || started.elapsed() > Duration::from_secs(5) {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    let again = api.backfill(&late.id, &request).await.unwrap();
+    assert_eq!(again.skipped, 5, "{again:?}");
+    let events: std::collections::BTreeSet<&str> =
+        made.iter().map(|d| d.event_id.as_str()).collect();
+    assert!(
+        made.len() == 5 && events.len() == 5,
+        "one job per event: {made:?}"
+    );
+    let mut backfilled: Vec<PublishReply> = Vec::new();
+    for d in &made {
+        backfilled.push(PublishReply {
+            event_id: Some(d.event_id.clone()),
+            transaction_id: None,
+            deliveries: vec![spindle_client::EventDelivery {
+                subscription_id: late.id.clone(),
+                job_id: d.job_id.clone(),
+            }],
+            duplicate: false,
+        });
+    }
+    for reply in backfilled {
+        let event = reply.event_id.clone().unwrap();
+        answers.insert(format!("backfill:{event}"), vec![reply]);
+    }
+    second.kill9().await;
+
     // Its metrics count events apart from jobs: ten stored with their 25 jobs, five repeats.
     let text = metrics_text(&cluster.client, &cluster.router_base()).await;
     let events = |result: &str| {

@@ -208,17 +208,18 @@ pub struct NewEvent {
     pub on_complete: Option<String>,
 }
 
-/// `POST /v1/events` answer: the event and, per matching subscription, its job. Every job was
-/// committed in one transaction before this answer.
+/// `POST /v1/events` answer: the event and, per matching subscription, its job. The event and
+/// every job were committed in one transaction before this answer; an event that matched no
+/// subscription is kept all the same (a subscription added later can be back-filled with it).
 #[derive(Clone, Debug, Serialize, Deserialize)]
 #[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct PublishReply {
-    /// The event's id (a ULID); absent when no subscription matched (nothing was stored, so
-    /// there is no event to name).
+    /// The event's id (a ULID). Always given by this release; optional on the wire for
+    /// servers that stored nothing for an event that matched no subscription.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub event_id: Option<String>,
-    /// The JobDB transaction that stored its jobs (absent when no subscription matched:
-    /// nothing was stored).
+    /// The JobDB transaction that stored it (absent through a router, and from servers that
+    /// stored nothing for an event that matched no subscription).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub transaction_id: Option<String>,
     /// One job per matching subscription.

@@ -30,6 +30,29 @@ pub struct ImportRequest {
     /// JobDB with the same transaction as `jobs`; a key blocked here already keeps its block.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub blocked_keys: Vec<BlockedKey>,
+    /// New events only (a router's publish): events that matched no subscription, kept in the
+    /// same transaction as `jobs` (which may then be empty) so they keep their ids.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub events: Vec<KeptEvent>,
+}
+
+/// An event published without a job (it matched no subscription), kept with its envelope so a
+/// subscription added later can be back-filled with it.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+#[serde(deny_unknown_fields)]
+pub struct KeptEvent {
+    /// The event's id (a ULID).
+    pub event_id: String,
+    /// Its bucket.
+    pub bucket: String,
+    /// Its type.
+    pub event_type: String,
+    /// When it was published.
+    pub created_at: DateTime<Utc>,
+    /// Its envelope, `{"type", "timestamp", "data"}`, as a job of it would carry it.
+    #[cfg_attr(feature = "openapi", schema(value_type = Object))]
+    pub envelope: Box<serde_json::value::RawValue>,
 }
 
 /// An ordered key stopped by a job that ended without success and asked to block it; it stays

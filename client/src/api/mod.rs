@@ -15,7 +15,7 @@ pub use events::{
     PublishReply, SubscriptionList, SubscriptionPatch, SubscriptionView, MAX_EVENTS_PER_REQUEST,
     MAX_JOBS_PER_EVENT_BATCH, MAX_SUBSCRIPTIONS_PER_PAGE,
 };
-pub use import::{BlockedKey, ImportJob, ImportRequest, ImportResponse};
+pub use import::{BlockedKey, ImportJob, ImportRequest, ImportResponse, KeptEvent};
 
 use std::collections::BTreeMap;
 use std::fmt;

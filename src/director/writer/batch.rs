@@ -11,7 +11,7 @@ use tokio::sync::oneshot;
 
 use crate::director::mailbox::{Accepted, Repeats, Ticket, WriteRejected};
 use crate::director::ordering::plan::{Arrival, Leaving};
-use crate::job::{AttemptStart, Job, JobId, Recovered, Seq, State, Transition};
+use crate::job::{AttemptStart, EventRecord, Job, JobId, Recovered, Seq, State, Transition};
 use crate::jobdb::lifecycle::Origin;
 use crate::jobdb::{blocks_sequence, job_row_bytes, BlockedKey, Fresh, OpenRow};
 
@@ -22,6 +22,8 @@ pub(super) type Ack = oneshot::Sender<Result<(), WriteRejected>>;
 #[derive(Default)]
 pub(super) struct Batch {
     pub(super) jobs: Vec<Arc<Job>>,
+    /// Events kept without a job (published when no subscription matched them).
+    pub(super) events: Vec<EventRecord>,
     pub(super) rows: Vec<(u64, Transition)>,
     pub(super) origins: Vec<Origin>,
     /// Submitted jobs (imports rest at once), with what their first entry takes from them.
@@ -41,6 +43,7 @@ pub(super) struct Batch {
 #[derive(Clone, Copy, Default)]
 pub(super) struct Ends {
     pub(super) jobs: usize,
+    pub(super) events: usize,
     pub(super) rows: usize,
     pub(super) origins: usize,
     pub(super) accepted: usize,
@@ -55,6 +58,7 @@ impl std::ops::Sub for Ends {
     fn sub(self, o: Ends) -> Ends {
         Ends {
             jobs: self.jobs - o.jobs,
+            events: self.events - o.events,
             rows: self.rows - o.rows,
             origins: self.origins - o.origins,
             accepted: self.accepted - o.accepted,
@@ -155,6 +159,7 @@ impl Batch {
     pub(super) fn ends(&self) -> Ends {
         Ends {
             jobs: self.jobs.len(),
+            events: self.events.len(),
             rows: self.rows.len(),
             origins: self.origins.len(),
             accepted: self.accepted.len(),
@@ -205,6 +210,7 @@ impl Batch {
         }
         Batch {
             jobs: self.jobs.split_off(start.jobs),
+            events: self.events.split_off(start.events),
             rows: self.rows.split_off(start.rows),
             origins: self.origins.split_off(start.origins),
             accepted: self.accepted.split_off(start.accepted),
@@ -231,6 +237,7 @@ impl Batch {
             old.rests.into_iter(),
         );
         let mut release = old.release.into_iter();
+        let mut events = old.events.into_iter();
         let mut at = Ends::default();
         let mut dropped = Vec::new();
         for request in old.requests {
@@ -238,6 +245,7 @@ impl Batch {
             at = request.ends;
             if keep(&request) {
                 self.jobs.extend(jobs.by_ref().take(n.jobs));
+                self.events.extend(events.by_ref().take(n.events));
                 self.rows.extend(rows.by_ref().take(n.rows));
                 self.origins.extend(origins.by_ref().take(n.origins));
                 self.accepted.extend(accepted.by_ref().take(n.accepted));
@@ -247,6 +255,7 @@ impl Batch {
                 self.seal_producers(request.reply, request.ticket, request.not_after);
             } else {
                 jobs.by_ref().take(n.jobs).for_each(drop);
+                events.by_ref().take(n.events).for_each(drop);
                 rows.by_ref().take(n.rows).for_each(drop);
                 origins.by_ref().take(n.origins).for_each(drop);
                 accepted.by_ref().take(n.accepted).for_each(drop);
@@ -265,7 +274,7 @@ impl Batch {
         let mut out = Vec::new();
         for (i, r) in self.requests.iter().enumerate() {
             let n = r.ends - start;
-            if n.jobs + n.rows + n.starts + n.rests + n.release > 0 {
+            if n.jobs + n.events + n.rows + n.starts + n.rests + n.release > 0 {
                 out.push(i);
             }
             start = r.ends;
@@ -294,6 +303,7 @@ impl Batch {
         let (mut rows, mut origins) = (old.rows.into_iter(), old.origins.into_iter());
         let (mut starts, mut rests) = (old.starts.into_iter(), old.rests.into_iter());
         let mut release = old.release.into_iter();
+        let mut events = old.events.into_iter();
         let mut at = Ends::default();
         let mut skipped = 0;
         for request in old.requests {
@@ -329,6 +339,9 @@ impl Batch {
                     other
                 }
             };
+            // A kept event stored already is not written twice (its row's insert ignores a
+            // repeat).
+            self.events.extend(events.by_ref().take(n.events));
             self.origins.extend(origins.by_ref().take(n.origins));
             self.starts.extend(starts.by_ref().take(n.starts));
             // A submission's rests are its ordered jobs' entries: one stored already keeps its
@@ -405,6 +418,7 @@ impl Batch {
     /// Whether the batch writes nothing.
     pub(super) fn is_empty(&self) -> bool {
         self.jobs.is_empty()
+            && self.events.is_empty()
             && self.rows.is_empty()
             && self.starts.is_empty()
             && self.rests.is_empty()

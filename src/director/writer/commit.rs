@@ -100,6 +100,7 @@ impl Writer {
             let begin: Vec<JobId> = plan.begin.iter().copied().collect();
             let append = Append {
                 jobs: &batch.jobs,
+                events: &batch.events,
                 transitions: &batch.rows,
                 origins: &batch.origins,
                 log: log_id.map(|id| CommitLog {

@@ -235,6 +235,7 @@ impl Writer {
         match op {
             WriteOp::Submit {
                 jobs,
+                events,
                 scheduled,
                 not_after,
                 repeats,
@@ -283,6 +284,8 @@ impl Writer {
                     }
                 }
                 batch.jobs.extend(jobs);
+                batch.bytes += events.iter().map(|e| e.envelope.len()).sum::<usize>();
+                batch.events.extend(events);
                 let reply = Reply::Submit(reply, repeats, 0, scheduled);
                 batch.seal_producers(reply, Some(ticket), not_after);
             }

@@ -552,9 +552,9 @@ macro_rules! spelled_sql {
         /// Origins of imported jobs; a repeat is ignored.
         pub const INSERT_ORIGINS: &str =
             concat!($ignore, " INTO job_origins (job_id, from_jobdb, imported_at) ");
-        /// Events of the jobs written; a repeat is ignored.
+        /// Events of the jobs written, and events kept without a job; a repeat is ignored.
         pub const INSERT_EVENTS: &str =
-            concat!($ignore, " INTO events (id, bucket, event_type, created_at) ");
+            concat!($ignore, " INTO events (id, bucket, event_type, created_at, payload) ");
         /// A confirmed archive batch; a repeat is ignored.
         pub const INSERT_CONFIRMATION: &str = concat!(
             $ignore,

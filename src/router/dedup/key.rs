@@ -12,6 +12,9 @@ const KEY_DOMAIN: &[u8] = b"spindle/dedup/v1\0";
 /// Domain separation of an event's key hash.
 const EVENT_DOMAIN: &[u8] = b"spindle/dedup/event/v1\0";
 
+/// Domain separation of a back-fill's key hash (one per subscription and event).
+const BACKFILL_DOMAIN: &[u8] = b"spindle/dedup/backfill/v1\0";
+
 /// A dedup key: 128 bits of SHA-256 over (bucket, idempotency key).
 #[derive(Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct DedupKey([u8; 16]);
@@ -27,6 +30,13 @@ impl DedupKey {
     /// own domain), so an event and a job may use the same idempotency key.
     pub fn event(bucket: &str, idempotency_key: &str) -> Self {
         Self::derive(EVENT_DOMAIN, bucket, idempotency_key)
+    }
+
+    /// The key of a back-fill of `event` to `subscription` in `bucket`: one job per
+    /// (subscription, event) however often, and through whichever routers, it is back-filled.
+    /// Its own domain, so no producer's key can take it.
+    pub fn backfill(bucket: &str, subscription: ulid::Ulid, event: ulid::Ulid) -> Self {
+        Self::derive(BACKFILL_DOMAIN, bucket, &format!("{subscription}:{event}"))
     }
 
     fn derive(domain: &[u8], bucket: &str, idempotency_key: &str) -> Self {

@@ -1,8 +1,16 @@
-//! `POST /v1/events` through the router: the event is fanned out here (from this router's
-//! cache of the subscriptions), its idempotency key is claimed once for the whole event (owner:
-//! the event's id), and all its jobs go to one Director in one forward, so they are committed
-//! in one transaction there, as a publish straight to a Director is. The claim is confirmed
-//! when they are stored and released when they certainly are not.
+//! `POST /v1/events` through the router, one event or a batch: each event is fanned out here
+//! (from this router's cache of the subscriptions), its idempotency key is claimed once for the
+//! whole event (owner: the event's id), and every new event's jobs (and the events kept without
+//! a job) go to one Director in one forward, so they are committed in one transaction there, as
+//! a publish straight to a Director is. The claims are confirmed when the events are stored and
+//! released when they certainly are not. A batch's events make at most 1,000 jobs between them
+//! (one forward); an event whose key was published before is answered `duplicate` with that
+//! event's jobs, and one whose key is being stored elsewhere makes the whole request wait (503,
+//! nothing stored).
+//!
+//! `POST /v1/subscriptions/{id}/backfill` takes the same steps: each (subscription, event)
+//! claims its back-fill key (owner: the job), so a back-fill sent again or through several
+//! routers makes one job per event within the dedup window.
 //!
 //! A router that dies between claiming and confirming leaves a pending claim; the producer's
 //! retry (any router) waits for it to lapse, then asks the Directors for the event
@@ -14,7 +22,7 @@ use std::collections::HashMap;
 use std::sync::Arc;
 
 use axum::extract::rejection::BytesRejection;
-use axum::extract::State;
+use axum::extract::{Path, State};
 use axum::http::{HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::Json;
@@ -22,15 +30,27 @@ use bytes::Bytes;
 use chrono::{DateTime, Utc};
 use spindle_client::{EventView, PublishReply};
 
+use spindle_client::api::MAX_IMPORT_JOBS;
+
 use super::claims::{claim, settle_claims, Holds, Keyed};
 use super::forward::{forward, Group};
 use super::{Routed, Sent, Shared};
+use crate::events::publish::{fan_out, Published, Publishing};
 use crate::job::JobId;
 use crate::router::dedup::{Claim, DedupKey};
 use crate::rpc::error::ApiError;
 use crate::rpc::validate::FieldError;
 
-/// Publish an event through the router.
+/// One event of a publish, fanned out here.
+struct Made {
+    bucket: String,
+    key: Option<String>,
+    published: Published,
+    /// Its key's claim, if it has a key.
+    claim: Option<Claim>,
+}
+
+/// Publish an event, or a batch of them, through the router.
 pub(super) async fn publish_event(
     State(shared): State<Arc<Shared>>,
     headers: HeaderMap,
@@ -38,135 +58,337 @@ pub(super) async fn publish_event(
 ) -> Result<Response, ApiError> {
     let (caller, body) = shared.intake(&headers, body)?;
     let subscriptions = crate::events::configured(&shared.settings.subscriptions)?;
-    let event = match crate::events::publish::Publishing::read(&body)? {
-        crate::events::publish::Publishing::One(event) => event,
-        crate::events::publish::Publishing::Batch(_) => {
-            return Err(ApiError::InvalidField(FieldError::new(
-                "events",
-                "a router publishes one event per request (each claims its own key); send \
-                 batches of events straight to a Director",
-            )))
-        }
+    let publishing = Publishing::read(&body)?;
+    for event in publishing.events() {
+        crate::rpc::check_publisher(caller.as_ref(), &event.bucket)?;
+    }
+    let (events, batch) = match publishing {
+        Publishing::One(event) => (vec![event], false),
+        Publishing::Batch(events) => (events, true),
     };
-    crate::rpc::check_publisher(caller.as_ref(), &event.bucket)?;
-    let (bucket, key) = (event.bucket.clone(), event.idempotency_key.clone());
-    let event_id = shared.next_id().0;
     let now = Utc::now();
-    let published = crate::events::publish::fan_out(
-        event,
-        &subscriptions.index(),
+    let skew = chrono::Duration::from_std(shared.dedup.config().max_skew)
+        .unwrap_or(chrono::Duration::zero());
+    let index = subscriptions.index();
+    let mut made: Vec<Made> = Vec::with_capacity(events.len());
+    let mut jobs = 0usize;
+    for (i, event) in events.into_iter().enumerate() {
+        let (bucket, key) = (event.bucket.clone(), event.idempotency_key.clone());
+        let event_id = shared.next_id().0;
+        let published = fan_out(
+            event,
+            &index,
+            &shared.settings.intake,
+            now,
+            skew,
+            event_id,
+            || shared.next_id(),
+        )
+        .map_err(|mut e| {
+            if batch {
+                e.field = format!("events[{i}].{}", e.field);
+            }
+            e
+        })?;
+        jobs += published.jobs.len();
+        if jobs > MAX_IMPORT_JOBS {
+            return Err(ApiError::InvalidField(FieldError::too_large(
+                "events",
+                format!(
+                    "through a router, a batch's events make at most {MAX_IMPORT_JOBS} jobs \
+                     between them (one forward, one transaction); send fewer at a time"
+                ),
+            )));
+        }
+        let claim = key.as_deref().map(|key| Claim {
+            key: DedupKey::event(&bucket, key),
+            at: now,
+            owner: JobId(event_id),
+        });
+        made.push(Made {
+            bucket,
+            key,
+            published,
+            claim,
+        });
+    }
+
+    // Every key claimed at once (owner: the event's id). One still being stored elsewhere
+    // makes the whole request wait: the claims taken are given back, nothing is stored.
+    let asked: Vec<Claim> = made.iter().filter_map(|m| m.claim).collect();
+    let mut keyed = match asked.is_empty() {
+        true => Vec::new(),
+        false => claim(&shared, &asked, Holds::Events).await?,
+    }
+    .into_iter();
+    let fates: Vec<Keyed> = made
+        .iter()
+        .map(|m| match m.claim {
+            Some(_) => keyed.next().unwrap_or(Keyed::Free),
+            None => Keyed::Free,
+        })
+        .collect();
+    let taken: Vec<Claim> = made
+        .iter()
+        .zip(&fates)
+        .filter(|(_, f)| matches!(f, Keyed::Free))
+        .filter_map(|(m, _)| m.claim)
+        .collect();
+    if let Some(Keyed::Pending(_, why)) = fates.iter().find(|f| matches!(f, Keyed::Pending(..))) {
+        settle_claims(&shared, &[], &taken).await;
+        return Err(ApiError::Unavailable(why.clone()));
+    }
+    for (m, _) in made
+        .iter()
+        .zip(&fates)
+        .filter(|(_, f)| matches!(f, Keyed::Free))
+    {
+        crash_at("claimed", m.key.as_deref());
+    }
+
+    // The free events' jobs, and those kept without a job, in one group sent alone: one
+    // forward and so one commit. Each key's claim rides on its event's first job (which keeps
+    // it alive and bounds the forward's `not_after`), or on the kept event.
+    let mut routed: Vec<Routed> = Vec::new();
+    let mut kept = Vec::new();
+    for (m, _) in made
+        .iter()
+        .zip(&fates)
+        .filter(|(_, f)| matches!(f, Keyed::Free))
+    {
+        let scheduled: HashMap<JobId, DateTime<Utc>> =
+            m.published.scheduled.iter().copied().collect();
+        for (i, job) in m.published.jobs.iter().enumerate() {
+            routed.push(Routed {
+                first_at: scheduled.get(&job.id).copied().unwrap_or(job.created_at),
+                claim: m.claim.filter(|_| i == 0),
+                job: job.clone(),
+                result: None,
+            });
+        }
+        if let Some(event) = &m.published.kept {
+            kept.push((crate::events::publish::kept_to_wire(event)?, m.claim));
+        }
+    }
+    let sent = match (routed.is_empty() && kept.is_empty(), made.first()) {
+        (false, Some(first)) => forward_alone(&shared, &first.bucket, &routed, kept, now).await,
+        // Every event is a duplicate: nothing to store.
+        _ => Sent::Stored,
+    };
+    let stored = made
+        .iter()
+        .zip(&fates)
+        .filter(|(_, f)| matches!(f, Keyed::Free));
+    match sent {
+        Sent::Stored => {
+            for (m, _) in stored {
+                crash_at("stored", m.key.as_deref());
+                shared.metrics.event("stored", m.published.jobs.len());
+            }
+            settle_claims(&shared, &taken, &[]).await;
+        }
+        Sent::Refused(why) => {
+            stored.for_each(|_| shared.metrics.event("refused", 0));
+            settle_claims(&shared, &[], &taken).await;
+            return Err(ApiError::Unavailable(format!("nothing was stored: {why}")));
+        }
+        Sent::Invalid(why, status) => {
+            // The last Director tried refused the events' jobs for their content (a limit of
+            // its own below the router's; the others refused too): a retry cannot help.
+            stored.for_each(|_| shared.metrics.event("invalid", 0));
+            settle_claims(&shared, &[], &taken).await;
+            let field = if batch { "events" } else { "event" };
+            let message = format!("was refused for its content, nothing was stored: {why}");
+            return Err(ApiError::InvalidField(match status {
+                413 => FieldError::too_large(field, message),
+                _ => FieldError::new(field, message),
+            }));
+        }
+        Sent::Unknown(why) => {
+            stored.for_each(|_| shared.metrics.event("unknown", 0));
+            return Err(ApiError::OutcomeUnknown(format!(
+                "the events' jobs may or may not be stored ({why}); publish again with the \
+                 same idempotency keys"
+            )));
+        }
+    }
+
+    // Each event's answer: its own jobs, or those of the event that holds its key (one of
+    // this request's, or a stored one a Director tells).
+    let ours: HashMap<JobId, usize> = made
+        .iter()
+        .enumerate()
+        .map(|(i, m)| (JobId(m.published.event_id), i))
+        .collect();
+    let mut replies = Vec::with_capacity(made.len());
+    for (m, fate) in made.iter().zip(&fates) {
+        let reply = match fate {
+            Keyed::Duplicate(owner) => {
+                shared.metrics.event("duplicate", 0);
+                let deliveries = match ours.get(owner) {
+                    Some(&i) => made[i].published.deliveries.clone(),
+                    None => find_event(&shared, *owner)
+                        .await
+                        .map(|e| e.deliveries)
+                        .unwrap_or_default(),
+                };
+                answer(Some(owner.to_string()), deliveries, true)
+            }
+            _ => answer(
+                Some(m.published.event_id.to_string()),
+                m.published.deliveries.clone(),
+                false,
+            ),
+        };
+        replies.push(reply);
+    }
+    if !batch {
+        if let Some(one) = replies.pop() {
+            return Ok((StatusCode::ACCEPTED, Json(one)).into_response());
+        }
+    }
+    let reply = spindle_client::PublishBatchReply {
+        transaction_id: None,
+        events: replies,
+    };
+    Ok((StatusCode::ACCEPTED, Json(reply)).into_response())
+}
+
+/// Deliver past events to a subscription through the router (`POST
+/// /v1/subscriptions/{id}/backfill`): the subscription's types and filter decide here, each
+/// (subscription, event) claims its back-fill key once, and the new jobs go to one Director in
+/// one forward. So a back-fill sent again, or through several routers at once, makes one job
+/// per event within the dedup window, whichever Directors store them; an event already given
+/// its job is counted in `skipped`.
+pub(super) async fn backfill(
+    State(shared): State<Arc<Shared>>,
+    headers: HeaderMap,
+    Path(id): Path<String>,
+    body: Result<Bytes, BytesRejection>,
+) -> Result<Response, ApiError> {
+    let (caller, body) = shared.intake(&headers, body)?;
+    let subscription =
+        crate::events::http::to_backfill(&shared.settings.subscriptions, &id, caller.as_ref())?;
+    let id = subscription.id;
+    let request: spindle_client::BackfillRequest = crate::rpc::parse_json(&body)?;
+    let total = request.events.len();
+    let now = Utc::now();
+    let made = crate::events::publish::backfill(
+        &subscription,
+        request.events,
         &shared.settings.intake,
         now,
-        chrono::Duration::from_std(shared.dedup.config().max_skew)
-            .unwrap_or(chrono::Duration::zero()),
-        event_id,
         || shared.next_id(),
     )?;
-    if published.jobs.is_empty() {
-        shared.metrics.event("unmatched", 0);
-        return Ok(reply(None, Vec::new(), false));
-    }
-
-    let claim_of = key.as_deref().map(|key| Claim {
-        key: DedupKey::event(&bucket, key),
-        at: now,
-        owner: JobId(event_id),
-    });
-    if let Some(c) = claim_of {
-        match claim(&shared, &[c], Holds::Events).await?.pop() {
-            Some(Keyed::Duplicate(owner)) => {
-                shared.metrics.event("duplicate", 0);
-                let deliveries = find_event(&shared, owner)
-                    .await
-                    .map(|e| e.deliveries)
-                    .unwrap_or_default();
-                return Ok(reply(Some(owner.to_string()), deliveries, true));
-            }
-            Some(Keyed::Pending(_, why)) => return Err(ApiError::Unavailable(why)),
-            Some(Keyed::Free) | None => {}
-        }
-    }
-    crash_at("claimed", key.as_deref());
-
-    // One group, sent alone: the event's jobs share one forward and so one commit. The claim
-    // rides on the first job, which keeps it alive and bounds the forward's `not_after`.
-    let scheduled: HashMap<JobId, DateTime<Utc>> = published.scheduled.into_iter().collect();
-    let routed: Vec<Routed> = published
+    let claims: Vec<Claim> = made
         .jobs
-        .into_iter()
-        .enumerate()
-        .map(|(i, job)| Routed {
-            first_at: scheduled.get(&job.id).copied().unwrap_or(job.created_at),
-            claim: claim_of.filter(|_| i == 0),
-            job,
+        .iter()
+        .filter_map(|job| {
+            let event = job.event.as_ref()?.event_id;
+            Some(Claim {
+                key: DedupKey::backfill(subscription.bucket(), id, event),
+                at: now,
+                owner: job.id,
+            })
+        })
+        .collect();
+    let fates = match claims.is_empty() {
+        true => Vec::new(),
+        false => claim(&shared, &claims, Holds::Jobs).await?,
+    };
+    let free: Vec<usize> = (0..claims.len())
+        .filter(|&i| matches!(fates.get(i), Some(Keyed::Free)))
+        .collect();
+    let taken: Vec<Claim> = free.iter().map(|&i| claims[i]).collect();
+    if let Some(Keyed::Pending(_, why)) = fates.iter().find(|f| matches!(f, Keyed::Pending(..))) {
+        settle_claims(&shared, &[], &taken).await;
+        return Err(ApiError::Unavailable(why.clone()));
+    }
+    let routed: Vec<Routed> = free
+        .iter()
+        .map(|&i| Routed {
+            first_at: made.jobs[i].created_at,
+            claim: Some(claims[i]),
+            job: made.jobs[i].clone(),
             result: None,
         })
         .collect();
+    if !routed.is_empty() {
+        match forward_alone(&shared, subscription.bucket(), &routed, Vec::new(), now).await {
+            Sent::Stored => settle_claims(&shared, &taken, &[]).await,
+            Sent::Refused(why) => {
+                settle_claims(&shared, &[], &taken).await;
+                return Err(ApiError::Unavailable(format!("nothing was stored: {why}")));
+            }
+            Sent::Invalid(why, _) => {
+                settle_claims(&shared, &[], &taken).await;
+                return Err(ApiError::InvalidField(FieldError::new(
+                    "events",
+                    format!("was refused for its content, nothing was stored: {why}"),
+                )));
+            }
+            Sent::Unknown(why) => {
+                return Err(ApiError::OutcomeUnknown(format!(
+                    "the back-fill's jobs may or may not be stored ({why}); send it again"
+                )))
+            }
+        }
+    }
+    let deliveries: Vec<spindle_client::BackfilledEvent> = routed
+        .iter()
+        .filter_map(|r| {
+            let e = r.job.event.as_ref()?;
+            Some(spindle_client::BackfilledEvent {
+                event_id: e.event_id.to_string(),
+                job_id: r.job.id.to_string(),
+            })
+        })
+        .collect();
+    let reply = spindle_client::BackfillReply {
+        skipped: total - deliveries.len(),
+        deliveries,
+    };
+    Ok((StatusCode::ACCEPTED, Json(reply)).into_response())
+}
+
+/// Forwards `routed` (and `kept` events) to one Director in one forward of their own, so they
+/// are committed together; the claims they carry were made at `claimed_at`.
+async fn forward_alone(
+    shared: &Shared,
+    bucket: &str,
+    routed: &[Routed],
+    kept: Vec<(spindle_client::KeptEvent, Option<Claim>)>,
+    claimed_at: DateTime<Utc>,
+) -> Sent {
     let group = Group {
-        bucket: bucket.as_str().into(),
+        bucket: bucket.into(),
         seq: routed.iter().find_map(|r| r.job.seq()),
         members: (0..routed.len()).collect(),
         tried: Vec::new(),
         last_refusal: Sent::Refused(String::from("no healthy director")),
-        claimed_at: now,
+        claimed_at,
         alone: true,
+        kept,
     };
-    let sent = forward(&shared, &routed, vec![group])
+    forward(shared, routed, vec![group])
         .await
         .pop()
         .map(|(_, sent)| sent)
-        .unwrap_or_else(|| Sent::Refused("not forwarded".into()));
-    let claims: Vec<Claim> = claim_of.into_iter().collect();
-    match sent {
-        Sent::Stored => {
-            crash_at("stored", key.as_deref());
-            shared.metrics.event("stored", published.deliveries.len());
-            settle_claims(&shared, &claims, &[]).await;
-            Ok(reply(
-                Some(event_id.to_string()),
-                published.deliveries,
-                false,
-            ))
-        }
-        Sent::Refused(why) => {
-            shared.metrics.event("refused", 0);
-            settle_claims(&shared, &[], &claims).await;
-            Err(ApiError::Unavailable(format!("nothing was stored: {why}")))
-        }
-        Sent::Invalid(why, status) => {
-            // The last Director tried refused the event's jobs for their content (a limit of
-            // its own below the router's; the others refused too): a retry cannot help.
-            shared.metrics.event("invalid", 0);
-            settle_claims(&shared, &[], &claims).await;
-            let message = format!("was refused for its content, nothing was stored: {why}");
-            Err(ApiError::InvalidField(match status {
-                413 => FieldError::too_large("event", message),
-                _ => FieldError::new("event", message),
-            }))
-        }
-        Sent::Unknown(why) => {
-            shared.metrics.event("unknown", 0);
-            Err(ApiError::OutcomeUnknown(format!(
-                "the event's jobs may or may not be stored ({why}); publish again with the same \
-             idempotency key"
-            )))
-        }
-    }
+        .unwrap_or_else(|| Sent::Refused("not forwarded".into()))
 }
 
-/// A `202` naming the event and its jobs.
-fn reply(
+/// One event's answer, naming it and its jobs.
+fn answer(
     event_id: Option<String>,
     deliveries: Vec<spindle_client::EventDelivery>,
     duplicate: bool,
-) -> Response {
-    let reply = PublishReply {
+) -> PublishReply {
+    PublishReply {
         event_id,
         transaction_id: None,
         deliveries,
         duplicate,
-    };
-    (StatusCode::ACCEPTED, Json(reply)).into_response()
+    }
 }
 
 /// The event `id` as the first healthy Director's JobDB that has it tells.

@@ -14,6 +14,7 @@ use crate::job::Job;
 use crate::router::dedup::Claim;
 use crate::router::directors::DirectorEntry;
 use crate::rpc::import::{import_job, ImportRequest};
+use spindle_client::KeptEvent;
 
 /// Most forwards of one request in flight at once.
 const FORWARDS_IN_FLIGHT: usize = 8;
@@ -33,6 +34,9 @@ pub(super) struct Group {
     /// Sent in a forward of its own: a forward it shared was refused for its content, which
     /// may be another group's.
     pub(super) alone: bool,
+    /// Events kept without a job that go with it (a publish that matched no subscription),
+    /// each with the claim of its idempotency key.
+    pub(super) kept: Vec<(KeptEvent, Option<Claim>)>,
 }
 
 /// Forwards every group of a request until each is settled, in rounds: each group that is not
@@ -169,7 +173,18 @@ async fn forward_to(
     let members = || groups.iter().flat_map(|g| g.members.iter().copied());
     let jobs: Vec<Arc<Job>> = members().map(|i| routed[i].job.clone()).collect();
     let firsts: Vec<DateTime<Utc>> = members().map(|i| routed[i].first_at).collect();
-    let claims: Vec<Claim> = members().filter_map(|i| routed[i].claim).collect();
+    let kept: Vec<KeptEvent> = groups
+        .iter()
+        .flat_map(|g| g.kept.iter().map(|(e, _)| e.clone()))
+        .collect();
+    let claims: Vec<Claim> = members()
+        .filter_map(|i| routed[i].claim)
+        .chain(
+            groups
+                .iter()
+                .flat_map(|g| g.kept.iter().filter_map(|(_, c)| *c)),
+        )
+        .collect();
     // The oldest of the groups' claims decides whether they are refreshed first.
     let mut claimed_at = groups
         .iter()
@@ -179,7 +194,15 @@ async fn forward_to(
     if !refresh_claims(shared, &claims, &mut claimed_at).await {
         return Forwarded::Settled(Sent::Refused("the dedup store is unavailable".into()));
     }
-    match send(shared, director, (&jobs, &firsts), &claims, claimed_at).await {
+    match send(
+        shared,
+        director,
+        (&jobs, &firsts, &kept),
+        &claims,
+        claimed_at,
+    )
+    .await
+    {
         Sent::Stored => Forwarded::Settled(Sent::Stored),
         Sent::Refused(why) => Forwarded::Refused {
             why,
@@ -203,7 +226,7 @@ async fn forward_to(
                 resolve(
                     shared,
                     &director.jobdb,
-                    (&jobs, &firsts),
+                    (&jobs, &firsts, &kept),
                     &claims,
                     claimed_at,
                     why,
@@ -248,8 +271,9 @@ async fn resolve(
     Sent::Unknown(why)
 }
 
-/// The jobs of one forward, with when each may first be attempted (side by side).
-type Outbound<'a> = (&'a [Arc<Job>], &'a [DateTime<Utc>]);
+/// The jobs of one forward, with when each may first be attempted (side by side), and the
+/// events it keeps without a job.
+type Outbound<'a> = (&'a [Arc<Job>], &'a [DateTime<Utc>], &'a [KeptEvent]);
 
 /// One forward request to a Director.
 async fn send(
@@ -264,6 +288,7 @@ async fn send(
         from_jobdb: None,
         not_after: (!claims.is_empty()).then(|| shared.not_after(claimed_at)),
         blocked_keys: Vec::new(),
+        events: jobs.2.to_vec(),
         jobs: jobs
             .0
             .iter()

@@ -48,7 +48,7 @@ impl RouterMetrics {
         let events = Family::<ResultLabels, Counter>::default();
         registry.register(
             "events",
-            "Published events by result (stored, duplicate, unmatched, refused, invalid, \
+            "Published events by result (stored, duplicate, refused, invalid, \
              unknown); their jobs are not counted in jobs",
             events.clone(),
         );

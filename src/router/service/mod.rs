@@ -32,8 +32,9 @@
 //! # Files
 //! This file: the settings, starting and stopping, `POST /v1/jobs` from request to answer, and
 //! the other routes. `claims.rs`: steps 1 and 3 (claim, keep alive, confirm or release).
-//! `forward.rs`: step 2. `events.rs`: `POST /v1/events`, the same three steps for a whole
-//! event (one claim, one forward). `metrics.rs`: the `spindle_router_*` metrics.
+//! `forward.rs`: step 2. `events.rs`: `POST /v1/events`, the same three steps for events (a
+//! claim per event, one forward per request), and back-fills (a claim per subscription and
+//! event). `metrics.rs`: the `spindle_router_*` metrics.
 //!
 //! With a control database the router also serves the subscription API
 //! (`/v1/subscriptions`, [`crate::events::http`]) and publishes events from its own cache of
@@ -179,6 +180,7 @@ impl Router {
         let app = axum::Router::new()
             .route("/v1/jobs", post(submit_jobs))
             .route("/v1/events", post(events::publish_event))
+            .route("/v1/subscriptions/{id}/backfill", post(events::backfill))
             .route("/v1/jobs/{id}", get(get_job))
             .route("/healthz", get(|| async { "ok\n" }))
             .route("/readyz", get(readyz))
@@ -395,6 +397,7 @@ async fn submit_jobs(
             last_refusal: Sent::Refused(String::from("no healthy director")),
             claimed_at,
             alone: false,
+            kept: Vec::new(),
         })
         .collect();
     let outcomes = forward(&shared, &routed, groups).await;

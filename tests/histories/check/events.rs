@@ -1,7 +1,8 @@
 //! The invariants of events and subscriptions: every stored event has exactly one job per
 //! matching subscription (`event-atomic`), a key published through the routers stores one
 //! event (`event-once`), a disabled subscription's jobs wait (`subscription-held`), and a
-//! subscription's cap holds (`subscription-cap`).
+//! subscription's cap holds (`subscription-cap`), and an event no subscription wants is kept
+//! under one id (`event-kept`).
 
 use std::collections::{HashMap, HashSet};
 
@@ -81,6 +82,7 @@ pub(super) fn events(i: &Inputs, out: &mut Vec<Violation>, tally: &mut Tally) {
             );
         }
     }
+    kept(i, out);
     let Some(held) = i.held_subscription else {
         return;
     };
@@ -137,6 +139,37 @@ pub(super) fn events(i: &Inputs, out: &mut Vec<Violation>, tally: &mut Tally) {
 /// requests a second per Director: no second holds more than a burst and a second's worth per
 /// Director, away from the times a Director was down (a new limiter starts with a full burst)
 /// (`subscription-cap`).
+/// Every acknowledged event no subscription wants is held by a JobDB at the end, and every
+/// answer for its key names one event (`event-kept`).
+fn kept(i: &Inputs, out: &mut Vec<Violation>) {
+    let mut by_key: HashMap<&str, HashSet<&str>> = HashMap::new();
+    for (key, _, id) in &i.log.kept {
+        by_key.entry(key).or_default().insert(id);
+        if !i.kept_found.contains(id) {
+            v(
+                out,
+                "event-kept",
+                Utc::now(),
+                None,
+                format!(
+                    "event {id} (key {key}) was acknowledged, and no JobDB or archive holds it"
+                ),
+            );
+        }
+    }
+    for (key, ids) in by_key {
+        if ids.len() > 1 {
+            v(
+                out,
+                "event-kept",
+                Utc::now(),
+                None,
+                format!("key {key}: answers name {} events: {ids:?}", ids.len()),
+            );
+        }
+    }
+}
+
 fn capped(i: &Inputs, out: &mut Vec<Violation>) {
     let rate = events::CREATED_PER_SECOND;
     let allowed = (2.0 * rate * i.directors as f64).ceil() as usize;

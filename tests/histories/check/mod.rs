@@ -142,6 +142,8 @@ pub struct Inputs<'a> {
     pub held_subscription: Option<ulid::Ulid>,
     /// How many Directors deliver (each applies a subscription's caps on its own).
     pub directors: usize,
+    /// Acknowledged events no subscription wants that a JobDB or the archive holds at the end.
+    pub kept_found: &'a HashSet<String>,
 }
 
 pub fn check(i: &Inputs) -> (Vec<Violation>, Tally) {
