@@ -214,10 +214,23 @@ impl<R: Recorder> Archiver<R> {
                 return Ok(archived);
             };
             after = Some(last.id);
-            let events = page
-                .iter()
-                .filter_map(|e| crate::events::publish::kept_to_wire(e).ok())
-                .collect::<Vec<_>>();
+            // An envelope that is not JSON (a row changed by hand) cannot be written as one;
+            // it is named, not silently left out.
+            let mut events = Vec::with_capacity(page.len());
+            for event in &page {
+                match crate::events::publish::kept_to_wire(event) {
+                    Ok(wire) => events.push(wire),
+                    Err(e) => tracing::error!(
+                        jobdb = self.db.name(),
+                        event = %event.id,
+                        error = %e.message,
+                        "a kept event's envelope is not JSON; it is not archived"
+                    ),
+                }
+            }
+            if events.is_empty() {
+                continue;
+            }
             let name = self.db.name();
             self.until_stored(last.id, stop, || self.archive.put_events(name, &events))
                 .await?;

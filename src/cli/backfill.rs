@@ -1,13 +1,15 @@
 //! Back-fill: delivers a bucket's past events to a subscription added after them, read from a
-//! JobDB or from the archive, through a Director's `POST /v1/subscriptions/{id}/backfill`.
+//! JobDB or from the archive, through `POST /v1/subscriptions/{id}/backfill` of a router or a
+//! Director.
 //!
 //! A JobDB keeps every event published to it (with the envelope, `{"type", "timestamp",
 //! "data"}`, in its `events` row or in its jobs' bodies), so a bucket's first subscription can
 //! be back-filled too; the archive holds the events that made jobs (each job's body is the
-//! envelope, its event link names the event) and, in `events` objects, those that made none. An
-//! event that already has a job of the
-//! subscription in the source is left out, and the Director leaves out those its own JobDB has. The subscription's types and filter decide on the Director which events
-//! it wants. The subscriber sees the event's own id (`spindle-event-id`) and timestamp.
+//! envelope, its event link names the event) and, in `events` objects, those that made none.
+//! An event that already has a job of the subscription in the source is left out; a Director
+//! leaves out those its own JobDB has given one, a router those back-filled through any router
+//! within its dedup window. The subscription's types and filter decide there which events it
+//! wants. The subscriber sees the event's own id (`spindle-event-id`) and timestamp.
 
 use std::collections::{BTreeMap, HashSet};
 

@@ -23,7 +23,7 @@ pub struct ImportRequest {
     /// New jobs only: refuse the request (409, nothing stored) once this instant has passed.
     #[serde(default)]
     pub not_after: Option<DateTime<Utc>>,
-    /// 1 to 1000 jobs (none when the request only carries `blocked_keys`).
+    /// 1 to 1000 jobs (none when the request only carries `blocked_keys` or `events`).
     pub jobs: Vec<ImportJob>,
     /// Moves only: ordered keys blocked in the retired JobDB (a job that asked to block its key
     /// ended without success there), carried so the block follows the key: stored in this
