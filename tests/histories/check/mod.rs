@@ -612,11 +612,13 @@ pub fn check(i: &Inputs) -> (Vec<Violation>, Tally) {
         let got = told.get(&id.to_string()).map_or(0, HashSet::len);
         let written = notices.get(id).map_or(0, Vec::len);
         if got == 0 {
+            // The notice jobs too, so the report shows where each stopped.
+            let written_ids = notices.get(id).cloned().unwrap_or_default();
             v(
                 &mut out,
                 "notice",
                 end.time,
-                Some(*id),
+                std::iter::once(*id).chain(written_ids),
                 format!(
                     "job {id} ended {} ({}) and no notice arrived ({written} notice jobs stored)",
                     end.state,
