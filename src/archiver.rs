@@ -218,12 +218,11 @@ impl<R: Recorder> Archiver<R> {
             // it is named, not silently left out.
             let mut events = Vec::with_capacity(page.len());
             for event in &page {
-                match crate::events::publish::kept_to_wire(event) {
-                    Ok(wire) => events.push(wire),
-                    Err(e) => tracing::error!(
+                match event.to_wire() {
+                    Some(wire) => events.push(wire),
+                    None => tracing::error!(
                         jobdb = self.db.name(),
                         event = %event.id,
-                        error = %e.message,
                         "a kept event's envelope is not JSON; it is not archived"
                     ),
                 }

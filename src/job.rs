@@ -158,6 +158,22 @@ pub struct EventRecord {
     pub envelope: Bytes,
 }
 
+impl EventRecord {
+    /// Its wire form (a router's forward, the archive); `None` if its envelope is not JSON (a
+    /// row changed by hand).
+    pub fn to_wire(&self) -> Option<spindle_client::KeptEvent> {
+        let text = std::str::from_utf8(&self.envelope).ok()?;
+        let envelope = serde_json::value::RawValue::from_string(text.to_owned()).ok()?;
+        Some(spindle_client::KeptEvent {
+            event_id: self.id.to_string(),
+            bucket: self.bucket.to_string(),
+            event_type: self.event_type.to_string(),
+            created_at: self.created_at,
+            envelope,
+        })
+    }
+}
+
 impl EventLink {
     /// Its wire form (job views, imports, the archive).
     pub fn to_wire(&self) -> spindle_client::EventLink {

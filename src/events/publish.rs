@@ -228,21 +228,6 @@ impl Publishing {
     }
 }
 
-/// A kept event as a router forwards it (`POST /v1/import`'s `events`).
-pub fn kept_to_wire(event: &EventRecord) -> Result<spindle_client::KeptEvent, FieldError> {
-    let envelope = std::str::from_utf8(&event.envelope)
-        .ok()
-        .and_then(|text| RawValue::from_string(text.to_owned()).ok())
-        .ok_or_else(|| FieldError::new("payload", "the envelope is not JSON"))?;
-    Ok(spindle_client::KeptEvent {
-        event_id: event.id.to_string(),
-        bucket: event.bucket.to_string(),
-        event_type: event.event_type.to_string(),
-        created_at: event.created_at,
-        envelope,
-    })
-}
-
 /// A forwarded kept event (`events[i]` of an import), checked as a publish checks its event.
 pub fn kept_of_wire(
     event: spindle_client::KeptEvent,

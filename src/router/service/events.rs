@@ -167,7 +167,10 @@ pub(super) async fn publish_event(
             });
         }
         if let Some(event) = &m.published.kept {
-            kept.push((crate::events::publish::kept_to_wire(event)?, m.claim));
+            let wire = event
+                .to_wire()
+                .ok_or_else(|| ApiError::InvalidField(FieldError::new("payload", "is not JSON")))?;
+            kept.push((wire, m.claim));
         }
     }
     let sent = match (routed.is_empty() && kept.is_empty(), made.first()) {
