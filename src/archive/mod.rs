@@ -313,14 +313,7 @@ impl Archive {
 
     /// Keys of every object of kept events (optionally of one JobDB), in key order.
     pub async fn event_objects(&self, jobdb: Option<&str>) -> Result<Vec<String>, ArchiveError> {
-        let list_prefix = match jobdb {
-            Some(name) => {
-                check_jobdb_name(name)?;
-                format!("{}{name}/events/", self.prefix)
-            }
-            None => self.prefix.to_string(),
-        };
-        let mut keys = self.list(&list_prefix).await?;
+        let mut keys = self.list(&self.prefix_of(jobdb)?).await?;
         keys.retain(|k| format::is_events_key(&self.prefix, k));
         Ok(keys)
     }
@@ -330,11 +323,7 @@ impl Archive {
         &self,
         key: &str,
     ) -> Result<Vec<spindle_client::KeptEvent>, ArchiveError> {
-        let (data, _) = self
-            .get(key)
-            .await?
-            .ok_or_else(|| ArchiveError::Rejected(format!("no object {key}")))?;
-        decode_events(&data)
+        decode_events(&self.get_object(key).await?)
     }
 
     /// PUTs an object with its SHA-256 in metadata, then HEADs it to confirm it is there whole.
@@ -368,11 +357,16 @@ impl Archive {
 
     /// Reads a batch object back (by data object key), checking it against its SHA-256.
     pub async fn read_batch(&self, object_key: &str) -> Result<Vec<ArchivedJob>, ArchiveError> {
+        decode_batch(&self.get_object(object_key).await?)
+    }
+
+    /// An object's bytes; one that is not there is refused.
+    async fn get_object(&self, key: &str) -> Result<Bytes, ArchiveError> {
         let (data, _) = self
-            .get(object_key)
+            .get(key)
             .await?
-            .ok_or_else(|| ArchiveError::Rejected(format!("no object {object_key}")))?;
-        decode_batch(&data)
+            .ok_or_else(|| ArchiveError::Rejected(format!("no object {key}")))?;
+        Ok(data)
     }
 
     /// The manifest of one batch, or `None` if that batch was never completely written.
@@ -399,14 +393,7 @@ impl Archive {
     /// Every manifest under the prefix (optionally of one jobdb), in key order, paginating
     /// ListObjectsV2.
     pub async fn manifests(&self, jobdb: Option<&str>) -> Result<Vec<Manifest>, ArchiveError> {
-        let list_prefix = match jobdb {
-            Some(name) => {
-                check_jobdb_name(name)?;
-                format!("{}{name}/", self.prefix)
-            }
-            None => self.prefix.to_string(),
-        };
-        let mut keys = self.list(&list_prefix).await?;
+        let mut keys = self.list(&self.prefix_of(jobdb)?).await?;
         keys.retain(|k| self.is_manifest_key(k));
         futures::stream::iter(keys)
             .map(|key| async move {
@@ -418,6 +405,17 @@ impl Archive {
             .buffered(MANIFEST_FETCH_CONCURRENCY)
             .try_collect()
             .await
+    }
+
+    /// The keys of one JobDB (`{prefix}{jobdb}/`), or of the whole archive.
+    fn prefix_of(&self, jobdb: Option<&str>) -> Result<String, ArchiveError> {
+        match jobdb {
+            Some(name) => {
+                check_jobdb_name(name)?;
+                Ok(format!("{}{name}/", self.prefix))
+            }
+            None => Ok(self.prefix.to_string()),
+        }
     }
 
     /// Every key starting with `list_prefix`, in byte order (ListObjectsV2's order, paginated).

@@ -13,8 +13,8 @@
 
 use std::collections::{BTreeMap, HashSet};
 
+use crate::events::publish::Envelope;
 use chrono::{DateTime, Utc};
-use serde::Deserialize;
 use spindle_client::{BackfillRequest, PastEvent};
 use ulid::Ulid;
 
@@ -56,23 +56,14 @@ pub struct BackfillReport {
     pub unreadable: usize,
 }
 
-/// An event's envelope, as a job of it carries it.
-#[derive(Deserialize)]
-struct Envelope {
-    #[serde(rename = "type")]
-    event_type: String,
-    timestamp: DateTime<Utc>,
-    data: Box<serde_json::value::RawValue>,
-}
-
 /// The event `id` whose envelope is `envelope`, if it is one.
 fn past_event(id: Ulid, envelope: &[u8]) -> Option<PastEvent> {
     let envelope: Envelope = serde_json::from_slice(envelope).ok()?;
     Some(PastEvent {
         event_id: id.to_string(),
-        event_type: envelope.event_type,
-        timestamp: envelope.timestamp,
-        data: envelope.data,
+        event_type: envelope.event_type.into_owned(),
+        timestamp: envelope.timestamp?,
+        data: envelope.data.to_owned(),
     })
 }
 

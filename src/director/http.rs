@@ -257,7 +257,6 @@ async fn publish_event(
         &subscriptions.index(),
         &state.limits,
         Utc::now(),
-        chrono::Duration::zero(),
         || state.next_id().0,
         || state.next_id(),
     )?;

@@ -182,50 +182,110 @@ impl Publishing {
         }
     }
 
-    /// Makes each event's jobs ([`fan_out`]), all of them one submission: a bad event refuses
-    /// the whole request (a field of a batch's event `i` is named `events[i].…`), and so does
-    /// a batch whose events make more than [`MAX_JOBS_PER_EVENT_BATCH`] jobs between them.
+    /// Makes each event's jobs ([`fan_out`]), in order, each with its bucket and idempotency
+    /// key: a bad event refuses the whole request (a field of a batch's event `i` is named
+    /// `events[i].…`), and so do events that make more than `max_jobs` jobs between them.
     /// `event_id` mints each event's id.
     #[allow(clippy::too_many_arguments)]
-    pub fn fan_out(
+    pub fn fan_out_each(
         self,
         index: &Index,
         limits: &IntakeLimits,
         now: DateTime<Utc>,
         skew: chrono::Duration,
+        max_jobs: usize,
         mut event_id: impl FnMut() -> Ulid,
         mut next_id: impl FnMut() -> JobId,
-    ) -> Result<PublishedBatch, FieldError> {
+    ) -> Result<Vec<Fanned>, FieldError> {
         let (events, batch) = match self {
             Publishing::One(event) => (vec![event], false),
             Publishing::Batch(events) => (events, true),
         };
-        let mut out = PublishedBatch::default();
+        let mut out = Vec::with_capacity(events.len());
+        let mut jobs = 0usize;
         for (i, event) in events.into_iter().enumerate() {
-            let one = fan_out(event, index, limits, now, skew, event_id(), &mut next_id).map_err(
-                |mut e| {
+            let (bucket, key) = (event.bucket.clone(), event.idempotency_key.clone());
+            let published = fan_out(event, index, limits, now, skew, event_id(), &mut next_id)
+                .map_err(|mut e| {
                     if batch {
                         e.field = format!("events[{i}].{}", e.field);
                     }
                     e
-                },
-            )?;
-            if out.jobs.len() + one.jobs.len() > MAX_JOBS_PER_EVENT_BATCH {
+                })?;
+            jobs += published.jobs.len();
+            if jobs > max_jobs {
                 return Err(FieldError::too_large(
                     "events",
                     format!(
-                        "its events make more than {MAX_JOBS_PER_EVENT_BATCH} jobs between them; \
-                         send fewer at a time"
+                        "its events make more than {max_jobs} jobs between them; send fewer at \
+                         a time"
                     ),
                 ));
             }
-            out.jobs.extend(one.jobs);
-            out.scheduled.extend(one.scheduled);
-            out.kept.extend(one.kept);
-            out.events.push((one.event_id, one.deliveries));
+            out.push(Fanned {
+                bucket,
+                key,
+                published,
+            });
         }
         Ok(out)
     }
+
+    /// Makes each event's jobs ([`Publishing::fan_out_each`]), all of them one submission: at
+    /// most [`MAX_JOBS_PER_EVENT_BATCH`] between them.
+    pub fn fan_out(
+        self,
+        index: &Index,
+        limits: &IntakeLimits,
+        now: DateTime<Utc>,
+        event_id: impl FnMut() -> Ulid,
+        next_id: impl FnMut() -> JobId,
+    ) -> Result<PublishedBatch, FieldError> {
+        let skew = chrono::Duration::zero();
+        let each = self.fan_out_each(
+            index,
+            limits,
+            now,
+            skew,
+            MAX_JOBS_PER_EVENT_BATCH,
+            event_id,
+            next_id,
+        )?;
+        let mut out = PublishedBatch::default();
+        for Fanned { published, .. } in each {
+            out.jobs.extend(published.jobs);
+            out.scheduled.extend(published.scheduled);
+            out.kept.extend(published.kept);
+            out.events.push((published.event_id, published.deliveries));
+        }
+        Ok(out)
+    }
+}
+
+/// One event of a publish, fanned out: its bucket, its idempotency key and its jobs.
+#[derive(Debug)]
+pub struct Fanned {
+    /// The event's bucket.
+    pub bucket: String,
+    /// Its idempotency key, if it has one.
+    pub key: Option<String>,
+    /// Its jobs (or itself, kept).
+    pub published: Published,
+}
+
+/// An envelope read back (what a job of the event, or its kept row, carries): its type, time
+/// and data.
+#[derive(Deserialize)]
+pub struct Envelope<'a> {
+    /// The event's type.
+    #[serde(rename = "type", borrow)]
+    pub event_type: std::borrow::Cow<'a, str>,
+    /// When it was published.
+    #[serde(default)]
+    pub timestamp: Option<DateTime<Utc>>,
+    /// Its data.
+    #[serde(borrow)]
+    pub data: &'a RawValue,
 }
 
 /// A forwarded kept event (`events[i]` of an import), checked as a publish checks its event.
@@ -243,13 +303,6 @@ pub fn kept_of_wire(
     check_event_type(&event.event_type, &field("event_type"))?;
     // The envelope's data is the event's payload: held to this Director's limit, as a publish
     // straight to it is.
-    #[derive(Deserialize)]
-    struct Envelope<'a> {
-        #[serde(rename = "type")]
-        event_type: &'a str,
-        #[serde(borrow)]
-        data: &'a RawValue,
-    }
     let envelope: Envelope = serde_json::from_str(event.envelope.get())
         .map_err(|e| FieldError::new(field("envelope"), e.to_string()))?;
     if envelope.event_type != event.event_type {

@@ -35,18 +35,17 @@ use spindle_client::api::MAX_IMPORT_JOBS;
 use super::claims::{claim, settle_claims, Holds, Keyed};
 use super::forward::{forward, Group};
 use super::{Routed, Sent, Shared};
-use crate::events::publish::{fan_out, Published, Publishing};
+use crate::events::publish::{Fanned, Published, Publishing};
 use crate::job::JobId;
 use crate::router::dedup::{Claim, DedupKey};
 use crate::rpc::error::ApiError;
 use crate::rpc::validate::FieldError;
 
-/// One event of a publish, fanned out here.
+/// One event of a publish, fanned out here, with its key's claim if it has a key.
 struct Made {
     bucket: String,
     key: Option<String>,
     published: Published,
-    /// Its key's claim, if it has a key.
     claim: Option<Claim>,
 }
 
@@ -62,56 +61,39 @@ pub(super) async fn publish_event(
     for event in publishing.events() {
         crate::rpc::check_publisher(caller.as_ref(), &event.bucket)?;
     }
-    let (events, batch) = match publishing {
-        Publishing::One(event) => (vec![event], false),
-        Publishing::Batch(events) => (events, true),
-    };
+    let batch = matches!(publishing, Publishing::Batch(_));
     let now = Utc::now();
     let skew = chrono::Duration::from_std(shared.dedup.config().max_skew)
         .unwrap_or(chrono::Duration::zero());
-    let index = subscriptions.index();
-    let mut made: Vec<Made> = Vec::with_capacity(events.len());
-    let mut jobs = 0usize;
-    for (i, event) in events.into_iter().enumerate() {
-        let (bucket, key) = (event.bucket.clone(), event.idempotency_key.clone());
-        let event_id = shared.next_id().0;
-        let published = fan_out(
-            event,
-            &index,
+    // The request's jobs go in one forward: at most what one import takes.
+    let made: Vec<Made> = publishing
+        .fan_out_each(
+            &subscriptions.index(),
             &shared.settings.intake,
             now,
             skew,
-            event_id,
+            MAX_IMPORT_JOBS,
+            || shared.next_id().0,
             || shared.next_id(),
+        )?
+        .into_iter()
+        .map(
+            |Fanned {
+                 bucket,
+                 key,
+                 published,
+             }| Made {
+                claim: key.as_deref().map(|key| Claim {
+                    key: DedupKey::event(&bucket, key),
+                    at: now,
+                    owner: JobId(published.event_id),
+                }),
+                bucket,
+                key,
+                published,
+            },
         )
-        .map_err(|mut e| {
-            if batch {
-                e.field = format!("events[{i}].{}", e.field);
-            }
-            e
-        })?;
-        jobs += published.jobs.len();
-        if jobs > MAX_IMPORT_JOBS {
-            return Err(ApiError::InvalidField(FieldError::too_large(
-                "events",
-                format!(
-                    "through a router, a batch's events make at most {MAX_IMPORT_JOBS} jobs \
-                     between them (one forward, one transaction); send fewer at a time"
-                ),
-            )));
-        }
-        let claim = key.as_deref().map(|key| Claim {
-            key: DedupKey::event(&bucket, key),
-            at: now,
-            owner: JobId(event_id),
-        });
-        made.push(Made {
-            bucket,
-            key,
-            published,
-            claim,
-        });
-    }
+        .collect();
 
     // Every key claimed at once (owner: the event's id). One still being stored elsewhere
     // makes the whole request wait: the claims taken are given back, nothing is stored.
