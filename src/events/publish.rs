@@ -14,12 +14,12 @@ use serde::Deserialize;
 use serde_json::value::RawValue;
 use sha2::{Digest, Sha256};
 use spindle_client::api::{MAX_EVENTS_PER_REQUEST, MAX_JOBS_PER_EVENT_BATCH};
-use spindle_client::{EventBatch, EventDelivery, NewEvent, PastEvent, SubmitRequest};
+use spindle_client::{EventBatch, EventDelivery, NewEvent, PastEvent};
 use ulid::Ulid;
 
 use super::{check_event_type, Index, Subscription};
 use crate::job::{EventLink, EventRecord, Job, JobId, Scheduled};
-use crate::rpc::api::{validate_request, FieldError, IntakeLimits, MAX_ORDERING_KEY_BYTES};
+use crate::rpc::api::{FieldError, IntakeLimits, MAX_ORDERING_KEY_BYTES};
 use crate::rpc::error::ApiError;
 use crate::rpc::validate;
 
@@ -54,7 +54,7 @@ pub fn fan_out(
     now: DateTime<Utc>,
     skew: chrono::Duration,
     event_id: Ulid,
-    next_id: impl FnMut() -> JobId,
+    mut next_id: impl FnMut() -> JobId,
 ) -> Result<Published, FieldError> {
     validate::check_bucket(&event.bucket, "bucket")?;
     check_event_type(&event.event_type, "event_type")?;
@@ -86,7 +86,7 @@ pub fn fan_out(
             ),
         ));
     }
-    let body = envelope(&event.event_type, now, &event.payload)?;
+    let body = envelope(&event.event_type, now, &event.payload);
     if matched.is_empty() {
         return Ok(Published {
             event_id,
@@ -98,28 +98,37 @@ pub fn fan_out(
                 bucket: event.bucket.as_str().into(),
                 event_type: event.event_type.as_str().into(),
                 created_at: now,
-                envelope: bytes::Bytes::from(String::from(Box::<str>::from(body))),
+                envelope: body,
             }),
         });
     }
-    let specs = matched
-        .iter()
-        .map(|s| {
-            let mut job = s.job(&body, ordering_key(s, &tree));
-            job.deliver_at = event.deliver_at;
-            job.on_complete = event.on_complete.clone();
-            job.idempotency_key = event.idempotency_key.clone();
-            job
-        })
-        .collect();
-    let (mut jobs, scheduled) =
-        validate_request(SubmitRequest { jobs: specs }, limits, now, skew, next_id)
-            .map_err(|e| name_field(e, &matched))?;
+    // The jobs' body is the envelope: it is what the payload limit holds.
+    validate::check_payload(body.len(), limits, "payload")?;
+    // A time already passed means now: the job is delivered like any other.
+    let passed_since = now.checked_sub_signed(skew).unwrap_or(now);
     let event_type: Arc<str> = event.event_type.as_str().into();
-    let mut deliveries = Vec::with_capacity(jobs.len());
-    for (job, s) in jobs.iter_mut().zip(&matched) {
-        // Fresh from intake: nothing else holds it, so this does not copy.
-        Arc::make_mut(job).event = Some(EventLink {
+    let on_complete: Option<Arc<str>> = event.on_complete.map(Into::into);
+    let mut jobs = Vec::with_capacity(matched.len());
+    let mut scheduled = Scheduled::new();
+    let mut deliveries = Vec::with_capacity(matched.len());
+    for s in &matched {
+        let key = ordering_key(s, &tree);
+        let (mut job, deliver_at) = s
+            .job(
+                next_id(),
+                body.clone(),
+                key.as_deref(),
+                event.deliver_at,
+                limits,
+                now,
+            )
+            .map_err(|e| name_field(e, s))?;
+        if let Some(at) = deliver_at.filter(|at| *at > passed_since) {
+            scheduled.push((job.id, at));
+        }
+        job.idempotency_key = event.idempotency_key.clone();
+        job.on_complete = on_complete.clone();
+        job.event = Some(EventLink {
             event_id,
             event_type: event_type.clone(),
             subscription: s.id,
@@ -128,6 +137,7 @@ pub fn fan_out(
             subscription_id: s.id.to_string(),
             job_id: job.id.to_string(),
         });
+        jobs.push(Arc::new(job));
     }
     Ok(Published {
         event_id,
@@ -352,7 +362,7 @@ pub fn backfill(
     events: Vec<PastEvent>,
     limits: &IntakeLimits,
     now: DateTime<Utc>,
-    next_id: impl FnMut() -> JobId,
+    mut next_id: impl FnMut() -> JobId,
 ) -> Result<Backfilled, FieldError> {
     if events.is_empty() || events.len() > MAX_FAN_OUT {
         return Err(FieldError::new(
@@ -360,8 +370,7 @@ pub fn backfill(
             format!("must hold 1 to {MAX_FAN_OUT} events"),
         ));
     }
-    let mut specs = Vec::with_capacity(events.len());
-    let mut links = Vec::with_capacity(events.len());
+    let mut jobs = Vec::with_capacity(events.len());
     let mut unwanted = 0;
     for (i, event) in events.iter().enumerate() {
         let field = |name: &str| format!("events[{i}].{name}");
@@ -377,40 +386,27 @@ pub fn backfill(
             unwanted += 1;
             continue;
         }
-        let body = envelope(&event.event_type, event.timestamp, &event.data)
-            .map_err(|e| FieldError::new(field("data"), e.message))?;
-        let mut job = subscription.job(&body, ordering_key(subscription, &tree));
+        let body = envelope(&event.event_type, event.timestamp, &event.data);
+        validate::check_payload(body.len(), limits, &field("data"))?;
+        let key = ordering_key(subscription, &tree);
+        let (mut job, _) = subscription
+            .job(next_id(), body, key.as_deref(), None, limits, now)
+            .map_err(|e| {
+                FieldError::new(
+                    "events",
+                    format!(
+                        "subscription {}: {} {}",
+                        subscription.id, e.field, e.message
+                    ),
+                )
+            })?;
         job.idempotency_key = Some(format!("backfill:{event_id}"));
-        specs.push(job);
-        links.push(EventLink {
+        job.event = Some(EventLink {
             event_id,
             event_type: event.event_type.as_str().into(),
             subscription: subscription.id,
         });
-    }
-    if specs.is_empty() {
-        return Ok(Backfilled {
-            jobs: Vec::new(),
-            unwanted,
-        });
-    }
-    let (mut jobs, _) = validate_request(
-        SubmitRequest { jobs: specs },
-        limits,
-        now,
-        chrono::Duration::zero(),
-        next_id,
-    )
-    .map_err(|mut e| {
-        e.message = format!(
-            "subscription {}: {} {}",
-            subscription.id, e.field, e.message
-        );
-        e.field = "events".to_owned();
-        e
-    })?;
-    for (job, link) in jobs.iter_mut().zip(links) {
-        Arc::make_mut(job).event = Some(link);
+        jobs.push(Arc::new(job));
     }
     Ok(Backfilled { jobs, unwanted })
 }
@@ -433,19 +429,16 @@ pub fn event_view(event: &crate::jobdb::events::StoredEvent) -> spindle_client::
     }
 }
 
-/// The body every subscriber of the event gets.
-fn envelope(
-    event_type: &str,
-    now: DateTime<Utc>,
-    payload: &RawValue,
-) -> Result<Box<RawValue>, FieldError> {
+/// The body every subscriber of the event gets. Valid JSON by construction: `payload` is
+/// JSON already, and the type is written by serde.
+fn envelope(event_type: &str, now: DateTime<Utc>, payload: &RawValue) -> bytes::Bytes {
     let text = format!(
         "{{\"type\":{},\"timestamp\":\"{}\",\"data\":{}}}",
         serde_json::Value::from(event_type),
         now.to_rfc3339_opts(SecondsFormat::Micros, true),
         payload.get()
     );
-    RawValue::from_string(text).map_err(|e| FieldError::new("payload", e.to_string()))
+    bytes::Bytes::from(text)
 }
 
 /// The job's ordering key: the subscription's id and the value its pointer finds (a string,
@@ -466,22 +459,17 @@ fn ordering_key(s: &Subscription, payload: &serde_json::Value) -> Option<String>
     Some(format!("{}:sha256:{hex}", s.id))
 }
 
-/// An intake error of one subscription's job, named for the event: its payload is the
-/// event's; anything else is the subscription's.
-fn name_field(mut e: FieldError, matched: &[Arc<Subscription>]) -> FieldError {
-    let Some(rest) = e.field.strip_prefix("jobs[") else {
-        return e;
-    };
-    let Some((i, field)) = rest.split_once("].") else {
-        return e;
-    };
-    if field == "payload" {
-        e.field = "payload".to_owned();
-        return e;
-    }
-    if let Some(s) = i.parse::<usize>().ok().and_then(|i| matched.get(i)) {
-        e.message = format!("subscription {}: {field} {}", s.id, e.message);
-        e.field = "event_type".to_owned();
+/// An error of one subscription's job, named for the event: its ordering key comes from the
+/// event's payload and its first attempt time is the event's; anything else is the
+/// subscription's.
+fn name_field(mut e: FieldError, s: &Subscription) -> FieldError {
+    match e.field.as_str() {
+        "ordering_key" => e.field = "payload".to_owned(),
+        "deliver_at" => {}
+        field => {
+            e.message = format!("subscription {}: {field} {}", s.id, e.message);
+            e.field = "event_type".to_owned();
+        }
     }
     e
 }
@@ -552,7 +540,17 @@ mod tests {
             let body: serde_json::Value = serde_json::from_slice(&job.payload).unwrap();
             assert_eq!(body["type"], "invoice.paid");
             assert_eq!(body["data"]["n"], 1);
+            assert_eq!(job.expire_at - job.created_at, chrono::Duration::hours(4));
+            assert!(job
+                .headers
+                .iter()
+                .any(|(n, v)| n == "content-type" && v == "application/json"));
         }
+        assert_eq!(
+            p.jobs[0].payload.as_ptr(),
+            p.jobs[1].payload.as_ptr(),
+            "an event's jobs share its one envelope"
+        );
         let p = publish(&index, event("invoice.paid", r#"{"tier":"silver"}"#)).unwrap();
         assert_eq!(
             p.jobs.len(),
@@ -633,5 +631,25 @@ mod tests {
         );
         let e = publish(&index, event("x", &big)).unwrap_err();
         assert_eq!((e.field.as_str(), e.too_large), ("payload", true));
+
+        // What a subscription's jobs refuse of the event names the event's field.
+        let index = Index::new([sub(NewSubscription::new("t1", "https://a.example/", ["*"]))]);
+        let far = NewEvent {
+            deliver_at: Some(Utc::now() + chrono::Duration::days(400)),
+            ..event("x", "1")
+        };
+        assert_eq!(publish(&index, far).unwrap_err().field, "deliver_at");
+        let limit = IntakeLimits::default().max_payload_bytes;
+        let near = format!("\"{}\"", "x".repeat(limit - 10));
+        assert!(
+            publish(&Index::default(), event("x", &near)).is_ok(),
+            "kept: the payload fits"
+        );
+        let e = publish(&index, event("x", &near)).unwrap_err();
+        assert_eq!(
+            (e.field.as_str(), e.too_large),
+            ("payload", true),
+            "its jobs' envelope does not"
+        );
     }
 }

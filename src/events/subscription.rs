@@ -14,7 +14,7 @@ use ulid::Ulid;
 use super::{check_pointer, Pattern};
 use crate::delivery::guard::AddressPolicy;
 use crate::delivery::signing::SigningSecret;
-use crate::rpc::api::{check_job, FieldError, IntakeLimits};
+use crate::rpc::api::{FieldError, IntakeLimits, JobTemplate};
 
 /// Most event types one subscription names.
 pub const MAX_EVENT_TYPES: usize = 64;
@@ -46,6 +46,8 @@ pub struct Subscription {
     /// The control database's version of its last change (0 until it is stored and read
     /// back): what an editor names in `If-Match`.
     pub version: u64,
+    /// Its event jobs' common part, checked with it.
+    pub template: JobTemplate,
 }
 
 /// A subscription as the control database keeps it (`subscriptions.spec`, JSON): everything
@@ -141,8 +143,7 @@ impl Subscription {
         };
         given.enabled = Some(given.enabled.unwrap_or(true));
         // The jobs it will make must pass intake: check one now, naming our fields.
-        let sample = sample_job(&given);
-        check_job(sample, limits, now).map_err(|mut e| {
+        let template = JobTemplate::check(sample_job(&given), limits, now).map_err(|mut e| {
             if e.field == "endpoint" {
                 e.field = "url".to_owned();
             }
@@ -158,6 +159,7 @@ impl Subscription {
             patterns,
             secret,
             version: 0,
+            template,
         })
     }
 
@@ -233,16 +235,20 @@ impl Subscription {
         }
     }
 
-    /// The job that delivers an event to it: `body` is the event's envelope, `ordering_key`
-    /// the value its pointer found in the payload (if it has one and found one).
-    pub fn job(&self, body: &serde_json::value::RawValue, ordering_key: Option<String>) -> NewJob {
-        let mut job = sample_job(&self.spec.given);
-        job.payload = Some(body.to_owned());
-        job.ordering_key = ordering_key;
-        if job.ordering_key.is_none() {
-            job.ordering_failure = None;
-        }
-        job
+    /// The job `id` that delivers an event to it: `body` is the event's envelope (its size
+    /// checked), `ordering_key` the value its pointer found in the payload (if it has one and
+    /// found one), `deliver_at` the event's.
+    pub fn job(
+        &self,
+        id: crate::job::JobId,
+        body: bytes::Bytes,
+        ordering_key: Option<&str>,
+        deliver_at: Option<DateTime<Utc>>,
+        limits: &IntakeLimits,
+        now: DateTime<Utc>,
+    ) -> Result<(crate::job::Job, Option<DateTime<Utc>>), FieldError> {
+        self.template
+            .make(id, body, ordering_key, deliver_at, limits, now)
     }
 }
 

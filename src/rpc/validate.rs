@@ -206,14 +206,80 @@ pub fn check_job(
     limits: &IntakeLimits,
     now: DateTime<Utc>,
 ) -> Result<(), FieldError> {
-    validate_job(spec, "job", limits, now, JobId(ulid::Ulid::nil()))
-        .map(|_| ())
-        .map_err(|mut e| {
-            if let Some(name) = e.field.strip_prefix("job.") {
-                e.field = name.to_owned();
-            }
-            e
+    JobTemplate::check(spec, limits, now).map(drop)
+}
+
+/// A job checked once and made many times, each with its own id, body, times and ordering
+/// key: a subscription's, whose event jobs differ only there (publishing does not check its
+/// URL and headers again for every event).
+#[derive(Clone, Debug)]
+pub struct JobTemplate {
+    job: Job,
+    ttl_ms: Option<u64>,
+    ordering_failure: Option<OrderingFailure>,
+}
+
+impl JobTemplate {
+    /// Checks `spec` as intake does ([`check_job`] names its fields); its id, payload, times
+    /// and ordering key are [`JobTemplate::make`]'s.
+    pub fn check(
+        spec: NewJob,
+        limits: &IntakeLimits,
+        now: DateTime<Utc>,
+    ) -> Result<JobTemplate, FieldError> {
+        let (ttl_ms, ordering_failure) = (spec.ttl_ms, spec.ordering_failure);
+        let (job, _) =
+            validate_job(spec, "job", limits, now, JobId(ulid::Ulid::nil())).map_err(|mut e| {
+                if let Some(name) = e.field.strip_prefix("job.") {
+                    e.field = name.to_owned();
+                }
+                e
+            })?;
+        Ok(JobTemplate {
+            job,
+            ttl_ms,
+            ordering_failure,
         })
+    }
+
+    /// Its job `id`, accepted `now`, carrying `payload` (the caller checked its size). Its
+    /// first attempt is at `deliver_at` (the field so named; returned when given) and it
+    /// lives for the template's `ttl_ms` from then; `ordering_key` (1 to
+    /// [`MAX_ORDERING_KEY_BYTES`], field `ordering_key`) orders it with the template's
+    /// `ordering_failure`.
+    pub fn make(
+        &self,
+        id: JobId,
+        payload: Bytes,
+        ordering_key: Option<&str>,
+        deliver_at: Option<DateTime<Utc>>,
+        limits: &IntakeLimits,
+        now: DateTime<Utc>,
+    ) -> Result<(Job, Option<DateTime<Utc>>), FieldError> {
+        let given = Times {
+            deliver_at,
+            ttl_ms: self.ttl_ms,
+            ..Times::default()
+        };
+        let (deliver_at, expire_at) = check_times(given, limits, now, str::to_owned)?;
+        let failure = ordering_key.and(self.ordering_failure);
+        let ordering = check_ordering(
+            ordering_key,
+            failure,
+            id.0,
+            "ordering_key",
+            "ordering_failure",
+        )?;
+        let job = Job {
+            id,
+            payload,
+            created_at: now,
+            expire_at,
+            ordering,
+            ..self.job.clone()
+        };
+        Ok((job, deliver_at))
+    }
 }
 
 fn validate_job(
@@ -280,11 +346,77 @@ fn validate_job(
         .unwrap_or(limits.default_coefficient);
     check_coefficient(coefficient, limits, &field("backoff_coefficient"))?;
 
+    let (deliver_at, expire_at) = check_times(
+        Times {
+            deliver_at: spec.deliver_at,
+            delay_ms: spec.delay_ms,
+            expire_at: spec.expire_at,
+            ttl_ms: spec.ttl_ms,
+        },
+        limits,
+        now,
+        &field,
+    )?;
+
+    if let Some(key) = &spec.idempotency_key {
+        check_idempotency_key(key, &field("idempotency_key"))?;
+    }
+    if let Some(url) = &spec.on_complete {
+        check_endpoint(url, &field("on_complete"))?;
+    }
+    // Where the job is stored, the Director gives it the position of its acceptance.
+    let ordering = check_ordering(
+        spec.ordering_key.as_deref(),
+        spec.ordering_failure,
+        id.0,
+        &field("ordering_key"),
+        &field("ordering_failure"),
+    )?;
+
+    let job = Job {
+        id,
+        bucket: spec.bucket.into(),
+        endpoint: spec.endpoint.into(),
+        method: method.into(),
+        headers,
+        payload,
+        execution_timeout: timeout,
+        retry: RetryPolicy {
+            min_delay,
+            coefficient,
+        },
+        created_at: now,
+        expire_at,
+        idempotency_key: spec.idempotency_key,
+        on_complete: spec.on_complete.map(Into::into),
+        ordering,
+        event: None,
+    };
+    Ok((job, deliver_at))
+}
+
+/// What a job gives of its times: each pair excludes the other.
+#[derive(Default)]
+struct Times {
+    deliver_at: Option<DateTime<Utc>>,
+    delay_ms: Option<u64>,
+    expire_at: Option<DateTime<Utc>>,
+    ttl_ms: Option<u64>,
+}
+
+/// A job's first attempt time (as given) and its expiry, checked against `limits`; `field`
+/// names a field as the request does.
+fn check_times(
+    given: Times,
+    limits: &IntakeLimits,
+    now: DateTime<Utc>,
+    field: impl Fn(&str) -> String,
+) -> Result<(Option<DateTime<Utc>>, DateTime<Utc>), FieldError> {
     let max_ttl = chrono::Duration::from_std(limits.max_ttl).unwrap_or(chrono::Duration::MAX);
     // The first attempt may be at most the longest time to live ahead.
     let latest_start = now.checked_add_signed(max_ttl);
     let too_far = |at: DateTime<Utc>| latest_start.is_some_and(|latest| at > latest);
-    let deliver_at = match (spec.deliver_at, spec.delay_ms) {
+    let deliver_at = match (given.deliver_at, given.delay_ms) {
         (Some(_), Some(_)) => {
             return Err(FieldError::new(
                 field("delay_ms"),
@@ -314,7 +446,7 @@ fn validate_job(
     // The time to live counts from the first attempt's time (a time already passed: now).
     let start = deliver_at.filter(|at| *at > now).unwrap_or(now);
     let max_expiry = start.checked_add_signed(max_ttl).unwrap_or(start);
-    let expire_at = match (spec.expire_at, spec.ttl_ms) {
+    let expire_at = match (given.expire_at, given.ttl_ms) {
         (Some(_), Some(_)) => {
             return Err(FieldError::new(
                 field("ttl_ms"),
@@ -354,42 +486,7 @@ fn validate_job(
             start.checked_add_signed(ttl).unwrap_or(max_expiry)
         }
     };
-
-    if let Some(key) = &spec.idempotency_key {
-        check_idempotency_key(key, &field("idempotency_key"))?;
-    }
-    if let Some(url) = &spec.on_complete {
-        check_endpoint(url, &field("on_complete"))?;
-    }
-    // Where the job is stored, the Director gives it the position of its acceptance.
-    let ordering = check_ordering(
-        spec.ordering_key.as_deref(),
-        spec.ordering_failure,
-        id.0,
-        &field("ordering_key"),
-        &field("ordering_failure"),
-    )?;
-
-    let job = Job {
-        id,
-        bucket: spec.bucket.into(),
-        endpoint: spec.endpoint.into(),
-        method: method.into(),
-        headers,
-        payload,
-        execution_timeout: timeout,
-        retry: RetryPolicy {
-            min_delay,
-            coefficient,
-        },
-        created_at: now,
-        expire_at,
-        idempotency_key: spec.idempotency_key,
-        on_complete: spec.on_complete.map(Into::into),
-        ordering,
-        event: None,
-    };
-    Ok((job, deliver_at))
+    Ok((deliver_at, expire_at))
 }
 
 // The checks below are the rules of a stored job, shared by every way a job enters a JobDB:
