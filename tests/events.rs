@@ -581,6 +581,33 @@ async fn a_later_subscription_is_backfilled_from_the_jobdb_and_from_s3(engine: E
     let out = backfill(&args);
     assert!(out.contains("selected 6, delivered 0, skipped 6"), "{out}");
 
+    // Both sources in one run: the JobDB's nine events, then the archive's six order events;
+    // the refund reaches the new subscription once.
+    let refunds = api
+        .add_subscription(&NewSubscription::new(
+            "shop",
+            rig.sink.url("/capture?s=refunds"),
+            ["order.refunded"],
+        ))
+        .await
+        .unwrap();
+    let mut args = vec![
+        refunds.id.as_str(),
+        "--since",
+        &since_text,
+        "--from-jobdb",
+        &url,
+        "--from-archive",
+        "--api",
+        &base,
+    ];
+    args.extend(archive_args.iter().map(String::as_str));
+    let out = backfill(&args);
+    assert!(
+        out.contains("selected 15, delivered 1, skipped 14"),
+        "{out}"
+    );
+
     // Bad back-fills: the field named, nothing stored.
     let past = |event_id: &str, event_type: &str| spindle_client::PastEvent {
         event_id: event_id.into(),
@@ -631,7 +658,7 @@ async fn a_later_subscription_is_backfilled_from_the_jobdb_and_from_s3(engine: E
     assert_eq!(made, 8, "one job per event across concurrent back-fills");
 
     // Delivered once each, as the events were, signed for each subscription.
-    let expected: usize = 5 + 3 + 3;
+    let expected: usize = 5 + 3 + 3 + 1;
     wait_for(
         Duration::from_secs(20),
         "back-filled jobs delivered",
@@ -646,7 +673,7 @@ async fn a_later_subscription_is_backfilled_from_the_jobdb_and_from_s3(engine: E
     )
     .await;
     tokio::time::sleep(Duration::from_millis(300)).await;
-    let secrets: HashMap<String, SigningSecret> = [&paid, &gold, &invoices]
+    let secrets: HashMap<String, SigningSecret> = [&paid, &gold, &invoices, &refunds]
         .iter()
         .map(|s| (s.id.clone(), s.secret.clone().unwrap().parse().unwrap()))
         .collect();
@@ -666,6 +693,7 @@ async fn a_later_subscription_is_backfilled_from_the_jobdb_and_from_s3(engine: E
     assert_eq!(got[&paid.id], vec![0, 1, 2, 3, 4]);
     assert_eq!(got[&gold.id], vec![0, 2, 4]);
     assert_eq!(got[&invoices.id], vec![6, 7, 8]);
+    assert_eq!(got[&refunds.id], vec![5]);
     rig.stop().await;
     control.stop().await;
 }

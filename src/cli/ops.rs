@@ -13,15 +13,16 @@ use clap::{Args, Subcommand};
 use super::{ConsulArgs, S3Args};
 use crate::secret::{Secret, SecretUrl};
 
-/// Where `spindle replay` and `spindle subscriptions backfill` read past jobs: a JobDB or the
-/// archive.
+/// Where `spindle replay` and `spindle subscriptions backfill` read past jobs: JobDBs, the
+/// archive, or both, read one after another.
 #[derive(Debug, Clone, Args)]
 pub struct SourceArgs {
-    /// Read from this JobDB (`mysql://user[:password]@host:port/name`).
-    #[arg(long, conflicts_with = "from_archive")]
-    pub from_jobdb: Option<SecretUrl>,
+    /// Read from this JobDB (`mysql://user[:password]@host:port/name`); repeat it to read
+    /// several.
+    #[arg(long)]
+    pub from_jobdb: Vec<SecretUrl>,
     /// Read from the archive (the `--s3-*` options, or `--archive-dir`), every JobDB's
-    /// batches or those of `--archive-jobdb`.
+    /// batches or those of `--archive-jobdb`, after any `--from-jobdb`.
     #[arg(long)]
     pub from_archive: bool,
     /// With `--from-archive`: only this JobDB's batches.
@@ -33,29 +34,32 @@ pub struct SourceArgs {
 }
 
 impl SourceArgs {
-    /// Opens the JobDB (a reader) or the archive.
-    pub async fn open(&self) -> anyhow::Result<crate::cli::replay::ReplaySource> {
+    /// Opens each JobDB (a reader), then the archive, in that order.
+    pub async fn open(&self) -> anyhow::Result<Vec<crate::cli::replay::ReplaySource>> {
         use crate::cli::replay::ReplaySource;
-        Ok(match (&self.from_jobdb, self.from_archive) {
-            (Some(url), false) => {
-                let url: crate::jobdb::JobDbUrl = url.expose().parse().context("--from-jobdb")?;
-                ReplaySource::JobDb(Box::new(crate::jobdb::JobDb::open_reader(&url, 2).await?))
+        if self.from_jobdb.is_empty() && !self.from_archive {
+            anyhow::bail!("give --from-jobdb URL (one or more) or --from-archive, or both");
+        }
+        let mut sources = Vec::new();
+        for url in &self.from_jobdb {
+            let url: crate::jobdb::JobDbUrl = url.expose().parse().context("--from-jobdb")?;
+            let db = crate::jobdb::JobDb::open_reader(&url, 2).await?;
+            sources.push(ReplaySource::JobDb(Box::new(db)));
+        }
+        if self.from_archive {
+            let mut config = self.s3.to_config().context(
+                "--from-archive needs --s3-bucket (and the other --s3-* options) or --archive-dir",
+            )?;
+            // A reader: a mistyped directory is an error, not a new empty archive.
+            if let crate::archive::ArchiveConfig::Dir(dir) = &mut config {
+                dir.create_bucket = false;
             }
-            (None, true) => {
-                let mut config = self.s3.to_config().context(
-                    "--from-archive needs --s3-bucket (and the other --s3-* options) or --archive-dir",
-                )?;
-                // A reader: a mistyped directory is an error, not a new empty archive.
-                if let crate::archive::ArchiveConfig::Dir(dir) = &mut config {
-                    dir.create_bucket = false;
-                }
-                ReplaySource::Archive {
-                    archive: crate::archive::Archive::open(&config).await?,
-                    jobdb: self.archive_jobdb.clone(),
-                }
-            }
-            _ => anyhow::bail!("give --from-jobdb URL or --from-archive"),
-        })
+            sources.push(ReplaySource::Archive {
+                archive: crate::archive::Archive::open(&config).await?,
+                jobdb: self.archive_jobdb.clone(),
+            });
+        }
+        Ok(sources)
     }
 }
 
@@ -448,7 +452,7 @@ pub(super) async fn replay(args: ReplayArgs) -> anyhow::Result<()> {
     use crate::cli::replay::ReplayOptions;
     let (discarded, archived) =
         crate::cli::replay::states(&args.states).map_err(anyhow::Error::msg)?;
-    let source = args.source.open().await?;
+    let sources = args.source.open().await?;
     let options = ReplayOptions {
         filter: crate::jobdb::replay::EndedFilter {
             bucket: args.bucket,
@@ -464,7 +468,24 @@ pub(super) async fn replay(args: ReplayArgs) -> anyhow::Result<()> {
         dry_run: args.dry_run,
         limit: args.limit,
     };
-    let report = crate::cli::replay::replay(&source, &options).await?;
+    let mut report = crate::cli::replay::ReplayReport::default();
+    for source in &sources {
+        let Some(limit) = options
+            .limit
+            .checked_sub(report.selected)
+            .filter(|n| *n > 0)
+        else {
+            break;
+        };
+        let options = ReplayOptions {
+            limit,
+            ..options.clone()
+        };
+        let read = crate::cli::replay::replay(source, &options).await?;
+        report.selected += read.selected;
+        report.submitted += read.submitted;
+        report.links.extend(read.links);
+    }
     for (original, new) in &report.links {
         println!("{original} -> {new}");
     }

@@ -255,8 +255,21 @@ pub(super) async fn run(command: SubscriptionsCommand) -> anyhow::Result<()> {
                 dry_run: args.dry_run,
                 limit: args.limit,
             };
-            let source = args.source.open().await?;
-            let report = crate::cli::backfill::backfill(&source, &options).await?;
+            let mut report = crate::cli::backfill::BackfillReport::default();
+            for source in &args.source.open().await? {
+                let Some(limit) = args.limit.checked_sub(report.selected).filter(|n| *n > 0) else {
+                    break;
+                };
+                let options = crate::cli::backfill::BackfillOptions {
+                    limit,
+                    ..options.clone()
+                };
+                let read = crate::cli::backfill::backfill(source, &options).await?;
+                report.selected += read.selected;
+                report.delivered += read.delivered;
+                report.skipped += read.skipped;
+                report.unreadable += read.unreadable;
+            }
             println!(
                 "selected {}, delivered {}, skipped {}, unreadable {}{}",
                 report.selected,

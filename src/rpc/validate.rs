@@ -355,7 +355,7 @@ fn validate_job(
         },
         limits,
         now,
-        &field,
+        field,
     )?;
 
     if let Some(key) = &spec.idempotency_key {
