@@ -127,6 +127,14 @@ pub enum Command {
     /// committed together), or a file of events (`--ndjson`, in batches); prints each event's
     /// id and each subscription's job.
     Publish(Box<PublishArgs>),
+    /// Print the OpenAPI document of the RPC API, as `GET /openapi.json` serves it: the
+    /// router's (what producers call; the SDKs in `sdks/` are generated from it), or with
+    /// `--director` the Director's.
+    Openapi {
+        /// The Director's document (adds import, endpoints and one JobDB's view of an event).
+        #[arg(long)]
+        director: bool,
+    },
 }
 
 /// Where the archive is: an S3 bucket, or a local directory (`--archive-dir`). S3 credentials
@@ -280,6 +288,13 @@ pub async fn execute(
         Command::Sink(args) => ops::sink(args).await?,
         Command::Subscriptions(command) => subscriptions::run(command).await?,
         Command::Publish(args) => subscriptions::publish(*args).await?,
+        Command::Openapi { director } => {
+            let doc = match director {
+                true => crate::rpc::openapi::director_document()?,
+                false => crate::rpc::openapi::router_document_pretty()?,
+            };
+            println!("{doc}");
+        }
     }
     Ok(())
 }

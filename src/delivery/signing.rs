@@ -173,6 +173,34 @@ mod tests {
         assert_eq!(signature, "v1,g0hM9SsE+OTPJTGt/tmIKtSyZlE3uFJELVlNIOLJ1OE=");
     }
 
+    /// The vectors the SDKs' receiver checks are tested with (signed by the standardwebhooks
+    /// package): spindle signs each the same.
+    #[test]
+    fn signs_the_sdks_shared_vectors_as_the_reference_package_does() {
+        let text = include_str!(concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/sdks/webhook-vectors.json"
+        ));
+        let doc: serde_json::Value = serde_json::from_str(text).unwrap();
+        let signed: Vec<&serde_json::Value> = doc["vectors"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter(|v| v["why"] == "signed by the secret")
+            .collect();
+        assert!(signed.len() >= 12);
+        for v in signed {
+            let secret: SigningSecret = v["secret"].as_str().unwrap().parse().unwrap();
+            let ours = sign(
+                &[secret],
+                v["id"].as_str().unwrap(),
+                v["timestamp"].as_i64().unwrap(),
+                v["body"].as_str().unwrap().as_bytes(),
+            );
+            assert_eq!(ours, v["signature"].as_str().unwrap(), "{v}");
+        }
+    }
+
     #[test]
     fn rotation_signs_with_every_secret_and_secrets_stay_secret() {
         let a: SigningSecret = "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw".parse().unwrap();

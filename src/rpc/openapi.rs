@@ -101,6 +101,13 @@ pub fn director_document() -> Result<String, serde_json::Error> {
             serde_json::json!({"pattern": "^[!#$%&'*+.^_`|~0-9A-Za-z-]+$", "maxLength": 256});
         headers["additionalProperties"] = serde_json::json!({"type": "string", "pattern": "^[^\\u0000-\\u0008\\u000A-\\u001F\\u007F]*$", "maxLength": 4096});
     }
+    // A header is a `[name, value]` pair: the derive writes it as a tuple (`prefixItems` and
+    // the boolean schema `false`), which code generators refuse.
+    if let Some(pair) = doc.pointer_mut("/components/schemas/ImportJob/properties/headers/items") {
+        *pair = serde_json::json!({
+            "type": "array", "items": {"type": "string"}, "minItems": 2, "maxItems": 2
+        });
+    }
     serde_json::to_string_pretty(&doc)
 }
 
@@ -108,6 +115,15 @@ pub fn director_document() -> Result<String, serde_json::Error> {
 /// `/v1/endpoints`: each Director's own view of its endpoints, `/v1/events/{id}`: one
 /// JobDB's view of an event).
 pub fn router_document() -> Result<String, serde_json::Error> {
+    serde_json::to_string(&router_value()?)
+}
+
+/// [`router_document`], indented (what `spindle openapi` prints and `sdks/` is made from).
+pub fn router_document_pretty() -> Result<String, serde_json::Error> {
+    serde_json::to_string_pretty(&router_value()?)
+}
+
+fn router_value() -> Result<serde_json::Value, serde_json::Error> {
     let mut doc: serde_json::Value = serde_json::from_str(&director_document()?)?;
     if let Some(paths) = doc.get_mut("paths").and_then(|p| p.as_object_mut()) {
         paths.remove("/v1/import");
@@ -119,7 +135,7 @@ pub fn router_document() -> Result<String, serde_json::Error> {
          forwarding to Directors)"
             .into(),
     );
-    serde_json::to_string(&doc)
+    Ok(doc)
 }
 
 /// Submit jobs. The whole batch is persisted in one transaction before the answer.
@@ -205,11 +221,12 @@ enum PublishAnswer {
     Batch(api::PublishBatchReply),
 }
 
-/// Publish an event, or a batch of 1 to 1,000 (`{"events": [...]}`, Directors only): one job
-/// per matching subscription of its bucket (exact type, prefix wildcard, payload filter), all
-/// of the request's jobs persisted in one transaction before the answer. Through a router, a
-/// repeated `idempotency_key` (within the dedup window) stores nothing and answers the first
-/// event, `duplicate: true`.
+/// Publish an event, or a batch of 1 to 1,000 (`{"events": [...]}`): one job per matching
+/// subscription of its bucket (exact type, prefix wildcard, payload filter), all of the
+/// request's jobs persisted in one transaction before the answer; an event no subscription
+/// wants is kept (it has an id, and a later subscription can be back-filled with it).
+/// Through a router, a repeated `idempotency_key` (within the dedup window) stores nothing and
+/// answers the first event, `duplicate: true`.
 #[utoipa::path(
     post,
     path = "/v1/events",

@@ -1,0 +1,58 @@
+// Types of the hand-written layer; the API's own types are generated (schema.d.ts).
+import type { components } from "./schema.js";
+
+export type { components, paths } from "./schema.js";
+export type Schemas = components["schemas"];
+
+/** A job as `POST /v1/jobs` takes it; `idempotency_key` is added when missing. */
+export type NewJob = Schemas["JobSpec"];
+/** An event as `POST /v1/events` takes it; `idempotency_key` is added when missing. */
+export type NewEvent = Schemas["NewEvent"];
+
+export declare const MAX_RETRY_WAIT: number;
+export declare const DEFAULT_TOLERANCE: number;
+
+export declare class SpindleError extends Error {
+  status?: number;
+  code?: string;
+  field?: string;
+  detail: string;
+}
+export declare class Refused extends SpindleError {}
+export declare class Unavailable extends SpindleError {}
+export declare class OutcomeUnknown extends SpindleError {
+  /** The idempotency keys the request carried: send it again with them. */
+  keys: string[];
+}
+export declare class WebhookVerificationError extends Error {}
+
+export interface SpindleOptions {
+  token?: string;
+  retries?: number;
+  backoff?: number;
+  maxBackoff?: number;
+  timeout?: number;
+  fetch?: typeof fetch;
+  sleep?: (seconds: number) => Promise<void>;
+}
+
+export declare class Spindle {
+  constructor(baseUrl: string, options?: SpindleOptions);
+  submit(jobs: NewJob[]): Promise<Schemas["SubmitResponse"]>;
+  publish(event: NewEvent): Promise<Schemas["PublishReply"]>;
+  publish(events: NewEvent[]): Promise<Schemas["PublishBatchReply"]>;
+  job(id: string): Promise<Schemas["JobView"]>;
+  addSubscription(spec: Schemas["NewSubscription"]): Promise<Schemas["SubscriptionView"]>;
+  subscriptions(bucket?: string): Promise<Schemas["SubscriptionList"]>;
+  subscription(id: string): Promise<Schemas["SubscriptionView"]>;
+  removeSubscription(id: string): Promise<Schemas["SubscriptionView"]>;
+  backfill(id: string, events: Schemas["PastEvent"][]): Promise<Schemas["BackfillReply"]>;
+}
+
+export declare function sign(secret: string, msgId: string, timestamp: number | string, body: string | Uint8Array): string;
+export declare function verify(
+  secrets: string | string[],
+  headers: Headers | Record<string, string | string[] | undefined>,
+  body: string | Uint8Array,
+  options?: { tolerance?: number; now?: number },
+): unknown;

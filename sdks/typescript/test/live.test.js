@@ -1,0 +1,68 @@
+// Against a live router and Director (tests/sdks.rs starts them and sets the variables): a
+// job through the router reaches its endpoint; a repeat of its key is a duplicate; an event
+// arrives signed so `verify` accepts it; a bad field is refused naming it.
+import { test } from "node:test";
+import assert from "node:assert/strict";
+import { randomUUID } from "node:crypto";
+import { Refused, Spindle, verify } from "../src/index.js";
+import { receiver } from "./helpers.js";
+
+const router = process.env.SPINDLE_ROUTER_URL;
+const director = process.env.SPINDLE_DIRECTOR_URL;
+const live = { skip: !router || !director ? "SPINDLE_ROUTER_URL and SPINDLE_DIRECTOR_URL are not set" : false };
+const sleep = (ms) => new Promise((r) => setTimeout(r, ms));
+
+async function waitState(spindle, id, state) {
+  for (let i = 0; i < 300; i++) {
+    if ((await spindle.job(id)).state === state) return;
+    await sleep(100);
+  }
+  assert.fail(`job ${id} did not reach ${state}`);
+}
+
+test("a job through the router is delivered once", live, async () => {
+  const r = await receiver();
+  const spindle = new Spindle(router);
+  const bucket = `ts-${randomUUID().slice(0, 8)}`;
+  const job = { bucket, endpoint: `${r.url}/jobs`, payload: { from: "typescript" } };
+  const reply = await spindle.submit([job]);
+  const id = reply.jobs[0].id;
+  await waitState(spindle, id, "succeeded");
+  const [got] = await r.wait(1, "/jobs");
+  assert.equal(got.body.toString(), '{"from":"typescript"}');
+  assert.equal(got.headers["spindle-job-id"], id);
+  const keyed = { ...job, idempotency_key: `fixed-${bucket}` };
+  const first = await spindle.submit([keyed]);
+  const repeat = await spindle.submit([keyed]);
+  assert.equal(repeat.jobs[0].id, first.jobs[0].id);
+  assert.equal(repeat.jobs[0].status, "duplicate");
+  await r.close();
+});
+
+test("an event arrives signed for its subscription", live, async () => {
+  const r = await receiver();
+  const spindle = new Spindle(router);
+  const bucket = `ts-${randomUUID().slice(0, 8)}`;
+  const sub = await spindle.addSubscription({ bucket, url: `${r.url}/events`, event_types: ["order.*"] });
+  const listed = await spindle.subscriptions(bucket);
+  assert.ok(listed.subscriptions.some((s) => s.id === sub.id));
+  // Routers and Directors read a new subscription from the control database within ~1 s.
+  await sleep(2500);
+  const reply = await spindle.publish({ bucket, event_type: "order.paid", payload: { n: 7 } });
+  assert.equal(reply.deliveries.length, 1);
+  const [got] = await r.wait(1, "/events");
+  const envelope = verify(sub.secret, got.headers, got.body);
+  assert.equal(envelope.type, "order.paid");
+  assert.deepEqual(envelope.data, { n: 7 });
+  assert.throws(() => verify(`whsec_${"A".repeat(32)}`, got.headers, got.body));
+  await spindle.removeSubscription(sub.id);
+  await r.close();
+});
+
+test("a bad field is refused by name", live, async () => {
+  const spindle = new Spindle(director);
+  await assert.rejects(
+    spindle.submit([{ bucket: "b", endpoint: "ftp://x", payload: 1 }]),
+    (e) => e instanceof Refused && e.status === 422 && e.field === "jobs[0].endpoint",
+  );
+});
