@@ -150,8 +150,7 @@ pub async fn backfill(
                     if kept.bucket != options.bucket || kept.created_at < options.since {
                         continue;
                     }
-                    let envelope =
-                        bytes::Bytes::from(String::from(Box::<str>::from(kept.envelope)));
+                    let envelope = crate::rpc::json_bytes(kept.envelope);
                     events.entry(id).or_insert(envelope);
                 }
             }

@@ -327,7 +327,7 @@ pub fn kept_of_wire(
         bucket: event.bucket.as_str().into(),
         event_type: event.event_type.as_str().into(),
         created_at: event.created_at,
-        envelope: bytes::Bytes::from(String::from(Box::<str>::from(event.envelope))),
+        envelope: crate::rpc::json_bytes(event.envelope),
     })
 }
 

@@ -160,6 +160,11 @@ pub fn check_buckets(
     }
 }
 
+/// A JSON value's text as bytes, moved rather than copied (a job's body, an event's envelope).
+pub fn json_bytes(raw: Box<serde_json::value::RawValue>) -> Bytes {
+    Bytes::from(String::from(Box::<str>::from(raw)))
+}
+
 /// A job id from a path segment (ULID or `HEX(id)`), or the 400 that names it.
 pub fn parse_job_id(id: &str) -> Result<JobId, ApiError> {
     id.parse()

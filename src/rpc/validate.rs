@@ -309,10 +309,7 @@ fn validate_job(
                 "give payload or payload_base64, not both",
             ))
         }
-        (Some(raw), None) => (
-            Bytes::from(String::from(Box::<str>::from(raw))),
-            "application/json",
-        ),
+        (Some(raw), None) => (super::json_bytes(raw), "application/json"),
         (None, Some(b64)) => {
             let bytes = base64::engine::general_purpose::STANDARD
                 .decode(b64.as_bytes())
