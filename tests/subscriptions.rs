@@ -158,6 +158,12 @@ async fn edits_from_two_processes_at_once_both_hold(engine: Engine) {
         at_b.subscription(&made.id).await.is_ok()
     })
     .await;
+    // The answer that made it names the version stored, as every later read does.
+    assert!(made.version > 0);
+    assert_eq!(
+        at_b.subscription(&made.id).await.unwrap().version,
+        made.version
+    );
     // One process changes the URL, the other at once the enabled flag: neither undoes the
     // other (each changes only what it names, on the row as it is).
     for round in 1..=6 {

@@ -272,21 +272,23 @@ async fn add(
     State(api): State<SubscriptionApi>,
     headers: HeaderMap,
     body: Result<Bytes, BytesRejection>,
-) -> Result<(StatusCode, Json<SubscriptionView>), ApiError> {
+) -> Result<impl axum::response::IntoResponse, ApiError> {
     let caller = api.caller(&headers)?;
     let cache = api.cache()?;
     let body = body_of(body, &api)?;
     let given: NewSubscription = crate::rpc::parse_json(&body)?;
     check_manager(caller.as_ref(), &given.bucket)?;
-    let s = Subscription::check(Ulid::new(), given, &api.limits, &api.policy, Utc::now())?;
-    cache
+    let mut s = Subscription::check(Ulid::new(), given, &api.limits, &api.policy, Utc::now())?;
+    // The answer carries the stored version, so an edit can name it in `If-Match`.
+    s.version = cache
         .db()
         .insert(s.id, &s.spec, MAX_SUBSCRIPTIONS_PER_BUCKET)
         .await
         .map_err(refused)?;
     refresh(cache).await;
     tracing::info!(subscription = %s.id, bucket = s.bucket(), "subscription added");
-    Ok((StatusCode::CREATED, Json(s.view(true))))
+    let etag = [(axum::http::header::ETAG, format!("\"{}\"", s.version))];
+    Ok((StatusCode::CREATED, etag, Json(s.view(true))))
 }
 
 async fn update(

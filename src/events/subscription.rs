@@ -43,8 +43,8 @@ pub struct Subscription {
     pub patterns: Vec<Pattern>,
     /// Its signing key.
     pub secret: SigningSecret,
-    /// The control database's version of its last change (0 until it is stored and read
-    /// back): what an editor names in `If-Match`.
+    /// The control database's version of its last change (0 until it is stored): what an
+    /// editor names in `If-Match`.
     pub version: u64,
     /// Its event jobs' common part, checked with it.
     pub template: JobTemplate,

@@ -288,7 +288,7 @@ fn list_subscriptions() {}
     path = "/v1/subscriptions",
     request_body = api::NewSubscription,
     responses(
-        (status = 201, description = "Stored", body = api::SubscriptionView),
+        (status = 201, description = "Stored; `ETag` (and `version`) is its version", body = api::SubscriptionView),
         (status = 400, description = "Malformed JSON, or unknown or missing field", body = api::ErrorBody),
         (status = 401, description = "Missing or invalid bearer token", body = api::ErrorBody),
         (status = 403, description = "The token may not use the bucket; nothing stored", body = api::ErrorBody),

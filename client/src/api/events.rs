@@ -165,8 +165,8 @@ pub struct SubscriptionView {
     /// When it last changed.
     pub updated_at: DateTime<Utc>,
     /// The version of its last change: give it as `If-Match` to a `PATCH` so that the edit
-    /// holds only if nobody changed it since (its answer's `ETag` too). 0 in the answer that
-    /// made it, before it is read back.
+    /// holds only if nobody changed it since (its answer's `ETag` too), from the answer that
+    /// made it on.
     #[serde(default)]
     pub version: u64,
 }

@@ -22,6 +22,7 @@ from spindle_api.api.default import (
     remove_subscription,
     show_subscription,
     submit_jobs,
+    update_subscription,
 )
 from spindle_api.models import (
     BackfillReply,
@@ -35,6 +36,7 @@ from spindle_api.models import (
     SubmitRequest,
     SubmitResponse,
     SubscriptionList,
+    SubscriptionPatch,
     SubscriptionView,
 )
 
@@ -180,6 +182,16 @@ class Spindle:
     def subscription(self, subscription_id: str) -> SubscriptionView:
         """One subscription."""
         return self._call(show_subscription, [], id=subscription_id)
+
+    def update_subscription(
+        self, subscription_id: str, change: Mapping[str, Any], version: int | None = None
+    ) -> SubscriptionView:
+        """Changes only the fields given (`enabled`, `url`, `event_types`); with `version` (a
+        view's), only if nobody changed it since (`412` otherwise, a `Refused`)."""
+        kwargs: dict[str, Any] = {"id": subscription_id, "body": SubscriptionPatch.from_dict(dict(change))}
+        if version is not None:
+            kwargs["if_match"] = f'"{version}"'
+        return self._call(update_subscription, [], **kwargs)
 
     def remove_subscription(self, subscription_id: str) -> SubscriptionView:
         """Removes a subscription (its waiting jobs are discarded)."""

@@ -57,3 +57,28 @@ def test_a_bad_field_is_refused_by_name(director_url):
     with pytest.raises(Refused) as refused:
         Spindle(director_url).submit([{"bucket": "b", "endpoint": "ftp://x", "payload": 1}])
     assert refused.value.status == 422 and refused.value.field == "jobs[0].endpoint"
+
+
+def test_a_batch_an_edit_and_a_backfill(router_url, receiver):
+    spindle = Spindle(router_url)
+    bucket = f"py-{uuid.uuid4().hex[:8]}"
+    sub = spindle.add_subscription({"bucket": bucket, "url": receiver.url + "/late", "event_types": ["a.*"], "enabled": False})
+    # An edit from a stale version is refused; from the current one it holds.
+    with pytest.raises(Refused) as stale:
+        spindle.update_subscription(sub.id, {"event_types": ["b.*"]}, version=sub.version + 7)
+    assert stale.value.status == 412
+    edited = spindle.update_subscription(sub.id, {"event_types": ["a.*", "b.*"]}, version=sub.version)
+    assert edited.event_types == ["a.*", "b.*"] and edited.enabled is False
+    time.sleep(2.5)
+    batch = spindle.publish([{"bucket": bucket, "event_type": t, "payload": {"t": t}} for t in ("a.x", "b.y", "c.z")])
+    assert [len(e.deliveries) for e in batch.events] == [1, 1, 0]
+    # Back-fill a past event the subscription never had: delivered once when it is enabled.
+    past = {"event_id": "01JDQ2Z7XW3V4Y5N6P7R8S9T0A", "event_type": "a.old",
+            "timestamp": "2026-11-01T00:00:00Z", "data": {"old": True}}
+    filled = spindle.backfill(sub.id, [past])
+    again = spindle.backfill(sub.id, [past])
+    assert len(filled.deliveries) == 1 and len(again.deliveries) == 0 and again.skipped == 1
+    spindle.update_subscription(sub.id, {"enabled": True})
+    arrived = receiver.wait(3, "/late")
+    kinds = sorted(verify(sub.secret, h, b)["type"] for _, _, h, b in arrived)
+    assert kinds == ["a.old", "a.x", "b.y"]

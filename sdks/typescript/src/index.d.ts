@@ -45,6 +45,7 @@ export declare class Spindle {
   addSubscription(spec: Schemas["NewSubscription"]): Promise<Schemas["SubscriptionView"]>;
   subscriptions(bucket?: string): Promise<Schemas["SubscriptionList"]>;
   subscription(id: string): Promise<Schemas["SubscriptionView"]>;
+  updateSubscription(id: string, change: Schemas["SubscriptionPatch"], version?: number): Promise<Schemas["SubscriptionView"]>;
   removeSubscription(id: string): Promise<Schemas["SubscriptionView"]>;
   backfill(id: string, events: Schemas["PastEvent"][]): Promise<Schemas["BackfillReply"]>;
 }

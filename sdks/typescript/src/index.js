@@ -121,6 +121,15 @@ export class Spindle {
     return this.#call("GET", `/v1/subscriptions/${encodeURIComponent(id)}`, {}, []);
   }
 
+  /**
+   * Changes only the fields given (`enabled`, `url`, `event_types`); with `version` (a view's),
+   * only if nobody changed it since (`412` otherwise, a `Refused`).
+   */
+  updateSubscription(id, change, version) {
+    const headers = version === undefined ? undefined : { "if-match": `"${version}"` };
+    return this.#call("PATCH", `/v1/subscriptions/${encodeURIComponent(id)}`, { body: change, headers }, []);
+  }
+
   /** Removes a subscription. */
   removeSubscription(id) {
     return this.#call("DELETE", `/v1/subscriptions/${encodeURIComponent(id)}`, {}, []);
@@ -140,8 +149,8 @@ export class Spindle {
     await this.sleep(seconds);
   }
 
-  async #call(method, path, { body }, keys) {
-    const init = { method, headers: { ...this.headers } };
+  async #call(method, path, { body, headers }, keys) {
+    const init = { method, headers: { ...this.headers, ...headers } };
     if (body !== undefined) {
       init.headers["content-type"] = "application/json";
       init.body = JSON.stringify(body);

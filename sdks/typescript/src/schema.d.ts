@@ -851,8 +851,8 @@ export interface components {
             /**
              * Format: int64
              * @description The version of its last change: give it as `If-Match` to a `PATCH` so that the edit
-             *     holds only if nobody changed it since (its answer's `ETag` too). 0 in the answer that
-             *     made it, before it is read back.
+             *     holds only if nobody changed it since (its answer's `ETag` too), from the answer that
+             *     made it on.
              */
             version?: number;
         };
@@ -1288,7 +1288,7 @@ export interface operations {
             };
         };
         responses: {
-            /** @description Stored */
+            /** @description Stored; `ETag` (and `version`) is its version */
             201: {
                 headers: {
                     [name: string]: unknown;

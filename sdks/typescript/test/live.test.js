@@ -66,3 +66,30 @@ test("a bad field is refused by name", live, async () => {
     (e) => e instanceof Refused && e.status === 422 && e.field === "jobs[0].endpoint",
   );
 });
+
+test("a batch, an edit and a back-fill", live, async () => {
+  const r = await receiver();
+  const spindle = new Spindle(router);
+  const bucket = `ts-${randomUUID().slice(0, 8)}`;
+  const sub = await spindle.addSubscription({ bucket, url: `${r.url}/late`, event_types: ["a.*"], enabled: false });
+  // An edit from a stale version is refused; from the current one it holds.
+  await assert.rejects(spindle.updateSubscription(sub.id, { event_types: ["b.*"] }, sub.version + 7), (e) => e instanceof Refused && e.status === 412);
+  const edited = await spindle.updateSubscription(sub.id, { event_types: ["a.*", "b.*"] }, sub.version);
+  assert.deepEqual(edited.event_types, ["a.*", "b.*"]);
+  assert.equal(edited.enabled, false);
+  await sleep(2500);
+  const batch = await spindle.publish(["a.x", "b.y", "c.z"].map((t) => ({ bucket, event_type: t, payload: { t } })));
+  assert.deepEqual(batch.events.map((e) => e.deliveries.length), [1, 1, 0]);
+  // Back-fill a past event the subscription never had: delivered once when it is enabled.
+  const past = { event_id: "01JDQ2Z7XW3V4Y5N6P7R8S9T0A", event_type: "a.old", timestamp: "2026-11-01T00:00:00Z", data: { old: true } };
+  const filled = await spindle.backfill(sub.id, [past]);
+  const again = await spindle.backfill(sub.id, [past]);
+  assert.equal(filled.deliveries.length, 1);
+  assert.equal(again.deliveries.length, 0);
+  assert.equal(again.skipped, 1);
+  await spindle.updateSubscription(sub.id, { enabled: true });
+  const arrived = await r.wait(3, "/late");
+  const kinds = arrived.map((a) => verify(sub.secret, a.headers, a.body).type).sort();
+  assert.deepEqual(kinds, ["a.old", "a.x", "b.y"]);
+  await r.close();
+});

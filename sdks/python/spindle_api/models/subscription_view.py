@@ -44,8 +44,8 @@ class SubscriptionView:
             ordering_key (None | str | Unset): Its ordering key pointer.
             secret (None | str | Unset): Its signing secret: only in the answer to `POST /v1/subscriptions`.
             version (int | Unset): The version of its last change: give it as `If-Match` to a `PATCH` so that the edit
-                holds only if nobody changed it since (its answer's `ETag` too). 0 in the answer that
-                made it, before it is read back.
+                holds only if nobody changed it since (its answer's `ETag` too), from the answer that
+                made it on.
      """
 
     bucket: str
