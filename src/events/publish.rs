@@ -21,7 +21,7 @@ use super::{check_event_type, Index, Subscription};
 use crate::job::{EventLink, EventRecord, Job, JobId, Scheduled};
 use crate::rpc::api::{FieldError, IntakeLimits, MAX_ORDERING_KEY_BYTES};
 use crate::rpc::error::ApiError;
-use crate::rpc::validate;
+use crate::rpc::rules;
 
 /// Most subscriptions one event reaches (its jobs are one submission).
 pub const MAX_FAN_OUT: usize = spindle_client::api::MAX_JOBS_PER_REQUEST;
@@ -56,15 +56,15 @@ pub fn fan_out(
     event_id: Ulid,
     mut next_id: impl FnMut() -> JobId,
 ) -> Result<Published, FieldError> {
-    validate::check_bucket(&event.bucket, "bucket")?;
+    rules::check_bucket(&event.bucket, "bucket")?;
     check_event_type(&event.event_type, "event_type")?;
     if let Some(key) = &event.idempotency_key {
-        validate::check_idempotency_key(key, "idempotency_key")?;
+        rules::check_idempotency_key(key, "idempotency_key")?;
     }
     if let Some(url) = &event.on_complete {
-        validate::check_endpoint(url, "on_complete")?;
+        rules::check_endpoint(url, "on_complete")?;
     }
-    validate::check_payload(event.payload.get().len(), limits, "payload")?;
+    rules::check_payload(event.payload.get().len(), limits, "payload")?;
     let candidates = index.matching(&event.bucket, &event.event_type);
     // Parsed once, and only when a candidate filters or orders by the payload.
     let needs_tree = candidates
@@ -103,7 +103,7 @@ pub fn fan_out(
         });
     }
     // The jobs' body is the envelope: it is what the payload limit holds.
-    validate::check_payload(body.len(), limits, "payload")?;
+    rules::check_payload(body.len(), limits, "payload")?;
     // A time already passed means now: the job is delivered like any other.
     let passed_since = now.checked_sub_signed(skew).unwrap_or(now);
     let event_type: Arc<str> = event.event_type.as_str().into();
@@ -309,7 +309,7 @@ pub fn kept_of_wire(
         .event_id
         .parse()
         .map_err(|_| FieldError::new(field("event_id"), "must be a ULID"))?;
-    validate::check_bucket(&event.bucket, &field("bucket"))?;
+    rules::check_bucket(&event.bucket, &field("bucket"))?;
     check_event_type(&event.event_type, &field("event_type"))?;
     // The envelope's data is the event's payload: held to this Director's limit, as a publish
     // straight to it is.
@@ -321,7 +321,7 @@ pub fn kept_of_wire(
             "names another type than event_type",
         ));
     }
-    validate::check_payload(envelope.data.get().len(), limits, &field("envelope.data"))?;
+    rules::check_payload(envelope.data.get().len(), limits, &field("envelope.data"))?;
     Ok(EventRecord {
         id,
         bucket: event.bucket.as_str().into(),
@@ -379,7 +379,7 @@ pub fn backfill(
             .parse()
             .map_err(|_| FieldError::new(field("event_id"), "must be a ULID"))?;
         check_event_type(&event.event_type, &field("event_type"))?;
-        validate::check_payload(event.data.get().len(), limits, &field("data"))?;
+        rules::check_payload(event.data.get().len(), limits, &field("data"))?;
         let tree: serde_json::Value = serde_json::from_str(event.data.get())
             .map_err(|e| FieldError::new(field("data"), e.to_string()))?;
         if !subscription.wants(&event.event_type) || !subscription.passes(&tree) {
@@ -387,7 +387,7 @@ pub fn backfill(
             continue;
         }
         let body = envelope(&event.event_type, event.timestamp, &event.data);
-        validate::check_payload(body.len(), limits, &field("data"))?;
+        rules::check_payload(body.len(), limits, &field("data"))?;
         let key = ordering_key(subscription, &tree);
         let (mut job, _) = subscription
             .job(next_id(), body, key.as_deref(), None, limits, now)

@@ -74,7 +74,7 @@ impl Subscription {
         policy: &AddressPolicy,
         now: DateTime<Utc>,
     ) -> Result<Subscription, FieldError> {
-        crate::rpc::validate::check_bucket(&given.bucket, "bucket")?;
+        crate::rpc::rules::check_bucket(&given.bucket, "bucket")?;
         check_url(&given.url, policy)?;
         let patterns = patterns_of(&given.event_types)?;
         if let Some(filter) = &given.filter {
@@ -279,7 +279,7 @@ fn patterns_of(event_types: &[String]) -> Result<Vec<Pattern>, FieldError> {
 
 /// The URL: as a job's endpoint, and not an IP literal the address guard blocks.
 fn check_url(url: &str, policy: &AddressPolicy) -> Result<(), FieldError> {
-    crate::rpc::validate::check_endpoint(url, "url")?;
+    crate::rpc::rules::check_endpoint(url, "url")?;
     let parsed = url::Url::parse(url).map_err(|e| FieldError::new("url", e.to_string()))?;
     let literal: Option<IpAddr> = match parsed.host() {
         Some(url::Host::Ipv4(ip)) => Some(ip.into()),

@@ -15,9 +15,9 @@ pub use spindle_client::api::{
     MAX_JOBS_PER_EVENT_BATCH, MAX_JOBS_PER_REQUEST,
 };
 
-pub use super::validate::{
-    check_job, validate_request, FieldError, IntakeLimits, JobTemplate, MAX_BUCKET_CHARS,
-    MAX_HEADERS, MAX_HEADER_BYTES, MAX_IDEMPOTENCY_KEY_CHARS, MAX_ORDERING_KEY_BYTES,
-    MAX_URL_BYTES, METHODS, MIN_TIMEOUT,
+pub use super::rules::{
+    FieldError, IntakeLimits, MAX_BUCKET_CHARS, MAX_HEADERS, MAX_HEADER_BYTES,
+    MAX_IDEMPOTENCY_KEY_CHARS, MAX_ORDERING_KEY_BYTES, MAX_URL_BYTES, METHODS, MIN_TIMEOUT,
 };
+pub use super::validate::{check_job, validate_request, JobTemplate};
 pub use super::views::{accepted_jobs, describe, job_view, transition_view};

@@ -24,13 +24,13 @@ use chrono::{DateTime, Utc};
 use tokio::sync::Notify;
 
 use super::api::{FieldError, IntakeLimits};
-use super::validate;
+use super::rules;
 use crate::job::{Job, JobId, RetryPolicy};
 
 pub use super::views::import_job;
 pub use spindle_client::api::{ImportJob, ImportRequest, ImportResponse, MAX_IMPORT_JOBS};
 
-/// The job of an import, checked by the same rules as a submitted job (`validate::check_*`, with
+/// The job of an import, checked by the same rules as a submitted job (`rules::check_*`, with
 /// this Director's `limits`), plus the times an import carries (`i` is its index, for error
 /// paths): what a Director accepted directly, another accepts as an import.
 pub fn job_of(spec: &ImportJob, i: usize, limits: &IntakeLimits) -> Result<Job, FieldError> {
@@ -39,34 +39,34 @@ pub fn job_of(spec: &ImportJob, i: usize, limits: &IntakeLimits) -> Result<Job, 
         .id
         .parse()
         .map_err(|_| FieldError::new(field("id"), "is not a ULID"))?;
-    validate::check_bucket(&spec.bucket, &field("bucket"))?;
-    validate::check_endpoint(&spec.endpoint, &field("endpoint"))?;
-    validate::check_method(&spec.method, &field("method"))?;
-    let headers = validate::check_headers(&spec.headers, &field("headers"))?;
+    rules::check_bucket(&spec.bucket, &field("bucket"))?;
+    rules::check_endpoint(&spec.endpoint, &field("endpoint"))?;
+    rules::check_method(&spec.method, &field("method"))?;
+    let headers = rules::check_headers(&spec.headers, &field("headers"))?;
     let payload = base64::engine::general_purpose::STANDARD
         .decode(&spec.payload_base64)
         .map_err(|_| FieldError::new(field("payload_base64"), "is not base64"))?;
-    validate::check_payload(payload.len(), limits, &field("payload_base64"))?;
-    let timeout = validate::check_timeout(
+    rules::check_payload(payload.len(), limits, &field("payload_base64"))?;
+    let timeout = rules::check_timeout(
         spec.execution_timeout_ms.into(),
         limits,
         &field("execution_timeout_ms"),
     )?;
-    let min_delay = validate::check_min_delay(
+    let min_delay = rules::check_min_delay(
         spec.backoff_min_delay_ms.into(),
         limits,
         &field("backoff_min_delay_ms"),
     )?;
-    validate::check_coefficient(
+    rules::check_coefficient(
         spec.backoff_coefficient,
         limits,
         &field("backoff_coefficient"),
     )?;
     if let Some(key) = &spec.idempotency_key {
-        validate::check_idempotency_key(key, &field("idempotency_key"))?;
+        rules::check_idempotency_key(key, &field("idempotency_key"))?;
     }
     if let Some(url) = &spec.on_complete {
-        validate::check_endpoint(url, &field("on_complete"))?;
+        rules::check_endpoint(url, &field("on_complete"))?;
     }
     let position = match &spec.ordering_position {
         Some(p) => p
@@ -74,7 +74,7 @@ pub fn job_of(spec: &ImportJob, i: usize, limits: &IntakeLimits) -> Result<Job, 
             .map_err(|_| FieldError::new(field("ordering_position"), "is not a ULID"))?,
         None => id.0,
     };
-    let ordering = validate::check_ordering(
+    let ordering = rules::check_ordering(
         spec.ordering_key.as_deref(),
         spec.ordering_failure,
         position,
@@ -132,9 +132,9 @@ pub fn blocked_key_of(
         .job_id
         .parse()
         .map_err(|_| FieldError::new(field("job_id"), "is not a ULID"))?;
-    validate::check_bucket(&spec.bucket, &field("bucket"))?;
-    validate::check_endpoint(&spec.endpoint, &field("endpoint"))?;
-    validate::check_ordering(
+    rules::check_bucket(&spec.bucket, &field("bucket"))?;
+    rules::check_endpoint(&spec.endpoint, &field("endpoint"))?;
+    rules::check_ordering(
         Some(&spec.ordering_key),
         None,
         job_id.0,

@@ -9,6 +9,7 @@ pub mod auth;
 pub mod error;
 pub mod import;
 pub mod openapi;
+pub mod rules;
 pub mod validate;
 pub mod views;
 

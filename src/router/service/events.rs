@@ -39,7 +39,7 @@ use crate::events::publish::{Fanned, Published, Publishing};
 use crate::job::JobId;
 use crate::router::dedup::{Claim, DedupKey};
 use crate::rpc::error::ApiError;
-use crate::rpc::validate::FieldError;
+use crate::rpc::rules::FieldError;
 
 /// One event of a publish, fanned out here, with its key's claim if it has a key.
 struct Made {
