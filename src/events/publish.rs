@@ -114,7 +114,8 @@ pub fn fan_out(
     for s in &matched {
         let key = ordering_key(s, &tree);
         let (mut job, deliver_at) = s
-            .job(
+            .template
+            .make(
                 next_id(),
                 body.clone(),
                 key.as_deref(),
@@ -390,7 +391,8 @@ pub fn backfill(
         rules::check_payload(body.len(), limits, &field("data"))?;
         let key = ordering_key(subscription, &tree);
         let (mut job, _) = subscription
-            .job(next_id(), body, key.as_deref(), None, limits, now)
+            .template
+            .make(next_id(), body, key.as_deref(), None, limits, now)
             .map_err(|e| {
                 FieldError::new(
                     "events",

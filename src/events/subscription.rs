@@ -46,7 +46,8 @@ pub struct Subscription {
     /// The control database's version of its last change (0 until it is stored): what an
     /// editor names in `If-Match`.
     pub version: u64,
-    /// Its event jobs' common part, checked with it.
+    /// Its event jobs' common part, checked with it: an event's job is
+    /// [`JobTemplate::make`] with the event's envelope, ordering key and `deliver_at`.
     pub template: JobTemplate,
 }
 
@@ -233,22 +234,6 @@ impl Subscription {
             updated_at: self.spec.updated_at,
             version: self.version,
         }
-    }
-
-    /// The job `id` that delivers an event to it: `body` is the event's envelope (its size
-    /// checked), `ordering_key` the value its pointer found in the payload (if it has one and
-    /// found one), `deliver_at` the event's.
-    pub fn job(
-        &self,
-        id: crate::job::JobId,
-        body: bytes::Bytes,
-        ordering_key: Option<&str>,
-        deliver_at: Option<DateTime<Utc>>,
-        limits: &IntakeLimits,
-        now: DateTime<Utc>,
-    ) -> Result<(crate::job::Job, Option<DateTime<Utc>>), FieldError> {
-        self.template
-            .make(id, body, ordering_key, deliver_at, limits, now)
     }
 }
 
