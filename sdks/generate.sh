@@ -12,6 +12,10 @@ here="$(cd "$(dirname "$0")" && pwd)"
 out="$(cd "${1:-$here}" && pwd)"
 spindle="${SPINDLE:-$here/../target/debug/spindle}"
 
+command -v openapi-python-client > /dev/null \
+  || { echo "openapi-python-client is missing: pip install openapi-python-client==0.29.1" >&2; exit 1; }
+[ -x "$here/typescript/node_modules/.bin/openapi-typescript" ] \
+  || { echo "openapi-typescript is missing: (cd sdks/typescript && npm ci)" >&2; exit 1; }
 "$spindle" openapi > "$out/openapi.json"
 rm -rf "$out/python/spindle_api"
 mkdir -p "$out/python" "$out/typescript/src"

@@ -113,6 +113,35 @@ async fn tokens_gate_the_api_by_bucket() {
     );
     assert_eq!(status(get(&other.jobs[0].id, None).await.unwrap()), 401);
 
+    // Listing: a token limited to some buckets must name one of them; the admin lists all.
+    let list = |query: &str, token: &str| {
+        rig.client
+            .get(format!("{}/v1/jobs?{query}", rig.base()))
+            .header("authorization", token)
+            .send()
+    };
+    let producer = "Bearer spt_producer_secret";
+    for query in ["", "bucket=t9"] {
+        let refused = list(query, producer).await.unwrap();
+        assert_eq!(refused.status().as_u16(), 403, "{query:?}");
+        let body: serde_json::Value = refused.json().await.unwrap();
+        assert_eq!(body["error"]["field"], "bucket", "{body}");
+    }
+    let mine: serde_json::Value = list("bucket=t1", producer)
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(mine["jobs"].as_array().unwrap().len(), 1, "{mine}");
+    let all: serde_json::Value = list("", "Bearer spt_admin_secret")
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(all["jobs"].as_array().unwrap().len(), 2, "{all}");
+
     // Health, readiness, metrics and the API description stay open.
     for path in ["/healthz", "/readyz", "/metrics", "/openapi.json"] {
         let response = rig

@@ -237,6 +237,39 @@ async fn dashboard_shows_a_live_jobdb() {
         .as_str()
         .unwrap()
         .contains("not-a-job"));
+    // Listing: every JobDB's jobs, newest first, by filter, a page at a time; the JobDB that
+    // cannot be read is named.
+    let discarded = get(&client, &format!("{base}/api/list?state=discarded"), 200).await;
+    assert_eq!(
+        discarded["jobs"].as_array().unwrap().len(),
+        2,
+        "{discarded}"
+    );
+    assert_eq!(discarded["unreachable"][0]["name"], "spindle_nowhere");
+    let mut listed: Vec<String> = Vec::new();
+    let mut after = String::new();
+    loop {
+        let page = get(&client, &format!("{base}/api/list?limit=4{after}"), 200).await;
+        listed.extend(
+            page["jobs"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .map(|j| j["id"].as_str().unwrap().to_owned()),
+        );
+        match page["next_after"].as_str() {
+            Some(next) => after = format!("&after={next}"),
+            None => break,
+        }
+    }
+    assert_eq!(listed.len(), 15, "{listed:?}");
+    assert!(
+        listed.windows(2).all(|w| w[0] > w[1]),
+        "newest first: {listed:?}"
+    );
+    assert!(listed.contains(&retried_id));
+    let bad = get(&client, &format!("{base}/api/list?state=done"), 422).await;
+    assert_eq!(bad["error"]["field"], "state");
     let no_key = get(&client, &format!("{base}/api/jobs"), 400).await;
     assert_eq!(no_key["error"]["field"], "idempotency_key");
     for minutes in ["0", "abc", "100000"] {
@@ -318,6 +351,7 @@ async fn dashboard_shows_a_live_jobdb() {
     }
     assert!(section(&dom, "jobdbs").contains(r#"data-jobdb="spindle_nowhere""#));
     assert!(section(&dom, "trace").contains(&format!(r#"data-job="{retried_id}""#)));
+    assert!(section(&dom, "jobs").contains(&format!(r#"data-job="{retried_id}""#)));
 
     let shot = screenshot_path();
     let _ = std::fs::remove_file(&shot);

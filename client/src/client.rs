@@ -15,9 +15,10 @@ use serde::Serialize;
 use url::Url;
 
 use crate::api::{
-    BackfillReply, BackfillRequest, EndpointsView, ErrorBody, EventView, ImportRequest,
-    ImportResponse, JobView, NewEvent, NewJob, NewSubscription, PublishBatchReply, PublishReply,
-    SubmitReply, SubscriptionList, SubscriptionPatch, SubscriptionView,
+    AttemptList, BackfillReply, BackfillRequest, EndpointsView, ErrorBody, EventFilter, EventList,
+    EventView, ImportRequest, ImportResponse, JobFilter, JobList, JobView, NewEvent, NewJob,
+    NewSubscription, PublishBatchReply, PublishReply, SubmitReply, SubscriptionList,
+    SubscriptionPatch, SubscriptionView,
 };
 use crate::error::{ApiError, Error};
 
@@ -202,6 +203,58 @@ impl Client {
     pub async fn job(&self, id: &str) -> Result<JobView, Error> {
         let url = self.url(&["v1", "jobs", id]);
         read_json(self.send(self.http.get(url.clone()), &url).await?, &url).await
+    }
+
+    /// `GET /v1/jobs/{id}/attempts`: the job's delivery attempts, first first.
+    pub async fn attempts(&self, id: &str) -> Result<AttemptList, Error> {
+        let url = self.url(&["v1", "jobs", id, "attempts"]);
+        read_json(self.send(self.http.get(url.clone()), &url).await?, &url).await
+    }
+
+    /// One page of `GET /v1/jobs`: up to `limit` (1 to
+    /// [`crate::api::MAX_LISTED_PER_PAGE`]) jobs matching `filter` after the cursor `after`
+    /// (the previous page's `next_after`). A router merges every live JobDB's jobs into the
+    /// page; a Director lists its own. A page may be short and still have a `next_after`.
+    pub async fn jobs_page(
+        &self,
+        filter: &JobFilter,
+        after: Option<&str>,
+        limit: usize,
+    ) -> Result<JobList, Error> {
+        let url = self.list_url("jobs", filter.query_pairs(), after, limit);
+        read_json(self.send(self.http.get(url.clone()), &url).await?, &url).await
+    }
+
+    /// One page of `GET /v1/events`, as [`Client::jobs_page`] for jobs.
+    pub async fn events_page(
+        &self,
+        filter: &EventFilter,
+        after: Option<&str>,
+        limit: usize,
+    ) -> Result<EventList, Error> {
+        let url = self.list_url("events", filter.query_pairs(), after, limit);
+        read_json(self.send(self.http.get(url.clone()), &url).await?, &url).await
+    }
+
+    fn list_url(
+        &self,
+        what: &str,
+        pairs: Vec<(&'static str, String)>,
+        after: Option<&str>,
+        limit: usize,
+    ) -> Url {
+        let mut url = self.url(&["v1", what]);
+        {
+            let mut query = url.query_pairs_mut();
+            for (name, value) in &pairs {
+                query.append_pair(name, value);
+            }
+            if let Some(after) = after {
+                query.append_pair("after", after);
+            }
+            query.append_pair("limit", &limit.to_string());
+        }
+        url
     }
 
     /// `POST /v1/import` (admin token; Directors only): stores jobs that already have ids in

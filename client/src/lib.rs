@@ -52,11 +52,12 @@ mod client;
 mod error;
 
 pub use api::{
-    AcceptedJob, BackfillReply, BackfillRequest, BackfilledEvent, BlockedKey, EventBatch,
-    EventDelivery, EventLink, EventView, ImportJob, ImportRequest, ImportResponse, JobDescription,
-    JobState, JobStatus, JobView, KeptEvent, NewEvent, NewJob, NewSubscription, OrderingFailure,
-    PastEvent, PayloadFilter, PublishBatchReply, PublishReply, SubmitReply, SubmitRequest,
-    SubscriptionList, SubscriptionPatch, SubscriptionView, TransitionView,
+    AcceptedJob, AttemptList, AttemptView, BackfillReply, BackfillRequest, BackfilledEvent,
+    BlockedKey, EventBatch, EventDelivery, EventFilter, EventLink, EventList, EventView, ImportJob,
+    ImportRequest, ImportResponse, JobDescription, JobFilter, JobList, JobState, JobStatus,
+    JobView, KeptEvent, ListOrder, NewEvent, NewJob, NewSubscription, OrderingFailure, PastEvent,
+    PayloadFilter, PublishBatchReply, PublishReply, SubmitReply, SubmitRequest, SubscriptionList,
+    SubscriptionPatch, SubscriptionView, TransitionView,
 };
 pub use client::{Client, ClientBuilder, DEFAULT_CONNECT_TIMEOUT, DEFAULT_TIMEOUT};
 pub use error::{ApiError, Error};

@@ -34,6 +34,7 @@ mod dashboard;
 pub mod demo;
 pub mod dev;
 mod director;
+mod jobs;
 mod lifecycle;
 mod ops;
 pub mod replay;
@@ -46,8 +47,7 @@ pub use dashboard::{DashboardArgs, DashboardRegistry};
 pub use director::{DirectorArgs, RegistryKind};
 pub use lifecycle::{DrainerArgs, ManagerArgs};
 pub use ops::{
-    ControlTarget, EndpointsCommand, JobdbsCommand, JobsCommand, PauseArgs, ReplayArgs, SinkArgs,
-    TokensCommand,
+    ControlTarget, EndpointsCommand, JobdbsCommand, PauseArgs, ReplayArgs, SinkArgs, TokensCommand,
 };
 pub use router::{DedupArgs, PlacementsCommand, RouterArgs};
 pub use subscriptions::{AddArgs, ApiArgs, PublishArgs, SubscriptionsCommand};
@@ -110,7 +110,7 @@ pub enum Command {
     Endpoints(EndpointsCommand),
     /// Jobs, over the RPC API of a Director or a router (which asks every Director).
     #[command(subcommand)]
-    Jobs(JobsCommand),
+    Jobs(jobs::JobsCommand),
     /// Submit jobs to a Director or a router: one from options (--bucket, --endpoint,
     /// --payload, -H, ...), or many as NDJSON from --file or stdin, one job object per line as
     /// `POST /v1/jobs` takes it (all lines are checked before anything is sent). Prints each
@@ -280,7 +280,7 @@ pub async fn execute(
         Command::Tokens(command) => ops::tokens(command)?,
         Command::Endpoints(command) => ops::endpoints(command).await?,
         Command::Replay(args) => ops::replay(*args).await?,
-        Command::Jobs(command) => ops::jobs(command).await?,
+        Command::Jobs(command) => jobs::jobs(command).await?,
         Command::Submit(args) => crate::cli::submit::run(*args).await?,
         Command::Demo(args) => crate::cli::demo::run(args).await?,
         Command::Dev(args) => crate::cli::dev::run(*args, stop).await?,

@@ -107,31 +107,6 @@ pub struct ReplayArgs {
     pub dry_run: bool,
 }
 
-/// `spindle jobs` subcommands.
-#[derive(Debug, Subcommand)]
-pub enum JobsCommand {
-    /// Print a job and its full trace: every state it entered, when, after how many attempts,
-    /// and why (status, error type, the start of the failed answer, operator commands).
-    Show {
-        /// The job id: a ULID, or 32 hex digits as SQL's `HEX(id)` prints it.
-        id: String,
-        /// The RPC API of a Director or a router.
-        #[arg(
-            long,
-            env = "SPINDLE_API",
-            hide_env_values = true,
-            default_value = "http://127.0.0.1:8080"
-        )]
-        api: String,
-        /// An API token (read scope for the job's bucket, or admin).
-        #[arg(long, env = "SPINDLE_TOKEN", hide_env_values = true)]
-        token: Option<Secret>,
-        /// Print the API's JSON answer as it is.
-        #[arg(long)]
-        json: bool,
-    },
-}
-
 /// What an endpoint control names: one endpoint, or one bucket.
 #[derive(Debug, Clone, Args)]
 #[group(required = true, multiple = false)]
@@ -322,18 +297,6 @@ pub(super) fn tokens(command: TokensCommand) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// `spindle jobs ...`: reads jobs over the RPC API.
-pub(super) async fn jobs(command: JobsCommand) -> anyhow::Result<()> {
-    match command {
-        JobsCommand::Show {
-            id,
-            api,
-            token,
-            json,
-        } => show_job(&id, &api, token.as_ref().map(Secret::expose), json).await,
-    }
-}
-
 /// `spindle sink`: runs the recording test endpoint until SIGINT or SIGTERM.
 pub(super) async fn sink(args: SinkArgs) -> anyhow::Result<()> {
     let sink = crate::cli::sink::Sink::start(args.listen).await?;
@@ -495,73 +458,6 @@ pub(super) async fn replay(args: ReplayArgs) -> anyhow::Result<()> {
         report.submitted,
         if options.dry_run { " (dry run)" } else { "" }
     );
-    Ok(())
-}
-
-/// `spindle jobs show`: reads the job over the RPC API and prints it.
-async fn show_job(id: &str, api: &str, token: Option<&str>, json: bool) -> anyhow::Result<()> {
-    anyhow::ensure!(
-        !id.is_empty() && id.chars().all(|c| c.is_ascii_alphanumeric()),
-        "the job id must be a ULID or 32 hex digits"
-    );
-    let mut request =
-        reqwest::Client::new().get(format!("{}/v1/jobs/{id}", api.trim_end_matches('/')));
-    if let Some(token) = token {
-        request = request.bearer_auth(token);
-    }
-    let response = request
-        .send()
-        .await
-        .with_context(|| format!("--api {api}"))?;
-    let status = response.status();
-    let body = response.text().await?;
-    anyhow::ensure!(status.is_success(), "{status}: {body}");
-    if json {
-        println!("{body}");
-        return Ok(());
-    }
-    let view: crate::rpc::api::JobView = serde_json::from_str(&body).context("the api's answer")?;
-    let job = &view.job;
-    println!("job       {} (hex {})", job.id, job.id_hex);
-    println!("state     {} after {} attempt(s)", job.state, job.attempts);
-    println!("bucket    {}", job.bucket);
-    println!("endpoint  {} {}", job.method, job.endpoint);
-    println!("created   {}   expires {}", job.created_at, job.expire_at);
-    if let Some(key) = &job.idempotency_key {
-        println!("key       {key}");
-    }
-    if let Some(key) = &job.ordering_key {
-        println!("ordered   {key}");
-    }
-    if let Some(to) = &job.on_complete {
-        println!("notice to {to}");
-    }
-    println!();
-    println!(
-        "{:<28} {:<20} {:>3} {:>6} {:>7}  {:<18} detail",
-        "time", "state", "n", "status", "ms", "error type"
-    );
-    for t in &job.transitions {
-        let detail = match (&t.retry_at, &t.error_response) {
-            (Some(at), Some(text)) => format!(
-                "retry at {at}; {}",
-                text.chars().take(80).collect::<String>()
-            ),
-            (Some(at), None) => format!("retry at {at}"),
-            (None, Some(text)) => text.chars().take(100).collect(),
-            (None, None) => String::new(),
-        };
-        println!(
-            "{:<28} {:<20} {:>3} {:>6} {:>7}  {:<18} {}",
-            t.time.format("%Y-%m-%d %H:%M:%S%.3f").to_string(),
-            t.state.to_string(),
-            t.attempts,
-            t.response_status.map_or("-".to_owned(), |s| s.to_string()),
-            t.duration_ms.map_or("-".to_owned(), |d| d.to_string()),
-            t.error_type.as_deref().unwrap_or("-"),
-            detail.replace('\n', " "),
-        );
-    }
     Ok(())
 }
 

@@ -38,8 +38,8 @@ use crate::registry::inventory::Inventory;
 use crate::rpc::api::{ErrorBody, ErrorDetail};
 use fleet::{Fleet, FleetError, Member};
 use views::{
-    Attempts, Endpoints, JobDbView, JobDbs, JobTrace, LaneRows, Overview, Traces, Unreachable,
-    Window,
+    Attempts, Endpoints, JobDbView, JobDbs, JobTrace, JobsListed, LaneRows, Overview, Traces,
+    Unreachable, Window,
 };
 
 /// The page, embedded at build time.
@@ -277,6 +277,7 @@ fn router(state: AppState) -> Router {
         )
         .route("/api/jobs", get(jobs_by_key))
         .route("/api/jobs/{id}", get(job_by_id))
+        .route("/api/list", get(list_jobs))
         .route(
             "/api/controls",
             get(controls::get_controls).post(controls::post_controls),
@@ -322,6 +323,9 @@ enum QueryError {
         /// What is wrong.
         message: String,
     },
+    /// A listing's parameter is invalid (422, naming it).
+    #[error("{}: {}", .0.field, .0.message)]
+    BadFilter(crate::rpc::api::FieldError),
     /// Nothing found (404).
     #[error("{0}")]
     NotFound(String),
@@ -342,6 +346,11 @@ impl IntoResponse for QueryError {
             QueryError::BadParameter { field, .. } => {
                 (StatusCode::BAD_REQUEST, "invalid_parameter", Some(*field))
             }
+            QueryError::BadFilter(e) => (
+                StatusCode::UNPROCESSABLE_ENTITY,
+                "invalid_field",
+                Some(e.field.as_str()),
+            ),
             QueryError::NotFound(_) => (StatusCode::NOT_FOUND, "not_found", None),
             QueryError::Unauthenticated => (StatusCode::UNAUTHORIZED, "unauthenticated", None),
             QueryError::Forbidden(_) => (StatusCode::FORBIDDEN, "forbidden", None),
@@ -654,6 +663,41 @@ async fn jobs_by_key(
         })
         .await,
     ))
+}
+
+/// `GET /api/list?…`: a page of jobs of every JobDB, with the filters and cursor of
+/// `GET /v1/jobs` ([`crate::rpc::listing`]), naming the JobDBs that did not answer (the page
+/// goes on without their jobs).
+async fn list_jobs(
+    State(app): State<AppState>,
+    RawQuery(query): RawQuery,
+) -> Result<Json<JobsListed>, QueryError> {
+    use crate::rpc::listing::{self, Page};
+    let query = listing::parse_job_query(query.as_deref()).map_err(QueryError::BadFilter)?;
+    let filter = query.filter.clone();
+    let (answers, unreachable) = across(&app.fleet.members(), app.query_timeout, |db| {
+        let filter = filter.clone();
+        async move {
+            db.list_jobs(&filter, query.after.map(|a| a.0), query.limit)
+                .await
+        }
+    })
+    .await;
+    let pages = answers
+        .into_iter()
+        .map(|(_, page)| Page {
+            items: page
+                .jobs
+                .iter()
+                .map(|(job, history)| crate::rpc::api::describe(job, history))
+                .collect(),
+            next_after: page.next_after,
+        })
+        .collect();
+    Ok(Json(JobsListed {
+        list: listing::merge_job_pages(pages, query.filter.order, query.limit),
+        unreachable,
+    }))
 }
 
 /// Runs a job search on every JobDB and gathers the traces, oldest job first.

@@ -79,6 +79,17 @@ pub struct Unreachable {
     pub error: String,
 }
 
+/// `GET /api/list`: a page of jobs of the JobDBs that answered ([`crate::rpc::api::JobList`]),
+/// and those that did not (their jobs are missing from the page).
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct JobsListed {
+    /// The page.
+    #[serde(flatten)]
+    pub list: crate::rpc::api::JobList,
+    /// JobDBs not listed.
+    pub unreachable: Vec<Unreachable>,
+}
+
 /// `GET /api/overview`: transitions by state over time, and jobs by current state.
 #[derive(Clone, Debug, Serialize, Deserialize)]
 pub struct Overview {

@@ -25,13 +25,12 @@ use crate::events::http::SubscriptionApi;
 use crate::job::{JobId, Recovered};
 use crate::jobdb::JobDb;
 use crate::metrics::Metrics;
-use crate::rpc::api::{self, FieldError, IntakeLimits, JobView, SubmitReply};
+use crate::rpc::api::{self, FieldError, IntakeLimits, SubmitReply};
 use crate::rpc::auth::{self, Scope};
 use crate::rpc::error::ApiError;
 use crate::rpc::import::{self, job_of, ImportRequest, ImportResponse, MAX_IMPORT_JOBS};
 use crate::rpc::{
-    self, caller_of, check_buckets, check_submission, exposition, next_id, parse_job_id,
-    request_body,
+    self, caller_of, check_buckets, check_submission, exposition, next_id, request_body,
 };
 
 /// What the handlers share.
@@ -202,7 +201,7 @@ impl RpcState {
     }
 
     /// The caller behind the request's bearer token (`None` when authentication is off).
-    fn caller(&self, headers: &HeaderMap) -> Result<Option<auth::Caller>, ApiError> {
+    pub(super) fn caller(&self, headers: &HeaderMap) -> Result<Option<auth::Caller>, ApiError> {
         caller_of(self.auth.as_deref(), headers)
     }
 
@@ -211,7 +210,8 @@ impl RpcState {
     }
 }
 
-/// The routes of a Director.
+/// The routes of a Director that take work or report on it; its reads are
+/// [`super::reads::routes`].
 pub fn router(state: RpcState) -> Router {
     let body_limit = state.limits.max_request_bytes;
     let subscriptions = crate::events::http::routes(SubscriptionApi {
@@ -223,9 +223,7 @@ pub fn router(state: RpcState) -> Router {
     Router::new()
         .route("/v1/jobs", post(submit_jobs))
         .route("/v1/events", post(publish_event))
-        .route("/v1/events/{id}", get(get_event))
         .route("/v1/subscriptions/{id}/backfill", post(backfill))
-        .route("/v1/jobs/{id}", get(get_job))
         .route("/v1/endpoints", get(endpoints))
         .route("/v1/import", post(import_jobs))
         .route("/healthz", get(healthz))
@@ -347,38 +345,6 @@ async fn endpoints(
     Ok(Json(api::EndpointsView { endpoints }))
 }
 
-/// A job with its current state and full transition trace.
-async fn get_job(
-    State(state): State<RpcState>,
-    headers: HeaderMap,
-    Path(id): Path<String>,
-) -> Result<Json<JobView>, ApiError> {
-    let caller = state.caller(&headers)?;
-    let id = parse_job_id(&id)?;
-    let unavailable = |e: crate::jobdb::JobDbError| {
-        tracing::warn!(error = %e, "job lookup failed");
-        ApiError::Unavailable("the jobdb is unavailable".into())
-    };
-    let job = state
-        .db
-        .get_jobs(&[id])
-        .await
-        .map_err(unavailable)?
-        .pop()
-        .ok_or_else(|| ApiError::NotFound(format!("no job {id} in this director's jobdb")))?;
-    if let Some(caller) = caller.filter(|c| !c.may_use(&job.bucket)) {
-        return Err(ApiError::Forbidden {
-            message: format!(
-                "token {:?} may not read jobs of bucket {:?}",
-                caller.name, job.bucket
-            ),
-            field: None,
-        });
-    }
-    let trace = state.db.get_transitions(id).await.map_err(unavailable)?;
-    Ok(Json(api::job_view(&job, &trace)))
-}
-
 /// Deliver past events to a subscription (one added after them): one job per event it wants
 /// and has no job for in this JobDB, all committed together.
 async fn backfill(
@@ -444,35 +410,6 @@ async fn backfill(
             deliveries,
         }),
     ))
-}
-
-/// An event and its jobs, as this Director's JobDB holds them.
-async fn get_event(
-    State(state): State<RpcState>,
-    headers: HeaderMap,
-    Path(id): Path<String>,
-) -> Result<Json<api::EventView>, ApiError> {
-    let caller = state.caller(&headers)?;
-    let id = parse_job_id(&id)?.0;
-    let event = state
-        .db
-        .event(id)
-        .await
-        .map_err(|e| {
-            tracing::warn!(error = %e, "event lookup failed");
-            ApiError::Unavailable("the jobdb is unavailable".into())
-        })?
-        .ok_or_else(|| ApiError::NotFound(format!("no event {id} in this director's jobdb")))?;
-    if let Some(caller) = caller.filter(|c| !c.may_use(&event.bucket)) {
-        return Err(ApiError::Forbidden {
-            message: format!(
-                "token {:?} may not read events of bucket {:?}",
-                caller.name, event.bucket
-            ),
-            field: None,
-        });
-    }
-    Ok(Json(crate::events::publish::event_view(&event)))
 }
 
 /// Liveness: the process answers.

@@ -22,6 +22,7 @@ pub mod commands;
 pub mod http;
 pub mod mailbox;
 pub mod ordering;
+pub mod reads;
 pub mod scheduler;
 pub mod supervise;
 pub mod writer;
@@ -556,7 +557,11 @@ async fn serve(
     let server = supervisor.spawn(
         "rpc server",
         std::future::IntoFuture::into_future(
-            axum::serve(listener, http::router(state)).with_graceful_shutdown(stop_serving),
+            axum::serve(
+                listener,
+                http::router(state.clone()).merge(reads::routes(state)),
+            )
+            .with_graceful_shutdown(stop_serving),
         ),
     );
     tracing::info!(%addr, jobdb = db.name(), "director serving");

@@ -31,6 +31,7 @@
 //! | reads      | [`JobDb::count_by_state`], [`JobDb::count_transitions_into`]  | `mod.rs`       |
 //! | reads      | [`JobDb::existing_jobs`], [`JobDb::histories_of`]             | `lifecycle.rs` |
 //! | reads      | [`JobDb::latest_of`]                                          | `lifecycle.rs` |
+//! | listing    | [`JobDb::list_jobs`], [`JobDb::list_events`] (API pages)      | `listing.rs`   |
 //! | ordering   | heads released, keys blocked in every write (`ordering_sql!`) | `ordering.rs`  |
 //! | ordering   | [`JobDb::sequence_heads`], [`JobDb::sequences_elsewhere`]     | `ordering.rs`  |
 //! | ordering   | [`JobDb::expired_held`], [`JobDb::max_open_position`]         | `ordering.rs`  |
@@ -89,6 +90,7 @@ pub mod commands;
 pub mod engine;
 pub mod events;
 pub mod lifecycle;
+pub mod listing;
 pub mod lock;
 pub mod notices;
 pub mod open_jobs;

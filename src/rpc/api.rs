@@ -7,12 +7,13 @@
 //! naming the exact field, and [`super::views`] builds the answers that show stored jobs.
 
 pub use spindle_client::api::{
-    AcceptedJob, BackfillReply, BackfillRequest, BackfilledEvent, EndpointHealth, EndpointsView,
-    ErrorBody, ErrorDetail, EventBatch, EventDelivery, EventLink, EventView, JobDescription,
-    JobStatus, JobView, NewEvent, NewJob, NewSubscription, OrderingFailure, PastEvent,
-    PayloadFilter, PublishBatchReply, PublishReply, SubmitReply, SubmitRequest, SubscriptionList,
+    AcceptedJob, AttemptList, AttemptView, BackfillReply, BackfillRequest, BackfilledEvent,
+    EndpointHealth, EndpointsView, ErrorBody, ErrorDetail, EventBatch, EventDelivery, EventFilter,
+    EventLink, EventList, EventView, JobDescription, JobFilter, JobList, JobStatus, JobView,
+    ListOrder, NewEvent, NewJob, NewSubscription, OrderingFailure, PastEvent, PayloadFilter,
+    PublishBatchReply, PublishReply, SubmitReply, SubmitRequest, SubscriptionList,
     SubscriptionPatch, SubscriptionView, TransitionView, MAX_EVENTS_PER_REQUEST,
-    MAX_JOBS_PER_EVENT_BATCH, MAX_JOBS_PER_REQUEST,
+    MAX_JOBS_PER_EVENT_BATCH, MAX_JOBS_PER_REQUEST, MAX_LISTED_PER_PAGE,
 };
 
 pub use super::rules::{

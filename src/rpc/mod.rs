@@ -8,6 +8,7 @@ pub mod api;
 pub mod auth;
 pub mod error;
 pub mod import;
+pub mod listing;
 pub mod openapi;
 pub mod rules;
 pub mod validate;

@@ -24,11 +24,14 @@ use super::import::{self, ImportRequest, ImportResponse};
     ),
     paths(
         submit_jobs,
+        list_jobs,
         get_job,
+        job_attempts,
         endpoints,
         import_jobs,
         publish_event,
         get_event,
+        list_events,
         list_subscriptions,
         add_subscription,
         show_subscription,
@@ -69,6 +72,11 @@ use super::import::{self, ImportRequest, ImportResponse};
         api::SubscriptionPatch,
         api::SubscriptionView,
         api::SubscriptionList,
+        api::JobList,
+        api::JobDescription,
+        api::EventList,
+        api::AttemptList,
+        api::AttemptView,
         api::BackfillRequest,
         api::PastEvent,
         api::BackfillReply,
@@ -156,6 +164,77 @@ fn router_value() -> Result<serde_json::Value, serde_json::Error> {
     )
 )]
 fn submit_jobs() {}
+
+/// List jobs by bucket, endpoint, state, ordering key and creation time, newest first unless
+/// `order=oldest`, a page at a time. A router lists every live JobDB's jobs merged in id order;
+/// a Director its own. A page may hold fewer than `limit` jobs and still name a `next_after`
+/// (filters on the endpoint or the state are checked within a bounded window of rows): go on
+/// until `next_after` is absent. A token limited to some buckets must name one.
+#[utoipa::path(
+    get,
+    path = "/v1/jobs",
+    params(
+        ("bucket" = Option<String>, Query, description = "Only this bucket's"),
+        ("endpoint" = Option<String>, Query, description = "Only those sent to this URL, exactly as submitted"),
+        ("state" = Option<String>, Query, description = "Only those in this state now: awaiting-scheduling, executing, awaiting-retry, succeeded, discarded, archiving, archived, moved"),
+        ("ordering_key" = Option<String>, Query, description = "Only those of this ordering key"),
+        ("created_after" = Option<String>, Query, description = "Only those created at or after this time (RFC 3339; an id's time, to the millisecond)", format = DateTime),
+        ("created_before" = Option<String>, Query, description = "Only those created before this time (RFC 3339)", format = DateTime),
+        ("order" = Option<String>, Query, description = "`newest` (the default) or `oldest` first"),
+        ("after" = Option<String>, Query, description = "Go on after this id: the previous page's `next_after` (same filters)"),
+        ("limit" = Option<usize>, Query, description = "At most this many (1 to 500; 100 unless given)", minimum = 1, maximum = 500)
+    ),
+    responses(
+        (status = 200, description = "A page of jobs with their traces", body = api::JobList),
+        (status = 401, description = "Missing or invalid bearer token", body = api::ErrorBody),
+        (status = 403, description = "The token may not read the bucket, or must name one", body = api::ErrorBody),
+        (status = 413, description = "A parameter over 2 KiB", body = api::ErrorBody),
+        (status = 422, description = "A parameter is unknown, given twice or invalid (named in the answer)", body = api::ErrorBody),
+        (status = 503, description = "The JobDB, or through a router a Director, did not answer: the page would be incomplete", body = api::ErrorBody)
+    )
+)]
+fn list_jobs() {}
+
+/// A job's delivery attempts, first first: when each started and ended, and how.
+#[utoipa::path(
+    get,
+    path = "/v1/jobs/{id}/attempts",
+    params(("id" = String, Path, description = "Job id: ULID, or 32 hex digits as HEX(id) prints",
+        pattern = "^([0-7][0-9A-HJKMNP-TV-Za-hjkmnp-tv-z]{25}|[0-9A-Fa-f]{32})$")),
+    responses(
+        (status = 200, description = "The job's attempts", body = api::AttemptList),
+        (status = 400, description = "Not a job id", body = api::ErrorBody),
+        (status = 401, description = "Missing or invalid bearer token", body = api::ErrorBody),
+        (status = 403, description = "The token may not read this job's bucket", body = api::ErrorBody),
+        (status = 404, description = "No such job", body = api::ErrorBody)
+    )
+)]
+fn job_attempts() {}
+
+/// List events by bucket, type and publication time, newest first unless `order=oldest`,
+/// each with its jobs; a page at a time, as `GET /v1/jobs`.
+#[utoipa::path(
+    get,
+    path = "/v1/events",
+    params(
+        ("bucket" = Option<String>, Query, description = "Only this bucket's"),
+        ("event_type" = Option<String>, Query, description = "Only this type (needs `bucket`)"),
+        ("created_after" = Option<String>, Query, description = "Only those created at or after this time (RFC 3339; an id's time, to the millisecond)", format = DateTime),
+        ("created_before" = Option<String>, Query, description = "Only those created before this time (RFC 3339)", format = DateTime),
+        ("order" = Option<String>, Query, description = "`newest` (the default) or `oldest` first"),
+        ("after" = Option<String>, Query, description = "Go on after this id: the previous page's `next_after` (same filters)"),
+        ("limit" = Option<usize>, Query, description = "At most this many (1 to 500; 100 unless given)", minimum = 1, maximum = 500)
+    ),
+    responses(
+        (status = 200, description = "A page of events", body = api::EventList),
+        (status = 401, description = "Missing or invalid bearer token", body = api::ErrorBody),
+        (status = 403, description = "The token may not read the bucket, or must name one", body = api::ErrorBody),
+        (status = 413, description = "A parameter over 2 KiB", body = api::ErrorBody),
+        (status = 422, description = "A parameter is unknown, given twice or invalid, or `event_type` without `bucket`", body = api::ErrorBody),
+        (status = 503, description = "The JobDB, or through a router a Director, did not answer", body = api::ErrorBody)
+    )
+)]
+fn list_events() {}
 
 /// A job with its current state and full transition trace.
 #[utoipa::path(

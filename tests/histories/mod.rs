@@ -214,6 +214,7 @@ pub async fn run(world: World, plan: Plan, name: &str) -> Vec<Violation> {
 
     // The checks, over everything.
     let api = api_views(&world, &rec).await;
+    let listing = final_listing(&world).await;
     let active: HashSet<String> = world
         .live_jobdbs()
         .await
@@ -261,6 +262,7 @@ pub async fn run(world: World, plan: Plan, name: &str) -> Vec<Violation> {
             arrivals: &arrivals,
             stored: &stored,
             api: &api,
+            listing: &listing,
             active: &active,
             listed: listed.as_ref(),
             remembered,
@@ -311,6 +313,42 @@ async fn unsettled(world: &World, rec: &Recorder, stored: &HashMap<JobId, Stored
         }
     }
     open
+}
+
+/// Every job `GET /v1/jobs` lists (oldest first, pages of 50: several per JobDB) with its state; a listing that
+/// fails is tried again for 10 s (a Director may still be joining the catalog).
+async fn final_listing(world: &World) -> check::Listing {
+    use spindle_client::{JobFilter, ListOrder};
+    let api = spindle_client::Client::new(&world.api_base(), None).map_err(|e| e.to_string())?;
+    let filter = JobFilter {
+        order: ListOrder::Oldest,
+        ..JobFilter::default()
+    };
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    'again: loop {
+        let mut out = Vec::new();
+        let mut after: Option<String> = None;
+        loop {
+            match api.jobs_page(&filter, after.as_deref(), 50).await {
+                Ok(page) => {
+                    out.extend(
+                        page.jobs
+                            .into_iter()
+                            .map(|j| (j.id, j.state.as_str().to_owned())),
+                    );
+                    match page.next_after {
+                        Some(next) => after = Some(next),
+                        None => return Ok(out),
+                    }
+                }
+                Err(e) if tokio::time::Instant::now() > deadline => return Err(e.to_string()),
+                Err(_) => {
+                    tokio::time::sleep(Duration::from_millis(500)).await;
+                    continue 'again;
+                }
+            }
+        }
+    }
 }
 
 /// `GET /v1/jobs/{id}` of every acknowledged job.

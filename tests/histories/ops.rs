@@ -7,6 +7,7 @@
 //! while keys flow, a lock on the checkpoint row during a takeover, a slow Consul. Samplers
 //! look at readiness and at jobs past their expiry while it runs.
 
+use std::collections::HashSet;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -71,6 +72,9 @@ pub enum Op {
     LockCheckpoint(usize, Duration),
     /// Every answer of Consul comes this much later, for a while.
     SlowConsul(Duration, Duration),
+    /// `GET /v1/jobs` through the API (a router, or the Director alone), a few pages of a
+    /// random filter: each page in id order, no job twice, each job matching the filter.
+    List,
 }
 
 /// How the log names an operator's release of every blocked key (the quiet period's start
@@ -109,7 +113,7 @@ pub fn schedule(rng: &mut StdRng, run: Duration, kinds: Kinds) -> Vec<(Duration,
     while t < run {
         let roll = match t < opened {
             true => rng.random_range(0..50),
-            false => rng.random_range(0..115),
+            false => rng.random_range(0..120),
         };
         let op = match roll {
             0..=21 => {
@@ -169,6 +173,7 @@ pub fn schedule(rng: &mut StdRng, run: Duration, kinds: Kinds) -> Vec<(Duration,
             113..=114 if kinds.cluster => {
                 Op::Leave(rng.random_range(0..directors), secs(rng, 1.0, 4.0))
             }
+            115..=119 => Op::List,
             _ => Op::ReleaseBlocks,
         };
         ops.push((t, op));
@@ -365,6 +370,7 @@ async fn execute(world: &World, rec: &Recorder, op: &Op, rng: &mut StdRng) {
             rec.outage(false);
             rec.op("outage over: private mariadb unlocked".into());
         }
+        Op::List => list(world, rec, rng).await,
         Op::ReleaseBlocks => {
             let at = chrono::Utc::now();
             let n = world.on_every_jobdb("DELETE FROM ordering_blocked").await;
@@ -736,4 +742,86 @@ pub async fn expiry_watch(world: Arc<World>, rec: Arc<Recorder>, until: tokio::t
             }
         }
     }
+}
+
+/// [`Op::List`]: up to 20 pages of a random filter and page size, checked as they come.
+async fn list(world: &World, rec: &Recorder, rng: &mut StdRng) {
+    use spindle::job::State;
+    use spindle_client::{JobFilter, ListOrder};
+    let filter = JobFilter {
+        bucket: rng
+            .random_bool(0.6)
+            .then(|| BUCKETS[rng.random_range(0..BUCKETS.len())].to_owned()),
+        state: [
+            None,
+            Some(State::Succeeded),
+            Some(State::AwaitingRetry),
+            Some(State::Discarded),
+        ][rng.random_range(0..4)],
+        order: [ListOrder::Newest, ListOrder::Oldest][rng.random_range(0..2)],
+        ..JobFilter::default()
+    };
+    let limit = rng.random_range(1..60);
+    let Ok(api) = spindle_client::Client::new(&world.api_base(), None) else {
+        return;
+    };
+    let (mut after, mut seen, mut last): (Option<String>, HashSet<String>, Option<String>) =
+        (None, HashSet::new(), None);
+    let mut pages = 0;
+    let what = format!("list {filter:?} by {limit}");
+    let bad = |why: String, id: &str| {
+        rec.violation(Violation {
+            invariant: "list",
+            at: Utc::now(),
+            jobs: id.parse().ok().into_iter().collect(),
+            what: format!("{what}: {why}"),
+        })
+    };
+    let mut refused = String::new();
+    while pages < 20 {
+        // A page refused (a Director down: the listing would be incomplete) ends the op.
+        let page = match api.jobs_page(&filter, after.as_deref(), limit).await {
+            Ok(page) => page,
+            Err(e) => {
+                refused = format!("; then refused: {e}");
+                break;
+            }
+        };
+        pages += 1;
+        if page.jobs.len() > limit {
+            bad(format!("a page of {} jobs", page.jobs.len()), "");
+        }
+        for job in &page.jobs {
+            if !seen.insert(job.id.clone()) {
+                bad(format!("job {} listed twice", job.id), &job.id);
+            }
+            let in_order = last.as_ref().is_none_or(|l| match filter.order {
+                ListOrder::Oldest => job.id > *l,
+                ListOrder::Newest => job.id < *l,
+            });
+            if !in_order {
+                bad(
+                    format!("job {} out of order after {last:?}", job.id),
+                    &job.id,
+                );
+            }
+            last = Some(job.id.clone());
+            let bucket_ok = filter.bucket.as_ref().is_none_or(|b| *b == job.bucket);
+            let state_ok = filter.state.is_none_or(|s| s == job.state);
+            if !(bucket_ok && state_ok) {
+                bad(
+                    format!("job {} of {} in {:?} listed", job.id, job.bucket, job.state),
+                    &job.id,
+                );
+            }
+        }
+        match page.next_after {
+            Some(next) => after = Some(next),
+            None => break,
+        }
+    }
+    rec.op(format!(
+        "{what}: {} jobs in {pages} pages{refused}",
+        seen.len()
+    ));
 }

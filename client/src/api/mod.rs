@@ -8,6 +8,7 @@
 
 mod events;
 mod import;
+mod listing;
 
 pub use events::{
     BackfillReply, BackfillRequest, BackfilledEvent, EventBatch, EventDelivery, EventLink,
@@ -16,6 +17,10 @@ pub use events::{
     MAX_JOBS_PER_EVENT_BATCH, MAX_SUBSCRIPTIONS_PER_PAGE,
 };
 pub use import::{BlockedKey, ImportJob, ImportRequest, ImportResponse, KeptEvent};
+pub use listing::{
+    AttemptList, AttemptView, EventFilter, EventList, JobFilter, JobList, ListOrder, DEFAULT_PAGE,
+    MAX_LISTED_PER_PAGE,
+};
 
 use std::collections::BTreeMap;
 use std::fmt;

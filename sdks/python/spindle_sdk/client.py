@@ -7,7 +7,7 @@ import json
 import random
 import time
 import uuid
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any
 
 import httpx
@@ -17,6 +17,9 @@ from spindle_api.api.default import (
     add_subscription,
     backfill_subscription,
     get_job,
+    job_attempts,
+    list_events,
+    list_jobs,
     list_subscriptions,
     publish_event,
     remove_subscription,
@@ -25,9 +28,14 @@ from spindle_api.api.default import (
     update_subscription,
 )
 from spindle_api.models import (
+    AttemptList,
     BackfillReply,
     BackfillRequest,
     EventBatch,
+    EventList,
+    EventView,
+    JobDescription,
+    JobList,
     JobView,
     NewEvent,
     NewSubscription,
@@ -114,6 +122,11 @@ def _keyed(item: Mapping[str, Any]) -> dict[str, Any]:
     return out
 
 
+def _given(filters: Mapping[str, Any], **more: Any) -> dict[str, Any]:
+    """The arguments that were given (a filter left `None` is no filter)."""
+    return {k: v for k, v in {**filters, **more}.items() if v is not None}
+
+
 class Spindle:
     """A client of one router (or Director).
 
@@ -168,6 +181,42 @@ class Spindle:
     def job(self, job_id: str) -> JobView:
         """A job, its state and its transitions."""
         return self._call(get_job, [], id=job_id)
+
+    def attempts(self, job_id: str) -> AttemptList:
+        """A job's delivery attempts, first first."""
+        return self._call(job_attempts, [], id=job_id)
+
+    def jobs_page(self, *, after: str | None = None, limit: int = 100, **filters: Any) -> JobList:
+        """One page of `GET /v1/jobs`: filters `bucket`, `endpoint`, `state`, `ordering_key`,
+        `created_after`, `created_before` (datetimes), `order` (`"newest"`, the default, or
+        `"oldest"`); `after` is the previous page's `next_after`. A page may be short and
+        still have a `next_after`."""
+        return self._call(list_jobs, [], **_given(filters, after=after, limit=limit))
+
+    def jobs(self, *, page_size: int = 100, **filters: Any) -> Iterator[JobDescription]:
+        """Every job the filters of `jobs_page` select, page after page."""
+        after = None
+        while True:
+            page = self.jobs_page(after=after, limit=page_size, **filters)
+            yield from page.jobs
+            if not page.next_after:
+                return
+            after = page.next_after
+
+    def events_page(self, *, after: str | None = None, limit: int = 100, **filters: Any) -> EventList:
+        """One page of `GET /v1/events`: filters `bucket`, `event_type` (with `bucket`),
+        `created_after`, `created_before`, `order`; as `jobs_page`."""
+        return self._call(list_events, [], **_given(filters, after=after, limit=limit))
+
+    def events(self, *, page_size: int = 100, **filters: Any) -> Iterator[EventView]:
+        """Every event the filters of `events_page` select, page after page."""
+        after = None
+        while True:
+            page = self.events_page(after=after, limit=page_size, **filters)
+            yield from page.events
+            if not page.next_after:
+                return
+            after = page.next_after
 
     def add_subscription(self, spec: Mapping[str, Any]) -> SubscriptionView:
         """Adds a subscription (`bucket`, `url`, `event_types`, ...); the answer shows its

@@ -82,3 +82,22 @@ def test_a_batch_an_edit_and_a_backfill(router_url, receiver):
     arrived = receiver.wait(3, "/late")
     kinds = sorted(verify(sub.secret, h, b)["type"] for _, _, h, b in arrived)
     assert kinds == ["a.old", "a.x", "b.y"]
+
+
+def test_jobs_listed_by_bucket_page_after_page(router_url, receiver):
+    spindle = Spindle(router_url)
+    bucket = f"pylist-{uuid.uuid4().hex[:8]}"
+    jobs = [{"bucket": bucket, "endpoint": receiver.url + "/listed"} for _ in range(5)]
+    ids = [j.id for j in spindle.submit(jobs).jobs]
+    for job_id in ids:
+        wait_state(spindle, job_id, "succeeded")
+    listed = [j.id for j in spindle.jobs(bucket=bucket, order="oldest", page_size=2)]
+    assert listed == ids
+    page = spindle.jobs_page(bucket=bucket, limit=2)
+    assert [j.id for j in page.jobs] == ids[::-1][:2] and page.next_after == ids[3]
+    assert list(spindle.jobs(bucket=bucket, state="discarded")) == []
+    [attempt] = spindle.attempts(ids[0]).attempts
+    assert (attempt.attempt, attempt.response_status, str(attempt.outcome)) == (1, 200, "succeeded")
+    with pytest.raises(Refused) as refused:
+        spindle.jobs_page(bucket=bucket, state="finished")
+    assert refused.value.field == "state"

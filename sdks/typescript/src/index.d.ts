@@ -1,5 +1,5 @@
 // Types of the hand-written layer; the API's own types are generated (schema.d.ts).
-import type { components } from "./schema.js";
+import type { components, paths } from "./schema.js";
 
 export type { components, paths } from "./schema.js";
 export type Schemas = components["schemas"];
@@ -26,6 +26,17 @@ export declare class OutcomeUnknown extends SpindleError {
 }
 export declare class WebhookVerificationError extends Error {}
 
+/** Filters and cursor of `GET /v1/jobs`. */
+export type JobQuery = Omit<NonNullable<paths["/v1/jobs"]["get"]["parameters"]["query"]>, "created_after" | "created_before"> & {
+  created_after?: string | Date;
+  created_before?: string | Date;
+};
+/** Filters and cursor of `GET /v1/events`. */
+export type EventQuery = Omit<NonNullable<paths["/v1/events"]["get"]["parameters"]["query"]>, "created_after" | "created_before"> & {
+  created_after?: string | Date;
+  created_before?: string | Date;
+};
+
 export interface SpindleOptions {
   token?: string;
   retries?: number;
@@ -42,6 +53,11 @@ export declare class Spindle {
   publish(event: NewEvent): Promise<Schemas["PublishReply"]>;
   publish(events: NewEvent[]): Promise<Schemas["PublishBatchReply"]>;
   job(id: string): Promise<Schemas["JobView"]>;
+  attempts(id: string): Promise<Schemas["AttemptList"]>;
+  jobsPage(query?: JobQuery): Promise<Schemas["JobList"]>;
+  jobs(query?: Omit<JobQuery, "limit"> & { limit?: number }): AsyncGenerator<Schemas["JobDescription"]>;
+  eventsPage(query?: EventQuery): Promise<Schemas["EventList"]>;
+  events(query?: EventQuery): AsyncGenerator<Schemas["EventView"]>;
   addSubscription(spec: Schemas["NewSubscription"]): Promise<Schemas["SubscriptionView"]>;
   subscriptions(bucket?: string): Promise<Schemas["SubscriptionList"]>;
   subscription(id: string): Promise<Schemas["SubscriptionView"]>;

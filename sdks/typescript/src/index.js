@@ -70,6 +70,25 @@ function keyed(item) {
 }
 
 /** A client of one router (or Director). */
+/** The query string of a listing: the parameters given (Dates as RFC 3339). */
+function listQuery(query) {
+  const given = Object.entries(query)
+    .filter(([, v]) => v !== undefined && v !== null)
+    .map(([k, v]) => [k, v instanceof Date ? v.toISOString() : String(v)]);
+  return given.length === 0 ? "" : `?${new URLSearchParams(given)}`;
+}
+
+/** Each item of every page, going on while a page names `next_after`. */
+async function* pages(page, query, items) {
+  let after = query.after;
+  for (;;) {
+    const answer = await page({ ...query, after });
+    yield* answer[items];
+    if (!answer.next_after) return;
+    after = answer.next_after;
+  }
+}
+
 export class Spindle {
   /**
    * `retries`: how many times a `503` (or a refused connection) is tried again; the waits
@@ -103,6 +122,37 @@ export class Spindle {
   /** A job, its state and its transitions. */
   job(id) {
     return this.#call("GET", `/v1/jobs/${encodeURIComponent(id)}`, {}, []);
+  }
+
+  /** A job's delivery attempts, first first. */
+  attempts(id) {
+    return this.#call("GET", `/v1/jobs/${encodeURIComponent(id)}/attempts`, {}, []);
+  }
+
+  /**
+   * One page of `GET /v1/jobs`: filters `bucket`, `endpoint`, `state`, `ordering_key`,
+   * `created_after`, `created_before` (RFC 3339 or Date), `order` ("newest" or "oldest"),
+   * `after` (the previous page's `next_after`), `limit`. A page may be short and still have a
+   * `next_after`.
+   */
+  jobsPage(query = {}) {
+    return this.#call("GET", `/v1/jobs${listQuery(query)}`, {}, []);
+  }
+
+  /** Every job the filters of `jobsPage` select, page after page. */
+  async *jobs(query = {}) {
+    yield* pages((q) => this.jobsPage(q), query, "jobs");
+  }
+
+  /** One page of `GET /v1/events`: filters `bucket`, `event_type`, `created_after`,
+   * `created_before`, `order`, as `jobsPage`. */
+  eventsPage(query = {}) {
+    return this.#call("GET", `/v1/events${listQuery(query)}`, {}, []);
+  }
+
+  /** Every event the filters of `eventsPage` select, page after page. */
+  async *events(query = {}) {
+    yield* pages((q) => this.eventsPage(q), query, "events");
   }
 
   /** Adds a subscription; the answer shows its secret, once. */

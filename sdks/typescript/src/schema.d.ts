@@ -65,7 +65,11 @@ export interface paths {
             path?: never;
             cookie?: never;
         };
-        get?: never;
+        /**
+         * List events by bucket, type and publication time, newest first unless `order=oldest`,
+         *     each with its jobs; a page at a time, as `GET /v1/jobs`.
+         */
+        get: operations["list_events"];
         put?: never;
         /**
          * Publish an event, or a batch of 1 to 1,000 (`{"events": [...]}`): one job per matching
@@ -89,7 +93,14 @@ export interface paths {
             path?: never;
             cookie?: never;
         };
-        get?: never;
+        /**
+         * List jobs by bucket, endpoint, state, ordering key and creation time, newest first unless
+         *     `order=oldest`, a page at a time. A router lists every live JobDB's jobs merged in id order;
+         *     a Director its own. A page may hold fewer than `limit` jobs and still name a `next_after`
+         *     (filters on the endpoint or the state are checked within a bounded window of rows): go on
+         *     until `next_after` is absent. A token limited to some buckets must name one.
+         */
+        get: operations["list_jobs"];
         put?: never;
         /** Submit jobs. The whole batch is persisted in one transaction before the answer. */
         post: operations["submit_jobs"];
@@ -108,6 +119,23 @@ export interface paths {
         };
         /** A job with its current state and full transition trace. */
         get: operations["get_job"];
+        put?: never;
+        post?: never;
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
+    "/v1/jobs/{id}/attempts": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        /** A job's delivery attempts, first first: when each started and ended, and how. */
+        get: operations["job_attempts"];
         put?: never;
         post?: never;
         delete?: never;
@@ -215,6 +243,58 @@ export interface components {
             idempotency_key?: string | null;
             /** @description What became of it. */
             status?: components["schemas"]["JobStatus"];
+        };
+        /** @description `GET /v1/jobs/{id}/attempts` answer. */
+        AttemptList: {
+            /** @description Its attempts, first first. */
+            attempts: components["schemas"]["AttemptView"][];
+            /** @description The job. */
+            job_id: string;
+        };
+        /** @description One delivery attempt of a job: when it started, and how it ended (absent while under way). */
+        AttemptView: {
+            /**
+             * Format: int32
+             * @description Its number (1 for the first).
+             */
+            attempt: number;
+            /**
+             * Format: int32
+             * @description How long it took.
+             */
+            duration_ms?: number | null;
+            /**
+             * Format: date-time
+             * @description When it ended; absent while it is under way.
+             */
+            ended_at?: string | null;
+            /** @description Start of the failed answer (text, or base64 when `error_response_encoding` is `base64`). */
+            error_response?: string | null;
+            /** @description `utf-8` or `base64`. */
+            error_response_encoding?: string | null;
+            /** @description The failure kind, when it failed. */
+            error_type?: string | null;
+            /**
+             * @description The state it left the job in (`succeeded`, `awaiting-retry`, `discarded`); absent while
+             *     under way.
+             * @example awaiting-retry
+             */
+            outcome?: string | null;
+            /**
+             * Format: int32
+             * @description The endpoint's status code, when it answered.
+             */
+            response_status?: number | null;
+            /**
+             * Format: date-time
+             * @description When the next attempt is due, when this one left the job awaiting a retry.
+             */
+            retry_at?: string | null;
+            /**
+             * Format: date-time
+             * @description When it started.
+             */
+            started_at: string;
         };
         /** @description `POST /v1/subscriptions/{id}/backfill` answer: the jobs made, all committed together. */
         BackfillReply: {
@@ -331,6 +411,13 @@ export interface components {
             event_type: string;
             /** @description The subscription's id (a ULID). */
             subscription_id: string;
+        };
+        /** @description `GET /v1/events` answer: a page of events, each with its jobs in the JobDB that holds it. */
+        EventList: {
+            /** @description The events, in the order asked. */
+            events: components["schemas"]["EventView"][];
+            /** @description More may follow: ask again with `?after=` this (and the same filters). */
+            next_after?: string | null;
         };
         /** @description `GET /v1/events/{id}` answer: an event as the JobDB of the Director asked holds it. */
         EventView: {
@@ -506,6 +593,13 @@ export interface components {
             state: string;
             /** @description Every state transition, oldest first. */
             transitions: components["schemas"]["TransitionView"][];
+        };
+        /** @description `GET /v1/jobs` answer: a page of jobs, each with its trace. */
+        JobList: {
+            /** @description The jobs, in the order asked. */
+            jobs: components["schemas"]["JobDescription"][];
+            /** @description More may follow: ask again with `?after=` this (and the same filters). */
+            next_after?: string | null;
         };
         /** @description One job to deliver. */
         JobSpec: {
@@ -970,6 +1064,86 @@ export interface operations {
             };
         };
     };
+    list_events: {
+        parameters: {
+            query?: {
+                /** @description Only this bucket's */
+                bucket?: string;
+                /** @description Only this type (needs `bucket`) */
+                event_type?: string;
+                /** @description Only those created at or after this time (RFC 3339; an id's time, to the millisecond) */
+                created_after?: string;
+                /** @description Only those created before this time (RFC 3339) */
+                created_before?: string;
+                /** @description `newest` (the default) or `oldest` first */
+                order?: string;
+                /** @description Go on after this id: the previous page's `next_after` (same filters) */
+                after?: string;
+                /** @description At most this many (1 to 500; 100 unless given) */
+                limit?: number;
+            };
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        requestBody?: never;
+        responses: {
+            /** @description A page of events */
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["EventList"];
+                };
+            };
+            /** @description Missing or invalid bearer token */
+            401: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description The token may not read the bucket, or must name one */
+            403: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description A parameter over 2 KiB */
+            413: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description A parameter is unknown, given twice or invalid, or `event_type` without `bucket` */
+            422: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description The JobDB, or through a router a Director, did not answer */
+            503: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+        };
+    };
     publish_event: {
         parameters: {
             query?: never;
@@ -1057,6 +1231,90 @@ export interface operations {
             };
             /** @description The jobs were being written when the write timeout ran out: they may or may not be stored; publish again with the same idempotency key */
             504: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+        };
+    };
+    list_jobs: {
+        parameters: {
+            query?: {
+                /** @description Only this bucket's */
+                bucket?: string;
+                /** @description Only those sent to this URL, exactly as submitted */
+                endpoint?: string;
+                /** @description Only those in this state now: awaiting-scheduling, executing, awaiting-retry, succeeded, discarded, archiving, archived, moved */
+                state?: string;
+                /** @description Only those of this ordering key */
+                ordering_key?: string;
+                /** @description Only those created at or after this time (RFC 3339; an id's time, to the millisecond) */
+                created_after?: string;
+                /** @description Only those created before this time (RFC 3339) */
+                created_before?: string;
+                /** @description `newest` (the default) or `oldest` first */
+                order?: string;
+                /** @description Go on after this id: the previous page's `next_after` (same filters) */
+                after?: string;
+                /** @description At most this many (1 to 500; 100 unless given) */
+                limit?: number;
+            };
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        requestBody?: never;
+        responses: {
+            /** @description A page of jobs with their traces */
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["JobList"];
+                };
+            };
+            /** @description Missing or invalid bearer token */
+            401: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description The token may not read the bucket, or must name one */
+            403: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description A parameter over 2 KiB */
+            413: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description A parameter is unknown, given twice or invalid (named in the answer) */
+            422: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description The JobDB, or through a router a Director, did not answer: the page would be incomplete */
+            503: {
                 headers: {
                     [name: string]: unknown;
                 };
@@ -1211,6 +1469,65 @@ export interface operations {
                 };
             };
             /** @description No such job in this Director's JobDB */
+            404: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+        };
+    };
+    job_attempts: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path: {
+                /** @description Job id: ULID, or 32 hex digits as HEX(id) prints */
+                id: string;
+            };
+            cookie?: never;
+        };
+        requestBody?: never;
+        responses: {
+            /** @description The job's attempts */
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["AttemptList"];
+                };
+            };
+            /** @description Not a job id */
+            400: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description Missing or invalid bearer token */
+            401: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description The token may not read this job's bucket */
+            403: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description No such job */
             404: {
                 headers: {
                     [name: string]: unknown;

@@ -93,3 +93,23 @@ test("a batch, an edit and a back-fill", live, async () => {
   assert.deepEqual(kinds, ["a.old", "a.x", "b.y"]);
   await r.close();
 });
+
+test("jobs listed by bucket, page after page", live, async () => {
+  const r = await receiver();
+  const spindle = new Spindle(router);
+  const bucket = `tslist-${randomUUID().slice(0, 8)}`;
+  const reply = await spindle.submit(Array.from({ length: 5 }, () => ({ bucket, endpoint: `${r.url}/listed` })));
+  const ids = reply.jobs.map((j) => j.id);
+  for (const id of ids) await waitState(spindle, id, "succeeded");
+  const listed = [];
+  for await (const job of spindle.jobs({ bucket, order: "oldest", limit: 2 })) listed.push(job.id);
+  assert.deepEqual(listed, ids);
+  const page = await spindle.jobsPage({ bucket, limit: 2 });
+  assert.deepEqual(page.jobs.map((j) => j.id), ids.slice().reverse().slice(0, 2));
+  assert.equal(page.next_after, ids[3]);
+  const { attempts } = await spindle.attempts(ids[0]);
+  assert.equal(attempts.length, 1);
+  assert.equal(attempts[0].response_status, 200);
+  await assert.rejects(spindle.jobsPage({ bucket, state: "finished" }), (e) => e instanceof Refused && e.field === "state");
+  await r.close();
+});

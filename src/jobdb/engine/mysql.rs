@@ -366,3 +366,9 @@ super::stats_sql! {
     latency_in_sql: true,
     json_len: "JSON_LENGTH",
 }
+
+/// The hint that makes a statement read a table through the index `name` (listing pages,
+/// [`crate::jobdb::listing`]).
+pub fn use_index(name: &str) -> String {
+    format!(" FORCE INDEX ({name})")
+}

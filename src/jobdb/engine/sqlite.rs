@@ -381,6 +381,12 @@ super::stats_sql! {
     json_len: "json_array_length",
 }
 
+/// The hint that makes a statement read a table through the index `name` (listing pages,
+/// [`crate::jobdb::listing`]).
+pub fn use_index(name: &str) -> String {
+    format!(" INDEXED BY {name}")
+}
+
 #[cfg(test)]
 mod tests {
     use super::like;

@@ -32,7 +32,8 @@
 //! # Files
 //! This file: the settings, starting and stopping, `POST /v1/jobs` from request to answer, and
 //! the other routes. `claims.rs`: steps 1 and 3 (claim, keep alive, confirm or release).
-//! `forward.rs`: step 2. `events.rs`: `POST /v1/events`, the same three steps for events (a
+//! `forward.rs`: step 2. `reads.rs`: a job and its attempts from the Director that holds it,
+//! and pages of jobs and events merged from every Director. `events.rs`: `POST /v1/events`, the same three steps for events (a
 //! claim per event, one forward per request), and back-fills (a claim per subscription and
 //! event). `metrics.rs`: the `spindle_router_*` metrics.
 //!
@@ -44,6 +45,7 @@ mod claims;
 mod events;
 mod forward;
 mod metrics;
+mod reads;
 
 use std::collections::HashMap;
 use std::net::SocketAddr;
@@ -52,7 +54,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use axum::extract::rejection::BytesRejection;
-use axum::extract::{DefaultBodyLimit, Path, State};
+use axum::extract::{DefaultBodyLimit, State};
 use axum::http::{header, HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
@@ -178,10 +180,14 @@ impl Router {
             policy: shared.settings.policy.clone(),
         });
         let app = axum::Router::new()
-            .route("/v1/jobs", post(submit_jobs))
-            .route("/v1/events", post(events::publish_event))
+            .route("/v1/jobs", post(submit_jobs).get(reads::list_jobs))
+            .route(
+                "/v1/events",
+                post(events::publish_event).get(reads::list_events),
+            )
             .route("/v1/subscriptions/{id}/backfill", post(events::backfill))
-            .route("/v1/jobs/{id}", get(get_job))
+            .route("/v1/jobs/{id}", get(reads::get_job))
+            .route("/v1/jobs/{id}/attempts", get(reads::job_attempts))
             .route("/healthz", get(|| async { "ok\n" }))
             .route("/readyz", get(readyz))
             .route("/metrics", get(metrics))
@@ -472,43 +478,6 @@ async fn submit_jobs(
         jobs: answers,
     };
     Ok((StatusCode::ACCEPTED, Json(response)).into_response())
-}
-
-/// A job's trace, from whichever Director's JobDB holds it.
-async fn get_job(
-    State(shared): State<Arc<Shared>>,
-    headers: HeaderMap,
-    Path(id): Path<String>,
-) -> Result<Response, ApiError> {
-    crate::rpc::caller_of(shared.settings.auth.as_deref(), &headers)?;
-    let id = crate::rpc::parse_job_id(&id)?;
-    let directors = shared.directors.all();
-    let lookups = directors.iter().map(|d| {
-        let mut call = shared.http.get(format!("{}/v1/jobs/{id}", d.base));
-        if let Some(auth) = headers.get(header::AUTHORIZATION) {
-            call = call.header(header::AUTHORIZATION, auth.clone());
-        }
-        async move {
-            let response = call.send().await.ok()?;
-            if response.status() == StatusCode::NOT_FOUND {
-                return None;
-            }
-            let status = response.status();
-            let body = response.bytes().await.ok()?;
-            Some((status, body))
-        }
-    });
-    if let Some((status, body)) = futures::future::join_all(lookups)
-        .await
-        .into_iter()
-        .flatten()
-        .next()
-    {
-        return Ok((status, [(header::CONTENT_TYPE, "application/json")], body).into_response());
-    }
-    Err(ApiError::NotFound(format!(
-        "no job {id} in the jobdb of any healthy director"
-    )))
 }
 
 async fn readyz(State(shared): State<Arc<Shared>>) -> Response {

@@ -21,6 +21,10 @@ use super::world::{Stored, SKEW_MS};
 /// What the API answered for a job: the status and, for a 200, the state.
 pub type ApiViews = HashMap<JobId, (u16, Option<String>)>;
 
+/// Every job `GET /v1/jobs` listed at the end (oldest first, every page), with its state; or
+/// why the listing failed.
+pub type Listing = Result<Vec<(String, String)>, String>;
+
 /// Counts of what was checked, for the report.
 #[derive(Debug, Default)]
 pub struct Tally {
@@ -35,6 +39,8 @@ pub struct Tally {
     pub scheduled: usize,
     pub readiness_samples: usize,
     pub api_checked: usize,
+    /// Jobs the final listing held.
+    pub listed: usize,
     /// Alone: ordered jobs released.
     pub released: u64,
     /// Alone: ordered jobs kept in the writer's book until their turn.
@@ -130,6 +136,8 @@ pub struct Inputs<'a> {
     pub arrivals: &'a [Arrival],
     pub stored: &'a HashMap<JobId, Stored>,
     pub api: &'a ApiViews,
+    /// The whole listing at the end.
+    pub listing: &'a Listing,
     /// JobDBs a Director serves at the end (a job whose end lies elsewhere may be unknown to
     /// the API).
     pub active: &'a HashSet<String>,
@@ -710,6 +718,66 @@ pub fn check(i: &Inputs) -> (Vec<Violation>, Tally) {
                 Some(*id),
                 format!("job {id}: the API answers {status} {api:?}, SQL says {sql:?}"),
             ),
+        }
+    }
+
+    // The listing at the end holds exactly the jobs of the JobDBs Directors serve, once each,
+    // in id order, in the state SQL says.
+    match i.listing {
+        Err(why) => v(
+            &mut out,
+            "list",
+            now,
+            None,
+            format!("the final listing failed: {why}"),
+        ),
+        Ok(listed) => {
+            tally.listed = listed.len();
+            if let Some(w) = listed.windows(2).find(|w| w[0].0 >= w[1].0) {
+                let what = format!("{} listed after {} (oldest first)", w[1].0, w[0].0);
+                v(&mut out, "list", now, w[1].0.parse().ok(), what);
+            }
+            let by_id: HashMap<&str, &str> = listed
+                .iter()
+                .map(|(id, s)| (id.as_str(), s.as_str()))
+                .collect();
+            for (id, s) in i.stored {
+                let Some(place) = s.places.iter().find(|p| i.active.contains(&p.jobdb)) else {
+                    continue;
+                };
+                let sql = place.history.last().map(|t| t.state.as_str());
+                match (by_id.get(id.to_string().as_str()), sql) {
+                    (Some(api), Some(sql)) if *api == sql => {}
+                    (Some(&"archived"), Some("archiving"))
+                    | (Some(&"archiving"), Some("archived")) => {}
+                    (listed, sql) => v(
+                        &mut out,
+                        "list",
+                        now,
+                        Some(*id),
+                        format!(
+                            "job {id} of {}: listed as {listed:?}, SQL says {sql:?}",
+                            place.jobdb
+                        ),
+                    ),
+                }
+            }
+            for (id, _) in listed {
+                let held = id
+                    .parse::<JobId>()
+                    .ok()
+                    .and_then(|j| i.stored.get(&j))
+                    .is_some_and(|s| s.places.iter().any(|p| i.active.contains(&p.jobdb)));
+                if !held {
+                    v(
+                        &mut out,
+                        "list",
+                        now,
+                        id.parse().ok(),
+                        format!("job {id} listed, held by no served JobDB"),
+                    );
+                }
+            }
         }
     }
 

@@ -1,6 +1,8 @@
 """ Contains all the data models used in inputs/outputs """
 
 from .accepted_job import AcceptedJob
+from .attempt_list import AttemptList
+from .attempt_view import AttemptView
 from .backfill_reply import BackfillReply
 from .backfill_request import BackfillRequest
 from .backfilled_event import BackfilledEvent
@@ -12,11 +14,13 @@ from .error_detail import ErrorDetail
 from .event_batch import EventBatch
 from .event_delivery import EventDelivery
 from .event_link import EventLink
+from .event_list import EventList
 from .event_view import EventView
 from .import_job import ImportJob
 from .import_request import ImportRequest
 from .import_response import ImportResponse
 from .job_description import JobDescription
+from .job_list import JobList
 from .job_spec import JobSpec
 from .job_spec_headers_type_0 import JobSpecHeadersType0
 from .job_status import JobStatus
@@ -42,6 +46,8 @@ from .transition_view import TransitionView
 
 __all__ = (
     "AcceptedJob",
+    "AttemptList",
+    "AttemptView",
     "BackfilledEvent",
     "BackfillReply",
     "BackfillRequest",
@@ -53,11 +59,13 @@ __all__ = (
     "EventBatch",
     "EventDelivery",
     "EventLink",
+    "EventList",
     "EventView",
     "ImportJob",
     "ImportRequest",
     "ImportResponse",
     "JobDescription",
+    "JobList",
     "JobSpec",
     "JobSpecHeadersType0",
     "JobStatus",
