@@ -37,6 +37,10 @@
 //!   JobDBs). The key-order checks hold across both (the log prints how many jobs went each
 //!   way).
 //!
+//! In both worlds an operation lists jobs (`GET /v1/jobs`, through a router in the cluster) by
+//! a random filter, checking each page as it comes, and at the end the whole listing must be
+//! exactly the jobs of the JobDBs Directors serve, in SQL's states (`list`).
+//!
 //! Every run prints its seed; `SPINDLE_HISTORY_SEED=<seed>` replays its schedule and its
 //! producers' choices (timing differs run to run), `SPINDLE_HISTORY_SECS` sets how long the
 //! operations run (the suite's default is short; see docs/testing.md for the long run).
