@@ -10,6 +10,7 @@ use super::http::RpcState;
 use crate::job::{Job, Transition};
 use crate::jobdb::JobDbError;
 use crate::rpc::api::{self, AttemptList, EventList, JobList, JobView};
+use crate::rpc::auth::Caller;
 use crate::rpc::error::ApiError;
 use crate::rpc::{listing, parse_job_id};
 
@@ -29,6 +30,20 @@ fn unavailable(e: JobDbError) -> ApiError {
     ApiError::Unavailable("the jobdb is unavailable".into())
 }
 
+/// Whether `caller` may read `what` (jobs, events) of `bucket`.
+fn check_reader(caller: Option<&Caller>, bucket: &str, what: &str) -> Result<(), ApiError> {
+    match caller {
+        Some(caller) if !caller.may_use(bucket) => Err(ApiError::Forbidden {
+            message: format!(
+                "token {:?} may not read {what} of bucket {bucket:?}",
+                caller.name
+            ),
+            field: None,
+        }),
+        _ => Ok(()),
+    }
+}
+
 /// The job `id` and its history, if the caller may read it.
 async fn job_and_history(
     state: &RpcState,
@@ -44,15 +59,7 @@ async fn job_and_history(
         .map_err(unavailable)?
         .pop()
         .ok_or_else(|| ApiError::NotFound(format!("no job {id} in this director's jobdb")))?;
-    if let Some(caller) = caller.filter(|c| !c.may_use(&job.bucket)) {
-        return Err(ApiError::Forbidden {
-            message: format!(
-                "token {:?} may not read jobs of bucket {:?}",
-                caller.name, job.bucket
-            ),
-            field: None,
-        });
-    }
+    check_reader(caller.as_ref(), &job.bucket, "jobs")?;
     let trace = state.db.get_transitions(id).await.map_err(unavailable)?;
     Ok((job, trace))
 }
@@ -140,19 +147,8 @@ async fn get_event(
         .db
         .event(id)
         .await
-        .map_err(|e| {
-            tracing::warn!(error = %e, "event lookup failed");
-            ApiError::Unavailable("the jobdb is unavailable".into())
-        })?
+        .map_err(unavailable)?
         .ok_or_else(|| ApiError::NotFound(format!("no event {id} in this director's jobdb")))?;
-    if let Some(caller) = caller.filter(|c| !c.may_use(&event.bucket)) {
-        return Err(ApiError::Forbidden {
-            message: format!(
-                "token {:?} may not read events of bucket {:?}",
-                caller.name, event.bucket
-            ),
-            field: None,
-        });
-    }
+    check_reader(caller.as_ref(), &event.bucket, "events")?;
     Ok(Json(crate::events::publish::event_view(&event)))
 }

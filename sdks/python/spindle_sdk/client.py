@@ -127,6 +127,18 @@ def _given(filters: Mapping[str, Any], **more: Any) -> dict[str, Any]:
     return {k: v for k, v in {**filters, **more}.items() if v is not None}
 
 
+def _every(page: Callable[[str | None], Any], items: str) -> Iterator[Any]:
+    """The `items` of every page `page(after)` answers, going on while a page names
+    `next_after` (a short page included)."""
+    after = None
+    while True:
+        answer = page(after)
+        yield from getattr(answer, items)
+        if not answer.next_after:
+            return
+        after = answer.next_after
+
+
 class Spindle:
     """A client of one router (or Director).
 
@@ -195,13 +207,7 @@ class Spindle:
 
     def jobs(self, *, page_size: int = 100, **filters: Any) -> Iterator[JobDescription]:
         """Every job the filters of `jobs_page` select, page after page."""
-        after = None
-        while True:
-            page = self.jobs_page(after=after, limit=page_size, **filters)
-            yield from page.jobs
-            if not page.next_after:
-                return
-            after = page.next_after
+        return _every(lambda after: self.jobs_page(after=after, limit=page_size, **filters), "jobs")
 
     def events_page(self, *, after: str | None = None, limit: int = 100, **filters: Any) -> EventList:
         """One page of `GET /v1/events`: filters `bucket`, `event_type` (with `bucket`),
@@ -210,13 +216,7 @@ class Spindle:
 
     def events(self, *, page_size: int = 100, **filters: Any) -> Iterator[EventView]:
         """Every event the filters of `events_page` select, page after page."""
-        after = None
-        while True:
-            page = self.events_page(after=after, limit=page_size, **filters)
-            yield from page.events
-            if not page.next_after:
-                return
-            after = page.next_after
+        return _every(lambda after: self.events_page(after=after, limit=page_size, **filters), "events")
 
     def add_subscription(self, spec: Mapping[str, Any]) -> SubscriptionView:
         """Adds a subscription (`bucket`, `url`, `event_types`, ...); the answer shows its

@@ -91,13 +91,13 @@ pub(super) async fn list_jobs(
     let caller = crate::rpc::caller_of(shared.settings.auth.as_deref(), &headers)?;
     let query = listing::parse_job_query(query.as_deref())?;
     listing::check_lister(caller.as_ref(), query.filter.bucket.as_deref())?;
-    let mut pairs = query.filter.query_pairs();
+    let pairs = query.filter.query_pairs();
     let after = query.after.map(|a| a.to_string());
     let pages = pages_of(
         &shared,
         &headers,
         "/v1/jobs",
-        &mut pairs,
+        pairs,
         after,
         query.limit,
         |p: JobList| (p.jobs, p.next_after),
@@ -119,13 +119,13 @@ pub(super) async fn list_events(
     let caller = crate::rpc::caller_of(shared.settings.auth.as_deref(), &headers)?;
     let query = listing::parse_event_query(query.as_deref())?;
     listing::check_lister(caller.as_ref(), query.filter.bucket.as_deref())?;
-    let mut pairs = query.filter.query_pairs();
+    let pairs = query.filter.query_pairs();
     let after = query.after.map(|a| a.to_string());
     let pages = pages_of(
         &shared,
         &headers,
         "/v1/events",
-        &mut pairs,
+        pairs,
         after,
         query.limit,
         |p: EventList| (p.events, p.next_after),
@@ -150,7 +150,7 @@ async fn pages_of<T: DeserializeOwned, I>(
     shared: &Shared,
     headers: &HeaderMap,
     path: &str,
-    pairs: &mut Vec<(&'static str, String)>,
+    mut pairs: Vec<(&'static str, String)>,
     after: Option<String>,
     limit: usize,
     split: impl Fn(T) -> (Vec<I>, Option<String>),
@@ -159,7 +159,7 @@ async fn pages_of<T: DeserializeOwned, I>(
         pairs.push(("after", after));
     }
     pairs.push(("limit", limit.to_string()));
-    ask_every_director(shared, headers, path, pairs)
+    ask_every_director(shared, headers, path, &pairs)
         .await?
         .into_iter()
         .map(|answer| {
