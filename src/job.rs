@@ -109,6 +109,8 @@ pub struct Job {
     pub ordering: Option<OrderedKey>,
     /// The event it delivers and the subscription it delivers it to, if an event made it.
     pub event: Option<EventLink>,
+    /// The trace it was submitted in (the producer's span), which its attempts link to.
+    pub trace: Option<crate::telemetry::TraceContext>,
 }
 
 /// Longest event type, in bytes (the `jobs.event_type` column).
@@ -807,6 +809,7 @@ pub(crate) mod tests {
             on_complete: None,
             ordering: None,
             event: None,
+            trace: None,
         }
     }
 }

@@ -46,7 +46,8 @@
 //! - [`delivery`]: the HTTP client, SSRF guard, response classification, signing and the
 //!   backoff formula. No SQL.
 //! - [`job`]: the domain: ids, states, error types, retry policy, jobs and legal transitions.
-//!   No I/O. [`secret`]: tokens, keys and passwords that print as `***`. `faults` (feature
+//!   No I/O. [`secret`]: tokens, keys and passwords that print as `***`. [`telemetry`]: W3C
+//!   trace context on jobs, the spans of intake, forward, commit and attempts, OTLP export. `faults` (feature
 //!   `fault-injection`, tests only): make a Director's core task panic.
 
 #![warn(missing_docs)]
@@ -69,6 +70,7 @@ pub mod registry;
 pub mod router;
 pub mod rpc;
 pub mod secret;
+pub mod telemetry;
 
 /// Resolves on SIGINT or SIGTERM: how every long-running subcommand learns to stop.
 pub async fn shutdown_signal() {

@@ -90,6 +90,7 @@ fn expired_jobs(n: usize) -> (Vec<Job>, Vec<ArchivedJob>) {
             on_complete: None,
             ordering: None,
             event: None,
+            trace: None,
         };
         let mut error_body = vec![0u8; rng.random_range(0..64)];
         rng.fill(&mut error_body[..]);

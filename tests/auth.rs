@@ -279,6 +279,8 @@ async fn only_managers_of_a_bucket_touch_its_subscriptions() {
         idempotency_key: None,
         deliver_at: None,
         on_complete: None,
+        traceparent: None,
+        tracestate: None,
     };
     assert_eq!(producer.publish(&event).await.unwrap().deliveries.len(), 1);
     assert_eq!(

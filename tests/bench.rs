@@ -81,6 +81,7 @@ fn the_benchmark_measures_both_paths() {
         "50",
         "--concurrency",
         "4",
+        "--traced",
     ]);
     check(
         &routed,
@@ -88,6 +89,7 @@ fn the_benchmark_measures_both_paths() {
         &["director", "router", "mariadb", "redis", "bench"],
     );
     assert_eq!(routed["routers"], 1);
+    assert_eq!(routed["traced"], true);
     assert!(routed["router_peak_rss_mib"].as_f64().unwrap() > 1.0);
     let backlog = report(&[
         "bench",

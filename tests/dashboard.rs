@@ -696,6 +696,8 @@ async fn dashboard_lists_subscriptions_with_their_waiting_jobs() {
             idempotency_key: None,
             deliver_at: None,
             on_complete: None,
+            traceparent: None,
+            tracestate: None,
         };
         assert_eq!(api.publish(&event).await.unwrap().deliveries.len(), 2);
     }

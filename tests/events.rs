@@ -23,6 +23,8 @@ fn event(bucket: &str, event_type: &str, payload: serde_json::Value) -> NewEvent
         idempotency_key: None,
         deliver_at: None,
         on_complete: None,
+        traceparent: None,
+        tracestate: None,
     }
 }
 

@@ -41,6 +41,10 @@
 //! a random filter, checking each page as it comes, and at the end the whole listing must be
 //! exactly the jobs of the JobDBs Directors serve, in SQL's states (`list`).
 //!
+//! A third of the producers' jobs carry a `traceparent`: every copy of such a job (each JobDB
+//! it passed through, the archive) must keep it, and every request an endpoint gets must name
+//! an attempt span of its own, outside its producer's trace (`trace`).
+//!
 //! Every run prints its seed; `SPINDLE_HISTORY_SEED=<seed>` replays its schedule and its
 //! producers' choices (timing differs run to run), `SPINDLE_HISTORY_SECS` sets how long the
 //! operations run (the suite's default is short; see docs/testing.md for the long run).

@@ -29,6 +29,7 @@ const RANKS: &[(&str, u8)] = &[
     ("faults", 1),
     ("job", 1),
     ("secret", 1),
+    ("telemetry", 0),
 ];
 
 fn rank(module: &str) -> Option<u8> {

@@ -304,6 +304,7 @@ async fn fill_retired(
                 on_complete: None,
                 ordering: None,
                 event: None,
+                trace: None,
             };
             let mut push = |t: Transition| {
                 rows.push((next_id, t));

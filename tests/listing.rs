@@ -296,6 +296,8 @@ async fn pages_through_a_router_list_every_jobdb_once_in_order() {
             idempotency_key: None,
             deliver_at: None,
             on_complete: None,
+            traceparent: None,
+            tracestate: None,
         };
         match api.publish(&event).await {
             Ok(r) if !r.deliveries.is_empty() => published.push(r.event_id.unwrap()),

@@ -56,6 +56,8 @@ async fn every_documented_statement_runs_and_finds_its_rows() {
         idempotency_key: None,
         deliver_at: None,
         on_complete: None,
+        traceparent: None,
+        tracestate: None,
     };
     let missed = api.publish(&invoice(1)).await.unwrap();
     let late = api.add_subscription(&subscribe("/ok?late")).await.unwrap();

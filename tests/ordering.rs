@@ -503,6 +503,7 @@ async fn a_peer_read_before_its_migration_is_read_again_after_it() {
             position: id.0,
         }),
         event: None,
+        trace: None,
     });
     peer.append_all(
         token,

@@ -118,7 +118,8 @@ async fn archived_jobs_are_replayed_from_the_archive(backend: Backend) {
     rig.submit(rig.jobs(
         4,
         &path,
-        json!({"ttl_ms": 1000, "backoff_min_delay_ms": 200}),
+        json!({"ttl_ms": 1000, "backoff_min_delay_ms": 200,
+               "traceparent": TRACEPARENT, "tracestate": "congo=t61rcWkgMzE"}),
     ))
     .await;
     rig.wait_in_state(State::Archived, 4, Duration::from_secs(20))
@@ -157,6 +158,11 @@ async fn archived_jobs_are_replayed_from_the_archive(backend: Backend) {
         let view = rig.job_view(&new).await;
         assert_eq!(view["state"], "succeeded");
         assert_eq!(view["headers"]["spindle-replay-of"], original.as_str());
+        // The archive kept the trace the original was submitted in; the replay links to it.
+        assert_eq!(view["traceparent"], TRACEPARENT);
+        assert_eq!(view["tracestate"], "congo=t61rcWkgMzE");
     }
     rig.stop().await;
 }
+
+const TRACEPARENT: &str = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01";

@@ -39,6 +39,8 @@ fn event(bucket: &str, n: usize) -> NewEvent {
         idempotency_key: None,
         deliver_at: None,
         on_complete: None,
+        traceparent: None,
+        tracestate: None,
     }
 }
 

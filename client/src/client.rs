@@ -261,9 +261,25 @@ impl Client {
     /// the Director's JobDB, which must be `request.jobdb` (else 409, nothing stored).
     /// Idempotent: jobs already there are counted in `already_present`.
     pub async fn import(&self, request: &ImportRequest) -> Result<ImportResponse, Error> {
+        self.import_traced(request, None, None).await
+    }
+
+    /// [`Client::import`] within the caller's trace: `traceparent` (and `tracestate`) name
+    /// the caller's span (W3C trace context), as a router's forward does.
+    pub async fn import_traced(
+        &self,
+        request: &ImportRequest,
+        traceparent: Option<&str>,
+        tracestate: Option<&str>,
+    ) -> Result<ImportResponse, Error> {
         let url = self.url(&["v1", "import"]);
-        let response = self.send(self.http.post(url.clone()).json(request), &url);
-        read_json(response.await?, &url).await
+        let mut builder = self.http.post(url.clone()).json(request);
+        for (name, value) in [("traceparent", traceparent), ("tracestate", tracestate)] {
+            if let Some(value) = value {
+                builder = builder.header(name, value);
+            }
+        }
+        read_json(self.send(builder, &url).await?, &url).await
     }
 
     /// `GET /v1/endpoints` (admin token; Directors only): the health of each endpoint the

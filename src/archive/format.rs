@@ -184,6 +184,12 @@ pub struct ArchivedJob {
     /// existed, and for other jobs).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub event: Option<spindle_client::EventLink>,
+    /// The W3C `traceparent` it was submitted in, if any (absent before traces existed).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub traceparent: Option<String>,
+    /// The `tracestate` that went with it, if any.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tracestate: Option<String>,
     /// The whole history, ordered by row id.
     pub transitions: Vec<ArchivedTransition>,
     /// For a [`BatchKind::History`] batch, the JobDB the job now lives in.
@@ -200,6 +206,7 @@ impl ArchivedJob {
             .map(|(id, t)| ArchivedTransition::new(*id, t))
             .collect();
         history.sort_by_key(|t| t.id);
+        let (traceparent, tracestate) = crate::telemetry::TraceContext::fields(job.trace.as_ref());
         ArchivedJob {
             id: job.id.to_string(),
             bucket: job.bucket.to_string(),
@@ -217,6 +224,8 @@ impl ArchivedJob {
             ordering_key: job.ordering.as_ref().map(|o| o.key.to_string()),
             ordering_blocks: job.ordering.as_ref().is_some_and(|o| o.blocks),
             event: job.event.as_ref().map(crate::job::EventLink::to_wire),
+            traceparent,
+            tracestate,
             transitions: history,
             moved_to,
         }
@@ -279,6 +288,13 @@ impl ArchivedJob {
                 .map_err(|(field, message)| {
                     ArchiveError::Corrupt(format!("job {}: event.{field} {message}", self.id))
                 })?,
+            trace: match &self.traceparent {
+                Some(parent) => Some(
+                    crate::telemetry::TraceContext::parse(parent, self.tracestate.as_deref())
+                        .map_err(|e| ArchiveError::Corrupt(format!("job {}: {e}", self.id)))?,
+                ),
+                None => None,
+            },
         })
     }
 
@@ -520,6 +536,11 @@ mod tests {
             on_complete: None,
             ordering: None,
             event: None,
+            trace: crate::telemetry::TraceContext::parse(
+                "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01",
+                Some("congo=t61rcWkgMzE"),
+            )
+            .ok(),
         }
     }
 

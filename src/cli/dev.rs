@@ -359,6 +359,8 @@ impl DemoEvents {
             idempotency_key: None,
             deliver_at: None,
             on_complete: None,
+            traceparent: None,
+            tracestate: None,
         };
         if let Err(e) = director.publish(&event).await {
             tracing::warn!(error = %e, "demo publish failed");

@@ -141,6 +141,15 @@ pub struct DirectorArgs {
         value_delimiter = ','
     )]
     pub allow_subnets: Vec<ipnet::IpNet>,
+    /// Buckets whose receivers get no `traceparent` header (repeatable; comma-separated in
+    /// the environment). Every other delivery names its attempt's span, so the receiver's
+    /// trace continues it.
+    #[arg(
+        long = "no-traceparent-bucket",
+        env = "SPINDLE_NO_TRACEPARENT_BUCKETS",
+        value_delimiter = ','
+    )]
+    pub no_traceparent_buckets: Vec<String>,
     /// Signing secrets per bucket and endpoint (Standard Webhooks), as a JSON file:
     /// `{"buckets": {"tenant": ["whsec_..."]}, "endpoints": {"https://host/path": ["whsec_..."]}}`.
     #[arg(long, env = "SPINDLE_SIGNING_CONFIG")]
@@ -273,6 +282,7 @@ impl DirectorArgs {
         config.intake.default_ttl = Duration::from_millis(self.default_ttl_ms);
         config.delivery.max_response_bytes = self.max_response_bytes;
         config.delivery.allow_subnets = self.allow_subnets.clone();
+        config.delivery.untraced_buckets = self.no_traceparent_buckets.iter().cloned().collect();
         if let Some(path) = &self.tokens {
             config.auth = Some(std::sync::Arc::new(crate::rpc::auth::TokenStore::load(
                 path,

@@ -260,7 +260,17 @@ pub async fn run(cli: Cli) -> anyhow::Result<()> {
         .with_env_filter(EnvFilter::try_new(&cli.log).context("--log")?)
         .with_writer(std::io::stderr)
         .init();
-    execute(cli.command, until_signal()).await
+    let service = match &cli.command {
+        Command::Director(_) => "spindle-director",
+        Command::Router(_) => "spindle-router",
+        Command::Drainer(_) => "spindle-drainer",
+        Command::Manager(_) => "spindle-manager",
+        _ => "spindle",
+    };
+    let telemetry = crate::telemetry::install(service).context("traces (OTEL_* variables)")?;
+    let result = execute(cli.command, until_signal()).await;
+    telemetry.shutdown().await;
+    result
 }
 
 /// Runs one command until it ends or `stop` is cancelled (SIGINT/SIGTERM for the binary;

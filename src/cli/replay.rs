@@ -181,6 +181,8 @@ pub async fn replay(
 
 /// The new job for `original`, as `POST /v1/jobs` takes it.
 pub fn new_job(original: &Job, ttl_ms: Option<u64>) -> NewJob {
+    // A replay's attempts link to the trace the original was submitted in.
+    let (traceparent, tracestate) = crate::telemetry::TraceContext::fields(original.trace.as_ref());
     let mut headers: BTreeMap<String, String> = original.headers.iter().cloned().collect();
     let original_id = original.id.to_string();
     headers.insert(REPLAY_HEADER.to_owned(), original_id.clone());
@@ -200,6 +202,8 @@ pub fn new_job(original: &Job, ttl_ms: Option<u64>) -> NewJob {
             .as_ref()
             .map(crate::job::OrderedKey::failure),
         ttl_ms,
+        traceparent,
+        tracestate,
         ..NewJob::new(&*original.bucket, &*original.endpoint)
     }
     .with_payload_bytes(&original.payload)

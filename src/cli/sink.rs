@@ -3,7 +3,7 @@
 //!
 //! Behaviour is chosen by path, per request:
 //! `/ok` 200 · `/status/{code}` that status · `/fail/{n}` 500 for a job's first n attempts, then
-//! 200, keeping each body · `/flaky/{percent}` 503 at random (a request
+//! 200, keeping each body, its `x-` headers and its trace context · `/flaky/{percent}` 503 at random (a request
 //! with an `x-sink-status` header gets that status instead: one job of many on the same URL
 //! can fail for good) · `/hang` never answers · `/slow/{ms}` answers after a
 //! delay · `/retry-after/{secs}` 429 with `Retry-After` on a job's first attempt, then 200 ·
@@ -269,10 +269,13 @@ async fn fail(
             .unwrap_or(0)
             + 1
     };
-    // Bodies and `x-` headers are kept (tests compare what each attempt carried).
+    // Bodies, `x-` headers and the trace context are kept (tests compare what each attempt
+    // carried).
     let kept: Vec<(String, String)> = headers
         .iter()
-        .filter(|(name, _)| name.as_str().starts_with("x-"))
+        .filter(|(name, _)| {
+            name.as_str().starts_with("x-") || matches!(name.as_str(), "traceparent" | "tracestate")
+        })
         .map(|(name, value)| {
             (
                 name.as_str().to_owned(),

@@ -301,6 +301,8 @@ pub(super) async fn publish(args: PublishArgs) -> anyhow::Result<()> {
         idempotency_key: args.idempotency_key,
         deliver_at: None,
         on_complete: None,
+        traceparent: None,
+        tracestate: None,
     };
     let reply = args.api.client()?.publish(&event).await?;
     println!("{}", serde_json::to_string_pretty(&reply)?);

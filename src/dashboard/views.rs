@@ -596,6 +596,7 @@ mod tests {
                 position: ulid::Ulid::new(),
             }),
             event: None,
+            trace: None,
         };
         let summary = JobSummary {
             job: job.clone(),

@@ -18,8 +18,11 @@ use chrono::Utc;
 use reqwest::header::RETRY_AFTER;
 
 use crate::job::{AttemptRecord, ErrorType, Job};
+use crate::telemetry::{self, TraceContext};
 use classify::{classify_status, parse_retry_after, Verdict};
 use guard::{AddressPolicy, Blocked, GuardedResolver};
+use opentelemetry::trace::TraceContextExt;
+use opentelemetry::KeyValue;
 
 /// Header carrying the job id on every delivery, so receivers can deduplicate.
 pub const JOB_ID_HEADER: &str = "spindle-job-id";
@@ -48,6 +51,8 @@ pub struct DeliveryConfig {
     pub signing: Arc<signing::SigningConfig>,
     /// Where an event's job finds its subscription's secret (`None`: no control database).
     pub subscriptions: Option<Arc<dyn signing::SubscriptionSecrets>>,
+    /// Buckets whose receivers get no `traceparent` header (every other one does).
+    pub untraced_buckets: std::collections::HashSet<String>,
 }
 
 impl Default for DeliveryConfig {
@@ -59,6 +64,7 @@ impl Default for DeliveryConfig {
             allow_subnets: Vec::new(),
             signing: Arc::default(),
             subscriptions: None,
+            untraced_buckets: Default::default(),
         }
     }
 }
@@ -139,8 +145,53 @@ impl Deliverer {
         }
     }
 
-    /// Makes attempt number `attempt` (1-based) of `job`.
+    /// Makes attempt number `attempt` (1-based) of `job`, in a span of its own (HTTP client
+    /// semantic conventions) linked to the trace the job was submitted in; its receiver gets
+    /// that span as `traceparent` unless the bucket or subscription said no.
     pub async fn attempt(&self, job: &Job, attempt: u16) -> AttemptResult {
+        let span = telemetry::attempt_span(job.method.to_string(), job.trace.as_ref(), || {
+            attempt_attributes(job, attempt)
+        });
+        let propagate = !self.config.untraced_buckets.contains(&*job.bucket)
+            && match (&job.event, &self.config.subscriptions) {
+                (Some(e), Some(subscriptions)) => subscriptions.sends_traceparent(&e.subscription),
+                _ => true,
+            };
+        let trace = propagate
+            .then(|| TraceContext::of_span(span.span().span_context()))
+            .flatten();
+        let result = self.attempt_in(job, attempt, trace.as_ref()).await;
+        let span_of = span.span();
+        if span_of.is_recording() {
+            let record = &result.record;
+            if let Some(status) = record.response_status {
+                span_of.set_attribute(KeyValue::new(
+                    "http.response.status_code",
+                    i64::from(status),
+                ));
+            }
+            // `error.type` is the status of an error answer (semantic conventions), else the
+            // kind of failure; spindle's own classification is `spindle.error_type`.
+            if let Some(kind) = &record.error_type {
+                let shown = match record.response_status {
+                    Some(status) => status.to_string(),
+                    None => kind.clone(),
+                };
+                span_of.set_attribute(KeyValue::new("error.type", shown));
+                span_of.set_attribute(KeyValue::new("spindle.error_type", kind.clone()));
+                span_of.set_status(telemetry::Status::error(kind.clone()));
+            }
+        }
+        span_of.end();
+        result
+    }
+
+    async fn attempt_in(
+        &self,
+        job: &Job,
+        attempt: u16,
+        trace: Option<&TraceContext>,
+    ) -> AttemptResult {
         let started = Instant::now();
         // IP literals are not resolved by the client: check them here. The URL parser has
         // already normalised decimal, octal, hex and short IPv4 forms.
@@ -203,6 +254,12 @@ impl Deliverer {
         request = request
             .header(JOB_ID_HEADER, id)
             .header(ATTEMPT_HEADER, attempt);
+        if let Some(trace) = trace {
+            request = request.header(telemetry::TRACEPARENT, &*trace.traceparent);
+            if let Some(state) = &trace.tracestate {
+                request = request.header(telemetry::TRACESTATE, &**state);
+            }
+        }
 
         let result = async {
             let response = request.send().await?;
@@ -281,6 +338,45 @@ impl Deliverer {
         body.truncate(self.config.max_response_bytes);
         body.freeze()
     }
+}
+
+/// The attributes of an attempt's span: HTTP client semantic conventions (the URL without
+/// its query, fragment and credentials) and the job's.
+fn attempt_attributes(job: &Job, attempt: u16) -> Vec<KeyValue> {
+    let mut attributes = vec![
+        KeyValue::new("http.request.method", job.method.to_string()),
+        KeyValue::new("spindle.job.id", job.id.to_string()),
+        KeyValue::new("spindle.bucket", job.bucket.to_string()),
+        KeyValue::new("spindle.attempt", i64::from(attempt)),
+    ];
+    if attempt > 1 {
+        attributes.push(KeyValue::new(
+            "http.request.resend_count",
+            i64::from(attempt) - 1,
+        ));
+    }
+    if let Ok(mut url) = reqwest::Url::parse(&job.endpoint) {
+        url.set_query(None);
+        url.set_fragment(None);
+        if !url.username().is_empty() || url.password().is_some() {
+            let _ = url.set_username("REDACTED");
+            let _ = url.set_password(None);
+        }
+        if let Some(host) = url.host_str() {
+            attributes.push(KeyValue::new("server.address", host.to_owned()));
+        }
+        if let Some(port) = url.port_or_known_default() {
+            attributes.push(KeyValue::new("server.port", i64::from(port)));
+        }
+        attributes.push(KeyValue::new("url.full", url.to_string()));
+    }
+    if let Some(e) = &job.event {
+        attributes.push(KeyValue::new(
+            "spindle.event.type",
+            e.event_type.to_string(),
+        ));
+    }
+    attributes
 }
 
 fn error_type_of(verdict: &Verdict) -> Option<ErrorType> {
@@ -366,6 +462,7 @@ mod tests {
                 event_type: "a.b".into(),
                 subscription,
             }),
+            trace: None,
         }
     }
 

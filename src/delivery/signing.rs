@@ -28,6 +28,11 @@ pub const SIGNATURE_HEADER: &str = "webhook-signature";
 pub trait SubscriptionSecrets: fmt::Debug + Send + Sync {
     /// The subscription's signing key, if it is known.
     fn secret(&self, subscription: &ulid::Ulid) -> Option<SigningSecret>;
+
+    /// Whether its receiver gets a `traceparent` header (unless it said no, yes).
+    fn sends_traceparent(&self, _subscription: &ulid::Ulid) -> bool {
+        true
+    }
 }
 
 /// A signing key, parsed from its `whsec_...` text.

@@ -99,6 +99,27 @@ impl RpcState {
         kind: &'static str,
         op: WriteOp,
         ticket: &Ticket,
+        outcome: oneshot::Receiver<Result<T, WriteRejected>>,
+        deadline: Instant,
+    ) -> Result<T, ApiError> {
+        let commit = crate::telemetry::current_child(
+            "spindle.commit",
+            opentelemetry::trace::SpanKind::Internal,
+            vec![
+                opentelemetry::KeyValue::new("spindle.request", kind),
+                opentelemetry::KeyValue::new("spindle.jobdb", self.db.name().to_owned()),
+            ],
+        );
+        let result = self.write_in(kind, op, ticket, outcome, deadline).await;
+        crate::telemetry::end_step(&commit, result.as_ref().err().map(|e| e.to_string()));
+        result
+    }
+
+    async fn write_in<T>(
+        &self,
+        kind: &'static str,
+        op: WriteOp,
+        ticket: &Ticket,
         mut outcome: oneshot::Receiver<Result<T, WriteRejected>>,
         deadline: Instant,
     ) -> Result<T, ApiError> {
@@ -220,12 +241,14 @@ pub fn router(state: RpcState) -> Router {
         limits: state.limits.clone(),
         policy: state.policy.clone(),
     });
+    // The routes that take work run in a span each, in the caller's trace.
+    let traced = || axum::middleware::from_fn(crate::telemetry::trace_request);
     Router::new()
-        .route("/v1/jobs", post(submit_jobs))
-        .route("/v1/events", post(publish_event))
+        .route("/v1/jobs", post(submit_jobs).layer(traced()))
+        .route("/v1/events", post(publish_event).layer(traced()))
+        .route("/v1/import", post(import_jobs).layer(traced()))
         .route("/v1/subscriptions/{id}/backfill", post(backfill))
         .route("/v1/endpoints", get(endpoints))
-        .route("/v1/import", post(import_jobs))
         .route("/healthz", get(healthz))
         .route("/readyz", get(readyz))
         .route("/metrics", get(metrics))
@@ -246,7 +269,8 @@ async fn publish_event(
     let (deadline, caller) = state.intake(&headers)?;
     let subscriptions = crate::events::configured(&state.subscriptions)?;
     let body = request_body(body, &state.limits)?;
-    let publishing = crate::events::publish::Publishing::read(&body)?;
+    let trace = crate::telemetry::from_headers(&headers);
+    let publishing = crate::events::publish::Publishing::read(&body, trace.as_ref())?;
     for event in publishing.events() {
         rpc::check_publisher(caller.as_ref(), &event.bucket)?;
     }
@@ -303,7 +327,9 @@ async fn submit_jobs(
 ) -> Result<impl IntoResponse, ApiError> {
     let (deadline, caller) = state.intake(&headers)?;
     let body = request_body(body, &state.limits)?;
-    let (mut jobs, scheduled) = check_submission(&body, &state.limits, || state.next_id())?;
+    let trace = crate::telemetry::from_headers(&headers);
+    let (mut jobs, scheduled) =
+        check_submission(&body, &state.limits, trace.as_ref(), || state.next_id())?;
     check_buckets(caller.as_ref(), &jobs)?;
     let transaction = state
         .store(

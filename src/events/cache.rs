@@ -393,4 +393,12 @@ impl SubscriptionSecrets for Subscriptions {
             .or_else(|| index.removed(id))
             .map(|s| s.secret.clone())
     }
+
+    fn sends_traceparent(&self, id: &Ulid) -> bool {
+        let index = self.index();
+        index
+            .get(id)
+            .or_else(|| index.removed(id))
+            .is_none_or(|s| s.spec.given.send_traceparent != Some(false))
+    }
 }

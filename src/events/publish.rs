@@ -64,6 +64,11 @@ pub fn fan_out(
     if let Some(url) = &event.on_complete {
         rules::check_endpoint(url, "on_complete")?;
     }
+    let trace = rules::check_trace(
+        event.traceparent.as_deref(),
+        event.tracestate.as_deref(),
+        str::to_owned,
+    )?;
     rules::check_payload(event.payload.get().len(), limits, "payload")?;
     let candidates = index.matching(&event.bucket, &event.event_type);
     // Parsed once, and only when a candidate filters or orders by the payload.
@@ -129,6 +134,7 @@ pub fn fan_out(
         }
         job.idempotency_key = event.idempotency_key.clone();
         job.on_complete = on_complete.clone();
+        job.trace = trace.clone();
         job.event = Some(EventLink {
             event_id,
             event_type: event_type.clone(),
@@ -160,8 +166,27 @@ pub enum Publishing {
 
 impl Publishing {
     /// Reads a `POST /v1/events` body, naming a bad field as the body does (`events[3].bucket`
-    /// in a batch).
-    pub fn read(body: &[u8]) -> Result<Publishing, ApiError> {
+    /// in a batch). An event that names no trace of its own is in `trace` (the request's
+    /// `traceparent` header).
+    pub fn read(
+        body: &[u8],
+        trace: Option<&crate::telemetry::TraceContext>,
+    ) -> Result<Publishing, ApiError> {
+        let mut publishing = Publishing::read_body(body)?;
+        if let Some(trace) = trace {
+            let events = match &mut publishing {
+                Publishing::One(event) => std::slice::from_mut(event),
+                Publishing::Batch(events) => events,
+            };
+            for event in events.iter_mut().filter(|e| e.traceparent.is_none()) {
+                event.traceparent = Some(trace.traceparent.to_string());
+                event.tracestate = trace.tracestate.as_deref().map(str::to_owned);
+            }
+        }
+        Ok(publishing)
+    }
+
+    fn read_body(body: &[u8]) -> Result<Publishing, ApiError> {
         // Only the top level is looked at here: whether it has `events`.
         #[derive(Deserialize)]
         struct Shape<'a> {
@@ -493,6 +518,8 @@ mod tests {
             idempotency_key: None,
             deliver_at: None,
             on_complete: None,
+            traceparent: None,
+            tracestate: None,
         }
     }
 

@@ -230,6 +230,7 @@ impl Subscription {
             description: given.description.clone(),
             max_concurrency: given.max_concurrency,
             max_per_second: given.max_per_second,
+            send_traceparent: given.send_traceparent != Some(false),
             created_at: self.spec.created_at,
             updated_at: self.spec.updated_at,
             version: self.version,

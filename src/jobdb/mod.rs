@@ -127,7 +127,7 @@ pub(crate) const SELECT_JOBS: &str =
     "SELECT id, bucket, endpoint, method, headers, payload, execution_timeout_ms, \
      backoff_min_delay_ms, backoff_coefficient, created_at, expire_at, idempotency_key, \
      on_complete, ordering_key, ordering_blocks, ordering_position, event_id, event_type, \
-     subscription_id FROM jobs WHERE id IN (";
+     subscription_id, traceparent, tracestate FROM jobs WHERE id IN (";
 
 /// Errors of the JobDB store.
 #[derive(Debug, thiserror::Error)]

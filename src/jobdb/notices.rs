@@ -209,5 +209,6 @@ pub fn notice_job(
         on_complete: None,
         ordering: None,
         event: None,
+        trace: None,
     }
 }

@@ -36,7 +36,8 @@ pub(crate) const INSERT_JOBS: &str =
     "INSERT INTO jobs (id, bucket, endpoint, method, headers, payload, \
                  execution_timeout_ms, backoff_min_delay_ms, backoff_coefficient, created_at, \
                  expire_at, idempotency_key, on_complete, ordering_key, ordering_blocks, \
-                 ordering_position, event_id, event_type, subscription_id) ";
+                 ordering_position, event_id, event_type, subscription_id, traceparent, \
+                 tracestate) ";
 
 /// Where an imported job came from (its `import_origins` row).
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -152,7 +153,9 @@ macro_rules! write_path {
                         job.event
                             .as_ref()
                             .map(|e| e.subscription.to_bytes().to_vec()),
-                    );
+                    )
+                    .push_bind(job.trace.as_ref().map(|t| &*t.traceparent))
+                    .push_bind(job.trace.as_ref().and_then(|t| t.tracestate.as_deref()));
             });
             qb
         }
@@ -445,6 +448,9 @@ pub fn job_row_bytes(job: &Job) -> usize {
         + job.idempotency_key.as_ref().map_or(0, String::len)
         + job.on_complete.as_ref().map_or(0, |url| url.len())
         + job.event.as_ref().map_or(0, |e| 32 + e.event_type.len())
+        + job.trace.as_ref().map_or(0, |t| {
+            t.traceparent.len() + t.tracestate.as_ref().map_or(0, |s| s.len())
+        })
         + 64
 }
 

@@ -100,6 +100,11 @@ pub fn job_of(spec: &ImportJob, i: usize, limits: &IntakeLimits) -> Result<Job, 
             })
         })
         .transpose()?;
+    let trace = rules::check_trace(
+        spec.traceparent.as_deref(),
+        spec.tracestate.as_deref(),
+        field,
+    )?;
     Ok(Job {
         id,
         bucket: spec.bucket.as_str().into(),
@@ -118,6 +123,7 @@ pub fn job_of(spec: &ImportJob, i: usize, limits: &IntakeLimits) -> Result<Job, 
         on_complete: spec.on_complete.as_deref().map(Into::into),
         ordering,
         event,
+        trace,
     })
 }
 
@@ -272,6 +278,8 @@ mod tests {
             event: None,
             attempts: 3,
             retry_at: now,
+            traceparent: None,
+            tracestate: None,
         }
     }
 

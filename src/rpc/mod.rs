@@ -181,6 +181,7 @@ pub fn parse_job_id(id: &str) -> Result<JobId, ApiError> {
 pub fn check_submission(
     body: &[u8],
     limits: &IntakeLimits,
+    trace: Option<&crate::telemetry::TraceContext>,
     next_id: impl FnMut() -> JobId,
 ) -> Result<(Vec<Arc<crate::job::Job>>, crate::job::Scheduled), ApiError> {
     let request: SubmitRequest = parse_json(body)?;
@@ -189,6 +190,7 @@ pub fn check_submission(
         limits,
         Utc::now(),
         chrono::Duration::zero(),
+        trace,
         next_id,
     )?)
 }
@@ -201,6 +203,7 @@ pub fn check_forward(
     body: &[u8],
     limits: &IntakeLimits,
     max_skew: std::time::Duration,
+    trace: Option<&crate::telemetry::TraceContext>,
     next_id: impl FnMut() -> JobId,
 ) -> Result<(Vec<Arc<crate::job::Job>>, crate::job::Scheduled), ApiError> {
     let request: SubmitRequest = parse_json(body)?;
@@ -210,6 +213,7 @@ pub fn check_forward(
         limits,
         Utc::now(),
         skew,
+        trace,
         next_id,
     )?)
 }

@@ -150,6 +150,10 @@ fn router_value() -> Result<serde_json::Value, serde_json::Error> {
 #[utoipa::path(
     post,
     path = "/v1/jobs",
+    params(
+        ("traceparent" = Option<String>, Header, description = "W3C trace context of the producer's span: the request's spans are its children, and each job (event) without a `traceparent` field of its own keeps it; each attempt's span links to it. One that is not W3C trace context is ignored."),
+        ("tracestate" = Option<String>, Header, description = "W3C tracestate that goes with `traceparent`")
+    ),
     request_body = SubmitRequest,
     responses(
         (status = 202, description = "All jobs persisted", body = SubmitReply),
@@ -309,6 +313,10 @@ enum PublishAnswer {
 #[utoipa::path(
     post,
     path = "/v1/events",
+    params(
+        ("traceparent" = Option<String>, Header, description = "W3C trace context of the producer's span: the request's spans are its children, and each job (event) without a `traceparent` field of its own keeps it; each attempt's span links to it. One that is not W3C trace context is ignored."),
+        ("tracestate" = Option<String>, Header, description = "W3C tracestate that goes with `traceparent`")
+    ),
     request_body = PublishBody,
     responses(
         (status = 202, description = "The events' jobs are persisted (none for an event no subscription matched); a batch is answered per event, in order", body = PublishAnswer),

@@ -308,6 +308,25 @@ pub(crate) fn check_idempotency_key(key: &str, field: &str) -> Result<(), FieldE
     Ok(())
 }
 
+/// A job's trace context from its `traceparent` and `tracestate` fields (W3C; `tracestate`
+/// only with a `traceparent`). `field` names a field of the job.
+pub(crate) fn check_trace(
+    traceparent: Option<&str>,
+    tracestate: Option<&str>,
+    field: impl Fn(&str) -> String,
+) -> Result<Option<crate::telemetry::TraceContext>, FieldError> {
+    match (traceparent, tracestate) {
+        (None, None) => Ok(None),
+        (None, Some(_)) => Err(FieldError::new(
+            field("tracestate"),
+            "is given only with a traceparent",
+        )),
+        (Some(parent), state) => crate::telemetry::TraceContext::parse(parent, state)
+            .map(Some)
+            .map_err(|e| FieldError::new(field(e.field()), e.to_string())),
+    }
+}
+
 /// Most bytes of an ordering key.
 pub const MAX_ORDERING_KEY_BYTES: usize = 255;
 

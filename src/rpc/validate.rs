@@ -16,8 +16,10 @@ use super::rules::{
     IntakeLimits,
 };
 use crate::job::{Job, JobId, RetryPolicy, Scheduled};
+use crate::telemetry::TraceContext;
 
-/// Validates a whole request; every job gets an id from `next_id`. A job's requested first
+/// Validates a whole request; every job gets an id from `next_id`, and `trace` (the request's
+/// `traceparent` header) when it names no trace of its own. A job's requested first
 /// attempt time is in the answer when it is after `now`, less `keep_passed` (a router, whose
 /// clock may run that far ahead of the Director that judges the time).
 pub fn validate_request(
@@ -25,6 +27,7 @@ pub fn validate_request(
     limits: &IntakeLimits,
     now: DateTime<Utc>,
     keep_passed: chrono::Duration,
+    trace: Option<&TraceContext>,
     mut next_id: impl FnMut() -> JobId,
 ) -> Result<(Vec<Arc<Job>>, Scheduled), FieldError> {
     if request.jobs.is_empty() {
@@ -46,7 +49,11 @@ pub fn validate_request(
     let mut jobs = Vec::with_capacity(request.jobs.len());
     let mut scheduled = Scheduled::new();
     for (i, spec) in request.jobs.into_iter().enumerate() {
-        let (job, deliver_at) = validate_job(spec, &format!("jobs[{i}]"), limits, now, next_id())?;
+        let (mut job, deliver_at) =
+            validate_job(spec, &format!("jobs[{i}]"), limits, now, next_id())?;
+        if job.trace.is_none() {
+            job.trace = trace.cloned();
+        }
         // A time already passed means now: the job is delivered like any other.
         let passed_since = now.checked_sub_signed(keep_passed).unwrap_or(now);
         if let Some(at) = deliver_at.filter(|at| *at > passed_since) {
@@ -247,6 +254,11 @@ fn validate_job(
     if let Some(url) = &spec.on_complete {
         check_endpoint(url, &field("on_complete"))?;
     }
+    let trace = super::rules::check_trace(
+        spec.traceparent.as_deref(),
+        spec.tracestate.as_deref(),
+        field,
+    )?;
     // Where the job is stored, the Director gives it the position of its acceptance.
     let ordering = check_ordering(
         spec.ordering_key.as_deref(),
@@ -274,6 +286,7 @@ fn validate_job(
         on_complete: spec.on_complete.map(Into::into),
         ordering,
         event: None,
+        trace,
     };
     Ok((job, deliver_at))
 }
@@ -433,17 +446,17 @@ mod tests {
         let next = || JobId(ulid::Ulid::new());
         let limits = IntakeLimits::default();
         let none = chrono::Duration::zero();
-        let (_, scheduled) = validate_request(request(), &limits, now, none, next).unwrap();
+        let (_, scheduled) = validate_request(request(), &limits, now, none, None, next).unwrap();
         assert!(scheduled.is_empty(), "a Director delivers it now");
         let skew = chrono::Duration::hours(2);
-        let (_, scheduled) = validate_request(request(), &limits, now, skew, next).unwrap();
+        let (_, scheduled) = validate_request(request(), &limits, now, skew, None, next).unwrap();
         assert_eq!(
             scheduled.len(),
             1,
             "a router forwards a time within its skew"
         );
         let skew = chrono::Duration::seconds(10);
-        let (_, scheduled) = validate_request(request(), &limits, now, skew, next).unwrap();
+        let (_, scheduled) = validate_request(request(), &limits, now, skew, None, next).unwrap();
         assert!(scheduled.is_empty(), "passed longer ago: now");
         let (_, at) = check_at(
             serde_json::json!({"bucket": "b", "endpoint": "http://x", "delay_ms": 0}),

@@ -41,6 +41,7 @@ impl From<&Job> for AcceptedJob {
 /// What `job` is, with its trace (oldest first): the one place a stored job becomes its wire
 /// description, for every view of it.
 pub fn describe(job: &Job, trace: &[(u64, Transition)]) -> JobDescription {
+    let (traceparent, tracestate) = crate::telemetry::TraceContext::fields(job.trace.as_ref());
     let last = trace.last().map(|(_, t)| t);
     JobDescription {
         id: job.id.to_string(),
@@ -60,6 +61,8 @@ pub fn describe(job: &Job, trace: &[(u64, Transition)]) -> JobDescription {
         ordering_failure: job.ordering.as_ref().map(|o| o.failure()),
         on_complete: job.on_complete.as_deref().map(str::to_owned),
         event: job.event.as_ref().map(crate::job::EventLink::to_wire),
+        traceparent,
+        tracestate,
         transitions: trace
             .iter()
             .map(|(id, t)| transition_view(*id, t))
@@ -104,6 +107,7 @@ pub fn transition_view(id: u64, t: &Transition) -> TransitionView {
 
 /// The import form of a stored job and its progress.
 pub fn import_job(job: &Job, attempts: u16, retry_at: DateTime<Utc>) -> ImportJob {
+    let (traceparent, tracestate) = crate::telemetry::TraceContext::fields(job.trace.as_ref());
     ImportJob {
         id: job.id.to_string(),
         bucket: job.bucket.to_string(),
@@ -122,6 +126,8 @@ pub fn import_job(job: &Job, attempts: u16, retry_at: DateTime<Utc>) -> ImportJo
         ordering_failure: job.ordering.as_ref().map(crate::job::OrderedKey::failure),
         ordering_position: job.ordering.as_ref().map(|o| o.position.to_string()),
         event: job.event.as_ref().map(crate::job::EventLink::to_wire),
+        traceparent,
+        tracestate,
         attempts,
         retry_at,
     }

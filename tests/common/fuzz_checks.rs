@@ -8,7 +8,7 @@ use spindle::rpc::api::IntakeLimits;
 pub fn check(data: &[u8]) {
     let limits = IntakeLimits::default();
     let mut n: u128 = 0;
-    let accepted = spindle::rpc::check_submission(data, &limits, || {
+    let accepted = spindle::rpc::check_submission(data, &limits, None, || {
         n += 1;
         spindle::job::JobId(ulid::Ulid::from(n))
     });

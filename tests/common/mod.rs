@@ -665,6 +665,8 @@ pub fn import_form(
         event: None,
         attempts,
         retry_at: now,
+        traceparent: None,
+        tracestate: None,
     }
 }
 

@@ -50,6 +50,8 @@ pub struct Arrival {
     pub status: u16,
     /// Notices only: the body.
     pub body: Option<serde_json::Value>,
+    /// The `traceparent` header: the attempt's span.
+    pub traceparent: Option<String>,
 }
 
 impl Arrival {
@@ -145,6 +147,10 @@ fn note(
         at: Utc::now(),
         status,
         body,
+        traceparent: headers
+            .get("traceparent")
+            .and_then(|v| v.to_str().ok())
+            .map(str::to_owned),
     };
     s.log.lock().unwrap().push(arrival);
 }

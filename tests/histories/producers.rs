@@ -243,6 +243,15 @@ fn job(rng: &mut StdRng, world: &World, key: String, ordered: Option<&KeyState>)
         o.insert("deliver_at".into(), json!(at));
         deliver_at = Some(at);
     }
+    // A third of the jobs are made in a trace of their own (the producer's span).
+    if rng.random_range(0..100) < 33 {
+        let trace: u128 = rng.random_range(1..=u128::MAX);
+        let span: u64 = rng.random_range(1..=u64::MAX);
+        o.insert(
+            "traceparent".into(),
+            json!(format!("00-{trace:032x}-{span:016x}-01")),
+        );
+    }
     let notice = rng.random_range(0..100) < 25;
     if notice {
         o.insert(

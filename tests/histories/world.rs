@@ -124,6 +124,8 @@ impl Slot {
 pub struct Place {
     pub jobdb: String,
     pub history: Vec<Transition>,
+    /// The `traceparent` this place's copy of the job keeps.
+    pub traceparent: Option<String>,
 }
 
 /// A stored job: its row and its histories, one per JobDB it passed through.
@@ -597,6 +599,7 @@ impl World {
 /// Adds what one place holds of a job; the same JobDB read twice (live, then its history
 /// batch) keeps the longer history.
 fn add_place(out: &mut HashMap<JobId, Stored>, job: Job, jobdb: &str, history: Vec<Transition>) {
+    let traceparent = job.trace.as_ref().map(|t| t.traceparent.to_string());
     let stored = out.entry(job.id).or_insert_with(|| Stored {
         job,
         places: vec![],
@@ -607,6 +610,7 @@ fn add_place(out: &mut HashMap<JobId, Stored>, job: Job, jobdb: &str, history: V
         None => stored.places.push(Place {
             jobdb: jobdb.to_owned(),
             history,
+            traceparent,
         }),
     }
 }

@@ -47,6 +47,7 @@ fn job(n: u8, bucket: &str, endpoint: &str, at: DateTime<Utc>) -> Arc<Job> {
         on_complete: None,
         ordering: None,
         event: None,
+        trace: None,
     })
 }
 

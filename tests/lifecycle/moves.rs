@@ -36,6 +36,7 @@ fn stored_job(
         on_complete: None,
         ordering: None,
         event: None,
+        trace: None,
     }
 }
 
@@ -207,6 +208,7 @@ async fn a_job_a_live_director_refuses_waits_for_one_that_takes_it() {
         on_complete: None,
         ordering: None,
         event: None,
+        trace: None,
     };
     let wide = odd(&"é".repeat(128), life.sink.url("/ok"), b"{}".to_vec());
     let big = odd("b1", life.sink.url("/ok"), vec![b'x'; 100 * 1024]);

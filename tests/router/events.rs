@@ -526,5 +526,7 @@ fn order_paid(key: &str, payload: Value) -> spindle_client::NewEvent {
         idempotency_key: Some(key.to_owned()),
         deliver_at: None,
         on_complete: None,
+        traceparent: None,
+        tracestate: None,
     }
 }

@@ -78,6 +78,10 @@ pub struct NewSubscription {
     /// 1,000,000).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub max_per_second: Option<f64>,
+    /// Whether its receiver gets a W3C `traceparent` header naming the attempt's span, so
+    /// the receiver's trace continues it (default true).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub send_traceparent: Option<bool>,
 }
 
 impl NewSubscription {
@@ -95,6 +99,10 @@ impl NewSubscription {
             ..NewSubscription::default()
         }
     }
+}
+
+fn yes() -> bool {
+    true
 }
 
 /// A payload filter: the value at a JSON pointer (RFC 6901) must equal `equals`.
@@ -160,6 +168,9 @@ pub struct SubscriptionView {
     /// Its cap on requests started per second, per Director.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub max_per_second: Option<f64>,
+    /// Whether its receiver gets a `traceparent` header.
+    #[serde(default = "yes")]
+    pub send_traceparent: bool,
     /// When it was made.
     pub created_at: DateTime<Utc>,
     /// When it last changed.
@@ -206,6 +217,14 @@ pub struct NewEvent {
     /// A URL told when each of its jobs ends.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub on_complete: Option<String>,
+    /// The W3C trace context of the producer's span, for an event of a batch made in a trace
+    /// of its own; otherwise the request's `traceparent` header applies (see
+    /// [`crate::NewJob::traceparent`]).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub traceparent: Option<String>,
+    /// The `tracestate` that goes with `traceparent`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tracestate: Option<String>,
 }
 
 /// `POST /v1/events` answer: the event and, per matching subscription, its job. The event and

@@ -120,6 +120,12 @@ pub struct ImportJob {
     /// The event it delivers, if an event's subscription made it.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub event: Option<EventLink>,
+    /// The trace it was submitted in (see [`NewJob::traceparent`]).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub traceparent: Option<String>,
+    /// Its `tracestate`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tracestate: Option<String>,
     /// Attempts made so far (0 for new jobs).
     #[serde(default)]
     pub attempts: u16,

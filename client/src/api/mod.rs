@@ -166,6 +166,19 @@ pub struct NewJob {
     /// an operator releases the key (docs/operations.md).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub ordering_failure: Option<OrderingFailure>,
+    /// The W3C trace context of the producer's span (`00-<trace id>-<span id>-<flags>`), for
+    /// a job of a batch that was made in a trace of its own; otherwise the request's
+    /// `traceparent` header applies. Stored with the job: each attempt is a span linked to it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[cfg_attr(
+        feature = "openapi",
+        schema(pattern = r"^[0-9a-f]{2}-[0-9a-f]{32}-[0-9a-f]{16}-[0-9a-f]{2}$")
+    )]
+    pub traceparent: Option<String>,
+    /// The W3C `tracestate` that goes with `traceparent` (at most 512 bytes).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[cfg_attr(feature = "openapi", schema(max_length = 512))]
+    pub tracestate: Option<String>,
 }
 
 /// What an ordered job that ends without success does to the later jobs of its key.
@@ -202,6 +215,8 @@ impl NewJob {
             on_complete: None,
             ordering_key: None,
             ordering_failure: None,
+            traceparent: None,
+            tracestate: None,
         }
     }
 
@@ -522,6 +537,12 @@ pub struct JobDescription {
     /// The event it delivers, if an event's subscription made it.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub event: Option<EventLink>,
+    /// The W3C trace context it was submitted in, which its attempts' spans link to.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub traceparent: Option<String>,
+    /// The `tracestate` that went with it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tracestate: Option<String>,
     /// Every state transition, oldest first.
     pub transitions: Vec<TransitionView>,
 }

@@ -24,12 +24,18 @@ def test_a_job_through_the_router_is_delivered_once(router_url, receiver):
     spindle = Spindle(router_url)
     bucket = f"py-{uuid.uuid4().hex[:8]}"
     job = {"bucket": bucket, "endpoint": receiver.url + "/jobs", "payload": {"from": "python"}}
-    reply = spindle.submit([job])
+    producer = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"
+    reply = spindle.submit([{**job, "traceparent": producer}])
     job_id = reply.jobs[0].id
-    wait_state(spindle, job_id, "succeeded")
+    view = wait_state(spindle, job_id, "succeeded")
+    assert view.traceparent == producer
     [(method, path, headers, body)] = receiver.wait(1, "/jobs")
     assert (method, body) == ("POST", b'{"from":"python"}')
     assert headers["spindle-job-id"] == job_id
+    # The receiver's trace continues the attempt's span (a trace of its own, not the producer's).
+    version, trace_id, span_id, flags = headers["traceparent"].split("-")
+    assert (version, len(trace_id), len(span_id)) == ("00", 32, 16)
+    assert trace_id != producer.split("-")[1]
     again = spindle.submit([{**job, "idempotency_key": "fixed-" + bucket}])
     repeat = spindle.submit([{**job, "idempotency_key": "fixed-" + bucket}])
     assert repeat.jobs[0].id == again.jobs[0].id

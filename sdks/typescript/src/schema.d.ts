@@ -497,6 +497,10 @@ export interface components {
              * @description When its next attempt is due (new jobs: when they were accepted).
              */
             retry_at: string;
+            /** @description The trace it was submitted in (see [`NewJob::traceparent`]). */
+            traceparent?: string | null;
+            /** @description Its `tracestate`. */
+            tracestate?: string | null;
         };
         /** @description Jobs moved out of a retired JobDB. */
         ImportRequest: {
@@ -591,6 +595,10 @@ export interface components {
              * @example succeeded
              */
             state: string;
+            /** @description The W3C trace context it was submitted in, which its attempts' spans link to. */
+            traceparent?: string | null;
+            /** @description The `tracestate` that went with it. */
+            tracestate?: string | null;
             /** @description Every state transition, oldest first. */
             transitions: components["schemas"]["TransitionView"][];
         };
@@ -676,6 +684,14 @@ export interface components {
             /** @description The body, as base64 bytes (sent as `application/octet-stream` unless headers say otherwise). */
             payload_base64?: string | null;
             /**
+             * @description The W3C trace context of the producer's span (`00-<trace id>-<span id>-<flags>`), for
+             *     a job of a batch that was made in a trace of its own; otherwise the request's
+             *     `traceparent` header applies. Stored with the job: each attempt is a span linked to it.
+             */
+            traceparent?: string | null;
+            /** @description The W3C `tracestate` that goes with `traceparent` (at most 512 bytes). */
+            tracestate?: string | null;
+            /**
              * Format: int64
              * @description Time to live in ms (default 4 h, at most 30 days). Excludes `expire_at`.
              */
@@ -735,6 +751,14 @@ export interface components {
             on_complete?: string | null;
             /** @description Its data, any JSON value: subscribers get `{"type", "timestamp", "data"}`. */
             payload: unknown;
+            /**
+             * @description The W3C trace context of the producer's span, for an event of a batch made in a trace
+             *     of its own; otherwise the request's `traceparent` header applies (see
+             *     [`crate::NewJob::traceparent`]).
+             */
+            traceparent?: string | null;
+            /** @description The `tracestate` that goes with `traceparent`. */
+            tracestate?: string | null;
         };
         /** @description `POST /v1/subscriptions` body: who gets which events of a bucket, and how. */
         NewSubscription: {
@@ -795,6 +819,11 @@ export interface components {
              *     when absent and shown once, in the answer.
              */
             secret?: string | null;
+            /**
+             * @description Whether its receiver gets a W3C `traceparent` header naming the attempt's span, so
+             *     the receiver's trace continues it (default true).
+             */
+            send_traceparent?: boolean | null;
             /**
              * Format: int64
              * @description How long an event is retried for it, in ms (as a job's `ttl_ms`).
@@ -935,6 +964,8 @@ export interface components {
             ordering_key?: string | null;
             /** @description Its signing secret: only in the answer to `POST /v1/subscriptions`. */
             secret?: string | null;
+            /** @description Whether its receiver gets a `traceparent` header. */
+            send_traceparent?: boolean;
             /**
              * Format: date-time
              * @description When it last changed.
@@ -1147,7 +1178,12 @@ export interface operations {
     publish_event: {
         parameters: {
             query?: never;
-            header?: never;
+            header?: {
+                /** @description W3C trace context of the producer's span: the request's spans are its children, and each job (event) without a `traceparent` field of its own keeps it; each attempt's span links to it. One that is not W3C trace context is ignored. */
+                traceparent?: string | null;
+                /** @description W3C tracestate that goes with `traceparent` */
+                tracestate?: string | null;
+            };
             path?: never;
             cookie?: never;
         };
@@ -1327,7 +1363,12 @@ export interface operations {
     submit_jobs: {
         parameters: {
             query?: never;
-            header?: never;
+            header?: {
+                /** @description W3C trace context of the producer's span: the request's spans are its children, and each job (event) without a `traceparent` field of its own keeps it; each attempt's span links to it. One that is not W3C trace context is ignored. */
+                traceparent?: string | null;
+                /** @description W3C tracestate that goes with `traceparent` */
+                tracestate?: string | null;
+            };
             path?: never;
             cookie?: never;
         };

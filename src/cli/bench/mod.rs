@@ -98,6 +98,11 @@ pub struct BenchArgs {
     /// before the run), to show that publishing does not slow with them.
     #[arg(long, default_value_t = 0, requires = "events")]
     pub other_subscriptions: usize,
+    /// Give every measured job a `traceparent` of its own (a producer's span), as a traced
+    /// producer does; with the `OTEL_EXPORTER_OTLP_*` variables set, the Directors and
+    /// routers export their spans (`docs/operations.md`, "Traces").
+    #[arg(long)]
+    pub traced: bool,
     /// Keep the bench JobDBs afterwards.
     #[arg(long)]
     pub keep: bool,
@@ -140,6 +145,12 @@ pub struct BenchReport {
     pub routers: usize,
     /// Jobs held in a backlog while the measured ones were delivered.
     pub backlog: usize,
+    /// Every job carried a producer's `traceparent` (`--traced`).
+    #[serde(default)]
+    pub traced: bool,
+    /// The `OTEL_*` variables asked for span export (the Directors and routers inherit them).
+    #[serde(default)]
+    pub trace_export: bool,
     /// Jobs accepted per second (intake only).
     pub accepted_per_sec: f64,
     /// Jobs delivered per second, until every job's outcome was committed.
@@ -334,6 +345,11 @@ fn bodies(
                     if args.ordering_keys > 0 && extra.as_object().is_some_and(|e| e.is_empty()) {
                         job["ordering_key"] =
                             json!(format!("key-{}", (k / args.buckets) % args.ordering_keys));
+                    }
+                    if args.traced {
+                        let k = k as u128 + 1;
+                        job["traceparent"] =
+                            json!(format!("00-{:032x}-{:016x}-01", k << 64 | k, k as u64));
                     }
                     if let (Some(job), Some(extra)) = (job.as_object_mut(), extra.as_object()) {
                         job.extend(extra.clone());
@@ -691,6 +707,8 @@ async fn measure(
         directors: args.directors,
         routers: if args.via_router { args.routers } else { 0 },
         backlog: args.backlog,
+        traced: args.traced,
+        trace_export: crate::telemetry::export_wanted().unwrap_or(false),
         accepted_per_sec: jobs as f64 / accepted_in.as_secs_f64(),
         delivered_per_sec: jobs as f64 / delivered_in.as_secs_f64(),
         submit_p50_ms: pct(0.50),

@@ -252,6 +252,16 @@ macro_rules! engine_common {
                     }),
                     _ => None,
                 },
+                // An operator's SQL may have written one that is not trace context: the job
+                // is then delivered in no trace.
+                trace: match text_opt(row, "traceparent")? {
+                    Some(parent) => $crate::telemetry::TraceContext::parse(
+                        &parent,
+                        text_opt(row, "tracestate")?.as_deref(),
+                    )
+                    .ok(),
+                    None => None,
+                },
             })
         }
 
@@ -572,7 +582,8 @@ macro_rules! spelled_sql {
             $empty_blob,
             " AS payload, execution_timeout_ms, backoff_min_delay_ms, backoff_coefficient, \
              created_at, expire_at, idempotency_key, on_complete, ordering_key, ordering_blocks, \
-             ordering_position, event_id, event_type, subscription_id FROM jobs WHERE id IN ("
+             ordering_position, event_id, event_type, subscription_id, traceparent, tracestate \
+             FROM jobs WHERE id IN ("
         );
         /// Job summaries (no payload, its size).
         pub const SELECT_JOB_SUMMARIES: &str = concat!(
@@ -580,7 +591,8 @@ macro_rules! spelled_sql {
             $empty_blob,
             " AS payload, execution_timeout_ms, backoff_min_delay_ms, backoff_coefficient, \
              created_at, expire_at, idempotency_key, on_complete, ordering_key, ordering_blocks, \
-             ordering_position, event_id, event_type, subscription_id, CAST(LENGTH(payload) AS ",
+             ordering_position, event_id, event_type, subscription_id, traceparent, tracestate, \
+             CAST(LENGTH(payload) AS ",
             $int,
             ") AS payload_bytes FROM jobs WHERE id IN ("
         );
@@ -608,7 +620,7 @@ macro_rules! spelled_sql {
              j.execution_timeout_ms, j.backoff_min_delay_ms, j.backoff_coefficient, \
              j.created_at, j.expire_at, j.idempotency_key, j.on_complete, j.ordering_key, \
              j.ordering_blocks, j.ordering_position, j.event_id, j.event_type, j.subscription_id, \
-             t.state \
+             j.traceparent, j.tracestate, t.state \
              FROM jobs j JOIN job_state_transitions t ON t.job_id = j.id \
              WHERE j.id > ? \
                AND t.id = (SELECT MAX(l.id) FROM job_state_transitions l WHERE l.job_id = j.id) \

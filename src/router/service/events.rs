@@ -57,7 +57,8 @@ pub(super) async fn publish_event(
 ) -> Result<Response, ApiError> {
     let (caller, body) = shared.intake(&headers, body)?;
     let subscriptions = crate::events::configured(&shared.settings.subscriptions)?;
-    let publishing = Publishing::read(&body)?;
+    let trace = crate::telemetry::from_headers(&headers);
+    let publishing = Publishing::read(&body, trace.as_ref())?;
     for event in publishing.events() {
         crate::rpc::check_publisher(caller.as_ref(), &event.bucket)?;
     }

@@ -14,6 +14,8 @@ use crate::job::Job;
 use crate::router::dedup::Claim;
 use crate::router::directors::DirectorEntry;
 use crate::rpc::import::{import_job, ImportRequest};
+use crate::telemetry::TraceContext;
+use opentelemetry::trace::TraceContextExt;
 use spindle_client::KeptEvent;
 
 /// Most forwards of one request in flight at once.
@@ -296,9 +298,31 @@ async fn send(
             .map(|(job, first_at)| import_job(job, 0, *first_at))
             .collect(),
     };
+    // The forward is a span of the request's trace, and the Director's request its child.
+    let span = crate::telemetry::current_child(
+        "spindle.forward",
+        opentelemetry::trace::SpanKind::Client,
+        vec![
+            opentelemetry::KeyValue::new("http.request.method", "POST"),
+            opentelemetry::KeyValue::new("spindle.director", director.id.clone()),
+            opentelemetry::KeyValue::new("spindle.jobdb", director.jobdb.clone()),
+            opentelemetry::KeyValue::new(
+                "spindle.jobs",
+                i64::try_from(jobs.0.len()).unwrap_or(i64::MAX),
+            ),
+        ],
+    );
+    let trace = TraceContext::of_span(span.span().span_context());
+    let (traceparent, tracestate) = match &trace {
+        Some(t) => (Some(&*t.traceparent), t.tracestate.as_deref()),
+        None => (None, None),
+    };
     let sent = match shared.director_client(director) {
         Err(e) => Sent::Refused(format!("director {}: {e}", director.id)),
-        Ok(client) => match client.import(&request).await {
+        Ok(client) => match client
+            .import_traced(&request, traceparent, tracestate)
+            .await
+        {
             Ok(r) if r.imported + r.already_present == jobs.0.len() => Sent::Stored,
             Ok(r) => Sent::Unknown(format!(
                 "director {} stored {} of {} jobs",
@@ -319,10 +343,20 @@ async fn send(
             Err(e) => Sent::Unknown(format!("director {}: {e}", director.id)),
         },
     };
-    shared.metrics.forward(match sent {
+    let outcome = match sent {
         Sent::Stored => "stored",
         Sent::Refused(_) | Sent::Invalid(..) => "refused",
         Sent::Unknown(_) => "unknown",
-    });
+    };
+    shared.metrics.forward(outcome);
+    span.span()
+        .set_attribute(opentelemetry::KeyValue::new("spindle.outcome", outcome));
+    crate::telemetry::end_step(
+        &span,
+        match &sent {
+            Sent::Stored => None,
+            Sent::Refused(why) | Sent::Invalid(why, _) | Sent::Unknown(why) => Some(why.clone()),
+        },
+    );
     sent
 }

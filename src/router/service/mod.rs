@@ -179,11 +179,18 @@ impl Router {
             limits: Arc::new(shared.settings.intake.clone()),
             policy: shared.settings.policy.clone(),
         });
+        // The routes that take work run in a span each, in the caller's trace.
+        let traced = || axum::middleware::from_fn(crate::telemetry::trace_request);
         let app = axum::Router::new()
-            .route("/v1/jobs", post(submit_jobs).get(reads::list_jobs))
+            .route(
+                "/v1/jobs",
+                post(submit_jobs).layer(traced()).get(reads::list_jobs),
+            )
             .route(
                 "/v1/events",
-                post(events::publish_event).get(reads::list_events),
+                post(events::publish_event)
+                    .layer(traced())
+                    .get(reads::list_events),
             )
             .route("/v1/subscriptions/{id}/backfill", post(events::backfill))
             .route("/v1/jobs/{id}", get(reads::get_job))
@@ -356,10 +363,12 @@ async fn submit_jobs(
     body: Result<Bytes, BytesRejection>,
 ) -> Result<Response, ApiError> {
     let (caller, body) = shared.intake(&headers, body)?;
+    let trace = crate::telemetry::from_headers(&headers);
     let (jobs, scheduled) = crate::rpc::check_forward(
         &body,
         &shared.settings.intake,
         shared.dedup.config().max_skew,
+        trace.as_ref(),
         || shared.next_id(),
     )?;
     crate::rpc::check_buckets(caller.as_ref(), &jobs)?;

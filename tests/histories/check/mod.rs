@@ -13,6 +13,7 @@ use chrono::{DateTime, Duration, Utc};
 use spindle::job::{JobId, State, Transition};
 
 mod events;
+mod traces;
 
 use super::endpoint::Arrival;
 use super::record::{Log, Outcome, SeqKey, Violation};
@@ -41,6 +42,8 @@ pub struct Tally {
     pub api_checked: usize,
     /// Jobs the final listing held.
     pub listed: usize,
+    /// Jobs made in a producer's trace.
+    pub traced: usize,
     /// Alone: ordered jobs released.
     pub released: u64,
     /// Alone: ordered jobs kept in the writer's book until their turn.
@@ -828,5 +831,6 @@ pub fn check(i: &Inputs) -> (Vec<Violation>, Tally) {
         }
     }
     events::events(i, &mut out, &mut tally);
+    traces::traces(i, &mut out, &mut tally);
     (out, tally)
 }

@@ -50,6 +50,8 @@ class ImportJob:
             ordering_position (None | str | Unset): Moves only: its place in its key's order (a ULID the accepting Director
                 minted), kept
                 so a moved job keeps its turn; a router's new jobs get theirs where they are stored.
+            traceparent (None | str | Unset): The trace it was submitted in (see [`NewJob::traceparent`]).
+            tracestate (None | str | Unset): Its `tracestate`.
      """
 
     backoff_coefficient: float
@@ -71,6 +73,8 @@ class ImportJob:
     ordering_failure: None | OrderingFailure | Unset = UNSET
     ordering_key: None | str | Unset = UNSET
     ordering_position: None | str | Unset = UNSET
+    traceparent: None | str | Unset = UNSET
+    tracestate: None | str | Unset = UNSET
 
 
 
@@ -151,6 +155,18 @@ class ImportJob:
         else:
             ordering_position = self.ordering_position
 
+        traceparent: None | str | Unset
+        if isinstance(self.traceparent, Unset):
+            traceparent = UNSET
+        else:
+            traceparent = self.traceparent
+
+        tracestate: None | str | Unset
+        if isinstance(self.tracestate, Unset):
+            tracestate = UNSET
+        else:
+            tracestate = self.tracestate
+
 
         field_dict: dict[str, Any] = {}
 
@@ -182,6 +198,10 @@ class ImportJob:
             field_dict["ordering_key"] = ordering_key
         if ordering_position is not UNSET:
             field_dict["ordering_position"] = ordering_position
+        if traceparent is not UNSET:
+            field_dict["traceparent"] = traceparent
+        if tracestate is not UNSET:
+            field_dict["tracestate"] = tracestate
 
         return field_dict
 
@@ -312,6 +332,26 @@ class ImportJob:
         ordering_position = _parse_ordering_position(d.pop("ordering_position", UNSET))
 
 
+        def _parse_traceparent(data: object) -> None | str | Unset:
+            if data is None:
+                return data
+            if isinstance(data, Unset):
+                return data
+            return cast(None | str | Unset, data)
+
+        traceparent = _parse_traceparent(d.pop("traceparent", UNSET))
+
+
+        def _parse_tracestate(data: object) -> None | str | Unset:
+            if data is None:
+                return data
+            if isinstance(data, Unset):
+                return data
+            return cast(None | str | Unset, data)
+
+        tracestate = _parse_tracestate(d.pop("tracestate", UNSET))
+
+
         import_job = cls(
             backoff_coefficient=backoff_coefficient,
             backoff_min_delay_ms=backoff_min_delay_ms,
@@ -332,6 +372,8 @@ class ImportJob:
             ordering_failure=ordering_failure,
             ordering_key=ordering_key,
             ordering_position=ordering_position,
+            traceparent=traceparent,
+            tracestate=tracestate,
         )
 
         return import_job

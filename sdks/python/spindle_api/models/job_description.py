@@ -50,6 +50,8 @@ class JobDescription:
             on_complete (None | str | Unset): Where its completion notice goes, if it asked for one.
             ordering_failure (None | OrderingFailure | Unset):
             ordering_key (None | str | Unset): Its ordering key, if it is delivered in order with its key's other jobs.
+            traceparent (None | str | Unset): The W3C trace context it was submitted in, which its attempts' spans link to.
+            tracestate (None | str | Unset): The `tracestate` that went with it.
      """
 
     attempts: int
@@ -70,6 +72,8 @@ class JobDescription:
     on_complete: None | str | Unset = UNSET
     ordering_failure: None | OrderingFailure | Unset = UNSET
     ordering_key: None | str | Unset = UNSET
+    traceparent: None | str | Unset = UNSET
+    tracestate: None | str | Unset = UNSET
     additional_properties: dict[str, Any] = _attrs_field(init=False, factory=dict)
 
 
@@ -144,6 +148,18 @@ class JobDescription:
         else:
             ordering_key = self.ordering_key
 
+        traceparent: None | str | Unset
+        if isinstance(self.traceparent, Unset):
+            traceparent = UNSET
+        else:
+            traceparent = self.traceparent
+
+        tracestate: None | str | Unset
+        if isinstance(self.tracestate, Unset):
+            tracestate = UNSET
+        else:
+            tracestate = self.tracestate
+
 
         field_dict: dict[str, Any] = {}
         field_dict.update(self.additional_properties)
@@ -172,6 +188,10 @@ class JobDescription:
             field_dict["ordering_failure"] = ordering_failure
         if ordering_key is not UNSET:
             field_dict["ordering_key"] = ordering_key
+        if traceparent is not UNSET:
+            field_dict["traceparent"] = traceparent
+        if tracestate is not UNSET:
+            field_dict["tracestate"] = tracestate
 
         return field_dict
 
@@ -292,6 +312,26 @@ class JobDescription:
         ordering_key = _parse_ordering_key(d.pop("ordering_key", UNSET))
 
 
+        def _parse_traceparent(data: object) -> None | str | Unset:
+            if data is None:
+                return data
+            if isinstance(data, Unset):
+                return data
+            return cast(None | str | Unset, data)
+
+        traceparent = _parse_traceparent(d.pop("traceparent", UNSET))
+
+
+        def _parse_tracestate(data: object) -> None | str | Unset:
+            if data is None:
+                return data
+            if isinstance(data, Unset):
+                return data
+            return cast(None | str | Unset, data)
+
+        tracestate = _parse_tracestate(d.pop("tracestate", UNSET))
+
+
         job_description = cls(
             attempts=attempts,
             backoff_coefficient=backoff_coefficient,
@@ -311,6 +351,8 @@ class JobDescription:
             on_complete=on_complete,
             ordering_failure=ordering_failure,
             ordering_key=ordering_key,
+            traceparent=traceparent,
+            tracestate=tracestate,
         )
 
 

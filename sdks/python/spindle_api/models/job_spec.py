@@ -64,6 +64,11 @@ class JobSpec:
                 Kept as the exact bytes given: never parsed into a tree and re-serialized.
             payload_base64 (None | str | Unset): The body, as base64 bytes (sent as `application/octet-stream` unless
                 headers say otherwise).
+            traceparent (None | str | Unset): The W3C trace context of the producer's span (`00-<trace id>-<span
+                id>-<flags>`), for
+                a job of a batch that was made in a trace of its own; otherwise the request's
+                `traceparent` header applies. Stored with the job: each attempt is a span linked to it.
+            tracestate (None | str | Unset): The W3C `tracestate` that goes with `traceparent` (at most 512 bytes).
             ttl_ms (int | None | Unset): Time to live in ms (default 4 h, at most 30 days). Excludes `expire_at`.
      """
 
@@ -83,6 +88,8 @@ class JobSpec:
     ordering_key: None | str | Unset = UNSET
     payload: Any | Unset = UNSET
     payload_base64: None | str | Unset = UNSET
+    traceparent: None | str | Unset = UNSET
+    tracestate: None | str | Unset = UNSET
     ttl_ms: int | None | Unset = UNSET
 
 
@@ -183,6 +190,18 @@ class JobSpec:
         else:
             payload_base64 = self.payload_base64
 
+        traceparent: None | str | Unset
+        if isinstance(self.traceparent, Unset):
+            traceparent = UNSET
+        else:
+            traceparent = self.traceparent
+
+        tracestate: None | str | Unset
+        if isinstance(self.tracestate, Unset):
+            tracestate = UNSET
+        else:
+            tracestate = self.tracestate
+
         ttl_ms: int | None | Unset
         if isinstance(self.ttl_ms, Unset):
             ttl_ms = UNSET
@@ -224,6 +243,10 @@ class JobSpec:
             field_dict["payload"] = payload
         if payload_base64 is not UNSET:
             field_dict["payload_base64"] = payload_base64
+        if traceparent is not UNSET:
+            field_dict["traceparent"] = traceparent
+        if tracestate is not UNSET:
+            field_dict["tracestate"] = tracestate
         if ttl_ms is not UNSET:
             field_dict["ttl_ms"] = ttl_ms
 
@@ -411,6 +434,26 @@ class JobSpec:
         payload_base64 = _parse_payload_base64(d.pop("payload_base64", UNSET))
 
 
+        def _parse_traceparent(data: object) -> None | str | Unset:
+            if data is None:
+                return data
+            if isinstance(data, Unset):
+                return data
+            return cast(None | str | Unset, data)
+
+        traceparent = _parse_traceparent(d.pop("traceparent", UNSET))
+
+
+        def _parse_tracestate(data: object) -> None | str | Unset:
+            if data is None:
+                return data
+            if isinstance(data, Unset):
+                return data
+            return cast(None | str | Unset, data)
+
+        tracestate = _parse_tracestate(d.pop("tracestate", UNSET))
+
+
         def _parse_ttl_ms(data: object) -> int | None | Unset:
             if data is None:
                 return data
@@ -438,6 +481,8 @@ class JobSpec:
             ordering_key=ordering_key,
             payload=payload,
             payload_base64=payload_base64,
+            traceparent=traceparent,
+            tracestate=tracestate,
             ttl_ms=ttl_ms,
         )
 

@@ -33,6 +33,11 @@ class NewEvent:
             idempotency_key (None | str | Unset): The producer's idempotency key: a repeated key (through a router) stores
                 nothing new.
             on_complete (None | str | Unset): A URL told when each of its jobs ends.
+            traceparent (None | str | Unset): The W3C trace context of the producer's span, for an event of a batch made in
+                a trace
+                of its own; otherwise the request's `traceparent` header applies (see
+                [`crate::NewJob::traceparent`]).
+            tracestate (None | str | Unset): The `tracestate` that goes with `traceparent`.
      """
 
     bucket: str
@@ -41,6 +46,8 @@ class NewEvent:
     deliver_at: datetime.datetime | None | Unset = UNSET
     idempotency_key: None | str | Unset = UNSET
     on_complete: None | str | Unset = UNSET
+    traceparent: None | str | Unset = UNSET
+    tracestate: None | str | Unset = UNSET
 
 
 
@@ -73,6 +80,18 @@ class NewEvent:
         else:
             on_complete = self.on_complete
 
+        traceparent: None | str | Unset
+        if isinstance(self.traceparent, Unset):
+            traceparent = UNSET
+        else:
+            traceparent = self.traceparent
+
+        tracestate: None | str | Unset
+        if isinstance(self.tracestate, Unset):
+            tracestate = UNSET
+        else:
+            tracestate = self.tracestate
+
 
         field_dict: dict[str, Any] = {}
 
@@ -87,6 +106,10 @@ class NewEvent:
             field_dict["idempotency_key"] = idempotency_key
         if on_complete is not UNSET:
             field_dict["on_complete"] = on_complete
+        if traceparent is not UNSET:
+            field_dict["traceparent"] = traceparent
+        if tracestate is not UNSET:
+            field_dict["tracestate"] = tracestate
 
         return field_dict
 
@@ -141,6 +164,26 @@ class NewEvent:
         on_complete = _parse_on_complete(d.pop("on_complete", UNSET))
 
 
+        def _parse_traceparent(data: object) -> None | str | Unset:
+            if data is None:
+                return data
+            if isinstance(data, Unset):
+                return data
+            return cast(None | str | Unset, data)
+
+        traceparent = _parse_traceparent(d.pop("traceparent", UNSET))
+
+
+        def _parse_tracestate(data: object) -> None | str | Unset:
+            if data is None:
+                return data
+            if isinstance(data, Unset):
+                return data
+            return cast(None | str | Unset, data)
+
+        tracestate = _parse_tracestate(d.pop("tracestate", UNSET))
+
+
         new_event = cls(
             bucket=bucket,
             event_type=event_type,
@@ -148,6 +191,8 @@ class NewEvent:
             deliver_at=deliver_at,
             idempotency_key=idempotency_key,
             on_complete=on_complete,
+            traceparent=traceparent,
+            tracestate=tracestate,
         )
 
         return new_event

@@ -56,6 +56,9 @@ class NewSubscription:
             secret (None | str | Unset): Its Standard Webhooks signing secret (`whsec_` + base64 of 24–64 bytes); one is
                 made
                 when absent and shown once, in the answer.
+            send_traceparent (bool | None | Unset): Whether its receiver gets a W3C `traceparent` header naming the
+                attempt's span, so
+                the receiver's trace continues it (default true).
             ttl_ms (int | None | Unset): How long an event is retried for it, in ms (as a job's `ttl_ms`).
      """
 
@@ -74,6 +77,7 @@ class NewSubscription:
     ordering_failure: None | OrderingFailure | Unset = UNSET
     ordering_key: None | str | Unset = UNSET
     secret: None | str | Unset = UNSET
+    send_traceparent: bool | None | Unset = UNSET
     ttl_ms: int | None | Unset = UNSET
 
 
@@ -169,6 +173,12 @@ class NewSubscription:
         else:
             secret = self.secret
 
+        send_traceparent: bool | None | Unset
+        if isinstance(self.send_traceparent, Unset):
+            send_traceparent = UNSET
+        else:
+            send_traceparent = self.send_traceparent
+
         ttl_ms: int | None | Unset
         if isinstance(self.ttl_ms, Unset):
             ttl_ms = UNSET
@@ -207,6 +217,8 @@ class NewSubscription:
             field_dict["ordering_key"] = ordering_key
         if secret is not UNSET:
             field_dict["secret"] = secret
+        if send_traceparent is not UNSET:
+            field_dict["send_traceparent"] = send_traceparent
         if ttl_ms is not UNSET:
             field_dict["ttl_ms"] = ttl_ms
 
@@ -376,6 +388,16 @@ class NewSubscription:
         secret = _parse_secret(d.pop("secret", UNSET))
 
 
+        def _parse_send_traceparent(data: object) -> bool | None | Unset:
+            if data is None:
+                return data
+            if isinstance(data, Unset):
+                return data
+            return cast(bool | None | Unset, data)
+
+        send_traceparent = _parse_send_traceparent(d.pop("send_traceparent", UNSET))
+
+
         def _parse_ttl_ms(data: object) -> int | None | Unset:
             if data is None:
                 return data
@@ -402,6 +424,7 @@ class NewSubscription:
             ordering_failure=ordering_failure,
             ordering_key=ordering_key,
             secret=secret,
+            send_traceparent=send_traceparent,
             ttl_ms=ttl_ms,
         )
 

@@ -43,6 +43,7 @@ class SubscriptionView:
             max_per_second (float | None | Unset): Its cap on requests started per second, per Director.
             ordering_key (None | str | Unset): Its ordering key pointer.
             secret (None | str | Unset): Its signing secret: only in the answer to `POST /v1/subscriptions`.
+            send_traceparent (bool | Unset): Whether its receiver gets a `traceparent` header.
             version (int | Unset): The version of its last change: give it as `If-Match` to a `PATCH` so that the edit
                 holds only if nobody changed it since (its answer's `ETag` too), from the answer that
                 made it on.
@@ -62,6 +63,7 @@ class SubscriptionView:
     max_per_second: float | None | Unset = UNSET
     ordering_key: None | str | Unset = UNSET
     secret: None | str | Unset = UNSET
+    send_traceparent: bool | Unset = UNSET
     version: int | Unset = UNSET
     additional_properties: dict[str, Any] = _attrs_field(init=False, factory=dict)
 
@@ -130,6 +132,8 @@ class SubscriptionView:
         else:
             secret = self.secret
 
+        send_traceparent = self.send_traceparent
+
         version = self.version
 
 
@@ -158,6 +162,8 @@ class SubscriptionView:
             field_dict["ordering_key"] = ordering_key
         if secret is not UNSET:
             field_dict["secret"] = secret
+        if send_traceparent is not UNSET:
+            field_dict["send_traceparent"] = send_traceparent
         if version is not UNSET:
             field_dict["version"] = version
 
@@ -271,6 +277,8 @@ class SubscriptionView:
         secret = _parse_secret(d.pop("secret", UNSET))
 
 
+        send_traceparent = d.pop("send_traceparent", UNSET)
+
         version = d.pop("version", UNSET)
 
         subscription_view = cls(
@@ -288,6 +296,7 @@ class SubscriptionView:
             max_per_second=max_per_second,
             ordering_key=ordering_key,
             secret=secret,
+            send_traceparent=send_traceparent,
             version=version,
         )
 

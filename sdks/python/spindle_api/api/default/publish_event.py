@@ -13,6 +13,7 @@ from ...models.event_batch import EventBatch
 from ...models.new_event import NewEvent
 from ...models.publish_batch_reply import PublishBatchReply
 from ...models.publish_reply import PublishReply
+from ...types import UNSET, Unset
 from typing import cast
 
 
@@ -20,9 +21,17 @@ from typing import cast
 def _get_kwargs(
     *,
     body: EventBatch | NewEvent,
+    traceparent: None | str | Unset = UNSET,
+    tracestate: None | str | Unset = UNSET,
 
 ) -> dict[str, Any]:
     headers: dict[str, Any] = {}
+    if not isinstance(traceparent, Unset):
+        headers["traceparent"] = traceparent
+
+    if not isinstance(tracestate, Unset):
+        headers["tracestate"] = tracestate
+
 
 
     
@@ -148,6 +157,8 @@ def sync_detailed(
     *,
     client: AuthenticatedClient | Client,
     body: EventBatch | NewEvent,
+    traceparent: None | str | Unset = UNSET,
+    tracestate: None | str | Unset = UNSET,
 
 ) -> Response[ErrorBody | PublishBatchReply | PublishReply]:
     """ Publish an event, or a batch of 1 to 1,000 (`{"events": [...]}`): one job per matching
@@ -158,6 +169,8 @@ def sync_detailed(
     answers the first event, `duplicate: true`.
 
     Args:
+        traceparent (None | str | Unset):
+        tracestate (None | str | Unset):
         body (EventBatch | NewEvent): `POST /v1/events` body: one event, or a batch of events.
 
     Raises:
@@ -171,6 +184,8 @@ def sync_detailed(
 
     kwargs = _get_kwargs(
         body=body,
+traceparent=traceparent,
+tracestate=tracestate,
 
     )
 
@@ -184,6 +199,8 @@ def sync(
     *,
     client: AuthenticatedClient | Client,
     body: EventBatch | NewEvent,
+    traceparent: None | str | Unset = UNSET,
+    tracestate: None | str | Unset = UNSET,
 
 ) -> ErrorBody | PublishBatchReply | PublishReply | None:
     """ Publish an event, or a batch of 1 to 1,000 (`{"events": [...]}`): one job per matching
@@ -194,6 +211,8 @@ def sync(
     answers the first event, `duplicate: true`.
 
     Args:
+        traceparent (None | str | Unset):
+        tracestate (None | str | Unset):
         body (EventBatch | NewEvent): `POST /v1/events` body: one event, or a batch of events.
 
     Raises:
@@ -208,6 +227,8 @@ def sync(
     return sync_detailed(
         client=client,
 body=body,
+traceparent=traceparent,
+tracestate=tracestate,
 
     ).parsed
 
@@ -215,6 +236,8 @@ async def asyncio_detailed(
     *,
     client: AuthenticatedClient | Client,
     body: EventBatch | NewEvent,
+    traceparent: None | str | Unset = UNSET,
+    tracestate: None | str | Unset = UNSET,
 
 ) -> Response[ErrorBody | PublishBatchReply | PublishReply]:
     """ Publish an event, or a batch of 1 to 1,000 (`{"events": [...]}`): one job per matching
@@ -225,6 +248,8 @@ async def asyncio_detailed(
     answers the first event, `duplicate: true`.
 
     Args:
+        traceparent (None | str | Unset):
+        tracestate (None | str | Unset):
         body (EventBatch | NewEvent): `POST /v1/events` body: one event, or a batch of events.
 
     Raises:
@@ -238,6 +263,8 @@ async def asyncio_detailed(
 
     kwargs = _get_kwargs(
         body=body,
+traceparent=traceparent,
+tracestate=tracestate,
 
     )
 
@@ -251,6 +278,8 @@ async def asyncio(
     *,
     client: AuthenticatedClient | Client,
     body: EventBatch | NewEvent,
+    traceparent: None | str | Unset = UNSET,
+    tracestate: None | str | Unset = UNSET,
 
 ) -> ErrorBody | PublishBatchReply | PublishReply | None:
     """ Publish an event, or a batch of 1 to 1,000 (`{"events": [...]}`): one job per matching
@@ -261,6 +290,8 @@ async def asyncio(
     answers the first event, `duplicate: true`.
 
     Args:
+        traceparent (None | str | Unset):
+        tracestate (None | str | Unset):
         body (EventBatch | NewEvent): `POST /v1/events` body: one event, or a batch of events.
 
     Raises:
@@ -275,5 +306,7 @@ async def asyncio(
     return (await asyncio_detailed(
         client=client,
 body=body,
+traceparent=traceparent,
+tracestate=tracestate,
 
     )).parsed

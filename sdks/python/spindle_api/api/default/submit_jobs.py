@@ -11,6 +11,7 @@ from ... import errors
 from ...models.error_body import ErrorBody
 from ...models.submit_request import SubmitRequest
 from ...models.submit_response import SubmitResponse
+from ...types import UNSET, Unset
 from typing import cast
 
 
@@ -18,9 +19,17 @@ from typing import cast
 def _get_kwargs(
     *,
     body: SubmitRequest,
+    traceparent: None | str | Unset = UNSET,
+    tracestate: None | str | Unset = UNSET,
 
 ) -> dict[str, Any]:
     headers: dict[str, Any] = {}
+    if not isinstance(traceparent, Unset):
+        headers["traceparent"] = traceparent
+
+    if not isinstance(tracestate, Unset):
+        headers["tracestate"] = tracestate
+
 
 
     
@@ -124,11 +133,15 @@ def sync_detailed(
     *,
     client: AuthenticatedClient | Client,
     body: SubmitRequest,
+    traceparent: None | str | Unset = UNSET,
+    tracestate: None | str | Unset = UNSET,
 
 ) -> Response[ErrorBody | SubmitResponse]:
     """ Submit jobs. The whole batch is persisted in one transaction before the answer.
 
     Args:
+        traceparent (None | str | Unset):
+        tracestate (None | str | Unset):
         body (SubmitRequest): `POST /v1/jobs` body.
 
     Raises:
@@ -142,6 +155,8 @@ def sync_detailed(
 
     kwargs = _get_kwargs(
         body=body,
+traceparent=traceparent,
+tracestate=tracestate,
 
     )
 
@@ -155,11 +170,15 @@ def sync(
     *,
     client: AuthenticatedClient | Client,
     body: SubmitRequest,
+    traceparent: None | str | Unset = UNSET,
+    tracestate: None | str | Unset = UNSET,
 
 ) -> ErrorBody | SubmitResponse | None:
     """ Submit jobs. The whole batch is persisted in one transaction before the answer.
 
     Args:
+        traceparent (None | str | Unset):
+        tracestate (None | str | Unset):
         body (SubmitRequest): `POST /v1/jobs` body.
 
     Raises:
@@ -174,6 +193,8 @@ def sync(
     return sync_detailed(
         client=client,
 body=body,
+traceparent=traceparent,
+tracestate=tracestate,
 
     ).parsed
 
@@ -181,11 +202,15 @@ async def asyncio_detailed(
     *,
     client: AuthenticatedClient | Client,
     body: SubmitRequest,
+    traceparent: None | str | Unset = UNSET,
+    tracestate: None | str | Unset = UNSET,
 
 ) -> Response[ErrorBody | SubmitResponse]:
     """ Submit jobs. The whole batch is persisted in one transaction before the answer.
 
     Args:
+        traceparent (None | str | Unset):
+        tracestate (None | str | Unset):
         body (SubmitRequest): `POST /v1/jobs` body.
 
     Raises:
@@ -199,6 +224,8 @@ async def asyncio_detailed(
 
     kwargs = _get_kwargs(
         body=body,
+traceparent=traceparent,
+tracestate=tracestate,
 
     )
 
@@ -212,11 +239,15 @@ async def asyncio(
     *,
     client: AuthenticatedClient | Client,
     body: SubmitRequest,
+    traceparent: None | str | Unset = UNSET,
+    tracestate: None | str | Unset = UNSET,
 
 ) -> ErrorBody | SubmitResponse | None:
     """ Submit jobs. The whole batch is persisted in one transaction before the answer.
 
     Args:
+        traceparent (None | str | Unset):
+        tracestate (None | str | Unset):
         body (SubmitRequest): `POST /v1/jobs` body.
 
     Raises:
@@ -231,5 +262,7 @@ async def asyncio(
     return (await asyncio_detailed(
         client=client,
 body=body,
+traceparent=traceparent,
+tracestate=tracestate,
 
     )).parsed
