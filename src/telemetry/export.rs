@@ -31,6 +31,28 @@ struct OtlpHttp {
     client: reqwest::Client,
     runtime: tokio::runtime::Handle,
     timeout: Duration,
+    /// When a failed export was last logged (Unix seconds): at most one line a minute, however
+    /// many batches a collector that is down refuses.
+    warned_at: std::sync::atomic::AtomicU64,
+}
+
+impl OtlpHttp {
+    /// Logs a failed export, unless one was logged less than a minute ago.
+    fn warn(&self, why: &dyn std::fmt::Display) {
+        use std::sync::atomic::Ordering;
+        let now = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_secs());
+        let last = self.warned_at.load(Ordering::Relaxed);
+        if now.saturating_sub(last) >= 60
+            && self
+                .warned_at
+                .compare_exchange(last, now, Ordering::Relaxed, Ordering::Relaxed)
+                .is_ok()
+        {
+            tracing::warn!(error = %why, "traces: an export failed; its spans are dropped");
+        }
+    }
 }
 
 /// Most of an OTLP answer read: it is a small status message.
@@ -61,7 +83,17 @@ impl HttpClient for OtlpHttp {
             }
             Ok::<_, reqwest::Error>((status, body.freeze()))
         });
-        let (status, body) = answer.await??;
+        let (status, body) = match answer.await {
+            Ok(Ok(answer)) => answer,
+            Ok(Err(e)) => {
+                self.warn(&format_args!("{e:?}"));
+                return Err(e.into());
+            }
+            Err(e) => return Err(e.into()),
+        };
+        if !status.is_success() {
+            self.warn(&format_args!("the collector answered {status}"));
+        }
         Ok(http::Response::builder().status(status).body(body)?)
     }
 }
@@ -135,6 +167,7 @@ pub(super) fn provider(default_service: &str) -> Result<(SdkTracerProvider, bool
         runtime: tokio::runtime::Handle::try_current()
             .map_err(|e| TelemetryError::Exporter(e.to_string()))?,
         timeout: export_timeout()?,
+        warned_at: Default::default(),
     };
     let exporter = opentelemetry_otlp::SpanExporter::builder()
         .with_http()
