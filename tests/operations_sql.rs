@@ -112,6 +112,12 @@ async fn every_documented_statement_runs_and_finds_its_rows() {
                "backoff_min_delay_ms": 600000, "on_complete": rig.sink.url("/ok")}),
     ])
     .await;
+    // A job submitted in a producer's trace (the traces recipe finds it).
+    rig.submit(vec![
+        json!({"bucket": "traced", "endpoint": rig.sink.url("/ok"),
+        "traceparent": "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"}),
+    ])
+    .await;
     // An ordered key whose first job is refused and asked to block it: the second waits.
     let ordered = ids(rig
         .submit(vec![
