@@ -178,7 +178,8 @@ impl Publishing {
                 Publishing::One(event) => std::slice::from_mut(event),
                 Publishing::Batch(events) => events,
             };
-            for event in events.iter_mut().filter(|e| e.traceparent.is_none()) {
+            let own = |e: &NewEvent| e.traceparent.is_some() || e.tracestate.is_some();
+            for event in events.iter_mut().filter(|e| !own(e)) {
                 event.traceparent = Some(trace.traceparent.to_string());
                 event.tracestate = trace.tracestate.as_deref().map(str::to_owned);
             }
@@ -649,6 +650,20 @@ mod tests {
                     ..event("x", "1")
                 },
                 "idempotency_key",
+            ),
+            (
+                NewEvent {
+                    traceparent: Some("00-nope".into()),
+                    ..event("x", "1")
+                },
+                "traceparent",
+            ),
+            (
+                NewEvent {
+                    tracestate: Some("a=b".into()),
+                    ..event("x", "1")
+                },
+                "tracestate",
             ),
         ];
         for (e, field) in cases {

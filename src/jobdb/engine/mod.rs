@@ -253,13 +253,14 @@ macro_rules! engine_common {
                     _ => None,
                 },
                 // An operator's SQL may have written one that is not trace context: the job
-                // is then delivered in no trace.
+                // is then delivered in no trace (a bad state alone is dropped).
                 trace: match text_opt(row, "traceparent")? {
-                    Some(parent) => $crate::telemetry::TraceContext::parse(
-                        &parent,
-                        text_opt(row, "tracestate")?.as_deref(),
-                    )
-                    .ok(),
+                    Some(parent) => {
+                        let state = text_opt(row, "tracestate")?;
+                        $crate::telemetry::TraceContext::parse(&parent, state.as_deref())
+                            .or_else(|_| $crate::telemetry::TraceContext::parse(&parent, None))
+                            .ok()
+                    }
                     None => None,
                 },
             })
