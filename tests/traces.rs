@@ -176,8 +176,9 @@ fn parse(text: &str) -> Vec<Span> {
     spans
 }
 
-fn one<'a>(spans: &'a [Span], what: &str, pick: impl Fn(&Span) -> bool) -> &'a Span {
-    let found: Vec<&Span> = spans.iter().filter(|s| pick(s)).collect();
+/// The one item `pick` chooses (a span, a request the sink received).
+fn one<'a, T: std::fmt::Debug>(items: &'a [T], what: &str, pick: impl Fn(&T) -> bool) -> &'a T {
+    let found: Vec<&T> = items.iter().filter(|s| pick(s)).collect();
     assert_eq!(found.len(), 1, "{what}: {found:#?}");
     found[0]
 }
@@ -215,15 +216,6 @@ async fn job_view(cluster: &Cluster, id: &str) -> Value {
         .json()
         .await
         .expect("its view")
-}
-
-fn one_received<'a>(
-    received: &'a [spindle::cli::sink::Received],
-    job: &str,
-) -> &'a spindle::cli::sink::Received {
-    let found: Vec<_> = received.iter().filter(|r| r.job_id == job).collect();
-    assert_eq!(found.len(), 1, "{found:?}");
-    found[0]
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -376,7 +368,9 @@ async fn a_job_is_one_trace_from_producer_to_receiver_across_a_kill_and_a_retry(
     })
     .await;
     let quiet_got = cluster.sink.received();
-    let quiet_got = one_received(&quiet_got, &quiet_id);
+    let quiet_got = one(&quiet_got, "the quiet job's request", |r| {
+        r.job_id == quiet_id
+    });
     assert!(
         !quiet_got
             .headers
@@ -433,7 +427,7 @@ async fn a_job_is_one_trace_from_producer_to_receiver_across_a_kill_and_a_retry(
         })
         .await;
         let got = cluster.sink.received();
-        let got = one_received(&got, &job);
+        let got = one(&got, "the event job's request", |r| r.job_id == job);
         let header = got.headers.iter().find(|(name, _)| name == "traceparent");
         assert_eq!(header.is_some(), send, "{got:?}");
         let view = job_view(&cluster, &job).await;

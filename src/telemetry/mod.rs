@@ -40,7 +40,6 @@ pub const TRACESTATE: &str = "tracestate";
 #[derive(Debug)]
 pub struct Telemetry {
     provider: SdkTracerProvider,
-    exporting: bool,
 }
 
 /// Installs the process-wide tracer from the standard variables (see [`export_wanted`]):
@@ -55,18 +54,10 @@ pub fn install(default_service: &str) -> Result<Telemetry, TelemetryError> {
             "traces: exporting over OTLP/HTTP"
         );
     }
-    Ok(Telemetry {
-        provider,
-        exporting,
-    })
+    Ok(Telemetry { provider })
 }
 
 impl Telemetry {
-    /// Whether spans are exported.
-    pub fn exporting(&self) -> bool {
-        self.exporting
-    }
-
     /// Sends the spans still batched and stops the exporter (off the runtime's threads: the
     /// SDK blocks while the export runs on the runtime).
     pub async fn shutdown(self) {
