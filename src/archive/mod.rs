@@ -37,9 +37,11 @@
 //!   batch encoding; the same for every backend, no I/O.
 //! - `s3`: the S3 backend ([`S3Config`], the client store).
 //! - `dir`: the directory backend ([`DirConfig`]).
+//! - `ids`: a fenced JobDB's id index ([`IdIndex`]), read by routers settling lapsed claims.
 
 mod dir;
 mod format;
+mod ids;
 mod s3;
 
 use std::collections::HashMap;
@@ -58,6 +60,7 @@ pub use format::{
     decode_batch, decode_events, encode_batch, encode_events, ArchivedJob, ArchivedTransition,
     BatchKind, EncodedBatch, Manifest, TextEncoding,
 };
+pub use ids::{IdChunk, IdIndex};
 pub use s3::S3Config;
 
 /// How many manifests [`Archive::manifests`] downloads at once.

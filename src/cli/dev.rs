@@ -136,6 +136,9 @@ pub fn commands(args: &DevArgs, data: &Path, registry: &str) -> Vec<Vec<String>>
             "127.0.0.0/8",
             "--allow-subnet",
             "::1/128",
+            // Drained JobDBs' id indexes settle a claim a router died holding.
+            "--archive-dir",
+            &archive,
         ],
         &[
             "dashboard",

@@ -8,7 +8,7 @@ use std::time::Duration;
 use anyhow::Context;
 use clap::{Args, Subcommand};
 
-use super::ConsulArgs;
+use super::{ConsulArgs, S3Args};
 use crate::secret::Secret;
 
 /// Options of `spindle router`.
@@ -92,6 +92,11 @@ pub struct RouterArgs {
         value_delimiter = ','
     )]
     pub allow_subnets: Vec<ipnet::IpNet>,
+    /// The archive the drainers write (read only): the id indexes of drained JobDBs, which
+    /// settle a lapsed claim whose job may have been stored in one. Without it such a claim
+    /// answers `pending` until its dedup window ends.
+    #[command(flatten)]
+    pub s3: S3Args,
 }
 
 /// Dedup settings. Every router of a deployment must use the same values (they decide where
@@ -264,6 +269,13 @@ impl RouterArgs {
         settings.pending_wait = Duration::from_millis(self.pending_wait_ms);
         settings.forward_timeout = Duration::from_millis(self.forward_timeout_ms);
         settings.resolve_for = Duration::from_millis(self.resolve_ms);
+        if let Some(archive) = self.s3.to_config() {
+            settings.archive = Some(
+                crate::archive::Archive::open(&archive)
+                    .await
+                    .context("opening the archive")?,
+            );
+        }
         settings.subscriptions = self.control.subscriptions(settings.intake.clone()).await?;
         settings.policy = std::sync::Arc::new(crate::delivery::guard::AddressPolicy::new(
             self.allow_subnets.clone(),

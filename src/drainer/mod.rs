@@ -2,7 +2,9 @@
 //!
 //! A drainer takes a `retiring` JobDB whose Director has released it (or a `draining` one whose
 //! drainer died) by its Consul lock, bumps the JobDB's fencing token with the lock's token, and:
-//! 1. finishes the moves a previous drainer planned (see below);
+//! 1. archives its id index, the ids of its keyed jobs and its events (`ids.rs`), so routers
+//!    can settle a lapsed claim whose holder it may hold after it is dropped; then finishes
+//!    the moves a previous drainer planned (see below);
 //! 2. records attempts left `executing` as interrupted, and jobs past their expiry as
 //!    `archiving`;
 //! 3. archives expired jobs to the archive, S3 or a directory (the shared [`crate::archiver`]);
@@ -29,9 +31,11 @@
 //!   `POST /v1/import`, resolving a plan after a crash, recording the jobs `moved`.
 //! - `parking.rs`: a job a live Director refuses: parked (`import-refused`) when no Director
 //!   of this version can import it, otherwise waiting for one that does (`move-refused`).
+//! - `ids.rs`: the id index a router reads after the JobDB is gone.
 //! - `blocks.rs`: carrying the keys blocked here to a live JobDB before the drain ends.
 
 mod blocks;
+mod ids;
 mod moves;
 mod parking;
 
@@ -333,6 +337,8 @@ impl Drain {
         o: &Owned,
         stop: &CancellationToken,
     ) -> Result<usize, DrainerError> {
+        // What a router may ask of it once it is gone: written before anything leaves.
+        self.index_ids(o).await?;
         let mut moved = 0;
         for plan in o.db.planned_moves().await? {
             moved += self.resolve(o, &plan, stop).await?.moved;

@@ -43,6 +43,13 @@ pub struct PlannedMove {
     pub jobs: Vec<JobId>,
 }
 
+/// Jobs a router claimed a key for, after an id: the caller binds the id and a limit.
+const KEYED_JOBS: &str =
+    "SELECT id FROM jobs WHERE id > ? AND idempotency_key IS NOT NULL ORDER BY id LIMIT ?";
+
+/// Events (each may hold a key's claim), after an id: the caller binds the id and a limit.
+const EVENT_IDS: &str = "SELECT id FROM events WHERE id > ? ORDER BY id LIMIT ?";
+
 impl JobDb {
     /// Which of these jobs have a row here (imports skip them: an import is idempotent).
     pub async fn existing_jobs(&self, ids: &[JobId]) -> Result<HashSet<JobId>, JobDbError> {
@@ -136,6 +143,34 @@ impl JobDb {
             .into_iter()
             .filter_map(|(id, mut h)| h.pop().map(|(_, t)| (id, t)))
             .collect())
+    }
+
+    /// The ids of the jobs with an idempotency key and of the events stored here, after
+    /// `after` in id order, at most `limit`: what a lapsed claim's holder could be, for the
+    /// drainer's id index (read once the JobDB is fenced, when no row can be added).
+    pub async fn keyed_ids(
+        &self,
+        after: Option<Ulid>,
+        limit: usize,
+    ) -> Result<Vec<Ulid>, JobDbError> {
+        let after = after.map_or_else(|| vec![0u8; 16], |id| id.to_bytes().to_vec());
+        let limit = i64::try_from(limit).unwrap_or(i64::MAX);
+        let mut ids = Vec::new();
+        for statement in [KEYED_JOBS, EVENT_IDS] {
+            with_pool!(self, |p, q| {
+                for row in sqlx::query(statement)
+                    .bind(after.clone())
+                    .bind(limit)
+                    .fetch_all(p)
+                    .await?
+                {
+                    ids.push(q::job_id_of(&row, "id")?.0);
+                }
+            });
+        }
+        ids.sort_unstable();
+        ids.truncate(usize::try_from(limit).unwrap_or(usize::MAX));
+        Ok(ids)
     }
 
     /// How many jobs are not in a terminal state here (a JobDB is dropped only at zero): the

@@ -471,6 +471,7 @@ impl Cluster {
         let consul = self.consul_url();
         let mut args = router_args(&consul, &self.stores, shard_size, &self.placement_prefix());
         args.extend(words("--forward-timeout-ms 5000 --resolve-ms 20000"));
+        args.extend(self.s3_args());
         if let Some(control) = &self.control {
             args.extend(control.iter().cloned());
             args.extend(words("--allow-subnet 127.0.0.0/8"));

@@ -180,6 +180,11 @@ pub async fn producer(
                 .get(&s.key)
                 .map_or(0, Vec::len);
             if tries > 40 {
+                rec.log
+                    .lock()
+                    .unwrap()
+                    .gave_up
+                    .push((s.key.clone(), chrono::Utc::now()));
                 if let Some(seq) = &s.seq {
                     if let Some(k) = keys
                         .iter_mut()

@@ -98,6 +98,8 @@ pub struct Log {
     pub requests: usize,
     /// Events no subscription wants, acknowledged with an id: (key, front, event id).
     pub kept: Vec<(String, String, String)>,
+    /// Keys a producer stopped sending after too many tries that stored nothing: when.
+    pub gave_up: Vec<(String, DateTime<Utc>)>,
 }
 
 /// The recorder, shared by the producers, the operations and the samplers.

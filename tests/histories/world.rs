@@ -286,6 +286,8 @@ impl World {
                 args.extend(words("--forward-timeout-ms 4000 --resolve-ms 15000"));
                 args.extend(words("--allow-subnet 127.0.0.0/8"));
                 args.extend(control_db.iter().cloned());
+                // Drained JobDBs' id indexes settle lapsed claims.
+                args.extend(s3_args.clone());
                 let skew = (i == 1).then(|| format!("+{:.1}s", SKEW_MS as f64 / 1000.0));
                 Slot::new(&format!("router{i}"), args, skew)
             })

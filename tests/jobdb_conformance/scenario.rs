@@ -165,6 +165,30 @@ async fn reads_of_jobs_and_histories(db: &JobDb, written: &Written, log: &mut Ve
             .unwrap(),
         [a.id].into()
     );
+    // The drainer's id index reads the keyed jobs in id order, page by page.
+    let ids: Vec<JobId> = all.iter().map(|(_, t)| t.job_id).collect();
+    let mut keyed: Vec<ulid::Ulid> = db
+        .get_jobs(&ids)
+        .await
+        .unwrap()
+        .into_iter()
+        .filter(|j| j.idempotency_key.is_some())
+        .map(|j| j.id.0)
+        .collect();
+    keyed.sort();
+    keyed.dedup();
+    assert!(!keyed.is_empty(), "the scenario has keyed jobs");
+    assert_eq!(db.keyed_ids(None, 1000).await.unwrap(), keyed);
+    let mut paged = Vec::new();
+    loop {
+        let page = db.keyed_ids(paged.last().copied(), 1).await.unwrap();
+        if page.is_empty() {
+            break;
+        }
+        assert_eq!(page.len(), 1);
+        paged.extend(page);
+    }
+    assert_eq!(paged, keyed);
 }
 
 /// What a new owner loads: unfinished jobs, stranded attempts, the backlog by pages.

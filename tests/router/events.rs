@@ -1,5 +1,6 @@
 //! Events through routers: each key's event published once across router crashes, a lapsed
-//! claim settled by reading a retired JobDB, and an event refused for its content answered so.
+//! claim settled whatever became of its JobDB (retired, drained, dropped), and an event
+//! refused for its content answered so.
 
 use std::collections::HashMap;
 use std::time::{Duration, Instant};
@@ -366,75 +367,124 @@ async fn an_event_is_published_once_through_router_crashes() {
     cluster.stop().await;
 }
 
-/// A router dies after claiming an event's key (nothing stored) and another after storing
-/// one (not confirmed); then every JobDB that could hold them retires and its Director moves
-/// to a spare. A retry through a live router finds both claims lapsed with their holders in
-/// no JobDB a Director serves: it reads the retired JobDBs itself, so the stored event is
-/// answered `duplicate` and the other is published fresh (before, both were answered 503
-/// "cannot be checked now" for as long as the retired JobDBs existed).
+/// Lapsed claims whose events sat in a JobDB that left service every way it can: a router
+/// dies after claiming a key (nothing stored) and others after storing an event (not
+/// confirmed), all into a JobDB that was retiring five minutes earlier and still served
+/// because no spare was free; then its Director is killed -9 and a new one takes a spare.
+/// - While no Director or drainer has the retired JobDB, a retry is answered `pending` (503),
+///   never stored a second time (before: the retired JobDB was searched only if it changed
+///   state less than 60 s before the event was made, so the stored event read as absent).
+/// - Once a drainer has fenced it and archived its id index, the stored key is answered
+///   `duplicate` with its event and the claimed one is published fresh.
+/// - Drained, then dropped by the manager, the JobDB's id index still answers a later retry
+///   `duplicate` (before: `pending` for the whole dedup window). The router reads no JobDB.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_lapsed_claim_is_settled_by_reading_a_retired_jobdb() {
-    use spindle::registry::inventory::JobDbState;
-    use spindle_client::{Client, NewSubscription};
+async fn a_lapsed_claim_settles_whatever_became_of_its_jobdb() {
+    use spindle::registry::consul::Put;
+    use spindle::registry::inventory::{JobDbState, RECORDS};
+    use spindle_client::{Client, NewSubscription, PublishReply};
     let _one = ONE_AT_A_TIME.lock().await;
-    let cluster = Cluster::builder("rlc")
-        .jobdbs(2)
+    let mut cluster = Cluster::builder("rlc")
+        .jobdbs(1)
         .directors(1)
         .service_ttl_ms(2000)
         .redis(None)
         .router(1)
         .control()
+        .s3()
         .start()
         .await;
     let api = Client::new(&cluster.router_base(), None).unwrap();
     let sub = NewSubscription::new("shop", cluster.sink.url("/ok"), ["order.*"]);
     api.add_subscription(&sub).await.unwrap();
     let event = |key: &str| order_paid(key, json!({}));
-    for step in ["stored", "claimed"] {
-        let key = format!("crash-{step}");
+    let retired = cluster.jobdbs[0].0.clone();
+    cluster
+        .wait_owned(&retired, "the first director on its jobdb")
+        .await;
+
+    // Retiring since five minutes, and still served: no spare is free.
+    let listed = cluster.inventory.get(&retired).await.unwrap().unwrap();
+    let mut record = listed.record.clone();
+    record.state = JobDbState::Retiring;
+    record.changed_at = chrono::Utc::now() - chrono::Duration::minutes(5);
+    let cas = Put::Cas(listed.modify_index);
+    let value = serde_json::to_vec(&record).unwrap();
+    let key = format!("{RECORDS}{retired}");
+    assert!(cluster
+        .consul
+        .client
+        .kv_put(&key, &value, cas)
+        .await
+        .unwrap());
+    tokio::time::sleep(Duration::from_secs(1)).await;
+
+    let keys = [
+        "crash-stored",
+        "crash-claimed",
+        "crash-drained",
+        "crash-dropped",
+    ];
+    for key in keys {
+        let step = if key == "crash-claimed" {
+            "claimed"
+        } else {
+            "stored"
+        };
         let mut doomed =
             cluster.spawn_router(1, &[("SPINDLE_FAULT_CRASH", &format!("{step}:{key}"))]);
         cluster.wait_ready([&doomed]).await;
         let lost = Client::new(&doomed.base(), None)
             .unwrap()
-            .publish(&event(&key))
+            .publish(&event(key))
             .await;
         assert!(lost.is_err(), "the router crashed at {step}: {lost:?}");
         doomed.kill9().await;
     }
-    let stored = cluster.stored().await;
-    assert_eq!(stored.len(), 1, "{stored:?}");
-    // The active JobDB retires; the Director takes the spare.
-    let listed = cluster.inventory.list().await.unwrap();
-    let active = listed
-        .iter()
-        .find(|l| l.record.state == JobDbState::Active)
-        .expect("an active jobdb");
-    assert!(cluster
-        .inventory
-        .set_state(active, JobDbState::Retiring, "test")
+    let db = cluster.jobdb(&retired);
+    let ids: Vec<_> = histories(db).await.into_keys().collect();
+    // Each stored key's event, by key (one job per event: one subscription).
+    let first: HashMap<String, String> = db
+        .get_jobs(&ids)
         .await
-        .unwrap());
-    let retired = active.record.name.clone();
-    wait_for(
-        Duration::from_secs(30),
-        "the director on the spare",
-        || async {
-            cluster
-                .catalog()
-                .await
-                .values()
-                .all(|jobdb| *jobdb != retired)
-                && cluster.in_state(JobDbState::Active).await == 1
-        },
-    )
-    .await;
+        .unwrap()
+        .into_iter()
+        .map(|j| {
+            (
+                j.idempotency_key.expect("a key"),
+                j.event.expect("an event").event_id.to_string(),
+            )
+        })
+        .collect();
+    assert_eq!(first.len(), 3, "{first:?}");
 
+    // Its Director dies there; a new one takes a spare.
+    cluster.directors[0].kill9().await;
+    let (spare, spare_db) = cluster.add_jobdb("1", JobDbState::Spare).await;
+    cluster.directors.push(cluster.director("d1"));
+    cluster
+        .wait_owned(&spare, "the new director on the spare")
+        .await;
+    cluster.wait_router_ready(1).await;
+
+    let publish = |key: &'static str| {
+        let api = api.clone();
+        async move { api.publish(&event(key)).await }
+    };
     let started = Instant::now();
-    let mut answers = Vec::new();
-    for key in ["crash-stored", "crash-claimed"] {
-        let reply = loop {
-            match api.publish(&event(key)).await {
+    while started.elapsed() < Duration::from_secs(4) {
+        for key in ["crash-stored", "crash-claimed"] {
+            match publish(key).await {
+                Err(e) if e.status() == Some(503) => {}
+                other => panic!("{key} answered while its jobdb has no director: {other:?}"),
+            }
+        }
+        tokio::time::sleep(Duration::from_millis(300)).await;
+    }
+    let settle = |key: &'static str| async move {
+        let started = Instant::now();
+        loop {
+            match publish(key).await {
                 Ok(reply) => break reply,
                 Err(e) => {
                     assert_eq!(e.status(), Some(503), "{key}: {e}");
@@ -445,29 +495,46 @@ async fn a_lapsed_claim_is_settled_by_reading_a_retired_jobdb() {
                     tokio::time::sleep(Duration::from_millis(200)).await;
                 }
             }
-        };
-        answers.push(reply);
-    }
-    println!(
-        "both lapsed claims settled {} ms after the retirement",
-        started.elapsed().as_millis()
-    );
-    assert!(
-        answers[0].duplicate && answers[0].event_id.is_some(),
-        "{:?}",
-        answers[0]
-    );
-    assert!(!answers[1].duplicate, "{:?}", answers[1]);
-    let mut keys: Vec<(Option<String>, String)> = cluster
-        .stored()
+        }
+    };
+    let is_first = |reply: &PublishReply, key: &str| {
+        let id = reply.event_id.as_deref().unwrap_or("?");
+        reply.duplicate && first.get(key).is_some_and(|e| e == id)
+    };
+    let mut drainer = cluster.drainer("dr");
+    let stored = settle("crash-stored").await;
+    assert!(is_first(&stored, "crash-stored"), "{stored:?}");
+    let claimed = settle("crash-claimed").await;
+    assert!(!claimed.duplicate, "{claimed:?}");
+
+    cluster
+        .wait_drained(&retired, Duration::from_secs(30))
+        .await;
+    let drained = settle("crash-drained").await;
+    assert!(is_first(&drained, "crash-drained"), "{drained:?}");
+
+    let mut manager = cluster.manager("m", 3600, 0);
+    wait_for(
+        Duration::from_secs(30),
+        "the drained jobdb dropped",
+        || async { cluster.in_state(JobDbState::Dropped).await == 1 },
+    )
+    .await;
+    let dropped = settle("crash-dropped").await;
+    assert!(is_first(&dropped, "crash-dropped"), "{dropped:?}");
+    // Only the claimed key made an event in the spare.
+    let ids: Vec<_> = histories(&spare_db).await.into_keys().collect();
+    let keys_there: Vec<Option<String>> = spare_db
+        .get_jobs(&ids)
         .await
+        .unwrap()
         .into_iter()
-        .map(|(id, key, _, _)| (key, id))
+        .map(|j| j.idempotency_key)
         .collect();
-    keys.sort();
-    assert_eq!(keys.len(), 2, "one event per key: {keys:?}");
-    assert_eq!(keys[0].0.as_deref(), Some("crash-claimed"));
-    assert_eq!(keys[1], (Some("crash-stored".into()), stored[0].0.clone()));
+    assert_eq!(keys_there, [Some("crash-claimed".to_owned())]);
+    manager.term().await;
+    drainer.term().await;
+    spare_db.close().await;
     cluster.stop().await;
 }
 

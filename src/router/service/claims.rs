@@ -159,15 +159,19 @@ enum Holder {
     Unknown(String),
 }
 
-/// How long a direct read of a JobDB no Director serves may take.
-const DIRECT_SEARCH_TIMEOUT: Duration = Duration::from_secs(5);
-
-/// Looks for each of `holders` (jobs, or events' rows) in every JobDB that could hold it,
-/// one answer per holder. A JobDB a healthy Director serves is asked through it; one that no
-/// Director serves but still exists (active without its Director, retiring, draining or
-/// drained: a drain moves and archives jobs but deletes no rows) is read directly. A holder
-/// is absent only if every one of them was searched; a JobDB dropped since the holder was
-/// made leaves it unknown (it could have been stored there and delivered since).
+/// Looks for each of `holders` (jobs, or events' rows) wherever it could have been stored,
+/// one answer per holder. A holder can only be in a JobDB that took writes after it was made
+/// (the `not_after` of its forward has passed by the time its claim lapses, so it is stored by
+/// now or never will be), and its row stays there until the JobDB is dropped:
+/// - a JobDB a healthy Director serves (active, or retiring while no spare is free) is asked
+///   through it;
+/// - one no Director serves and no drainer has fenced (active without its Director, retiring
+///   and released) cannot be read: unknown until a Director or a drainer takes it;
+/// - a draining, drained or dropped one is read in its id index in the archive, which its
+///   drainer wrote once it was fenced; one drained or dropped before the holder was made
+///   (less the clock skew) is passed over: it was fenced earlier still.
+///
+/// Stored anywhere wins; absent needs every candidate searched.
 async fn holders_stored(shared: &Shared, holders: &[JobId], holds: Holds) -> Vec<Holder> {
     if holders.is_empty() {
         return Vec::new();
@@ -182,68 +186,58 @@ async fn holders_stored(shared: &Shared, holders: &[JobId], holds: Holds) -> Vec
                 .collect()
         }
     };
+    let skew =
+        chrono::Duration::from_std(shared.dedup.config().max_skew).unwrap_or(chrono::Duration::MAX);
     let made = |holder: &JobId| {
         DateTime::<Utc>::from_timestamp_millis(holder.0.timestamp_ms() as i64)
             .unwrap_or(DateTime::<Utc>::UNIX_EPOCH)
-            - chrono::Duration::seconds(60)
+            .checked_sub_signed(skew)
+            .unwrap_or(DateTime::<Utc>::UNIX_EPOCH)
     };
-    let earliest = holders
-        .iter()
-        .map(made)
-        .min()
-        .unwrap_or(DateTime::<Utc>::UNIX_EPOCH);
     let directors = shared.directors.all();
-    let mut answers: Vec<Option<Holder>> = holders.iter().map(|_| None).collect();
+    let mut stored = vec![false; holders.len()];
+    let mut unknown: Vec<Option<String>> = vec![None; holders.len()];
     for listed in &records {
         use crate::registry::inventory::JobDbState as S;
         let record = &listed.record;
-        let direct = match record.state {
-            S::Active => !directors.iter().any(|d| d.jobdb == record.name),
-            S::Retiring | S::Draining | S::Drained => record.changed_at >= earliest,
-            S::Dropped => {
-                for (answer, holder) in answers.iter_mut().zip(holders) {
-                    if answer.is_none() && record.changed_at >= made(holder) {
-                        *answer = Some(Holder::Unknown(format!(
-                            "jobdb {} was dropped since",
-                            record.name
-                        )));
-                    }
+        let could: Vec<usize> = match record.state {
+            S::Spare => continue,
+            S::Active | S::Retiring if directors.iter().any(|d| d.jobdb == record.name) => continue,
+            S::Active | S::Retiring => {
+                for why in unknown.iter_mut() {
+                    why.get_or_insert_with(|| {
+                        format!("jobdb {} has no director or drainer now", record.name)
+                    });
                 }
-                false
+                continue;
             }
-            S::Spare => false,
+            // Marked draining before its drainer fenced it: any holder may be there.
+            S::Draining => (0..holders.len()).collect(),
+            S::Drained | S::Dropped => (0..holders.len())
+                .filter(|&i| record.changed_at >= made(&holders[i]))
+                .collect(),
         };
-        if !direct {
+        if could.is_empty() {
             continue;
         }
-        let searched = tokio::time::timeout(
-            DIRECT_SEARCH_TIMEOUT,
-            search_directly(&inventory, record, holders, holds),
-        )
-        .await
-        .unwrap_or_else(|_| Err("timed out".into()));
-        match searched {
-            Ok(found) => {
-                for (answer, found) in answers.iter_mut().zip(found) {
-                    if found {
-                        *answer = Some(Holder::Stored);
-                    }
+        let ids: Vec<ulid::Ulid> = could.iter().map(|&i| holders[i].0).collect();
+        match indexed(shared, &record.name, &ids).await {
+            Ok(held) => {
+                for (&i, held) in could.iter().zip(held) {
+                    stored[i] |= held;
                 }
             }
             Err(why) => {
-                for answer in answers.iter_mut().filter(|a| a.is_none()) {
-                    *answer = Some(Holder::Unknown(format!(
-                        "jobdb {} cannot be searched: {why}",
-                        record.name
-                    )));
+                for &i in &could {
+                    unknown[i].get_or_insert_with(|| format!("jobdb {}: {why}", record.name));
                 }
             }
         }
     }
-    let asked = holders.iter().zip(&answers).map(|(holder, answer)| {
+    let asked = holders.iter().zip(&stored).map(|(holder, &found)| {
         let holder = holder.to_string();
         async move {
-            if answer.is_some() {
+            if found {
                 return None;
             }
             let replies = shared
@@ -257,62 +251,49 @@ async fn holders_stored(shared: &Shared, holders: &[JobId], holds: Holds) -> Vec
                     }
                 })
                 .await;
-            let mut absent = true;
+            let mut missing = None;
             for reply in replies {
                 match reply {
                     Ok(()) => return Some(Holder::Stored),
                     Err(e) if e.status() == Some(404) => {}
-                    Err(_) => absent = false,
+                    Err(_) => missing = Some(Holder::Unknown("a director did not answer".into())),
                 }
             }
-            Some(if absent {
-                Holder::Absent
-            } else {
-                Holder::Unknown("a director did not answer".into())
-            })
+            missing
         }
     });
     let asked = futures::future::join_all(asked).await;
-    answers
+    stored
         .into_iter()
+        .zip(unknown)
         .zip(asked)
-        .map(|(known, asked)| known.or(asked).unwrap_or(Holder::Absent))
+        .map(
+            |((stored, unknown), asked)| match (stored, asked, unknown) {
+                (true, _, _) | (_, Some(Holder::Stored), _) => Holder::Stored,
+                (_, Some(unanswered), _) => unanswered,
+                (_, None, Some(why)) => Holder::Unknown(why),
+                (_, None, None) => Holder::Absent,
+            },
+        )
         .collect()
 }
 
-/// Which of `holders` the JobDB of `record` holds, read directly (no Director serves it).
-async fn search_directly(
-    inventory: &crate::registry::inventory::Inventory,
-    record: &crate::registry::inventory::JobDbRecord,
-    holders: &[JobId],
-    holds: Holds,
-) -> Result<Vec<bool>, String> {
-    let url = inventory.jobdb_url(record).map_err(|e| e.to_string())?;
-    let (db, _) = crate::jobdb::JobDb::open_peer(&url, 1)
+/// Which of `ids` the id index of `jobdb` holds, or why that cannot be told yet.
+async fn indexed(shared: &Shared, jobdb: &str, ids: &[ulid::Ulid]) -> Result<Vec<bool>, String> {
+    let archive = shared
+        .settings
+        .archive
+        .as_ref()
+        .ok_or("no archive configured to read its id index")?;
+    let index = archive
+        .id_index(jobdb)
         .await
-        .map_err(|e| e.to_string())?;
-    let found = match holds {
-        Holds::Jobs => db
-            .existing_jobs(holders)
-            .await
-            .map(|have| holders.iter().map(|h| have.contains(h)).collect()),
-        Holds::Events => {
-            let mut found = Vec::with_capacity(holders.len());
-            let mut failed = None;
-            for holder in holders {
-                match db.event(holder.0).await {
-                    Ok(event) => found.push(event.is_some()),
-                    Err(e) => {
-                        failed = Some(e);
-                        break;
-                    }
-                }
-            }
-            failed.map_or(Ok(found), Err)
-        }
-    };
-    db.close().await;
-    found.map_err(|e| e.to_string())
+        .map_err(|e| e.to_string())?
+        .ok_or("its drainer has not archived its id index yet")?;
+    archive
+        .id_index_holds(&index, ids)
+        .await
+        .map_err(|e| e.to_string())
 }
 
 /// Confirms the claims of stored jobs and releases those of jobs certainly not stored.

@@ -100,6 +100,9 @@ pub struct RouterSettings {
     pub subscriptions: Option<Arc<crate::events::Subscriptions>>,
     /// The delivery address guard of the Directors: a subscription URL it blocks is refused.
     pub policy: Arc<crate::delivery::guard::AddressPolicy>,
+    /// The archive, read for drained JobDBs' id indexes (settling lapsed claims); `None`:
+    /// a claim whose holder may be in one stays `pending`.
+    pub archive: Option<crate::archive::Archive>,
 }
 
 impl RouterSettings {
@@ -117,6 +120,7 @@ impl RouterSettings {
             resolve_for: Duration::from_secs(30),
             subscriptions: None,
             policy: Arc::new(crate::delivery::guard::AddressPolicy::new(Vec::new())),
+            archive: None,
         }
     }
 }

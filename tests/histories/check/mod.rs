@@ -13,6 +13,7 @@ use chrono::{DateTime, Duration, Utc};
 use spindle::job::{JobId, State, Transition};
 
 mod events;
+mod settles;
 mod traces;
 
 use super::endpoint::Arrival;
@@ -44,6 +45,10 @@ pub struct Tally {
     pub listed: usize,
     /// Jobs made in a producer's trace.
     pub traced: usize,
+    /// Keys producers gave up after too many tries that stored nothing.
+    pub given_up: usize,
+    /// Keys a router answered `pending` at least once for a lapsed claim it could not check.
+    pub lapsed_waits: usize,
     /// Alone: ordered jobs released.
     pub released: u64,
     /// Alone: ordered jobs kept in the writer's book until their turn.
@@ -832,5 +837,6 @@ pub fn check(i: &Inputs) -> (Vec<Violation>, Tally) {
     }
     events::events(i, &mut out, &mut tally);
     traces::traces(i, &mut out, &mut tally);
+    settles::settles(i, &mut out, &mut tally);
     (out, tally)
 }
