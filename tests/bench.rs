@@ -160,3 +160,59 @@ for r in range(10):
     assert!(jobs >= 100, "wrk submitted {jobs} jobs in 2 s");
     check(&r, jobs, &["director", "router", "generator"]);
 }
+
+/// Latency in open loops (`--latency`: the capacity, then 25–90% of it; `--rate`: one rate),
+/// straight and through a router: every phase sends its rate for its seconds and reports
+/// submit → accepted, first attempt and succeeded percentiles for every job.
+#[test]
+fn latency_is_measured_at_fixed_offered_loads() {
+    let check_phases = |r: &serde_json::Value, loads: &[Option<f64>]| {
+        let phases = r["latency"].as_array().expect("phases");
+        assert_eq!(phases.len(), loads.len(), "{r}");
+        for (p, load) in phases.iter().zip(loads) {
+            assert_eq!(p["load"].as_f64(), *load, "{p}");
+            let offered = p["offered_per_sec"].as_f64().unwrap();
+            let jobs = p["jobs"].as_u64().unwrap() as f64;
+            assert!(
+                (jobs - (offered * 2.0).round().max(10.0)).abs() < 1.0,
+                "{p}"
+            );
+            for what in ["accepted", "first_attempt", "succeeded"] {
+                let q = &p[what];
+                let (p50, p99, p999) = (
+                    q["p50_ms"].as_f64().unwrap(),
+                    q["p99_ms"].as_f64().unwrap(),
+                    q["p999_ms"].as_f64().unwrap(),
+                );
+                assert!(0.0 < p50 && p50 <= p99 && p99 <= p999, "{what}: {p}");
+            }
+        }
+    };
+    let direct = report(&[
+        "bench",
+        "--latency",
+        "--jobs",
+        "2000",
+        "--batch",
+        "10",
+        "--concurrency",
+        "4",
+        "--rate-secs",
+        "2",
+    ]);
+    let capacity = direct["capacity_per_sec"].as_f64().unwrap();
+    assert!(capacity > 0.0, "{direct}");
+    check_phases(&direct, &[Some(0.25), Some(0.5), Some(0.75), Some(0.9)]);
+    let routed = report(&[
+        "bench",
+        "--via-router",
+        "--rate",
+        "200",
+        "--rate-secs",
+        "2",
+        "--batch",
+        "10",
+    ]);
+    assert!(routed["capacity_per_sec"].is_null(), "{routed}");
+    check_phases(&routed, &[None]);
+}

@@ -15,6 +15,7 @@
 //! the path is measured as a client that is not spindle's sees it ([`generator`]).
 
 pub mod generator;
+pub mod latency;
 pub mod procs;
 pub mod topology;
 
@@ -119,6 +120,17 @@ pub struct BenchArgs {
     /// Extra options passed to every Director child process.
     #[arg(last = true)]
     pub director_args: Vec<String>,
+    /// Offer this many jobs per second in an open loop (instead of the closed-loop run) and
+    /// report submit → accepted, first attempt and succeeded percentiles ([`latency`]).
+    #[arg(long, conflicts_with_all = ["events", "generator", "backlog", "latency"])]
+    pub rate: Option<f64>,
+    /// Measure the capacity (the closed-loop run), then latency in open loops at 25%, 50%,
+    /// 75% and 90% of it, on the same processes.
+    #[arg(long, conflicts_with_all = ["events", "generator", "backlog"])]
+    pub latency: bool,
+    /// Seconds each open loop offers its rate.
+    #[arg(long, default_value_t = 20.0)]
+    pub rate_secs: f64,
 }
 
 /// What one bench run measured.
@@ -237,18 +249,48 @@ pub async fn run(args: BenchArgs) -> anyhow::Result<()> {
         "--batch must be 1 to 1000 events with --events"
     );
     let tag = ulid::Ulid::new().to_string().to_lowercase();
-    let sink = Sink::start_counting("127.0.0.1:0".parse()?).await?;
+    // Open loops need each job's arrival; a plain run only counts them.
+    let open_loop = args.rate.is_some() || args.latency;
+    let sink = match open_loop {
+        true => Sink::start("127.0.0.1:0".parse()?).await?,
+        false => Sink::start_counting("127.0.0.1:0".parse()?).await?,
+    };
     let topology = if args.via_router {
         Topology::via_router(&args, &tag).await?
     } else {
         Topology::direct(&args, &tag).await?
     };
-    let measured = measure(&args, &topology, &sink).await;
+    let measured = async {
+        let report = match args.rate {
+            Some(_) => None,
+            None => Some(measure(&args, &topology, &sink).await?),
+        };
+        let capacity = report.as_ref().map(|r| r.delivered_per_sec);
+        let first = args.backlog + args.jobs;
+        let phases = latency::run(&args, &topology, &sink, capacity, first).await?;
+        anyhow::Ok((report, phases))
+    }
+    .await;
     let stopped = topology.stop(args.keep).await;
     sink.stop().await;
-    let report = measured?;
+    let (report, phases) = measured?;
     stopped?;
-    print(&report)
+    if let Some(report) = &report {
+        print(report)?;
+    }
+    if !phases.is_empty() {
+        latency::print(&phases);
+        println!(
+            "{}",
+            json!({
+                "via_router": args.via_router,
+                "batch": args.batch,
+                "capacity_per_sec": report.as_ref().map(|r| r.delivered_per_sec),
+                "latency": phases,
+            })
+        );
+    }
+    Ok(())
 }
 
 fn print(report: &BenchReport) -> anyhow::Result<()> {
