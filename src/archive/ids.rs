@@ -1,7 +1,7 @@
-//! A fenced JobDB's id index: the ids of every job with an idempotency key and every event it
-//! ever stored, kept in the archive after the JobDB is dropped, so a router can settle a lapsed
-//! claim whose holder could have been stored there (docs/architecture.md, "A router that
-//! dies").
+//! A fenced JobDB's id index: the ids of every job with an idempotency key or of an event (a
+//! back-fill's claim names its job) and every event it ever stored, kept in the archive after
+//! the JobDB is dropped, so a router can settle a lapsed claim whose holder could have been
+//! stored there (docs/architecture.md, "A router that dies").
 //!
 //! # Layout
 //! - `{prefix}{jobdb}/ids/{minute}.bin`: the ids whose ULID time falls in that minute (minutes

@@ -43,9 +43,10 @@ pub struct PlannedMove {
     pub jobs: Vec<JobId>,
 }
 
-/// Jobs a router claimed a key for, after an id: the caller binds the id and a limit.
-const KEYED_JOBS: &str =
-    "SELECT id FROM jobs WHERE id > ? AND idempotency_key IS NOT NULL ORDER BY id LIMIT ?";
+/// Jobs a router may have claimed a key for (an idempotency key's, or a back-fill's, whose
+/// job is of an event), after an id: the caller binds the id and a limit.
+const KEYED_JOBS: &str = "SELECT id FROM jobs WHERE id > ? \
+     AND (idempotency_key IS NOT NULL OR event_id IS NOT NULL) ORDER BY id LIMIT ?";
 
 /// Events (each may hold a key's claim), after an id: the caller binds the id and a limit.
 const EVENT_IDS: &str = "SELECT id FROM events WHERE id > ? ORDER BY id LIMIT ?";
@@ -145,9 +146,10 @@ impl JobDb {
             .collect())
     }
 
-    /// The ids of the jobs with an idempotency key and of the events stored here, after
-    /// `after` in id order, at most `limit`: what a lapsed claim's holder could be, for the
-    /// drainer's id index (read once the JobDB is fenced, when no row can be added).
+    /// The ids of the jobs with an idempotency key or of an event, and of the events stored
+    /// here, after `after` in id order, at most `limit`: what a lapsed claim's holder could
+    /// be, for the drainer's id index (read once the JobDB is fenced, when no row can be
+    /// added).
     pub async fn keyed_ids(
         &self,
         after: Option<Ulid>,

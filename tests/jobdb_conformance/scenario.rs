@@ -172,7 +172,7 @@ async fn reads_of_jobs_and_histories(db: &JobDb, written: &Written, log: &mut Ve
         .await
         .unwrap()
         .into_iter()
-        .filter(|j| j.idempotency_key.is_some())
+        .filter(|j| j.idempotency_key.is_some() || j.event.is_some())
         .map(|j| j.id.0)
         .collect();
     keyed.sort();
