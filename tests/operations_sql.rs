@@ -128,7 +128,7 @@ async fn every_documented_statement_runs_and_finds_its_rows() {
         .await);
     rig.wait_in_state(State::AwaitingRetry, 11, Duration::from_secs(10))
         .await;
-    rig.wait_in_state(State::Succeeded, 8, Duration::from_secs(10))
+    rig.wait_in_state(State::Succeeded, 9, Duration::from_secs(10))
         .await;
     rig.wait_in_state(State::Discarded, 2, Duration::from_secs(10))
         .await;
