@@ -26,6 +26,9 @@ use crate::jobdb::JobDb;
 /// The shares of the measured capacity `--latency` offers.
 pub const LOADS: [f64; 4] = [0.25, 0.50, 0.75, 0.90];
 
+/// Jobs one open loop may send (their bodies are encoded ahead).
+const MAX_JOBS: usize = 10_000_000;
+
 /// Requests in flight at most: past it a send waits (and counts as late), so an overloaded
 /// server cannot exhaust this machine.
 const MAX_IN_FLIGHT: usize = 4096;
@@ -94,7 +97,10 @@ pub async fn phase(
     first: usize,
     jobs: usize,
 ) -> anyhow::Result<Phase> {
-    anyhow::ensure!(rate.is_finite() && rate > 0.0, "the rate must be positive");
+    anyhow::ensure!(
+        rate.is_finite() && rate > 0.0,
+        "--rate must be a positive number of jobs per second"
+    );
     let work = bodies(
         args,
         &topology.tag,
@@ -233,6 +239,11 @@ pub async fn run(
     let mut phases = Vec::new();
     for (load, rate) in rates {
         let jobs = ((rate * args.rate_secs).round() as usize).max(args.batch);
+        // Every request body is encoded before the loop starts.
+        anyhow::ensure!(
+            jobs <= MAX_JOBS,
+            "--rate × --rate-secs asks for {jobs} jobs; at most {MAX_JOBS}"
+        );
         let mut phase = phase(args, topology, sink, &dbs, rate, first, jobs).await?;
         phase.load = load;
         first += jobs;
