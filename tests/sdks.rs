@@ -34,8 +34,14 @@ fn run(command: &mut Command) -> String {
 }
 
 /// The generators and test tools: openapi-python-client and the Python test packages (pip),
-/// the TypeScript package's locked dependencies (npm ci).
+/// the TypeScript package's locked dependencies (npm ci). Once per run: the tests run at
+/// once, and two `npm ci` in one directory delete each other's files.
 fn tools() {
+    static ONCE: std::sync::Once = std::sync::Once::new();
+    ONCE.call_once(install_tools);
+}
+
+fn install_tools() {
     let python_has = |module: &str| {
         Command::new("python3")
             .args(["-c", &format!("import {module}")])
