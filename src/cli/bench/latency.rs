@@ -18,7 +18,7 @@ use chrono::{DateTime, Utc};
 use serde_json::json;
 
 use super::topology::Topology;
-use super::{bodies, BenchArgs};
+use super::{bodies, percentile, BenchArgs};
 use crate::cli::sink::Sink;
 use crate::job::{JobId, State};
 use crate::jobdb::JobDb;
@@ -46,15 +46,12 @@ pub struct Percentiles {
 
 impl Percentiles {
     fn of(mut ms: Vec<f64>) -> Option<Percentiles> {
-        if ms.is_empty() {
-            return None;
-        }
         ms.sort_by(f64::total_cmp);
-        let at = |p: f64| ms[((ms.len() as f64 - 1.0) * p).round() as usize];
+        let at = |p: f64| percentile(&ms, p).copied();
         Some(Percentiles {
-            p50_ms: at(0.50),
-            p99_ms: at(0.99),
-            p999_ms: at(0.999),
+            p50_ms: at(0.50)?,
+            p99_ms: at(0.99)?,
+            p999_ms: at(0.999)?,
         })
     }
 }

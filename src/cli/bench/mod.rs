@@ -546,6 +546,12 @@ async fn produce(
     Ok(latencies)
 }
 
+/// The value at share `p` (0 to 1) of `sorted` (nearest rank); `None` when it is empty.
+fn percentile<T>(sorted: &[T], p: f64) -> Option<&T> {
+    let last = sorted.len().checked_sub(1)?;
+    sorted.get((last as f64 * p).round() as usize)
+}
+
 /// The port of a `scheme://user@host:port...` URL.
 fn port_of(url: &str, default: u16) -> u16 {
     let rest = url.split("://").nth(1).unwrap_or(url);
@@ -734,10 +740,7 @@ async fn measure(
         .filter_map(|c| cpu.get(*c))
         .sum();
     latencies.sort();
-    let pct = |p: f64| {
-        let at = ((latencies.len() as f64 - 1.0) * p).round() as usize;
-        latencies.get(at).map(|l| l.as_secs_f64() * 1000.0)
-    };
+    let pct = |p: f64| percentile(&latencies, p).map(|l| l.as_secs_f64() * 1000.0);
     Ok(BenchReport {
         jobs,
         batch: args.batch,
