@@ -141,6 +141,8 @@ on_both_backends!(
 // The parts come after `on_both_backends!`, which they use.
 #[path = "dedup/bench.rs"]
 mod bench;
+#[path = "dedup/model.rs"]
+mod model;
 #[path = "dedup/shards.rs"]
 mod shards;
 

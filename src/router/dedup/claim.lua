@@ -3,6 +3,9 @@
 -- its slot, number of slot ranges R, then R × (own slot, first slot, last slot), then per key:
 -- field, owner (16 bytes), hash index, range number (1-based). Keys come sorted by hash index
 -- and range, so that each run sharing both is one HMGET per slot and one HSET.
+-- A confirmation first reads only the keys' own slot: an owner's live entry there settles it
+-- (no other owner's entry can share its range, see the dedup module's docs), so only keys whose
+-- entry moved, lapsed or vanished pay for the whole range.
 -- Returns {position, kind, owner} for keys not newly claimed: kind 1 = the owner's own entry,
 -- 2 = another owner's confirmed entry, 3 = another owner's pending entry, 4 = another owner's
 -- lapsed pending entry (claim mode only: kept, so the caller can check that its job was never
@@ -47,6 +50,11 @@ local function append(map, key, a, b)
   end
   return map
 end
+-- Whether `value` is `owner`'s entry, confirmed or pending and not lapsed.
+local function held(value, owner)
+  return value and string.sub(value, 1, 16) == owner
+    and (#value == 16 or tonumber(string.sub(value, 17)) > now)
+end
 local out = {}
 local expiring = {}
 local position = 0
@@ -66,71 +74,97 @@ while i <= n do
   for g = 1, count do
     fields[g] = ARGV[i + (g - 1) * 4]
   end
-  local keys, seen = {}, {}
-  for s = 1, #scan do
-    keys[s] = scan[s] .. hash
-    seen[s] = redis.call('HMGET', keys[s], unpack(fields))
-  end
   local own = range.own .. hash
+  local quick, settled = nil, false
+  if confirming then
+    quick = redis.call('HMGET', own, unpack(fields))
+    settled = true
+    for g = 1, count do
+      if not held(quick[g], ARGV[i + (g - 1) * 4 + 1]) then
+        settled = false
+      end
+    end
+  end
+  local keys, seen = {}, {}
+  if not settled then
+    for s = 1, #scan do
+      keys[s] = scan[s] .. hash
+      seen[s] = redis.call('HMGET', keys[s], unpack(fields))
+    end
+  end
   -- Writes are collected and applied after the run: deletions of expired entries first, then
   -- sets (a new entry may replace an expired one in the same hash). `fresh` is what this run
   -- wrote into `own`, so that a key repeated within the run sees its earlier claim.
   local own_sets = {}
   local deletes, refreshes = nil, nil
   local fresh = {}
+  -- Whether an entry is new to `own` (which may then be new, without its expiry).
+  local created = false
   for g = 1, count do
     position = position + 1
     local field, owner = fields[g], ARGV[i + (g - 1) * 4 + 1]
-    local mine_key, mine_pending, other, other_pending, other_lapsed = nil, false, nil, false, false
     local earlier = fresh[field]
-    if earlier then
-      if string.sub(earlier, 1, 16) == owner then
-        mine_key, mine_pending = own, #earlier > 16
-      else
-        other, other_pending = string.sub(earlier, 1, 16), #earlier > 16
-      end
-    end
-    for s = 1, #scan do
-      local value = seen[s][g]
-      if value then
-        local pending = #value > 16
-        if pending and tonumber(string.sub(value, 17)) <= now then
-          if careful and string.sub(value, 1, 16) ~= owner then
-            if not other then
-              other, other_pending, other_lapsed = string.sub(value, 1, 16), true, true
-            end
-          else
-            deletes = append(deletes, keys[s], field)
-          end
-        elseif string.sub(value, 1, 16) == owner then
-          mine_key, mine_pending = keys[s], pending
-        elseif not other then
-          other, other_pending = string.sub(value, 1, 16), pending
-        end
-      end
-    end
-    local value = confirming and owner or (owner .. deadline)
-    if mine_key then
-      if mine_pending then
-        if mine_key == own then
-          own_sets[#own_sets + 1] = field
-          own_sets[#own_sets + 1] = value
-          fresh[field] = value
-        else
-          refreshes = append(refreshes, mine_key, field, value)
-        end
+    if quick and held(quick[g], owner) and (not earlier or string.sub(earlier, 1, 16) == owner) then
+      if #quick[g] > 16 then
+        own_sets[#own_sets + 1] = field
+        own_sets[#own_sets + 1] = owner
+        fresh[field] = owner
       end
       out[#out + 1] = position
       out[#out + 1] = 1
       out[#out + 1] = owner
-    elseif other then
-      out[#out + 1] = position
-      out[#out + 1] = other_lapsed and 4 or (other_pending and 3 or 2)
-      out[#out + 1] = other
     else
-      own_sets[#own_sets + 1] = field
-      own_sets[#own_sets + 1] = value
-      fresh[field] = value
+      local mine_key, mine_pending, other, other_pending, other_lapsed = nil, false, nil, false, false
+      if earlier then
+        if string.sub(earlier, 1, 16) == owner then
+          mine_key, mine_pending = own, #earlier > 16
+        else
+          other, other_pending = string.sub(earlier, 1, 16), #earlier > 16
+        end
+      end
+      for s = 1, #scan do
+        local value = seen[s][g]
+        if value then
+          local pending = #value > 16
+          if pending and tonumber(string.sub(value, 17)) <= now then
+            if careful and string.sub(value, 1, 16) ~= owner then
+              if not other then
+                other, other_pending, other_lapsed = string.sub(value, 1, 16), true, true
+              end
+            else
+              deletes = append(deletes, keys[s], field)
+            end
+          elseif string.sub(value, 1, 16) == owner then
+            mine_key, mine_pending = keys[s], pending
+          elseif not other then
+            other, other_pending = string.sub(value, 1, 16), pending
+          end
+        end
+      end
+      local value = confirming and owner or (owner .. deadline)
+      if mine_key then
+        if mine_pending then
+          if mine_key == own then
+            own_sets[#own_sets + 1] = field
+            own_sets[#own_sets + 1] = value
+            fresh[field] = value
+          else
+            refreshes = append(refreshes, mine_key, field, value)
+          end
+        end
+        out[#out + 1] = position
+        out[#out + 1] = 1
+        out[#out + 1] = owner
+      elseif other then
+        out[#out + 1] = position
+        out[#out + 1] = other_lapsed and 4 or (other_pending and 3 or 2)
+        out[#out + 1] = other
+      else
+        own_sets[#own_sets + 1] = field
+        own_sets[#own_sets + 1] = value
+        fresh[field] = value
+        created = true
+      end
     end
   end
   if deletes then
@@ -145,7 +179,7 @@ while i <= n do
   end
   if #own_sets > 0 then
     redis.call('HSET', own, unpack(own_sets))
-    if not expiring[own] then
+    if created and not expiring[own] then
       redis.call('PEXPIREAT', own, range.expire_at)
       expiring[own] = true
     end

@@ -85,6 +85,16 @@
 //! all-new batch gets an empty reply. A script runs atomically, so two claims of the same key
 //! on one store (even in one batch) are serialised: exactly one is `Claimed`.
 //!
+//! A confirmation reads the claim's own slot first, and an owner's live entry there (confirmed,
+//! or pending before its deadline) settles it as `Confirmed`: while that entry exists no other
+//! owner's entry can lie in its range, because every claim of the key whose range holds another
+//! entry's slot also scans that slot (the ranges are symmetric, cut only where no entry can be
+//! yet), so it would have met the entry and not written, and the one way past a lapsed entry
+//! (take-over) deletes it. Only a key whose entry lapsed or vanished reads the whole range, and
+//! only a run that adds an entry sets its hash's expiry (an existing entry means the script that
+//! made its hash set it). A confirmation is then one `HMGET` and one `HSET` per key, where a
+//! claim reads `k + 1` or `k + 2` slots.
+//!
 //! # Shards and placements
 //! The key's logical shard (top bits of the id, see [`DedupKey::logical_shard`]) and the
 //! placement of each slot's start instant pick the store that holds the slot's entries, so a
