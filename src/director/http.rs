@@ -488,12 +488,7 @@ async fn import_jobs(
         }
     }
     let body = rpc::request_body(body, &state.limits)?;
-    let mut request: ImportRequest =
-        serde_path_to_error::deserialize(&mut serde_json::Deserializer::from_slice(&body))
-            .map_err(|e| ApiError::InvalidJson {
-                field: Some(e.path().to_string()),
-                message: e.inner().to_string(),
-            })?;
+    let mut request: ImportRequest = rpc::parse_json(&body)?;
     if request.jobdb != state.db.name() {
         return Err(ApiError::Conflict {
             message: format!(

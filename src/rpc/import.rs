@@ -34,39 +34,40 @@ pub use spindle_client::api::{ImportJob, ImportRequest, ImportResponse, MAX_IMPO
 /// this Director's `limits`), plus the times an import carries (`i` is its index, for error
 /// paths): what a Director accepted directly, another accepts as an import.
 pub fn job_of(spec: &ImportJob, i: usize, limits: &IntakeLimits) -> Result<Job, FieldError> {
-    let field = |name: &str| format!("jobs[{i}].{name}");
+    let at = format!("jobs[{i}]");
+    let field = |name: &'static str| rules::Field::new(&at, name);
     let id: JobId = spec
         .id
         .parse()
         .map_err(|_| FieldError::new(field("id"), "is not a ULID"))?;
-    rules::check_bucket(&spec.bucket, &field("bucket"))?;
-    rules::check_endpoint(&spec.endpoint, &field("endpoint"))?;
-    rules::check_method(&spec.method, &field("method"))?;
-    let headers = rules::check_headers(&spec.headers, &field("headers"))?;
+    rules::check_bucket(&spec.bucket, field("bucket"))?;
+    rules::check_endpoint(&spec.endpoint, field("endpoint"))?;
+    rules::check_method(&spec.method, field("method"))?;
+    let headers = rules::check_headers(&spec.headers, field("headers"))?;
     let payload = base64::engine::general_purpose::STANDARD
         .decode(&spec.payload_base64)
         .map_err(|_| FieldError::new(field("payload_base64"), "is not base64"))?;
-    rules::check_payload(payload.len(), limits, &field("payload_base64"))?;
+    rules::check_payload(payload.len(), limits, field("payload_base64"))?;
     let timeout = rules::check_timeout(
         spec.execution_timeout_ms.into(),
         limits,
-        &field("execution_timeout_ms"),
+        field("execution_timeout_ms"),
     )?;
     let min_delay = rules::check_min_delay(
         spec.backoff_min_delay_ms.into(),
         limits,
-        &field("backoff_min_delay_ms"),
+        field("backoff_min_delay_ms"),
     )?;
     rules::check_coefficient(
         spec.backoff_coefficient,
         limits,
-        &field("backoff_coefficient"),
+        field("backoff_coefficient"),
     )?;
     if let Some(key) = &spec.idempotency_key {
-        rules::check_idempotency_key(key, &field("idempotency_key"))?;
+        rules::check_idempotency_key(key, field("idempotency_key"))?;
     }
     if let Some(url) = &spec.on_complete {
-        rules::check_endpoint(url, &field("on_complete"))?;
+        rules::check_endpoint(url, field("on_complete"))?;
     }
     let position = match &spec.ordering_position {
         Some(p) => p
@@ -78,15 +79,15 @@ pub fn job_of(spec: &ImportJob, i: usize, limits: &IntakeLimits) -> Result<Job, 
         spec.ordering_key.as_deref(),
         spec.ordering_failure,
         position,
-        &field("ordering_key"),
-        &field("ordering_failure"),
+        field("ordering_key"),
+        field("ordering_failure"),
     )?;
     for (name, at) in [
         ("created_at", spec.created_at),
         ("expire_at", spec.expire_at),
         ("retry_at", spec.retry_at),
     ] {
-        check_stored_time(at, &field(name))?;
+        check_stored_time(at, field(name))?;
     }
     if spec.expire_at < spec.created_at {
         return Err(FieldError::new(field("expire_at"), "is before created_at"));
@@ -153,7 +154,7 @@ pub fn blocked_key_of(
             "must be discarded, archiving or archived",
         ));
     }
-    check_stored_time(spec.blocked_at, &field("blocked_at"))?;
+    check_stored_time(spec.blocked_at, field("blocked_at"))?;
     Ok(crate::jobdb::BlockedKey {
         job_id,
         state: spec.state.clone(),
@@ -195,10 +196,10 @@ pub fn importable(spec: &ImportJob) -> Result<(), FieldError> {
 }
 
 /// A time a JobDB can store: from 1970 to the end of year 9999 (MySQL's DATETIME).
-fn check_stored_time(at: DateTime<Utc>, field: &str) -> Result<(), FieldError> {
+fn check_stored_time(at: DateTime<Utc>, field: impl std::fmt::Display) -> Result<(), FieldError> {
     if at < DateTime::<Utc>::UNIX_EPOCH || at > crate::jobdb::latest_time() {
         return Err(FieldError::new(
-            field,
+            field.to_string(),
             "must be between 1970-01-01 and 9999-12-31",
         ));
     }

@@ -12,7 +12,7 @@ use chrono::{DateTime, Utc};
 use super::api::{NewJob, OrderingFailure, SubmitRequest};
 use super::rules::{
     check_bucket, check_coefficient, check_endpoint, check_headers, check_idempotency_key,
-    check_method, check_min_delay, check_ordering, check_payload, check_timeout, FieldError,
+    check_method, check_min_delay, check_ordering, check_payload, check_timeout, Field, FieldError,
     IntakeLimits,
 };
 use crate::job::{Job, JobId, RetryPolicy, Scheduled};
@@ -154,7 +154,7 @@ impl JobTemplate {
             ttl_ms: self.ttl_ms,
             ..Times::default()
         };
-        let (deliver_at, expire_at) = check_times(given, limits, now, str::to_owned)?;
+        let (deliver_at, expire_at) = check_times(given, limits, now, |name| Field::new("", name))?;
         let failure = ordering_key.and(self.ordering_failure);
         let ordering = check_ordering(
             ordering_key,
@@ -182,18 +182,18 @@ fn validate_job(
     now: DateTime<Utc>,
     id: JobId,
 ) -> Result<(Job, Option<DateTime<Utc>>), FieldError> {
-    let field = |name: &str| format!("{at}.{name}");
+    let field = |name: &'static str| Field::new(at, name);
 
-    check_bucket(&spec.bucket, &field("bucket"))?;
-    check_endpoint(&spec.endpoint, &field("endpoint"))?;
+    check_bucket(&spec.bucket, field("bucket"))?;
+    check_endpoint(&spec.endpoint, field("endpoint"))?;
     let method = spec
         .method
         .as_deref()
         .unwrap_or("POST")
         .to_ascii_uppercase();
-    check_method(&method, &field("method"))?;
+    check_method(&method, field("method"))?;
     let given: Vec<(String, String)> = spec.headers.unwrap_or_default().into_iter().collect();
-    let mut headers = check_headers(&given, &field("headers"))?;
+    let mut headers = check_headers(&given, field("headers"))?;
 
     let (payload, default_type) = match (spec.payload, spec.payload_base64) {
         (Some(_), Some(_)) => {
@@ -218,23 +218,23 @@ fn validate_job(
     } else {
         field("payload_base64")
     };
-    check_payload(payload.len(), limits, &payload_field)?;
+    check_payload(payload.len(), limits, payload_field)?;
     if !payload.is_empty() && !headers.iter().any(|(n, _)| n == "content-type") {
         headers.push(("content-type".to_owned(), default_type.to_owned()));
     }
 
     let timeout = match spec.execution_timeout_ms {
         None => limits.default_timeout,
-        Some(ms) => check_timeout(ms, limits, &field("execution_timeout_ms"))?,
+        Some(ms) => check_timeout(ms, limits, field("execution_timeout_ms"))?,
     };
     let min_delay = match spec.backoff_min_delay_ms {
         None => limits.default_min_delay,
-        Some(ms) => check_min_delay(ms, limits, &field("backoff_min_delay_ms"))?,
+        Some(ms) => check_min_delay(ms, limits, field("backoff_min_delay_ms"))?,
     };
     let coefficient = spec
         .backoff_coefficient
         .unwrap_or(limits.default_coefficient);
-    check_coefficient(coefficient, limits, &field("backoff_coefficient"))?;
+    check_coefficient(coefficient, limits, field("backoff_coefficient"))?;
 
     let (deliver_at, expire_at) = check_times(
         Times {
@@ -249,10 +249,10 @@ fn validate_job(
     )?;
 
     if let Some(key) = &spec.idempotency_key {
-        check_idempotency_key(key, &field("idempotency_key"))?;
+        check_idempotency_key(key, field("idempotency_key"))?;
     }
     if let Some(url) = &spec.on_complete {
-        check_endpoint(url, &field("on_complete"))?;
+        check_endpoint(url, field("on_complete"))?;
     }
     let trace = super::rules::check_trace(
         spec.traceparent.as_deref(),
@@ -264,8 +264,8 @@ fn validate_job(
         spec.ordering_key.as_deref(),
         spec.ordering_failure,
         id.0,
-        &field("ordering_key"),
-        &field("ordering_failure"),
+        field("ordering_key"),
+        field("ordering_failure"),
     )?;
 
     let job = Job {
@@ -302,11 +302,11 @@ struct Times {
 
 /// A job's first attempt time (as given) and its expiry, checked against `limits`; `field`
 /// names a field as the request does.
-fn check_times(
+fn check_times<'a>(
     given: Times,
     limits: &IntakeLimits,
     now: DateTime<Utc>,
-    field: impl Fn(&str) -> String,
+    field: impl Fn(&'static str) -> Field<'a>,
 ) -> Result<(Option<DateTime<Utc>>, DateTime<Utc>), FieldError> {
     let max_ttl = chrono::Duration::from_std(limits.max_ttl).unwrap_or(chrono::Duration::MAX);
     // The first attempt may be at most the longest time to live ahead.
