@@ -44,10 +44,25 @@ pub fn job_of(spec: &ImportJob, i: usize, limits: &IntakeLimits) -> Result<Job, 
     rules::check_endpoint(&spec.endpoint, field("endpoint"))?;
     rules::check_method(&spec.method, field("method"))?;
     let headers = rules::check_headers(&spec.headers, field("headers"))?;
-    let payload = base64::engine::general_purpose::STANDARD
-        .decode(&spec.payload_base64)
-        .map_err(|_| FieldError::new(field("payload_base64"), "is not base64"))?;
-    rules::check_payload(payload.len(), limits, field("payload_base64"))?;
+    let (payload, payload_field) = match (&spec.payload, &spec.payload_base64) {
+        (Some(_), Some(_)) => {
+            return Err(FieldError::new(
+                field("payload_base64"),
+                "give payload or payload_base64, not both",
+            ))
+        }
+        (Some(raw), None) => (Bytes::copy_from_slice(raw.get().as_bytes()), "payload"),
+        (None, Some(b64)) => (
+            Bytes::from(
+                base64::engine::general_purpose::STANDARD
+                    .decode(b64)
+                    .map_err(|_| FieldError::new(field("payload_base64"), "is not base64"))?,
+            ),
+            "payload_base64",
+        ),
+        (None, None) => (Bytes::new(), "payload"),
+    };
+    rules::check_payload(payload.len(), limits, field(payload_field))?;
     let timeout = rules::check_timeout(
         spec.execution_timeout_ms.into(),
         limits,
@@ -112,7 +127,7 @@ pub fn job_of(spec: &ImportJob, i: usize, limits: &IntakeLimits) -> Result<Job, 
         endpoint: spec.endpoint.as_str().into(),
         method: spec.method.as_str().into(),
         headers,
-        payload: Bytes::from(payload),
+        payload,
         execution_timeout: timeout,
         retry: RetryPolicy {
             min_delay,
@@ -265,7 +280,10 @@ mod tests {
             endpoint: "https://example.test/hook".into(),
             method: "POST".into(),
             headers: vec![],
-            payload_base64: base64::engine::general_purpose::STANDARD.encode(vec![b'x'; payload]),
+            payload: None,
+            payload_base64: Some(
+                base64::engine::general_purpose::STANDARD.encode(vec![b'x'; payload]),
+            ),
             execution_timeout_ms: 10_000,
             backoff_min_delay_ms: 1_000,
             backoff_coefficient: 2.0,
@@ -304,5 +322,40 @@ mod tests {
         let mut slow = spec(2);
         slow.execution_timeout_ms = 3_600_000;
         assert!(importable(&slow).is_err(), "timeouts have a fixed ceiling");
+    }
+
+    /// A payload crosses an import byte for byte: as itself when it is exactly a JSON value,
+    /// in base64 otherwise (whitespace around a value, bytes that are not UTF-8 or not JSON).
+    #[test]
+    fn payloads_cross_an_import_byte_for_byte() {
+        let limits = IntakeLimits::default();
+        let template = job_of(&spec(0), 0, &limits).unwrap();
+        for (bytes, raw) in [
+            (&b"{\"a\": [1, 2.50, \"\\u00e9\"]}"[..], true),
+            (b"\"text\"", true),
+            (b"17", true),
+            (b" {}", false),
+            (b"{}\n", false),
+            (b"not json", false),
+            (b"\x00\xff\xfe", false),
+            (b"", false),
+        ] {
+            let job = Job {
+                payload: Bytes::copy_from_slice(bytes),
+                ..template.clone()
+            };
+            let wire = import_job(&job, 0, job.created_at);
+            assert_eq!(wire.payload.is_some(), raw, "{bytes:?}");
+            assert_eq!(wire.payload_base64.is_some(), !raw && !bytes.is_empty());
+            let text = serde_json::to_string(&wire).unwrap();
+            let back: ImportJob = serde_json::from_str(&text).unwrap();
+            assert_eq!(job_of(&back, 0, &limits).unwrap().payload, bytes, "{text}");
+        }
+        let mut both = spec(1);
+        both.payload = Some(serde_json::value::RawValue::from_string("1".into()).unwrap());
+        assert_eq!(
+            job_of(&both, 0, &limits).unwrap_err().field,
+            "jobs[0].payload_base64"
+        );
     }
 }

@@ -7,6 +7,7 @@ use std::sync::Arc;
 use base64::Engine;
 
 use chrono::{DateTime, Utc};
+use serde_json::value::RawValue;
 
 use super::api::{AcceptedJob, JobDescription, JobStatus, JobView, TransitionView};
 use crate::job::{AnswerText, Job, Scheduled, Transition};
@@ -108,13 +109,15 @@ pub fn transition_view(id: u64, t: &Transition) -> TransitionView {
 /// The import form of a stored job and its progress.
 pub fn import_job(job: &Job, attempts: u16, retry_at: DateTime<Utc>) -> ImportJob {
     let (traceparent, tracestate) = crate::telemetry::TraceContext::fields(job.trace.as_ref());
+    let (payload, payload_base64) = import_payload(&job.payload);
     ImportJob {
         id: job.id.to_string(),
         bucket: job.bucket.to_string(),
         endpoint: job.endpoint.to_string(),
         method: job.method.to_string(),
         headers: job.headers.clone(),
-        payload_base64: base64::engine::general_purpose::STANDARD.encode(&job.payload),
+        payload,
+        payload_base64,
         execution_timeout_ms: u32::try_from(job.execution_timeout.as_millis()).unwrap_or(u32::MAX),
         backoff_min_delay_ms: u32::try_from(job.retry.min_delay.as_millis()).unwrap_or(u32::MAX),
         backoff_coefficient: job.retry.coefficient,
@@ -130,5 +133,26 @@ pub fn import_job(job: &Job, attempts: u16, retry_at: DateTime<Utc>) -> ImportJo
         tracestate,
         attempts,
         retry_at,
+    }
+}
+
+/// A payload as an import carries it: the JSON value itself when the bytes are exactly one
+/// (most are: jobs submitted with `payload`), so nobody base64-encodes, escapes and decodes
+/// them on the way; any other bytes in base64.
+fn import_payload(payload: &[u8]) -> (Option<Box<RawValue>>, Option<String>) {
+    if payload.is_empty() {
+        return (None, None);
+    }
+    let raw = std::str::from_utf8(payload)
+        .ok()
+        .and_then(|text| serde_json::from_str::<&RawValue>(text).ok())
+        // Whitespace around the value is not part of it: such bytes go as base64.
+        .filter(|raw| raw.get().len() == payload.len());
+    match raw {
+        Some(raw) => (Some(raw.to_owned()), None),
+        None => (
+            None,
+            Some(base64::engine::general_purpose::STANDARD.encode(payload)),
+        ),
     }
 }

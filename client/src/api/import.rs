@@ -76,7 +76,7 @@ pub struct BlockedKey {
 }
 
 /// One job as it was stored in the retired JobDB, with its progress.
-#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[derive(Clone, Debug, Serialize, Deserialize)]
 #[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[serde(deny_unknown_fields)]
 pub struct ImportJob {
@@ -90,8 +90,14 @@ pub struct ImportJob {
     pub method: String,
     /// Its headers as `[name, value]` pairs, in order.
     pub headers: Vec<(String, String)>,
-    /// Its body, base64.
-    pub payload_base64: String,
+    /// Its body when it is a JSON value, exactly these bytes (a router forwards a job submitted
+    /// with `payload` so: no re-encoding); give this or `payload_base64` (neither: no body).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[cfg_attr(feature = "openapi", schema(value_type = Object))]
+    pub payload: Option<Box<serde_json::value::RawValue>>,
+    /// Its body, base64, for any bytes.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub payload_base64: Option<String>,
     /// Deadline of one attempt.
     pub execution_timeout_ms: u32,
     /// Delay before the second attempt.

@@ -490,8 +490,13 @@ export interface components {
              *     so a moved job keeps its turn; a router's new jobs get theirs where they are stored.
              */
             ordering_position?: string | null;
-            /** @description Its body, base64. */
-            payload_base64: string;
+            /**
+             * @description Its body when it is a JSON value, exactly these bytes (a router forwards a job submitted
+             *     with `payload` so: no re-encoding); give this or `payload_base64` (neither: no body).
+             */
+            payload?: Record<string, never>;
+            /** @description Its body, base64, for any bytes. */
+            payload_base64?: string | null;
             /**
              * Format: date-time
              * @description When its next attempt is due (new jobs: when they were accepted).

@@ -17,6 +17,7 @@ from .event_link import EventLink
 from .event_list import EventList
 from .event_view import EventView
 from .import_job import ImportJob
+from .import_job_payload import ImportJobPayload
 from .import_request import ImportRequest
 from .import_response import ImportResponse
 from .job_description import JobDescription
@@ -62,6 +63,7 @@ __all__ = (
     "EventList",
     "EventView",
     "ImportJob",
+    "ImportJobPayload",
     "ImportRequest",
     "ImportResponse",
     "JobDescription",

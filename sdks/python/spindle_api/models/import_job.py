@@ -15,6 +15,7 @@ import datetime
 
 if TYPE_CHECKING:
   from ..models.event_link import EventLink
+  from ..models.import_job_payload import ImportJobPayload
 
 
 
@@ -39,7 +40,6 @@ class ImportJob:
             headers (list[list[str]]): Its headers as `[name, value]` pairs, in order.
             id (str): The job's id (ULID), kept.
             method (str): Its HTTP method.
-            payload_base64 (str): Its body, base64.
             retry_at (datetime.datetime): When its next attempt is due (new jobs: when they were accepted).
             attempts (int | Unset): Attempts made so far (0 for new jobs).
             event (EventLink | None | Unset):
@@ -50,6 +50,10 @@ class ImportJob:
             ordering_position (None | str | Unset): Moves only: its place in its key's order (a ULID the accepting Director
                 minted), kept
                 so a moved job keeps its turn; a router's new jobs get theirs where they are stored.
+            payload (ImportJobPayload | Unset): Its body when it is a JSON value, exactly these bytes (a router forwards a
+                job submitted
+                with `payload` so: no re-encoding); give this or `payload_base64` (neither: no body).
+            payload_base64 (None | str | Unset): Its body, base64, for any bytes.
             traceparent (None | str | Unset): The trace it was submitted in (see [`NewJob::traceparent`]).
             tracestate (None | str | Unset): Its `tracestate`.
      """
@@ -64,7 +68,6 @@ class ImportJob:
     headers: list[list[str]]
     id: str
     method: str
-    payload_base64: str
     retry_at: datetime.datetime
     attempts: int | Unset = UNSET
     event: EventLink | None | Unset = UNSET
@@ -73,6 +76,8 @@ class ImportJob:
     ordering_failure: None | OrderingFailure | Unset = UNSET
     ordering_key: None | str | Unset = UNSET
     ordering_position: None | str | Unset = UNSET
+    payload: ImportJobPayload | Unset = UNSET
+    payload_base64: None | str | Unset = UNSET
     traceparent: None | str | Unset = UNSET
     tracestate: None | str | Unset = UNSET
 
@@ -82,6 +87,7 @@ class ImportJob:
 
     def to_dict(self) -> dict[str, Any]:
         from ..models.event_link import EventLink # noqa: PLC0415
+        from ..models.import_job_payload import ImportJobPayload # noqa: PLC0415
         backoff_coefficient = self.backoff_coefficient
 
         backoff_min_delay_ms = self.backoff_min_delay_ms
@@ -108,8 +114,6 @@ class ImportJob:
         id = self.id
 
         method = self.method
-
-        payload_base64 = self.payload_base64
 
         retry_at = self.retry_at.isoformat()
 
@@ -155,6 +159,16 @@ class ImportJob:
         else:
             ordering_position = self.ordering_position
 
+        payload: dict[str, Any] | Unset = UNSET
+        if not isinstance(self.payload, Unset):
+            payload = self.payload.to_dict()
+
+        payload_base64: None | str | Unset
+        if isinstance(self.payload_base64, Unset):
+            payload_base64 = UNSET
+        else:
+            payload_base64 = self.payload_base64
+
         traceparent: None | str | Unset
         if isinstance(self.traceparent, Unset):
             traceparent = UNSET
@@ -181,7 +195,6 @@ class ImportJob:
             "headers": headers,
             "id": id,
             "method": method,
-            "payload_base64": payload_base64,
             "retry_at": retry_at,
         })
         if attempts is not UNSET:
@@ -198,6 +211,10 @@ class ImportJob:
             field_dict["ordering_key"] = ordering_key
         if ordering_position is not UNSET:
             field_dict["ordering_position"] = ordering_position
+        if payload is not UNSET:
+            field_dict["payload"] = payload
+        if payload_base64 is not UNSET:
+            field_dict["payload_base64"] = payload_base64
         if traceparent is not UNSET:
             field_dict["traceparent"] = traceparent
         if tracestate is not UNSET:
@@ -210,6 +227,7 @@ class ImportJob:
     @classmethod
     def from_dict(cls: type[T], src_dict: Mapping[str, Any]) -> T:
         from ..models.event_link import EventLink # noqa: PLC0415
+        from ..models.import_job_payload import ImportJobPayload # noqa: PLC0415
         d = dict(src_dict)
         backoff_coefficient = d.pop("backoff_coefficient")
 
@@ -242,8 +260,6 @@ class ImportJob:
         id = d.pop("id")
 
         method = d.pop("method")
-
-        payload_base64 = d.pop("payload_base64")
 
         retry_at = datetime.datetime.fromisoformat(d.pop("retry_at"))
 
@@ -332,6 +348,26 @@ class ImportJob:
         ordering_position = _parse_ordering_position(d.pop("ordering_position", UNSET))
 
 
+        _payload = d.pop("payload", UNSET)
+        payload: ImportJobPayload | Unset
+        if isinstance(_payload,  Unset):
+            payload = UNSET
+        else:
+            payload = ImportJobPayload.from_dict(_payload)
+
+
+
+
+        def _parse_payload_base64(data: object) -> None | str | Unset:
+            if data is None:
+                return data
+            if isinstance(data, Unset):
+                return data
+            return cast(None | str | Unset, data)
+
+        payload_base64 = _parse_payload_base64(d.pop("payload_base64", UNSET))
+
+
         def _parse_traceparent(data: object) -> None | str | Unset:
             if data is None:
                 return data
@@ -363,7 +399,6 @@ class ImportJob:
             headers=headers,
             id=id,
             method=method,
-            payload_base64=payload_base64,
             retry_at=retry_at,
             attempts=attempts,
             event=event,
@@ -372,6 +407,8 @@ class ImportJob:
             ordering_failure=ordering_failure,
             ordering_key=ordering_key,
             ordering_position=ordering_position,
+            payload=payload,
+            payload_base64=payload_base64,
             traceparent=traceparent,
             tracestate=tracestate,
         )
