@@ -50,6 +50,8 @@ pub struct Arrival {
     pub status: u16,
     /// Notices only: the body.
     pub body: Option<serde_json::Value>,
+    /// Lanes only: the request's body, as it came.
+    pub payload: Option<bytes::Bytes>,
     /// The `traceparent` header: the attempt's span.
     pub traceparent: Option<String>,
 }
@@ -139,6 +141,7 @@ fn note(
     path: String,
     status: u16,
     body: Option<serde_json::Value>,
+    payload: Option<bytes::Bytes>,
 ) {
     let arrival = Arrival {
         job: header(headers, "spindle-job-id").to_owned(),
@@ -147,6 +150,7 @@ fn note(
         at: Utc::now(),
         status,
         body,
+        payload,
         traceparent: headers
             .get("traceparent")
             .and_then(|v| v.to_str().ok())
@@ -159,6 +163,7 @@ async fn lane(
     State(s): State<Arc<Shared>>,
     headers: HeaderMap,
     Path(name): Path<String>,
+    payload: bytes::Bytes,
 ) -> Response {
     let mode = s
         .modes
@@ -185,12 +190,12 @@ async fn lane(
             }
         }
         (None, Mode::Hang) => {
-            note(&s, &headers, path, 0, None);
+            note(&s, &headers, path, 0, None, Some(payload));
             tokio::time::sleep(Duration::from_secs(30)).await;
             return StatusCode::OK.into_response();
         }
     };
-    note(&s, &headers, path, status, None);
+    note(&s, &headers, path, status, None, Some(payload));
     let code = StatusCode::from_u16(status).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
     if status == 429 {
         (code, [("retry-after", "1")], "slow down").into_response()
@@ -206,11 +211,11 @@ async fn notice(
     body: bytes::Bytes,
 ) -> StatusCode {
     let body = serde_json::from_slice(&body).ok();
-    note(&s, &headers, format!("notice/{name}"), 200, body);
+    note(&s, &headers, format!("notice/{name}"), 200, body, None);
     StatusCode::OK
 }
 
 async fn probe(State(s): State<Arc<Shared>>, headers: HeaderMap) -> StatusCode {
-    note(&s, &headers, "probe".into(), 200, None);
+    note(&s, &headers, "probe".into(), 200, None, None);
     StatusCode::OK
 }

@@ -5,6 +5,8 @@
 use std::sync::Arc;
 use std::time::Duration;
 
+use base64::engine::general_purpose::STANDARD;
+use base64::Engine;
 use chrono::Utc;
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
@@ -227,6 +229,23 @@ fn job(rng: &mut StdRng, world: &World, key: String, ordered: Option<&KeyState>)
         "ttl_ms": rng.random_range(15_000..30_000),
     });
     let o = job.as_object_mut().unwrap();
+    // Payloads of every form cross forwards and moves byte for byte: most are small JSON, some
+    // JSON with escapes and numbers a re-encoding could change, some bytes that are not JSON.
+    match rng.random_range(0..100) {
+        0..15 => {
+            let bytes: Vec<u8> = (0..rng.random_range(0..48)).map(|_| rng.random()).collect();
+            o.remove("payload");
+            o.insert("payload_base64".into(), json!(STANDARD.encode(bytes)));
+        }
+        15..30 => {
+            o.insert(
+                "payload".into(),
+                json!({"key": key, "text": "caf\u{e9} \"q\" \\ \u{1} \u{1f600}",
+                       "n": [1, -0.5, 1e300, 12345678901234567890u64], "none": null}),
+            );
+        }
+        _ => {}
+    }
     let mut headers = serde_json::Map::new();
     let roll = rng.random_range(0..100);
     if roll < 5 {

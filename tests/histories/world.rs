@@ -126,6 +126,8 @@ pub struct Place {
     pub history: Vec<Transition>,
     /// The `traceparent` this place's copy of the job keeps.
     pub traceparent: Option<String>,
+    /// The payload this place's copy keeps.
+    pub payload: bytes::Bytes,
 }
 
 /// A stored job: its row and its histories, one per JobDB it passed through.
@@ -602,6 +604,7 @@ impl World {
 /// batch) keeps the longer history.
 fn add_place(out: &mut HashMap<JobId, Stored>, job: Job, jobdb: &str, history: Vec<Transition>) {
     let traceparent = job.trace.as_ref().map(|t| t.traceparent.to_string());
+    let payload = job.payload.clone();
     let stored = out.entry(job.id).or_insert_with(|| Stored {
         job,
         places: vec![],
@@ -613,6 +616,7 @@ fn add_place(out: &mut HashMap<JobId, Stored>, job: Job, jobdb: &str, history: V
             jobdb: jobdb.to_owned(),
             history,
             traceparent,
+            payload,
         }),
     }
 }

@@ -13,6 +13,7 @@ use chrono::{DateTime, Duration, Utc};
 use spindle::job::{JobId, State, Transition};
 
 mod events;
+mod payloads;
 mod settles;
 mod traces;
 
@@ -45,6 +46,8 @@ pub struct Tally {
     pub listed: usize,
     /// Jobs made in a producer's trace.
     pub traced: usize,
+    /// Producers' jobs whose payload is not UTF-8 (sent as `payload_base64`).
+    pub binary_payloads: usize,
     /// Keys producers gave up after too many tries that stored nothing.
     pub given_up: usize,
     /// Keys a router answered `pending` at least once for a lapsed claim it could not check.
@@ -837,6 +840,7 @@ pub fn check(i: &Inputs) -> (Vec<Violation>, Tally) {
     }
     events::events(i, &mut out, &mut tally);
     traces::traces(i, &mut out, &mut tally);
+    payloads::payloads(i, &mut out, &mut tally);
     settles::settles(i, &mut out, &mut tally);
     (out, tally)
 }
