@@ -263,7 +263,12 @@ macro_rules! write_path {
                 chunks_by_size, job_row_bytes, transition_row_bytes, MAX_ROWS_PER_INSERT,
             };
             use $crate::jobdb::MAX_IDS_PER_SELECT;
-            for chunk in chunks_by_size(append.jobs, limit, |job| job_row_bytes(job)) {
+            // In id order: a commit's jobs come from requests that minted their ids at
+            // different moments (a router's forwards most of all), and rows that reach the
+            // clustered index out of order split its pages.
+            let mut jobs = append.jobs.to_vec();
+            jobs.sort_unstable_by_key(|job| job.id);
+            for chunk in chunks_by_size(&jobs, limit, |job| job_row_bytes(job)) {
                 insert_jobs(chunk).build().execute(&mut **tx).await?;
             }
             for chunk in chunks_by_size(append.transitions, limit, |(_, t)| transition_row_bytes(t))
