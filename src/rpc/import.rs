@@ -18,7 +18,6 @@
 use std::collections::HashSet;
 use std::sync::Mutex;
 
-use base64::Engine;
 use bytes::Bytes;
 use chrono::{DateTime, Utc};
 use tokio::sync::Notify;
@@ -44,25 +43,14 @@ pub fn job_of(spec: &ImportJob, i: usize, limits: &IntakeLimits) -> Result<Job, 
     rules::check_endpoint(&spec.endpoint, field("endpoint"))?;
     rules::check_method(&spec.method, field("method"))?;
     let headers = rules::check_headers(&spec.headers, field("headers"))?;
-    let (payload, payload_field) = match (&spec.payload, &spec.payload_base64) {
-        (Some(_), Some(_)) => {
-            return Err(FieldError::new(
-                field("payload_base64"),
-                "give payload or payload_base64, not both",
-            ))
-        }
-        (Some(raw), None) => (Bytes::copy_from_slice(raw.get().as_bytes()), "payload"),
-        (None, Some(b64)) => (
-            Bytes::from(
-                base64::engine::general_purpose::STANDARD
-                    .decode(b64)
-                    .map_err(|_| FieldError::new(field("payload_base64"), "is not base64"))?,
-            ),
-            "payload_base64",
-        ),
-        (None, None) => (Bytes::new(), "payload"),
-    };
-    rules::check_payload(payload.len(), limits, field(payload_field))?;
+    let (payload, _) = rules::check_body(
+        spec.payload
+            .as_ref()
+            .map(|raw| Bytes::copy_from_slice(raw.get().as_bytes())),
+        spec.payload_base64.as_deref(),
+        limits,
+        field,
+    )?;
     let timeout = rules::check_timeout(
         spec.execution_timeout_ms.into(),
         limits,
@@ -270,6 +258,8 @@ impl Drop for Held {
 
 #[cfg(test)]
 mod tests {
+    use base64::Engine;
+
     use super::*;
 
     fn spec(payload: usize) -> ImportJob {

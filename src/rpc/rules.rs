@@ -283,6 +283,39 @@ pub(crate) fn check_payload(
     Ok(())
 }
 
+/// A job's body from its two exclusive fields, `payload` (the bytes of a JSON value) or
+/// `payload_base64` (neither: no body), held to `limits.max_payload_bytes`: the bytes, and
+/// whether they came in base64 (`field` names a field of the job).
+pub(crate) fn check_body<'a>(
+    json: Option<bytes::Bytes>,
+    base64: Option<&str>,
+    limits: &IntakeLimits,
+    field: impl Fn(&'static str) -> Field<'a>,
+) -> Result<(bytes::Bytes, bool), FieldError> {
+    use base64::Engine;
+    let (body, binary) = match (json, base64) {
+        (Some(_), Some(_)) => {
+            return Err(FieldError::new(
+                field("payload_base64"),
+                "give payload or payload_base64, not both",
+            ))
+        }
+        (Some(json), None) => (json, false),
+        (None, Some(text)) => {
+            let bytes = base64::engine::general_purpose::STANDARD
+                .decode(text.as_bytes())
+                .map_err(|e| {
+                    FieldError::new(field("payload_base64"), format!("is not valid base64: {e}"))
+                })?;
+            (bytes::Bytes::from(bytes), true)
+        }
+        (None, None) => (bytes::Bytes::new(), false),
+    };
+    let name = if binary { "payload_base64" } else { "payload" };
+    check_payload(body.len(), limits, field(name))?;
+    Ok((body, binary))
+}
+
 /// An execution timeout between [`MIN_TIMEOUT`] and `limits.max_timeout`.
 pub(crate) fn check_timeout(
     ms: u64,

@@ -5,15 +5,14 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use base64::Engine;
 use bytes::Bytes;
 use chrono::{DateTime, Utc};
 
 use super::api::{NewJob, OrderingFailure, SubmitRequest};
 use super::rules::{
-    check_bucket, check_coefficient, check_endpoint, check_headers, check_idempotency_key,
-    check_method, check_min_delay, check_ordering, check_payload, check_timeout, Field, FieldError,
-    IntakeLimits,
+    check_body, check_bucket, check_coefficient, check_endpoint, check_headers,
+    check_idempotency_key, check_method, check_min_delay, check_ordering, check_timeout, Field,
+    FieldError, IntakeLimits,
 };
 use crate::job::{Job, JobId, RetryPolicy, Scheduled};
 use crate::telemetry::TraceContext;
@@ -195,30 +194,17 @@ fn validate_job(
     let given: Vec<(String, String)> = spec.headers.unwrap_or_default().into_iter().collect();
     let mut headers = check_headers(&given, field("headers"))?;
 
-    let (payload, default_type) = match (spec.payload, spec.payload_base64) {
-        (Some(_), Some(_)) => {
-            return Err(FieldError::new(
-                field("payload_base64"),
-                "give payload or payload_base64, not both",
-            ))
-        }
-        (Some(raw), None) => (super::json_bytes(raw), "application/json"),
-        (None, Some(b64)) => {
-            let bytes = base64::engine::general_purpose::STANDARD
-                .decode(b64.as_bytes())
-                .map_err(|e| {
-                    FieldError::new(field("payload_base64"), format!("is not valid base64: {e}"))
-                })?;
-            (Bytes::from(bytes), "application/octet-stream")
-        }
-        (None, None) => (Bytes::new(), "application/json"),
-    };
-    let payload_field = if default_type == "application/json" {
-        field("payload")
+    let (payload, binary) = check_body(
+        spec.payload.map(super::json_bytes),
+        spec.payload_base64.as_deref(),
+        limits,
+        field,
+    )?;
+    let default_type = if binary {
+        "application/octet-stream"
     } else {
-        field("payload_base64")
+        "application/json"
     };
-    check_payload(payload.len(), limits, payload_field)?;
     if !payload.is_empty() && !headers.iter().any(|(n, _)| n == "content-type") {
         headers.push(("content-type".to_owned(), default_type.to_owned()));
     }
