@@ -30,7 +30,8 @@
 //!   confirm), shared by the Director and the drainer, each with its [`archiver::Recorder`] of
 //!   the `archived` rows. [`events`]: events and subscriptions: matching an event to its
 //!   subscriptions, the control database they live in and each process's cache of it, the
-//!   subscription API.
+//!   subscription API. [`ledger`]: the conservation ledger (`spindle audit`): proof from each
+//!   JobDB's rows that every accepted job ended or is open, with anything else named.
 //! - [`registry`]: coordination: the Consul client, JobDB leases with fencing tokens, the JobDB
 //!   inventory, the service catalog, endpoint and bucket controls. [`rpc`]: the intake toolkit
 //!   every HTTP front shares: RPC types, validation and views, the OpenAPI document, tokens,
@@ -64,6 +65,7 @@ pub mod events;
 pub mod faults;
 pub mod job;
 pub mod jobdb;
+pub mod ledger;
 pub mod manager;
 pub mod metrics;
 pub mod registry;

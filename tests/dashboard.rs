@@ -310,6 +310,33 @@ async fn dashboard_shows_a_live_jobdb() {
     assert_eq!(dead["reachable"], false);
     assert!(!dead["error"].as_str().unwrap().is_empty());
 
+    // The ledger: the live JobDB balances (13 succeeded, 2 discarded), the other is named
+    // unreachable.
+    let ledger = get(&client, &format!("{base}/api/ledger"), 200).await;
+    println!("ledger: {ledger}");
+    let ledgers = ledger["jobdbs"].as_array().unwrap();
+    let live = ledgers
+        .iter()
+        .find(|l| l["jobdb"] == name.as_str())
+        .unwrap();
+    assert_eq!(
+        (
+            &live["accepted"],
+            &live["succeeded"],
+            &live["discarded"],
+            &live["open"]
+        ),
+        (&json!(15), &json!(13), &json!(2), &json!(0)),
+        "{live}"
+    );
+    assert_eq!(live["findings"], json!([]));
+    let dead = ledgers
+        .iter()
+        .find(|l| l["jobdb"] == "spindle_nowhere")
+        .unwrap();
+    assert_eq!(dead["findings"][0]["kind"], "unreachable");
+    assert_eq!(ledger["total"]["accepted"], 15);
+
     // The page, rendered by a real browser.
     let page = client.get(&base).send().await.unwrap();
     assert_eq!(page.status(), 200);
@@ -350,6 +377,7 @@ async fn dashboard_shows_a_live_jobdb() {
         );
     }
     assert!(section(&dom, "jobdbs").contains(r#"data-jobdb="spindle_nowhere""#));
+    assert!(section(&dom, "ledger").contains(&format!(r#"data-ledger="{name}""#)));
     assert!(section(&dom, "trace").contains(&format!(r#"data-job="{retried_id}""#)));
     assert!(section(&dom, "jobs").contains(&format!(r#"data-job="{retried_id}""#)));
 

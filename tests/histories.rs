@@ -45,6 +45,15 @@
 //! it passed through, the archive) must keep it, and every request an endpoint gets must name
 //! an attempt span of its own, outside its producer's trace (`trace`).
 //!
+//! In both worlds `spindle audit` runs at random moments (every 2–6 s): the binary reading
+//! every JobDB whole, and in-process trackers reading what is new since their last round; a
+//! loss either names is a violation at once (`audit`). At the end the binary's verdict must
+//! agree with the checker's (a loss it names is a job the checker finds never ended or ended
+//! twice, and nothing stalls), and the trackers' counts may not exceed the whole read's.
+//! (Seen: with the write path's `open_jobs` entry of a retrying job left out, both fail: the
+//! audit names the jobs vanished at the first random moment, the checker finds them never
+//! ended after a kill -9.)
+//!
 //! Every run prints its seed; `SPINDLE_HISTORY_SEED=<seed>` replays its schedule and its
 //! producers' choices (timing differs run to run), `SPINDLE_HISTORY_SECS` sets how long the
 //! operations run (the suite's default is short; see docs/testing.md for the long run).

@@ -20,6 +20,7 @@ const RANKS: &[(&str, u8)] = &[
     ("router", 8),
     ("archiver", 7),
     ("events", 7),
+    ("ledger", 7),
     ("registry", 6),
     ("rpc", 6),
     ("jobdb", 5),

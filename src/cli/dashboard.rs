@@ -65,6 +65,14 @@ pub struct DashboardArgs {
     /// Connections to each JobDB.
     #[arg(long, env = "SPINDLE_DASHBOARD_DB_CONNECTIONS", default_value_t = 2)]
     pub db_connections: u32,
+    /// The Ledger panel audits every JobDB at most this often, in seconds (`spindle audit`'s
+    /// rounds: the first reads each JobDB whole, later ones what is new and what is open).
+    #[arg(
+        long,
+        env = "SPINDLE_DASHBOARD_LEDGER_EVERY_SECS",
+        default_value_t = 30
+    )]
+    pub ledger_every_secs: u64,
     /// API tokens (the Directors' `--tokens` file): the JSON API then needs an admin token
     /// (`Authorization: Bearer`; the page asks for it once and keeps it in the browser).
     #[arg(long, env = "SPINDLE_DASHBOARD_TOKENS")]
@@ -93,6 +101,7 @@ impl DashboardArgs {
         config.discover_every = Duration::from_millis(self.discover_every_ms);
         config.query_timeout = Duration::from_millis(self.query_timeout_ms.max(1));
         config.db_connections = self.db_connections;
+        config.ledger_every = Duration::from_secs(self.ledger_every_secs);
         if let Some(path) = &self.tokens {
             config.auth = Some(std::sync::Arc::new(crate::rpc::auth::TokenStore::load(
                 path,

@@ -28,6 +28,7 @@ use tracing_subscriber::EnvFilter;
 
 use crate::secret::Secret;
 
+mod audit;
 pub mod backfill;
 pub mod bench;
 mod dashboard;
@@ -127,6 +128,11 @@ pub enum Command {
     /// committed together), or a file of events (`--ndjson`, in batches); prints each event's
     /// id and each subscription's job.
     Publish(Box<PublishArgs>),
+    /// The conservation ledger of every JobDB: accepted = succeeded + discarded + archived +
+    /// moved + open, from its rows in one snapshot, with every difference named by job, and
+    /// attempts that overlap or overran, and open jobs no owner holds. Once (exit 1 when
+    /// anything is off), or `--every-secs N` serving the figures as Prometheus metrics.
+    Audit(Box<audit::AuditArgs>),
     /// Print the OpenAPI document of the RPC API, as `GET /openapi.json` serves it: the
     /// router's (what producers call; the SDKs in `sdks/` are generated from it), or with
     /// `--director` the Director's.
@@ -298,6 +304,7 @@ pub async fn execute(
         Command::Sink(args) => ops::sink(args).await?,
         Command::Subscriptions(command) => subscriptions::run(command).await?,
         Command::Publish(args) => subscriptions::publish(*args).await?,
+        Command::Audit(args) => audit::run(&args, stop).await?,
         Command::Openapi { director } => {
             let doc = match director {
                 true => crate::rpc::openapi::director_document()?,

@@ -4,6 +4,8 @@
 //! - [`fleet`]: which JobDBs to read (`--jobdb`, and the Consul inventory), re-discovered
 //!   periodically, each with a small pool; one that cannot be reached is shown as such.
 //! - [`views`]: the JSON answers and how each is folded from every JobDB's rows.
+//! - [`ledger`]: the conservation ledger of every JobDB of the fleet, by rounds
+//!   (`spindle audit` uses the same), and its panel.
 //! - `page.html`: the page, one self-contained file (vanilla JS drawing its own SVG charts;
 //!   nothing is fetched from the internet), embedded at build time.
 //!
@@ -14,6 +16,7 @@
 
 pub mod controls;
 pub mod fleet;
+pub mod ledger;
 pub mod views;
 
 use std::future::Future;
@@ -70,6 +73,8 @@ pub struct DashboardConfig {
     pub auth: Option<Arc<crate::rpc::auth::TokenStore>>,
     /// The subscriptions (a control database), shown with their waiting jobs.
     pub subscriptions: Option<Arc<crate::events::Subscriptions>>,
+    /// The Ledger panel's period: a round of every JobDB's ledger at most this often.
+    pub ledger_every: Duration,
 }
 
 impl std::fmt::Debug for DashboardConfig {
@@ -92,7 +97,8 @@ impl std::fmt::Debug for DashboardConfig {
 
 impl DashboardConfig {
     /// The defaults (`--discover-every-ms` 10 000, `--query-timeout-ms` 5 000, 2
-    /// connections per JobDB), listening on `listen`, reading `jobdbs`.
+    /// connections per JobDB, `--ledger-every-secs` 30), listening on `listen`, reading
+    /// `jobdbs`.
     pub fn new(listen: SocketAddr, jobdbs: Vec<String>) -> Self {
         DashboardConfig {
             listen,
@@ -103,6 +109,7 @@ impl DashboardConfig {
             db_connections: 2,
             auth: None,
             subscriptions: None,
+            ledger_every: Duration::from_secs(30),
         }
     }
 }
@@ -198,6 +205,9 @@ pub async fn serve(config: DashboardConfig) -> Result<Dashboard, DashboardError>
         consul,
         auth: config.auth.clone(),
         subscriptions: config.subscriptions.clone(),
+        ledger: Arc::new(tokio::sync::Mutex::new(ledger::Panel::new(
+            config.ledger_every,
+        ))),
     });
     let shutdown = stop.clone();
     let server = tokio::spawn(async move {
@@ -261,6 +271,8 @@ struct AppState {
     auth: Option<Arc<crate::rpc::auth::TokenStore>>,
     /// The subscriptions, when a control database is given.
     subscriptions: Option<Arc<crate::events::Subscriptions>>,
+    /// The Ledger panel's trackers and last round.
+    ledger: ledger::Shared,
 }
 
 /// The page and its API; with tokens, every API route needs an admin token (the page itself
@@ -271,6 +283,7 @@ fn router(state: AppState) -> Router {
         .route("/api/endpoints", get(endpoints))
         .route("/api/attempts", get(attempts))
         .route("/api/jobdbs", get(jobdbs))
+        .route("/api/ledger", get(ledger::ledger))
         .route(
             "/api/subscriptions",
             get(subscriptions).post(controls::post_subscription),

@@ -61,6 +61,7 @@
 //! | stats      | [`JobDb::job_summaries`]                                      | `stats.rs`     |
 //! | stats      | [`JobDb::server_writes`] (a benchmark's disk cost)            | `stats.rs`     |
 //! | replay     | [`JobDb::ended_jobs`]                                         | `replay.rs`    |
+//! | ledger     | [`JobDb::ledger_round`] (one round of the ledger, one snapshot) | `ledger.rs`  |
 //! | events     | [`JobDb::event`], [`JobDb::event_sources`] (back-fill)        | `events.rs`    |
 //! | events     | [`JobDb::events_delivered_to`], [`JobDb::waiting_by_subscription`] | `events.rs` |
 //!
@@ -78,9 +79,10 @@
 //! - [`owner`]: the fencing token, and evicting a stalled previous owner;
 //! - [`lock`]: exclusive ownership without Consul ([`lock::ServerLock`]: MySQL `GET_LOCK`, or
 //!   a file lock beside a SQLite JobDB);
-//! - [`commands`], [`lifecycle`], [`replay`], [`events`], [`stats`]: the statements of
-//!   operator commands, of the JobDB lifecycle (imports, moves, archive batches), of replay, of
-//!   events (one event's jobs, a back-fill's sources), and of the dashboard.
+//! - [`commands`], [`lifecycle`], [`replay`], [`events`], [`stats`], [`ledger`]: the
+//!   statements of operator commands, of the JobDB lifecycle (imports, moves, archive
+//!   batches), of replay, of events (one event's jobs, a back-fill's sources), of the
+//!   dashboard, and of the conservation ledger.
 //!
 //! The store names nothing above it: the Director's writer (which owns the requests it
 //! takes), the archiver and the drainer use it.
@@ -89,6 +91,7 @@ mod append;
 pub mod commands;
 pub mod engine;
 pub mod events;
+pub mod ledger;
 pub mod lifecycle;
 pub mod listing;
 pub mod lock;

@@ -1,8 +1,10 @@
 //! The random-history checker's parts: the system under test ([`world`]), the endpoints that
 //! record arrivals ([`endpoint`]), the recorder ([`record`]), the operations ([`ops`]), the
-//! producers and the readiness sampler ([`producers`]) and the invariants ([`check`]); [`run`]
+//! producers and the readiness sampler ([`producers`]), `spindle audit` at random moments and
+//! at the end ([`audit`]) and the invariants ([`check`]); [`run`]
 //! puts them together.
 
+pub mod audit;
 pub mod check;
 pub mod endpoint;
 pub mod events;
@@ -96,6 +98,14 @@ pub async fn run(world: World, plan: Plan, name: &str) -> Vec<Violation> {
         ));
     }
     tasks.spawn(producers::readiness(world.clone(), rec.clone(), until));
+    let trackers = Arc::new(tokio::sync::Mutex::new(audit::Trackers::default()));
+    tasks.spawn(audit::sampler(
+        world.clone(),
+        rec.clone(),
+        until,
+        plan.seed,
+        trackers.clone(),
+    ));
     if events {
         tasks.spawn(events::publisher(
             plan.seed,
@@ -255,6 +265,8 @@ pub async fn run(world: World, plan: Plan, name: &str) -> Vec<Violation> {
         .map(|k| k.2.clone())
         .collect();
     let kept_found = world.kept_events(&kept_ids).await;
+    let end_audit = audit::audit(&world).await;
+    let rounds = audit::rounds_agree(&world, &end_audit, &mut *trackers.lock().await).await;
     let violations = {
         let log = rec.log.lock().unwrap();
         let (mut violations, tally) = check::check(&Inputs {
@@ -274,6 +286,14 @@ pub async fn run(world: World, plan: Plan, name: &str) -> Vec<Violation> {
                 .map(|s| s.created.parse().expect("a subscription id")),
         });
         violations.splice(0..0, log.live.iter().cloned());
+        violations.extend(audit::agree(&end_audit, &violations));
+        violations.extend(rounds);
+        let ledgers: Vec<String> = end_audit
+            .ledgers
+            .iter()
+            .map(|l| format!("{} {}/{}", l["jobdb"], l["accepted"], l["open"]))
+            .collect();
+        println!("histories {name}: spindle audit at the end (jobdb accepted/open): {ledgers:?}");
         println!(
             "histories {name}: {:.0} s in all; {} requests; {tally:?}",
             took.as_secs_f64(),
