@@ -630,9 +630,18 @@ pub fn check(i: &Inputs) -> (Vec<Violation>, Tally) {
         tally.notices += 1;
         let got = told.get(&id.to_string()).map_or(0, HashSet::len);
         let written = notices.get(id).map_or(0, Vec::len);
-        if got == 0 {
+        // A notice is a job of its job's bucket: an operator's discard of the bucket, read
+        // by the Director after the notice was written, ends it too.
+        let written_ids = notices.get(id).cloned().unwrap_or_default();
+        let discarded = !written_ids.is_empty()
+            && written_ids.iter().all(|n| {
+                i.stored.get(n).and_then(first_end).is_some_and(|e| {
+                    e.error_type.as_deref()
+                        == Some(spindle::job::ErrorType::OperatorDiscard.as_str())
+                })
+            });
+        if got == 0 && !discarded {
             // The notice jobs too, so the report shows where each stopped.
-            let written_ids = notices.get(id).cloned().unwrap_or_default();
             v(
                 &mut out,
                 "notice",
