@@ -15,6 +15,9 @@ use super::fleet::Fleet;
 use crate::ledger::{Ledger, Tracker};
 use crate::registry::inventory::JobDbState;
 
+/// The longest one JobDB's round may take before it is given up (and named unreachable).
+const ROUND_TIMEOUT: Duration = Duration::from_secs(60);
+
 /// Each JobDB's tracker, from round to round.
 #[derive(Default)]
 pub struct Rounds {
@@ -45,7 +48,13 @@ impl Rounds {
                         .trackers
                         .entry(m.name.clone())
                         .or_insert_with(|| Tracker::new(&m.name));
-                    tracker.round(db, owned, margin).await
+                    // A round that cannot finish leaves its tracker as it was.
+                    match tokio::time::timeout(ROUND_TIMEOUT, tracker.round(db, owned, margin))
+                        .await
+                    {
+                        Ok(ledger) => ledger,
+                        Err(_) => Ledger::unreachable(&m.name, "its round took longer than 60 s"),
+                    }
                 }
                 None => Ledger::unreachable(&m.name, m.error.as_deref().unwrap_or("not opened")),
             });

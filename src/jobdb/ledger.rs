@@ -1,4 +1,4 @@
-//! The reads of the conservation ledger (`crate::ledger`): one round of a JobDB's audit, read
+//! The reads of the conservation ledger (`spindle audit`): one round of a JobDB's audit, read
 //! in one transaction so that everything it counts describes one moment.
 //!
 //! Both engines give a transaction one snapshot for all its reads (InnoDB's repeatable read
@@ -9,10 +9,11 @@
 //! A round reads what is new since the last one, and the open work:
 //! - the **window**: jobs whose id (a ULID: its creation time) lies between the last round's
 //!   boundary and this one's, each read once, with the state that ended it if one did;
-//! - the **carried** jobs: those an earlier round found not ended, looked up by id;
+//! - the **carried** jobs: those an earlier round found not ended, looked up by id once they
+//!   are no longer open;
 //! - the **live** part: jobs newer than this round's boundary, counted whole (a few seconds of
 //!   intake), so the counts cover the JobDB up to the snapshot;
-//! - `open_work`, and the ends of the jobs it lists that no round has seen (a job stored after
+//! - the open jobs (`open_jobs`, `jobs_fresh`), and the ends of those no round has seen (a job stored after
 //!   its window was read, or imported with an old id);
 //! - the **rows after** the cursor, each checked once: a second end, an attempt that began
 //!   before an earlier one ended, a row without its job.
@@ -92,20 +93,24 @@ const LIVE: &str = concat!(
     " FROM job_origins o JOIN jobs j ON j.id = o.job_id WHERE o.imported_at >= ?"
 );
 
-/// Every unfinished job as the Directors, drainers and operators read them.
-const OPEN_WORK: &str = "SELECT job_id FROM open_work";
+/// Every unfinished job: its `open_jobs` entry, or the commit that accepted it (`jobs_fresh`).
+/// The `open_work` view says the same with each job's state, which costs a join per job this
+/// does not need.
+const OPEN: &str = "SELECT job_id FROM open_jobs UNION ALL SELECT job_id FROM jobs_fresh";
 
 /// The highest transition id.
 const LAST_ROW: &str = "SELECT MAX(id) FROM job_state_transitions";
 
 /// Jobs with a row after the cursor that ends them, and more than one such row, with how
-/// many (binds: cursor, limit).
+/// many (binds: cursor, limit). The new rows come through the index on `id`, each job's others
+/// by its key.
 const ENDED_TWICE: &str = concat!(
-    "SELECT job_id, COUNT(*) AS n FROM job_state_transitions WHERE state IN ",
+    "SELECT t.job_id, COUNT(*) AS n FROM \
+     (SELECT DISTINCT job_id FROM job_state_transitions WHERE id > ? AND state IN ",
     ends!(),
-    " AND job_id IN (SELECT job_id FROM job_state_transitions WHERE id > ? AND state IN ",
+    ") n JOIN job_state_transitions t ON t.job_id = n.job_id AND t.state IN ",
     ends!(),
-    ") GROUP BY job_id HAVING COUNT(*) > 1 LIMIT ?"
+    " GROUP BY t.job_id HAVING COUNT(*) > 1 LIMIT ?"
 );
 
 /// Jobs with a row after the cursor and no `jobs` row (binds: cursor, limit).
@@ -114,24 +119,31 @@ const WITHOUT_JOB: &str = "SELECT DISTINCT t.job_id FROM job_state_transitions t
 
 /// Attempts that began before an earlier attempt of their job ended: the commit that began
 /// one precedes the row that ended the other (ids are one sequence per JobDB, and a new
-/// owner's are all higher, so a crash between the two cannot make this so). Ended ones whose
-/// row, or the earlier one's, is after the cursor, and ones under way (binds: cursor, cursor,
-/// limit, limit).
+/// owner's are all higher, so a crash between the two cannot make this so). Each pair is found
+/// from whichever of its two rows is after the cursor, and attempts under way from each (binds:
+/// cursor, limit, cursor, limit, limit).
 const OVERLAPS: &str = "SELECT job_id, started_at FROM \
      (SELECT t.job_id, t.started_at FROM job_state_transitions t \
       JOIN job_state_transitions p ON p.job_id = t.job_id AND p.started_in IS NOT NULL \
        AND p.attempts < t.attempts AND p.id > t.started_in \
-      WHERE t.started_in IS NOT NULL AND (t.id > ? OR p.id > ?) LIMIT ?) a \
+      WHERE t.id > ? AND t.started_in IS NOT NULL LIMIT ?) a \
+     UNION SELECT job_id, started_at FROM \
+     (SELECT t.job_id, t.started_at FROM job_state_transitions p \
+      JOIN job_state_transitions t ON t.job_id = p.job_id AND t.started_in IS NOT NULL \
+       AND p.attempts < t.attempts AND p.id > t.started_in \
+      WHERE p.id > ? AND p.started_in IS NOT NULL LIMIT ?) b \
      UNION SELECT job_id, started_at FROM \
      (SELECT u.job_id, u.started_at FROM attempts_under_way u \
       JOIN job_state_transitions p ON p.job_id = u.job_id AND p.started_in IS NOT NULL \
-       AND p.attempts < u.attempts AND p.id > u.started_in LIMIT ?) b";
+       AND p.attempts < u.attempts AND p.id > u.started_in LIMIT ?) c";
 
 /// Open jobs past their expiry, with it: an expiry ends a job whatever gates its lane, so one
-/// still open long after it is stuck (binds: before, limit). `archiving` ones are ended, and
-/// wait for the archive.
-const OVERDUE: &str = "SELECT w.job_id, j.expire_at FROM open_work w \
-     JOIN jobs j ON j.id = w.job_id WHERE j.expire_at < ? AND w.state <> 'archiving' LIMIT ?";
+/// still open long after it is stuck (binds: before, limit). Jobs with an `open_jobs` entry
+/// (through its index on the expiry): a fresh job gets one once it has waited
+/// `--rest-after-ms`, and one whose Director died is the `unowned` finding. `archiving` ones
+/// have ended, and wait for the archive.
+const OVERDUE: &str = "SELECT job_id, expire_at FROM open_jobs \
+     WHERE expire_at < ? AND state <> 'archiving' LIMIT ?";
 
 /// Attempts begun and not ended, with when they began.
 const UNDER_WAY: &str = "SELECT job_id, started_at FROM attempts_under_way";
@@ -166,13 +178,13 @@ pub struct RoundRead {
     /// The window's jobs (made in the id window, or imported in the time window): id, when
     /// made, the state that ended it.
     pub window: Vec<Judged>,
-    /// Rows that end carried jobs (a job ended twice has two).
+    /// Rows that end carried jobs no longer open (a job ended twice has two).
     pub carried_ends: Vec<(JobId, State)>,
-    /// Carried jobs whose `jobs` row is gone.
+    /// Carried jobs no longer open whose `jobs` row is gone.
     pub carried_gone: Vec<JobId>,
     /// The live part's jobs: id, when made, the state that ended it.
     pub live: Vec<Judged>,
-    /// `open_work`'s jobs (a job listed twice appears twice).
+    /// The open jobs: `open_jobs` entries and fresh jobs (a job listed twice appears twice).
     pub open: Vec<JobId>,
     /// Open jobs no round saw (not carried, in neither window nor the live part), with
     /// whether a row ends them and whether they have a `jobs` row.
@@ -247,7 +259,7 @@ impl JobDb {
             {
                 read.live.push(job_with_end(&row)?);
             }
-            for row in sqlx::query(OPEN_WORK).fetch_all(&mut *tx).await? {
+            for row in sqlx::query(OPEN).fetch_all(&mut *tx).await? {
                 read.open.push(q::job_id_of(&row, "job_id")?);
             }
             let seen: HashSet<JobId> = read
@@ -264,10 +276,17 @@ impl JobDb {
                 .collect::<HashSet<_>>()
                 .into_iter()
                 .collect();
-            // The carried jobs and the strays, looked up by id: the rows that end them, and
-            // whether their `jobs` rows are there.
+            // The carried jobs no longer open, and the strays, looked up by id: the rows that
+            // end them, and whether their `jobs` rows are there. (A carried job still listed as
+            // open is taken to be open: a whole read checks it.)
+            let open: HashSet<JobId> = read.open.iter().copied().collect();
+            let left: Vec<JobId> = carried
+                .iter()
+                .filter(|id| !open.contains(id))
+                .copied()
+                .collect();
             let (mut ends, mut stored) = (Vec::new(), HashSet::new());
-            let looked: Vec<JobId> = carried.iter().chain(&strays).copied().collect();
+            let looked: Vec<JobId> = left.iter().chain(&strays).copied().collect();
             for chunk in looked.chunks(MAX_IDS_PER_SELECT) {
                 for row in q::ids_query(ENDS_OF, chunk, ")")
                     .build()
@@ -289,7 +308,7 @@ impl JobDb {
                 .into_iter()
                 .filter(|(id, _)| ask.carried.contains(id))
                 .collect();
-            read.carried_gone = carried
+            read.carried_gone = left
                 .iter()
                 .filter(|id| !stored.contains(id))
                 .copied()
@@ -327,6 +346,7 @@ impl JobDb {
             read.overlaps = timed(
                 sqlx::query(OVERLAPS)
                     .bind(after)
+                    .bind(limit)
                     .bind(after)
                     .bind(limit)
                     .bind(limit)
@@ -334,8 +354,9 @@ impl JobDb {
                     .await?,
             )?;
             read.under_way = timed(sqlx::query(UNDER_WAY).fetch_all(&mut *tx).await?)?;
+            let before = ask.overdue_before.naive_utc();
             for row in sqlx::query(OVERDUE)
-                .bind(ask.overdue_before.naive_utc())
+                .bind(before)
                 .bind(limit)
                 .fetch_all(&mut *tx)
                 .await?

@@ -7,7 +7,8 @@
 //! ```
 //!
 //! where *accepted* counts `jobs` rows, each ended state counts the jobs that have that row,
-//! and *open* is `open_work` (what a new owner, a drainer and an operator read as unfinished).
+//! and *open* is the open work (`open_jobs` entries and `jobs_fresh`: what a new owner, a
+//! drainer and an operator read as unfinished).
 //! Every difference is named by job: one **vanished** (neither ended nor open), one **ended
 //! twice**, one both **ended and open**, one **open twice**, rows **without a job**. The
 //! ledger also names what is alive but wrong: two attempts of one job that **overlap** (one
@@ -49,7 +50,7 @@ pub enum Kind {
     EndedTwice,
     /// Ended, and still in the open work.
     EndedAndOpen,
-    /// Listed twice in the open work.
+    /// Listed twice as open (two `commit_log` rows accepted it).
     OpenTwice,
     /// Transitions or an `open_jobs` entry with no `jobs` row.
     WithoutJob,
@@ -170,7 +171,7 @@ pub struct Counted {
     /// Jobs with no row that ends them, with when they were made: the open ones, and any
     /// that vanished.
     pub not_ended: HashMap<JobId, DateTime<Utc>>,
-    /// `open_work`'s jobs (a job listed twice appears twice).
+    /// the open work's jobs (a job listed twice appears twice).
     pub open: Vec<JobId>,
     /// Jobs ended more than once, with how many times.
     pub ended_twice: Vec<(JobId, u64)>,
@@ -250,7 +251,7 @@ impl Ledger {
                     Kind::OpenTwice,
                     Some(*id),
                     None,
-                    "listed twice by open_work",
+                    "listed twice as open (accepted by two commits?)",
                 );
             }
         }
@@ -281,7 +282,7 @@ impl Ledger {
                 Kind::EndedAndOpen,
                 Some(id),
                 None,
-                "a row ended it; open_work lists it",
+                "a row ended it; it is listed as open",
             );
         }
         for (id, n) in &read.ended_twice {

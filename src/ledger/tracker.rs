@@ -12,9 +12,10 @@ use crate::jobdb::ledger::{RoundAsk, RoundRead};
 use crate::jobdb::JobDb;
 
 /// How far behind now a round's boundary is: jobs newer than this are counted whole each
-/// round (the live part), older ones once (a job stored later than this after its id was made
-/// is adopted when it is found open, and not counted if it ended unseen).
-const LAG: Duration = Duration::seconds(10);
+/// round (the live part), older ones once. A job is stored a few ms after its id is made; one
+/// stored later than this (a router's forward retried) is adopted when a round finds it open,
+/// and not counted if it ended unseen.
+const LAG: Duration = Duration::seconds(2);
 
 /// One JobDB's ledger from round to round.
 pub struct Tracker {
