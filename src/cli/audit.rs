@@ -39,7 +39,7 @@ pub struct AuditArgs {
     pub consul: ConsulArgs,
     /// How long past its execution timeout an attempt may be under way before it is an
     /// overrun, in seconds.
-    #[arg(long, env = "SPINDLE_AUDIT_MARGIN_SECS", default_value_t = 60)]
+    #[arg(long, env = "SPINDLE_AUDIT_MARGIN_SECS", default_value_t = crate::ledger::MARGIN_SECS)]
     pub margin_secs: u32,
     /// Print each JobDB's ledger as one JSON object per line.
     #[arg(long)]

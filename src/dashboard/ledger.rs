@@ -109,7 +109,10 @@ pub(super) async fn ledger(State(app): State<super::AppState>) -> Json<LedgerVie
     let began = Instant::now();
     let jobdbs = panel
         .rounds
-        .round(&app.fleet, chrono::Duration::seconds(60))
+        .round(
+            &app.fleet,
+            chrono::Duration::seconds(i64::from(crate::ledger::MARGIN_SECS)),
+        )
         .await;
     let view = LedgerView {
         at: Utc::now(),

@@ -10,7 +10,7 @@ use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::registry::Registry;
 
-use super::{Kind, Ledger};
+use super::Ledger;
 
 /// A JobDB and one part of its ledger.
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -24,7 +24,7 @@ struct PartLabels {
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct FindingLabels {
     jobdb: String,
-    /// A [`Kind`]'s name.
+    /// A [`super::Kind`]'s name.
     kind: String,
     /// `loss` (wrong at any moment) or `stall` (wrong when it lasts).
     class: String,
@@ -116,7 +116,7 @@ impl LedgerMetrics {
                 let labels = FindingLabels {
                     jobdb: l.jobdb.clone(),
                     kind: kind.as_str().into(),
-                    class: class(kind).into(),
+                    class: kind.class().into(),
                 };
                 self.findings.get_or_create(&labels).set(gauge(n));
             }
@@ -132,14 +132,6 @@ impl LedgerMetrics {
         // Writing to a String cannot fail.
         let _ = encode(&mut out, &self.registry);
         crate::metrics::to_prometheus_text(&out)
-    }
-}
-
-fn class(kind: Kind) -> &'static str {
-    if kind.is_loss() {
-        "loss"
-    } else {
-        "stall"
     }
 }
 

@@ -36,12 +36,12 @@ use std::collections::{BTreeMap, HashMap, HashSet};
 use std::fmt;
 
 use chrono::{DateTime, Duration, Utc};
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 
 use crate::job::JobId;
 
 /// What kind of wrong a finding names.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "kebab-case")]
 pub enum Kind {
     /// Accepted, with no row that ends it and not in the open work.
@@ -100,6 +100,15 @@ impl Kind {
             Kind::Overdue => "overdue",
             Kind::Unowned => "unowned",
             Kind::Unreachable => "unreachable",
+        }
+    }
+
+    /// Its class: `loss` or `stall` ([`Kind::is_loss`]), as metric labels name it.
+    pub fn class(self) -> &'static str {
+        if self.is_loss() {
+            "loss"
+        } else {
+            "stall"
         }
     }
 
@@ -407,6 +416,10 @@ impl Ledger {
     }
 }
 
+/// How long past its execution timeout an attempt may run, and past its expiry a job may stay
+/// open, before it is named, by default (`spindle audit --margin-secs`, the dashboard's panel).
+pub const MARGIN_SECS: u32 = 60;
+
 /// At most this many rows of each kind that should not exist are read and named.
 pub const LIMIT: u32 = 100;
 
@@ -466,6 +479,15 @@ mod tests {
             not_ended: [(id(1), t), (id(2), t)].into_iter().collect(),
             open: vec![id(1), id(2)],
             ..Counted::default()
+        }
+    }
+
+    #[test]
+    fn every_kind_is_spelled_alike_in_reports_labels_and_json() {
+        for kind in Kind::ALL {
+            let json = serde_json::to_value(kind).unwrap();
+            assert_eq!(json, kind.as_str());
+            assert_eq!(serde_json::from_value::<Kind>(json).unwrap(), kind);
         }
     }
 

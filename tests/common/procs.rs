@@ -28,6 +28,15 @@ pub fn run(args: &[&str]) -> std::process::Output {
         .unwrap_or_else(|e| panic!("run spindle {args:?}: {e}"))
 }
 
+/// [`run`] from async code, without holding a runtime thread while it runs.
+pub async fn run_async(args: &[&str]) -> std::process::Output {
+    Command::new(spindle_bin())
+        .args(args)
+        .output()
+        .await
+        .unwrap_or_else(|e| panic!("run spindle {args:?}: {e}"))
+}
+
 /// [`run`], asserting that it succeeds; its stdout.
 pub fn run_ok(args: &[&str]) -> String {
     let out = run(args);

@@ -2,7 +2,6 @@
 //! losses must never appear, kill -9 and outages included), and once at the end, where its
 //! verdict must agree with the checker's own.
 
-use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -10,8 +9,9 @@ use chrono::Utc;
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 use serde_json::Value;
-use spindle::jobdb::JobDb;
-use spindle::ledger::{Ledger, Tracker};
+use spindle::dashboard::fleet::Fleet;
+use spindle::dashboard::ledger::Rounds;
+use spindle::ledger::{Kind, Ledger};
 
 use super::record::{Recorder, Violation};
 use super::world::World;
@@ -37,9 +37,9 @@ impl Audit {
         let mut out = Vec::new();
         for l in &self.ledgers {
             for f in l["findings"].as_array().into_iter().flatten() {
-                let kind = f["kind"].as_str().unwrap_or("?");
-                let stall = matches!(kind, "overrun" | "overdue" | "unowned" | "unreachable");
-                if !(losses_only && stall) {
+                let loss =
+                    serde_json::from_value::<Kind>(f["kind"].clone()).map_or(true, Kind::is_loss);
+                if loss || !losses_only {
                     out.push(format!("{}: {f}", l["jobdb"]));
                 }
             }
@@ -64,12 +64,8 @@ pub async fn audit(world: &World) -> Audit {
             world.consul.double.as_ref().unwrap().url(),
         ]),
     }
-    let out = tokio::task::spawn_blocking(move || {
-        let args: Vec<&str> = args.iter().map(String::as_str).collect();
-        crate::common::procs::run(&args)
-    })
-    .await
-    .unwrap();
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    let out = crate::common::procs::run_async(&args).await;
     Audit {
         passed: out.status.success(),
         ledgers: String::from_utf8_lossy(&out.stdout)
@@ -80,42 +76,31 @@ pub async fn audit(world: &World) -> Audit {
     }
 }
 
-/// The in-process trackers of the sampler, one per JobDB, kept from round to round (the
-/// incremental ledger `spindle audit --every-secs` keeps), compared at the end with a whole read.
-#[derive(Default)]
+/// The sampler's rounds over the world's JobDBs, kept from round to round: the incremental
+/// ledger `spindle audit --every-secs` keeps (the same `Rounds` over the same kind of fleet),
+/// compared at the end with a whole read.
 pub struct Trackers {
-    by_jobdb: HashMap<String, (JobDb, Tracker)>,
+    fleet: Fleet,
+    rounds: Rounds,
 }
 
 impl Trackers {
-    /// One round of every live JobDB's tracker; a JobDB gone takes its tracker with it.
-    async fn round(&mut self, world: &World) -> Vec<Ledger> {
-        let live = world.live_jobdbs().await;
-        let names: HashSet<&String> = live.iter().map(|(n, _, _)| n).collect();
-        let gone: Vec<String> = self
-            .by_jobdb
-            .keys()
-            .filter(|n| !names.contains(n))
-            .cloned()
-            .collect();
-        for n in gone {
-            if let Some((db, _)) = self.by_jobdb.remove(&n) {
-                db.close().await;
-            }
+    /// Over the world's JobDBs: alone, its one; in a cluster, the inventory's.
+    pub fn new(world: &World) -> Trackers {
+        let urls: Vec<String> = world.alone.iter().map(|db| db.url_string()).collect();
+        let fleet = Fleet::new(&urls, world.inventory.clone(), 1, Duration::from_secs(10))
+            .expect("the world's JobDBs make a fleet");
+        Trackers {
+            fleet,
+            rounds: Rounds::default(),
         }
-        let mut out = Vec::new();
-        for (name, url, _) in live {
-            if !self.by_jobdb.contains_key(&name) {
-                let Ok(db) = JobDb::open_reader(&url, 1).await else {
-                    continue;
-                };
-                self.by_jobdb
-                    .insert(name.clone(), (db, Tracker::new(&name)));
-            }
-            let (db, tracker) = self.by_jobdb.get_mut(&name).unwrap();
-            out.push(tracker.round(db, None, chrono::Duration::seconds(30)).await);
-        }
-        out
+    }
+
+    /// One round of every JobDB's tracker.
+    async fn round(&mut self) -> Vec<Ledger> {
+        self.rounds
+            .round(&self.fleet, chrono::Duration::seconds(30))
+            .await
     }
 }
 
@@ -138,7 +123,7 @@ pub async fn sampler(
         tokio::time::sleep(pause).await;
         let at = Utc::now();
         let audit = audit(&world).await;
-        let rounds = trackers.lock().await.round(&world).await;
+        let rounds = trackers.lock().await.round().await;
         n += 1;
         let by_binary = audit.findings(true);
         let by_rounds: Vec<String> = rounds
@@ -173,12 +158,8 @@ pub async fn sampler(
 /// healthy run), and no job counted that the whole read did not count. (A tracker may count
 /// fewer: a job stored more than its lag after its id was made and ended between two rounds
 /// is in no window.)
-pub async fn rounds_agree(
-    world: &World,
-    end: &Audit,
-    trackers: &mut Trackers,
-) -> Option<Violation> {
-    let rounds = trackers.round(world).await;
+pub async fn rounds_agree(end: &Audit, trackers: &mut Trackers) -> Option<Violation> {
+    let rounds = trackers.round().await;
     let mut wrong = Vec::new();
     for l in &rounds {
         let Some(full) = end.ledgers.iter().find(|f| f["jobdb"] == l.jobdb.as_str()) else {

@@ -98,7 +98,7 @@ pub async fn run(world: World, plan: Plan, name: &str) -> Vec<Violation> {
         ));
     }
     tasks.spawn(producers::readiness(world.clone(), rec.clone(), until));
-    let trackers = Arc::new(tokio::sync::Mutex::new(audit::Trackers::default()));
+    let trackers = Arc::new(tokio::sync::Mutex::new(audit::Trackers::new(&world)));
     tasks.spawn(audit::sampler(
         world.clone(),
         rec.clone(),
@@ -171,13 +171,7 @@ pub async fn run(world: World, plan: Plan, name: &str) -> Vec<Violation> {
             let mut args = vec!["endpoints"];
             args.extend(verb);
             args.extend(["--endpoint", &url, "--consul-addr", &consul]);
-            let args: Vec<String> = args.iter().map(|s| s.to_string()).collect();
-            tokio::task::spawn_blocking(move || {
-                let args: Vec<&str> = args.iter().map(String::as_str).collect();
-                crate::common::procs::run(&args)
-            })
-            .await
-            .unwrap();
+            crate::common::procs::run_async(&args).await;
         }
     }
     for slot in world.routers.iter().chain(&world.directors) {
@@ -266,7 +260,7 @@ pub async fn run(world: World, plan: Plan, name: &str) -> Vec<Violation> {
         .collect();
     let kept_found = world.kept_events(&kept_ids).await;
     let end_audit = audit::audit(&world).await;
-    let rounds = audit::rounds_agree(&world, &end_audit, &mut *trackers.lock().await).await;
+    let rounds = audit::rounds_agree(&end_audit, &mut *trackers.lock().await).await;
     let violations = {
         let log = rec.log.lock().unwrap();
         let (mut violations, tally) = check::check(&Inputs {

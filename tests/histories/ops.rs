@@ -536,13 +536,7 @@ async fn outage(server: &str, how_long: Duration) {
 }
 
 async fn spindle_cmd(args: &[&str]) {
-    let args: Vec<String> = args.iter().map(|s| s.to_string()).collect();
-    let out = tokio::task::spawn_blocking(move || {
-        let args: Vec<&str> = args.iter().map(String::as_str).collect();
-        crate::common::procs::run(&args)
-    })
-    .await
-    .unwrap();
+    let out = crate::common::procs::run_async(args).await;
     if !out.status.success() {
         println!(
             "histories: spindle command failed: {}",
