@@ -630,17 +630,24 @@ pub fn check(i: &Inputs) -> (Vec<Violation>, Tally) {
         tally.notices += 1;
         let got = told.get(&id.to_string()).map_or(0, HashSet::len);
         let written = notices.get(id).map_or(0, Vec::len);
-        // A notice is a job of its job's bucket: an operator's discard of the bucket, read
-        // by the Director after the notice was written, ends it too.
+        // A notice is a job of its job's bucket: an operator's command that ends the bucket's
+        // waiting jobs (discard, flush), read by the Director after the notice was written,
+        // ends it too.
         let written_ids = notices.get(id).cloned().unwrap_or_default();
-        let discarded = !written_ids.is_empty()
+        let ended_by_operator = [
+            spindle::job::ErrorType::OperatorDiscard,
+            spindle::job::ErrorType::OperatorFlush,
+        ]
+        .map(|e| e.as_str());
+        let by_operator = !written_ids.is_empty()
             && written_ids.iter().all(|n| {
                 i.stored.get(n).and_then(first_end).is_some_and(|e| {
-                    e.error_type.as_deref()
-                        == Some(spindle::job::ErrorType::OperatorDiscard.as_str())
+                    e.error_type
+                        .as_deref()
+                        .is_some_and(|t| ended_by_operator.contains(&t))
                 })
             });
-        if got == 0 && !discarded {
+        if got == 0 && !by_operator {
             // The notice jobs too, so the report shows where each stopped.
             v(
                 &mut out,
