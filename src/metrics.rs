@@ -37,7 +37,7 @@ pub struct ActionLabels {
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct QueueLabels {
     /// `running` (the endpoint takes requests), `breaker_open` (probes only), `paused`
-    /// (an endpoint control), `bucket_paused` (parked by a bucket control) or `waiting`
+    /// (an endpoint control), `bucket_paused` (set aside by a bucket control), `endpoint_parked` (ready jobs of a parked endpoint) or `waiting`
     /// (cached, waiting for a retry or for its payload).
     pub class: &'static str,
 }
@@ -82,7 +82,7 @@ pub struct RefusalLabels {
     /// `target_limit` (a 413: the target's size limits or its JobDB server's packet size;
     /// the job waits for a target that takes it), `target_refused` (another 4xx for a job this
     /// version's checks accept: an older version, another configuration; it waits too) or
-    /// `invalid` (no Director of this version can import it: parked `import-refused`).
+    /// `invalid` (no Director of this version can import it: discarded `import-refused`).
     pub reason: &'static str,
 }
 

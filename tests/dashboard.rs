@@ -603,6 +603,20 @@ async fn dashboard_controls_need_an_admin_token_and_reach_the_directors() {
         "the paused endpoint was called"
     );
 
+    // Park an endpoint from the dashboard: the panel lists it with who parked it.
+    let failing = rig.sink.url("/status/503");
+    let answer = post(json!({"action": "park", "endpoint": failing}))
+        .await
+        .unwrap();
+    assert_eq!(answer.status().as_u16(), 200);
+    let view: Value = answer.json().await.unwrap();
+    assert_eq!(view["parks"][0]["endpoint"], failing.as_str(), "{view}");
+    assert_eq!(view["parks"][0]["parked_by"], "ops (dashboard)");
+    let refused = post(json!({"action": "unpark", "bucket": "b"}))
+        .await
+        .unwrap();
+    assert_eq!(refused.status().as_u16(), 400);
+
     // The page shows the control, for a browser that brings the token in the URL fragment.
     let chromium = chromium();
     let dom = render(
@@ -622,6 +636,10 @@ async fn dashboard_controls_need_an_admin_token_and_reach_the_directors() {
             && controls.contains("control-form"),
         "{controls}"
     );
+    assert!(
+        controls.contains("parks-table") && controls.contains(&failing),
+        "{controls}"
+    );
     let shot = screenshot_path().with_file_name("dashboard-controls-screenshot.png");
     let png = render(
         chromium,
@@ -633,6 +651,17 @@ async fn dashboard_controls_need_an_admin_token_and_reach_the_directors() {
     .await;
     drop(png);
     println!("screenshot: {}", shot.display());
+
+    // Unpark from the dashboard: the record says who, and its pace.
+    let answer = post(json!({"action": "unpark", "endpoint": failing}))
+        .await
+        .unwrap();
+    let view: Value = answer.json().await.unwrap();
+    assert_eq!(view["parks"][0]["unparked_by"], "ops (dashboard)", "{view}");
+    assert!(
+        view["parks"][0]["redrive"]["start"].as_f64().is_some(),
+        "{view}"
+    );
 
     // Resume from the dashboard: the held jobs go out.
     let answer = post(json!({"action": "resume", "endpoint": paused}))

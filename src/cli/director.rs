@@ -94,6 +94,30 @@ pub struct DirectorArgs {
     /// Circuit breaker: longest wait between two probes (ms).
     #[arg(long, env = "SPINDLE_BREAKER_PROBE_MAX_MS", default_value_t = 30_000)]
     pub breaker_probe_max_ms: u64,
+    /// Park an endpoint whose circuit breaker has been open this long (no success), in
+    /// seconds: its jobs wait, nothing is discarded, one probe goes every
+    /// `--park-probe-secs`, and a success (or `spindle endpoints unpark`) ends it. 0: never
+    /// (a bucket's own policy, `spindle buckets park-after`, still applies to its jobs).
+    #[arg(long, env = "SPINDLE_PARK_AFTER_SECS", default_value_t = 3600)]
+    pub park_after_secs: u64,
+    /// Wait between two probes of a parked endpoint, per Director, in seconds.
+    #[arg(long, env = "SPINDLE_PARK_PROBE_SECS", default_value_t = 60)]
+    pub park_probe_secs: u64,
+    /// Requests per second, per Director, to an endpoint just unparked: the pace of its
+    /// re-drive, doubled every `--redrive-double-secs` until it reaches
+    /// `--redrive-until-per-second`.
+    #[arg(long, env = "SPINDLE_REDRIVE_PER_SECOND", default_value_t = 10.0)]
+    pub redrive_per_second: f64,
+    /// How often the re-drive's pace doubles, in seconds.
+    #[arg(long, env = "SPINDLE_REDRIVE_DOUBLE_SECS", default_value_t = 30)]
+    pub redrive_double_secs: u64,
+    /// The re-drive's pace at which pacing ends (then the endpoint's own limits apply).
+    #[arg(
+        long,
+        env = "SPINDLE_REDRIVE_UNTIL_PER_SECOND",
+        default_value_t = 10_000.0
+    )]
+    pub redrive_until_per_second: f64,
     /// Most attempts of one job: when the last one fails with a retryable error the job ends
     /// `discarded` with `error_type` `max-attempts` (1 to 65535).
     #[arg(long, env = "SPINDLE_MAX_ATTEMPTS", default_value_t = 1000)]
@@ -244,6 +268,22 @@ impl DirectorArgs {
         );
         anyhow::ensure!(self.max_attempts >= 1, "--max-attempts must be at least 1");
         anyhow::ensure!(
+            self.redrive_per_second.is_finite() && self.redrive_per_second > 0.0,
+            "--redrive-per-second must be a positive number"
+        );
+        anyhow::ensure!(
+            self.redrive_until_per_second.is_finite()
+                && self.redrive_until_per_second >= self.redrive_per_second,
+            "--redrive-until-per-second must be a number at least --redrive-per-second"
+        );
+        anyhow::ensure!(
+            self.park_after_secs <= MAX_BACKOFF_CAP_MS / 1000
+                && self.park_probe_secs <= 86_400
+                && self.redrive_double_secs <= 86_400,
+            "--park-after-secs must be at most 30 days, --park-probe-secs and \
+             --redrive-double-secs at most a day"
+        );
+        anyhow::ensure!(
             self.backoff_cap_ms <= MAX_BACKOFF_CAP_MS,
             "--backoff-cap-ms must be at most {MAX_BACKOFF_CAP_MS} (30 days)"
         );
@@ -272,6 +312,15 @@ impl DirectorArgs {
         config.scheduler.max_cached_bytes = self.max_cached_payload_mib.saturating_mul(1024 * 1024);
         config.scheduler.max_cached_jobs = self.max_cached_jobs.max(1);
         config.scheduler.breaker.failure_ratio = self.breaker_failure_ratio;
+        config.scheduler.park = crate::director::parks::ParkPolicy {
+            after: (self.park_after_secs > 0).then(|| Duration::from_secs(self.park_after_secs)),
+            probe_every: Duration::from_secs(self.park_probe_secs.max(1)),
+            redrive: crate::director::parks::Redrive {
+                start: self.redrive_per_second,
+                double_every: Duration::from_secs(self.redrive_double_secs.max(1)),
+                until: self.redrive_until_per_second,
+            },
+        };
         config.scheduler.breaker.probe_min = Duration::from_millis(self.breaker_probe_ms.max(1));
         config.scheduler.breaker.probe_max =
             Duration::from_millis(self.breaker_probe_max_ms.max(self.breaker_probe_ms));

@@ -163,6 +163,61 @@ pub enum EndpointsCommand {
     Pause(PauseArgs),
     /// Let a paused endpoint or bucket go on (an endpoint keeps any caps set with `limit`).
     Resume(PauseArgs),
+    /// Park an endpoint on every Director: its jobs wait (and still expire), one probe goes
+    /// now and then, and the first success unparks it. Directors park an endpoint themselves
+    /// when it fails for `--park-after-secs`.
+    Park {
+        /// The agent.
+        #[command(flatten)]
+        consul: ConsulArgs,
+        /// The endpoint URL.
+        #[arg(long)]
+        endpoint: String,
+        /// Why (told to the buckets' subscribers).
+        #[arg(long, default_value = "parked by an operator")]
+        reason: String,
+        /// Who parks it.
+        #[arg(long, env = "USER", default_value = "operator")]
+        by: String,
+    },
+    /// Unpark an endpoint: its jobs go again at the re-drive's growing pace, on every
+    /// Director.
+    Unpark {
+        /// The agent.
+        #[command(flatten)]
+        consul: ConsulArgs,
+        /// The endpoint URL.
+        #[arg(long)]
+        endpoint: String,
+        /// Requests per second, per Director, just after the unpark.
+        #[arg(long, default_value_t = 10.0)]
+        redrive_per_second: f64,
+        /// How often the pace doubles, in seconds.
+        #[arg(long, default_value_t = 30)]
+        redrive_double_secs: u64,
+        /// The pace at which pacing ends.
+        #[arg(long, default_value_t = 10_000.0)]
+        redrive_until_per_second: f64,
+        /// Who unparks it.
+        #[arg(long, env = "USER", default_value = "operator")]
+        by: String,
+    },
+    /// Set how long an endpoint with a bucket's jobs may fail before it is parked, instead of
+    /// the Directors' `--park-after-secs`: a number of seconds, `never`, or `default`.
+    ParkAfter {
+        /// The agent.
+        #[command(flatten)]
+        consul: ConsulArgs,
+        /// The bucket.
+        #[arg(long)]
+        bucket: String,
+        /// Seconds, `never` or `default`.
+        #[arg(long)]
+        after: String,
+        /// Who sets it.
+        #[arg(long, env = "USER", default_value = "operator")]
+        by: String,
+    },
     /// Cap an endpoint's requests in flight and started per second, per Director (give
     /// neither to remove the caps).
     Limit {
@@ -335,7 +390,7 @@ pub(super) async fn endpoints(command: EndpointsCommand) -> anyhow::Result<()> {
             buckets.sort_by(|a, b| a.bucket.cmp(&b.bucket));
             for c in buckets {
                 println!(
-                    "{:<8} {:<48} {:<7} {:>11} {:>10}  {}, {}",
+                    "{:<8} {:<48} {:<7} {:>11} {:>10}  {}, {}{}",
                     "bucket",
                     c.bucket,
                     if c.paused { "paused" } else { "running" },
@@ -343,6 +398,30 @@ pub(super) async fn endpoints(command: EndpointsCommand) -> anyhow::Result<()> {
                     "-",
                     c.updated_by,
                     c.updated_at.format("%Y-%m-%d %H:%M:%S UTC"),
+                    match c.park_after_secs {
+                        Some(0) => "; never parks".to_owned(),
+                        Some(secs) => format!("; parks after {secs} s"),
+                        None => String::new(),
+                    }
+                );
+            }
+            let mut parks: Vec<_> = controls.parks.values().collect();
+            parks.sort_by(|a, b| a.endpoint.cmp(&b.endpoint));
+            for p in parks {
+                let (state, by, at) = match (&p.unparked_by, p.unparked_at) {
+                    (by, Some(at)) => ("unparked", by.clone().unwrap_or_default(), at),
+                    _ => ("parked", p.parked_by.clone(), p.parked_at),
+                };
+                println!(
+                    "{:<8} {:<48} {:<8} {:>10} {:>10}  {}, {}; {}",
+                    "park",
+                    p.endpoint,
+                    state,
+                    "-",
+                    "-",
+                    by,
+                    at.format("%Y-%m-%d %H:%M:%S UTC"),
+                    p.reason,
                 );
             }
         }
@@ -376,10 +455,87 @@ pub(super) async fn endpoints(command: EndpointsCommand) -> anyhow::Result<()> {
                         e.breaker,
                         format!("{}/{}", e.recent_failures, e.recent_attempts),
                         e.concurrency,
-                        if e.paused { "  paused" } else { "" }
+                        match (&e.parked_since, e.paused, e.redrive_per_second) {
+                            (Some(since), _, _) =>
+                                format!("  parked since {}", since.format("%Y-%m-%d %H:%M:%S UTC")),
+                            (None, true, _) => "  paused".to_owned(),
+                            (None, false, Some(pace)) => format!(
+                                "  re-drive at {pace}/s, {:.0} s to go",
+                                e.redrive_eta_secs.unwrap_or(0.0)
+                            ),
+                            _ => String::new(),
+                        }
                     );
                 }
             }
+        }
+        EndpointsCommand::Park {
+            consul,
+            endpoint,
+            reason,
+            by,
+        } => {
+            let endpoint = crate::job::endpoint_key(&endpoint);
+            let change = crate::registry::parks::Change::Park { reason };
+            let done =
+                crate::registry::parks::update(&consul.client()?, endpoint, &by, &change).await?;
+            match done {
+                Some(_) => println!("endpoint {endpoint} parked"),
+                None => println!("endpoint {endpoint} was parked already"),
+            }
+        }
+        EndpointsCommand::Unpark {
+            consul,
+            endpoint,
+            redrive_per_second,
+            redrive_double_secs,
+            redrive_until_per_second,
+            by,
+        } => {
+            let endpoint = crate::job::endpoint_key(&endpoint);
+            anyhow::ensure!(
+                redrive_per_second.is_finite() && redrive_per_second > 0.0,
+                "--redrive-per-second must be a positive number"
+            );
+            anyhow::ensure!(
+                redrive_until_per_second.is_finite()
+                    && redrive_until_per_second >= redrive_per_second,
+                "--redrive-until-per-second must be a number at least --redrive-per-second"
+            );
+            let redrive = crate::registry::parks::Redrive {
+                start: redrive_per_second,
+                double_every: Duration::from_secs(redrive_double_secs.clamp(1, 86_400)),
+                until: redrive_until_per_second,
+            };
+            let change = crate::registry::parks::Change::Unpark { redrive };
+            let done =
+                crate::registry::parks::update(&consul.client()?, endpoint, &by, &change).await?;
+            match done {
+                Some(_) => println!("endpoint {endpoint} unparked: its jobs go again, paced"),
+                None => println!("endpoint {endpoint} was not parked"),
+            }
+        }
+        EndpointsCommand::ParkAfter {
+            consul,
+            bucket,
+            after,
+            by,
+        } => {
+            let secs = match after.as_str() {
+                "never" => Some(0),
+                "default" => None,
+                n => Some(
+                    n.parse::<u64>()
+                        .ok()
+                        .filter(|n| *n > 0 && *n <= 30 * 86_400)
+                        .context("--after must be 1 to 2592000 seconds, never, or default")?,
+                ),
+            };
+            controls::update_bucket(&consul.client()?, &bucket, &by, |c| {
+                c.park_after_secs = secs
+            })
+            .await?;
+            println!("bucket {bucket}: park after {after}");
         }
         EndpointsCommand::Pause(args) => set_paused(args, true).await?,
         EndpointsCommand::Resume(args) => set_paused(args, false).await?,
@@ -474,7 +630,7 @@ async fn set_paused(args: PauseArgs, paused: bool) -> anyhow::Result<()> {
             println!("endpoint {endpoint} {verb}");
         }
         (None, Some(bucket)) => {
-            controls::set_bucket_paused(&client, &bucket, &by, paused).await?;
+            controls::update_bucket(&client, &bucket, &by, |c| c.paused = paused).await?;
             println!("bucket {bucket} {verb}");
         }
         (None, None) => anyhow::bail!("give --endpoint or --bucket"),

@@ -21,6 +21,10 @@ pub struct ControlsView {
     pub endpoints: Vec<EndpointControl>,
     /// Bucket controls in force, by bucket.
     pub buckets: Vec<BucketControl>,
+    /// Parked endpoints, and those unparked whose record is kept (their re-drive's pace), by
+    /// endpoint.
+    #[serde(default)]
+    pub parks: Vec<crate::registry::parks::Park>,
 }
 
 /// `POST /api/controls` body: one change.
@@ -72,6 +76,7 @@ pub(super) async fn get_controls(
             available: false,
             endpoints: Vec::new(),
             buckets: Vec::new(),
+            parks: Vec::new(),
         }));
     };
     let (read, _) = controls::read(consul, 0, std::time::Duration::from_secs(1))
@@ -81,10 +86,13 @@ pub(super) async fn get_controls(
     endpoints.sort_by(|a, b| a.endpoint.cmp(&b.endpoint));
     let mut buckets: Vec<_> = read.buckets.into_values().collect();
     buckets.sort_by(|a, b| a.bucket.cmp(&b.bucket));
+    let mut parks: Vec<_> = read.parks.into_values().collect();
+    parks.sort_by(|a, b| a.endpoint.cmp(&b.endpoint));
     Ok(Json(ControlsView {
         available: true,
         endpoints,
         buckets,
+        parks,
     }))
 }
 
@@ -136,7 +144,8 @@ pub(super) async fn post_controls(
                 .map_err(failed)?;
         }
         ("pause" | "resume", None, Some(bucket)) => {
-            controls::set_bucket_paused(consul, bucket, &by, change.action == "pause")
+            let paused = change.action == "pause";
+            controls::update_bucket(consul, bucket, &by, |c| c.paused = paused)
                 .await
                 .map_err(failed)?;
         }
@@ -163,6 +172,26 @@ pub(super) async fn post_controls(
             .await
             .map_err(failed)?;
         }
+        ("park" | "unpark", Some(endpoint), None) => {
+            use crate::registry::parks::{self, Change, Redrive};
+            let change = match change.action.as_str() {
+                "park" => Change::Park {
+                    reason: format!("parked by {by}"),
+                },
+                _ => Change::Unpark {
+                    redrive: Redrive::default(),
+                },
+            };
+            parks::update(consul, endpoint, &by, &change)
+                .await
+                .map_err(failed)?;
+        }
+        ("park" | "unpark", _, _) => {
+            return Err(QueryError::BadParameter {
+                field: "endpoint",
+                message: "park and unpark apply to an endpoint: give it, and no bucket".into(),
+            })
+        }
         ("pause" | "resume" | "limit", None, None)
         | ("pause" | "resume" | "limit", Some(_), Some(_)) => {
             return Err(QueryError::BadParameter {
@@ -179,7 +208,9 @@ pub(super) async fn post_controls(
         (other, _, _) => {
             return Err(QueryError::BadParameter {
                 field: "action",
-                message: format!("action must be pause, resume or limit, not {other:?}"),
+                message: format!(
+                    "action must be pause, resume, limit, park or unpark, not {other:?}"
+                ),
             })
         }
     }

@@ -231,6 +231,43 @@ impl RpcState {
     }
 }
 
+impl crate::director::parks::Announcer for RpcState {
+    /// Stores a park's event as `POST /v1/events` would, skipping a subscription that has a
+    /// job of the event here already (the same change told again after a crash).
+    async fn announce(
+        &self,
+        event: spindle_client::NewEvent,
+        event_id: ulid::Ulid,
+    ) -> Result<bool, String> {
+        let Some(subscriptions) = &self.subscriptions else {
+            return Ok(false);
+        };
+        let made = crate::events::publish::fan_out(
+            event,
+            &subscriptions.index(),
+            &self.limits,
+            Utc::now(),
+            chrono::Duration::zero(),
+            event_id,
+            || self.next_id(),
+        )
+        .map_err(|e| format!("{}: {}", e.field, e.message))?;
+        let mut jobs = made.jobs;
+        let deadline = Instant::now() + self.wait.timeout;
+        self.store(
+            "announce",
+            &mut jobs,
+            made.kept.into_iter().collect(),
+            &made.scheduled,
+            Repeats::SameDeliveries,
+            deadline,
+        )
+        .await
+        .map(|_| true)
+        .map_err(|e| e.to_string())
+    }
+}
+
 /// The routes of a Director that take work or report on it; its reads are
 /// [`super::reads::routes`].
 pub fn router(state: RpcState) -> Router {

@@ -22,6 +22,7 @@ pub mod commands;
 pub mod http;
 pub mod mailbox;
 pub mod ordering;
+pub mod parks;
 pub mod reads;
 pub mod scheduler;
 pub mod supervise;
@@ -130,6 +131,7 @@ impl DirectorConfig {
                 max_cached_bytes: 128 * 1024 * 1024,
                 max_cached_jobs: 150_000,
                 breaker: breaker::BreakerConfig::default(),
+                park: parks::ParkPolicy::default(),
                 max_attempts: 1000,
                 min_retry_delay: Duration::from_millis(100),
             },
@@ -451,6 +453,13 @@ async fn serve(
     // that does not release it leaves the offer untaken, which costs nothing.
     scheduler.begin_on_release();
     scheduler.applied_by(&config.holder);
+    let (parks_tx, parks_rx) = mpsc::unbounded_channel();
+    scheduler.park_to(parks_tx);
+    let park_store = match &config.controls {
+        Some(consul) => parks::ParkStore::Consul(consul.clone()),
+        None => parks::ParkStore::Local(Default::default()),
+    };
+    let parks_events = commands_tx.clone();
     if let Some(subscriptions) = &config.subscriptions {
         scheduler.start_gate(subscriptions.gate().borrow().clone());
     }
@@ -545,6 +554,18 @@ async fn serve(
     if config.auth.is_none() {
         tracing::warn!("no --tokens file: the rpc api accepts every caller");
     }
+    supervisor.spawn(
+        "parks",
+        parks::run(
+            park_store,
+            config.holder.clone(),
+            config.scheduler.park.redrive,
+            parks_rx,
+            parks_events,
+            state.clone(),
+            scheduler_stop.clone(),
+        ),
+    );
     let stop_serving = {
         let (stopping, lock_lost) = (stopping.clone(), lock_lost.clone());
         async move {

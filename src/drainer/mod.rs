@@ -11,8 +11,8 @@
 //! 4. moves every job still awaiting a retry to a live Director through `POST /v1/import`,
 //!    in batches: the batch and its target JobDB are planned in this JobDB first, the import
 //!    is idempotent on job ids in the target, and the jobs are recorded `moved` after the
-//!    target confirmed. A job a target refuses is parked only if no Director of this version
-//!    could import it; otherwise it waits for one that does (`parking.rs`), and steps 2–4
+//!    target confirmed. A job a target refuses is discarded only if no Director of this version
+//!    could import it; otherwise it waits for one that does (`refusals.rs`), and steps 2–4
 //!    repeat until it is moved or expires;
 //! 5. archives the histories of the moved jobs (kind `history`), so each keeps its whole trace,
 //!    and the events kept without a job (published when nothing subscribed: `events` objects);
@@ -29,7 +29,7 @@
 //!   archiving goes through the shared [`crate::archiver`].
 //! - `moves.rs`: moving jobs to live JobDBs: planning a batch, sending it through
 //!   `POST /v1/import`, resolving a plan after a crash, recording the jobs `moved`.
-//! - `parking.rs`: a job a live Director refuses: parked (`import-refused`) when no Director
+//! - `refusals.rs`: a job a live Director refuses: discarded (`import-refused`) when no Director
 //!   of this version can import it, otherwise waiting for one that does (`move-refused`).
 //! - `ids.rs`: the id index a router reads after the JobDB is gone.
 //! - `blocks.rs`: carrying the keys blocked here to a live JobDB before the drain ends.
@@ -37,7 +37,7 @@
 mod blocks;
 mod ids;
 mod moves;
-mod parking;
+mod refusals;
 
 use std::collections::{BTreeMap, BTreeSet, HashSet};
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -62,7 +62,7 @@ use crate::registry::lease::{consul_lock, Lease, LockTiming};
 use crate::registry::RegistryError;
 use crate::rpc::import::MAX_IMPORT_JOBS;
 use moves::{import_batches, MAX_IMPORT_BYTES};
-use parking::Turn;
+use refusals::Turn;
 
 /// The longest a drain whose only jobs left wait for a Director that takes them goes without
 /// looking again (each look reads every unfinished job).
@@ -213,7 +213,7 @@ struct Owned {
     next_id: Arc<AtomicU64>,
     archiver: Archiver<Direct>,
     /// Jobs live Directors refused that a Director of this version could take.
-    waiting: parking::Waiting,
+    waiting: refusals::Waiting,
 }
 
 impl Drain {
@@ -328,7 +328,7 @@ impl Drain {
             token,
             next_id,
             archiver,
-            waiting: parking::Waiting::default(),
+            waiting: refusals::Waiting::default(),
         })
     }
 

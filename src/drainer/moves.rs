@@ -161,7 +161,7 @@ impl Drain {
     }
 
     /// Sees a planned move through: the jobs that reached the target are recorded `moved`,
-    /// those the target refused are parked or wait (see `parking.rs`), and the others are
+    /// those the target refused are discarded or wait (see `refusals.rs`), and the others are
     /// returned to be planned again.
     pub(super) async fn resolve(
         &self,
@@ -171,7 +171,7 @@ impl Drain {
     ) -> Result<Resolved, DrainerError> {
         let mut pause = Duration::from_millis(200);
         let mut moved = 0;
-        // Jobs of the plan no longer sent with it: moved on their own, parked, or refused.
+        // Jobs of the plan no longer sent with it: moved on their own, discarded as refused, or waiting.
         let mut settled: HashSet<JobId> = HashSet::new();
         loop {
             let ids: Vec<JobId> = plan
@@ -211,7 +211,7 @@ impl Drain {
                                     missing: Vec::new(),
                                 });
                             }
-                            // Parked or set aside to wait; the rest of the batch goes on at once.
+                            // Discarded, or waiting for a target; the rest of the batch goes on at once.
                             Err(Sent::Refused {
                                 spec,
                                 status,
@@ -263,7 +263,7 @@ impl Drain {
     }
 
     /// The target refused a batch without naming a job. Jobs no Director of this version can
-    /// import are parked first (the batch then goes again without them); when there is none,
+    /// import are discarded first (the batch then goes again without them); when there is none,
     /// the jobs go one request each to find which the target refuses (say, one larger than its
     /// JobDB server takes), and those that go through are recorded `moved`. Every job dealt
     /// with joins `settled`; returns how many were moved.
@@ -276,15 +276,15 @@ impl Drain {
         base: &str,
         settled: &mut HashSet<JobId>,
     ) -> Result<usize, DrainerError> {
-        let mut parked = false;
+        let mut discarded = false;
         for spec in &specs {
             if importable(spec).is_err() {
                 self.refused(o, spec, &plan.to_jobdb, 400, answer).await?;
                 settled.extend(spec.id.parse::<JobId>().ok());
-                parked = true;
+                discarded = true;
             }
         }
-        if parked {
+        if discarded {
             return Ok(0);
         }
         tracing::warn!(
@@ -331,7 +331,7 @@ impl Drain {
     ) -> Result<ImportResponse, Sent> {
         let failed = |e: JobDbError| Sent::Failed(e.to_string());
         let latest = o.db.latest_of(ids).await.map_err(failed)?;
-        // A job parked as refused, moved, or expired meanwhile is not sent.
+        // A job discarded as refused, moved, or expired meanwhile is not sent.
         let live: Vec<JobId> = ids
             .iter()
             .filter(|id| latest.get(id).is_some_and(|t| waits(t.state)))
@@ -415,7 +415,7 @@ impl Drain {
             .iter()
             .filter_map(|id| {
                 let last = latest.get(id)?;
-                // A job parked as refused ended here already; one that expired was not sent.
+                // A job discarded as refused ended here already; one that expired was not sent.
                 waits(last.state).then(|| Transition::moved(*id, last.attempts, now))
             })
             .collect();

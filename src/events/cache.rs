@@ -187,7 +187,7 @@ impl Subscriptions {
         <Self as SubscriptionSecrets>::secret(self, id)
     }
 
-    /// Follows the subscription gate: whose jobs wait (a Director's scheduler parks them).
+    /// Follows the subscription gate: whose jobs wait (a Director's scheduler sets them aside).
     pub fn gate(&self) -> watch::Receiver<Arc<SubscriptionGate>> {
         self.gate.subscribe()
     }

@@ -1,7 +1,8 @@
 //! Endpoint and bucket controls in Consul KV, shared by every Director: pause and resume an
-//! endpoint or a bucket, cap an endpoint's concurrency and request rate. Operators set them
-//! with `spindle endpoints ...`; each Director watches the prefix with a blocking query and
-//! applies a change within a second or two.
+//! endpoint or a bucket, cap an endpoint's concurrency and request rate, set how long a
+//! bucket's endpoints may fail before they are parked, and the parks themselves
+//! ([`super::parks`]). Operators set them with `spindle endpoints ...`; each Director watches
+//! the prefix with a blocking query and applies a change within a second or two.
 //!
 //! Keys: `spindle/controls/endpoints/<endpoint as base64url>` and
 //! `spindle/controls/buckets/<bucket as base64url>` (encoded because endpoints are URLs and
@@ -15,6 +16,7 @@ use chrono::{DateTime, Utc};
 use serde::{Deserialize, Serialize};
 
 use super::consul::{ConsulClient, Put, ReadOptions};
+use super::parks::{self, Park};
 use super::RegistryError;
 
 const PREFIX: &str = "spindle/controls/";
@@ -64,6 +66,11 @@ pub struct BucketControl {
     /// No new attempts for its jobs while set.
     #[serde(default)]
     pub paused: bool,
+    /// How long an endpoint with jobs of this bucket may fail (breaker open, no success)
+    /// before it is parked, in seconds, instead of the Directors' `--park-after-secs`; 0:
+    /// never parked for this bucket's sake.
+    #[serde(default)]
+    pub park_after_secs: Option<u64>,
     /// Who set it.
     #[serde(default)]
     pub updated_by: String,
@@ -78,12 +85,24 @@ pub struct Controls {
     pub endpoints: HashMap<String, EndpointControl>,
     /// By bucket.
     pub buckets: HashMap<String, BucketControl>,
+    /// Parked endpoints (and those unparked whose re-drive may still be paced), by endpoint.
+    pub parks: HashMap<String, Park>,
 }
 
 impl Controls {
     /// Whether the bucket is paused.
     pub fn bucket_paused(&self, bucket: &str) -> bool {
         self.buckets.get(bucket).is_some_and(|c| c.paused)
+    }
+
+    /// The bucket's own park policy, if it sets one (0: never).
+    pub fn park_after_secs(&self, bucket: &str) -> Option<u64> {
+        self.buckets.get(bucket).and_then(|c| c.park_after_secs)
+    }
+
+    /// The endpoint's park, if it is parked now.
+    pub fn parked(&self, endpoint: &str) -> Option<&Park> {
+        self.parks.get(endpoint).filter(|p| p.is_parked())
     }
 }
 
@@ -138,23 +157,35 @@ pub async fn update_endpoint(
     Ok(control)
 }
 
-/// Pauses a bucket (recorded as set by `by`, now), or resumes it by removing its control.
-pub async fn set_bucket_paused(
+/// Changes a bucket's controls with `change` (starting from none if it has none), stamps them
+/// with `by` and now, and stores them, or removes them when nothing is left in force.
+pub async fn update_bucket(
     client: &ConsulClient,
     bucket: &str,
     by: &str,
-    paused: bool,
-) -> Result<(), RegistryError> {
-    if !paused {
-        return clear_bucket(client, bucket).await;
+    change: impl FnOnce(&mut BucketControl),
+) -> Result<BucketControl, RegistryError> {
+    let (controls, _) = read(client, 0, Duration::from_secs(1)).await?;
+    let mut control = controls
+        .buckets
+        .get(bucket)
+        .cloned()
+        .unwrap_or_else(|| BucketControl {
+            bucket: bucket.to_owned(),
+            paused: false,
+            park_after_secs: None,
+            updated_by: by.to_owned(),
+            updated_at: Utc::now(),
+        });
+    change(&mut control);
+    control.updated_by = by.to_owned();
+    control.updated_at = Utc::now();
+    if control.paused || control.park_after_secs.is_some() {
+        set_bucket(client, &control).await?;
+    } else {
+        clear_bucket(client, bucket).await?;
     }
-    let control = BucketControl {
-        bucket: bucket.to_owned(),
-        paused,
-        updated_by: by.to_owned(),
-        updated_at: Utc::now(),
-    };
-    set_bucket(client, &control).await
+    Ok(control)
 }
 
 /// Removes an endpoint's controls (back to the defaults).
@@ -201,6 +232,10 @@ pub async fn read(
                 Err(e) => {
                     tracing::warn!(key = %entry.key, error = %e, "ignoring a control that does not decode")
                 }
+            }
+        } else if entry.key.starts_with(parks::PARKS) {
+            if let Some(park) = parks::decode(&entry.key, &entry.value) {
+                controls.parks.insert(park.endpoint.clone(), park);
             }
         } else if entry.key.starts_with(BUCKETS) {
             match serde_json::from_slice::<BucketControl>(&entry.value) {

@@ -6,6 +6,8 @@
 //!   Consul session lock ([`lease::consul_lock`]) or, for single-site setups without Consul,
 //!   MySQL `GET_LOCK` ([`lease::server_lock`]).
 //! - [`inventory`]: the JobDB inventory in Consul KV (connection info and lifecycle state).
+//! - [`controls`] and [`parks`]: operators' controls (pauses, caps) and parked endpoints,
+//!   watched by every Director.
 //! - [`catalog`]: registering a Director in the Consul catalog with a TTL health check.
 
 pub mod catalog;
@@ -13,6 +15,7 @@ pub mod consul;
 pub mod controls;
 pub mod inventory;
 pub mod lease;
+pub mod parks;
 
 /// Errors of the registry.
 #[derive(Debug, thiserror::Error)]

@@ -9,6 +9,7 @@ pub mod check;
 pub mod endpoint;
 pub mod events;
 pub mod ops;
+pub mod parks;
 pub mod producers;
 pub mod record;
 pub mod world;
@@ -98,6 +99,7 @@ pub async fn run(world: World, plan: Plan, name: &str) -> Vec<Violation> {
         ));
     }
     tasks.spawn(producers::readiness(world.clone(), rec.clone(), until));
+    tasks.spawn(parks::sampler(world.clone(), rec.clone(), until));
     let trackers = Arc::new(tokio::sync::Mutex::new(audit::Trackers::new(&world)));
     tasks.spawn(audit::sampler(
         world.clone(),
@@ -167,7 +169,7 @@ pub async fn run(world: World, plan: Plan, name: &str) -> Vec<Violation> {
     let consul = world.consul.double.as_ref().unwrap().url();
     for lane in ops::LANES {
         let url = world.endpoint.lane_url(lane);
-        for verb in [vec!["resume"], vec!["limit"]] {
+        for verb in [vec!["resume"], vec!["limit"], vec!["unpark"]] {
             let mut args = vec!["endpoints"];
             args.extend(verb);
             args.extend(["--endpoint", &url, "--consul-addr", &consul]);

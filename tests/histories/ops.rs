@@ -72,6 +72,10 @@ pub enum Op {
     LockCheckpoint(usize, Duration),
     /// Every answer of Consul comes this much later, for a while.
     SlowConsul(Duration, Duration),
+    /// An operator parks a lane (`spindle endpoints park`; the schedule makes it fail for a
+    /// while from then), or unparks it.
+    Park(&'static str),
+    Unpark(&'static str),
     /// `GET /v1/jobs` through the API (a router, or the Director alone), a few pages of a
     /// random filter: each page in id order, no job twice, each job matching the filter.
     List,
@@ -113,7 +117,7 @@ pub fn schedule(rng: &mut StdRng, run: Duration, kinds: Kinds) -> Vec<(Duration,
     while t < run {
         let roll = match t < opened {
             true => rng.random_range(0..50),
-            false => rng.random_range(0..120),
+            false => rng.random_range(0..124),
         };
         let op = match roll {
             0..=21 => {
@@ -174,6 +178,16 @@ pub fn schedule(rng: &mut StdRng, run: Duration, kinds: Kinds) -> Vec<(Duration,
                 Op::Leave(rng.random_range(0..directors), secs(rng, 1.0, 4.0))
             }
             115..=119 => Op::List,
+            120..=123 => {
+                // A lane failing while parked: its jobs pile up, held, until it answers again
+                // (a probe then unparks it) or the operator unparks it.
+                let l = lane(rng);
+                let back = t + secs(rng, 3.0, 6.0);
+                ops.push((back.min(run), Op::Mode(l, Mode::Ok)));
+                ops.push(((back + secs(rng, 0.0, 3.0)).min(run), Op::Unpark(l)));
+                ops.push((t, Op::Mode(l, Mode::Fail)));
+                Op::Park(l)
+            }
             _ => Op::ReleaseBlocks,
         };
         ops.push((t, op));
@@ -257,11 +271,12 @@ async fn execute(world: &World, rec: &Recorder, op: &Op, rng: &mut StdRng) {
                 condition.0, condition.2
             ));
         }
-        Op::Pause(lane) | Op::Resume(lane) => {
-            let verb = if matches!(op, Op::Pause(_)) {
-                "pause"
-            } else {
-                "resume"
+        Op::Park(lane) | Op::Unpark(lane) | Op::Pause(lane) | Op::Resume(lane) => {
+            let verb = match op {
+                Op::Park(_) => "park",
+                Op::Unpark(_) => "unpark",
+                Op::Pause(_) => "pause",
+                _ => "resume",
             };
             let url = world.endpoint.lane_url(lane);
             spindle_cmd(&[

@@ -100,6 +100,8 @@ pub struct Log {
     pub kept: Vec<(String, String, String)>,
     /// Keys a producer stopped sending after too many tries that stored nothing: when.
     pub gave_up: Vec<(String, DateTime<Utc>)>,
+    /// Lanes parked, as the sampler of park records saw them.
+    pub parks: Vec<super::parks::Parked>,
 }
 
 /// The recorder, shared by the producers, the operations and the samplers.

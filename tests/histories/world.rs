@@ -629,7 +629,8 @@ pub fn max_age_s() -> u64 {
 /// Flags every Director of the checker runs with: quick retries and breaker probes, a short
 /// shutdown.
 fn director_flags() -> Vec<String> {
-    strings(&[
+    let mut flags = strings(&super::parks::DIRECTOR_FLAGS);
+    flags.extend(strings(&[
         "--shutdown-grace-ms",
         "3000",
         "--min-retry-delay-ms",
@@ -643,7 +644,8 @@ fn director_flags() -> Vec<String> {
         // A commit held back by the proxy fails within 2 s: the commit faults hold longer.
         "--write-timeout-ms",
         "2000",
-    ])
+    ]));
+    flags
 }
 
 fn client() -> reqwest::Client {

@@ -627,6 +627,21 @@ pub struct EndpointHealth {
     pub concurrency: usize,
     /// A rate cap, if any.
     pub max_per_second: Option<f64>,
+    /// Parked since (its jobs wait, one probe now and then), if it is parked.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub parked_since: Option<chrono::DateTime<chrono::Utc>>,
+    /// Why it was parked, if it is.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub park_reason: Option<String>,
+    /// When the oldest job at the head of one of its queues was created.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub oldest_created_at: Option<chrono::DateTime<chrono::Utc>>,
+    /// Requests per second allowed by the pace of its re-drive, if it was unparked lately.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub redrive_per_second: Option<f64>,
+    /// Seconds its ready jobs take at the re-drive's pace, if it is paced.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub redrive_eta_secs: Option<f64>,
 }
 
 /// Every error answer: `{"error": {...}}`.

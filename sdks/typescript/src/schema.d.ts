@@ -357,6 +357,18 @@ export interface components {
              * @description A rate cap, if any.
              */
             max_per_second?: number | null;
+            /**
+             * Format: date-time
+             * @description When the oldest job at the head of one of its queues was created.
+             */
+            oldest_created_at?: string | null;
+            /** @description Why it was parked, if it is. */
+            park_reason?: string | null;
+            /**
+             * Format: date-time
+             * @description Parked since (its jobs wait, one probe now and then), if it is parked.
+             */
+            parked_since?: string | null;
             /** @description Paused by an endpoint control. */
             paused: boolean;
             /** @description Jobs ready to be sent, waiting in its queue. */
@@ -365,6 +377,16 @@ export interface components {
             recent_attempts: number;
             /** @description Failed among `recent_attempts`. */
             recent_failures: number;
+            /**
+             * Format: double
+             * @description Seconds its ready jobs take at the re-drive's pace, if it is paced.
+             */
+            redrive_eta_secs?: number | null;
+            /**
+             * Format: double
+             * @description Requests per second allowed by the pace of its re-drive, if it was unparked lately.
+             */
+            redrive_per_second?: number | null;
         };
         /** @description `GET /v1/endpoints` answer: the health of every endpoint this Director is working for. */
         EndpointsView: {

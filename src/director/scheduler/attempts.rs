@@ -227,17 +227,17 @@ impl Scheduler {
         let mut withdrawn = Vec::new();
         let (queues, cache, gates) = (&mut self.queues, &self.cache, &self.gates);
         // A job whose bucket was paused, or whose subscription was disabled, while its start
-        // was being written is not sent either: it parks.
-        let parks = |id: &JobId| {
+        // was being written is not sent either: it is set aside.
+        let aside = |id: &JobId| {
             cache
                 .get(id)
-                .is_some_and(|e| gates.park_key(&e.job).is_some())
+                .is_some_and(|e| gates.aside_key(&e.job).is_some())
         };
         if let Some(lane) = queues.lane_mut(key) {
             if hold {
                 while let Some(id) = lane.started.pop_front() {
                     let probe = cache.get(&id).is_some_and(|e| e.probe);
-                    if probe && lane.in_flight < per_endpoint && !parks(&id) {
+                    if probe && lane.in_flight < per_endpoint && !aside(&id) {
                         lane.in_flight += 1;
                         ready.push(id);
                     } else {
@@ -249,7 +249,7 @@ impl Scheduler {
                     let Some(id) = lane.started.pop_front() else {
                         break;
                     };
-                    if parks(&id) {
+                    if aside(&id) {
                         withdrawn.push(id);
                         continue;
                     }
@@ -424,7 +424,7 @@ impl Scheduler {
     fn offer_begin(&mut self, seq: crate::job::Seq, key: &Arc<str>, job: &Job) {
         if self.begin_on_release
             && !self.stopping
-            && self.gates.park_key(job).is_none()
+            && self.gates.aside_key(job).is_none()
             && !self.gates.is_rate_limited(key)
             && matches!(self.gates.limit(key, Instant::now()), Limit::Open(_))
         {
@@ -521,6 +521,9 @@ impl Scheduler {
             Verdict::Retry { retry_after, .. } => (false, *retry_after),
             _ => (true, None),
         };
+        if ok {
+            self.probe_succeeded(key);
+        }
         match self.gates.record(key, ok, retry_after, Instant::now()) {
             Recorded::Opened => {
                 tracing::warn!(endpoint = %key, "endpoint failing: circuit breaker open, probing");

@@ -39,13 +39,13 @@ pub(super) enum Phase {
     /// At the head of its queue, its payload being read back (it was cached over budget).
     Fetching,
     /// Due, but its bucket is paused: out of the queues until it is resumed.
-    Parked,
+    Aside,
 }
 
 /// One cached job and where it stands.
 pub(super) struct Entry {
     pub(super) job: Arc<Job>,
-    /// When it expires, on the scheduler's clock: ready and parked jobs are indexed by it.
+    /// When it expires, on the scheduler's clock: ready jobs and those set aside are indexed by it.
     pub(super) deadline: Instant,
     /// Which of its queue slots is live: a job leaving its queue other than by being picked
     /// leaves its slot behind, skipped when reached (O(1) removal from the middle).
@@ -93,12 +93,12 @@ impl Entry {
         }
     }
 
-    /// Whether it waits for its turn (ready in its queue, waiting for its timer, or parked),
+    /// Whether it waits for its turn (ready in its queue, waiting for its timer, or set aside),
     /// with nothing under way: it may go back to rest in the JobDB.
     fn is_waiting(&self) -> bool {
         matches!(
             self.phase,
-            Phase::Ready | Phase::Waiting { .. } | Phase::Parked
+            Phase::Ready | Phase::Waiting { .. } | Phase::Aside
         )
     }
 }
@@ -282,7 +282,7 @@ impl Cache {
         None
     }
 
-    /// The lane holding more jobs due soon (ready, parked, or waiting for a retry due within
+    /// The lane holding more jobs due soon (ready, set aside, or waiting for a retry due within
     /// `horizon` of `now`) than half the cache's cap less `margin`, if one does, and how many
     /// it holds above half: the *hog*, and what it may give way. Jobs waiting beyond the
     /// horizon do not count: a full cache evicts them anyway, and counted they made a lane
@@ -306,7 +306,7 @@ impl Cache {
         let mut cached: HashMap<&Arc<str>, usize> = HashMap::new();
         for entry in self.jobs.values() {
             let due_soon = match entry.phase {
-                Phase::Ready | Phase::Parked => true,
+                Phase::Ready | Phase::Aside => true,
                 Phase::Waiting { due } => due <= soon,
                 _ => false,
             };
@@ -318,7 +318,7 @@ impl Cache {
         (n > threshold).then(|| (lane.clone(), n.saturating_sub(half)))
     }
 
-    /// Up to `n` of the lane's waiting jobs (ready, waiting for a retry, or parked), the
+    /// Up to `n` of the lane's waiting jobs (ready, waiting for a retry, or set aside), the
     /// newest first: those whose turn is furthest away.
     pub(super) fn newest_waiting_of(&self, lane: &Arc<str>, n: usize) -> Vec<JobId> {
         let mut ids: Vec<JobId> = self

@@ -1,7 +1,8 @@
 //! The gates: what may hold a lane or a bucket back. Circuit breakers (an endpoint that mostly
-//! fails gets one probe at a time), request-rate limits (governor token buckets), operator
-//! controls (pauses, concurrency caps), jobs parked behind a paused bucket, and the lane timers
-//! that look at a gated lane again when it may go on.
+//! fails gets one probe at a time), parks (an endpoint that failed for too long gets a probe
+//! now and then, and its jobs go at a growing pace once it is unparked), request-rate limits
+//! (governor token buckets), operator controls (pauses, concurrency caps), the jobs set aside
+//! behind a paused bucket, and the lane timers that look at a gated lane again when it may go on.
 //!
 //! [`Gates::limit`] is the one answer the queues need: how many attempts a lane may have under
 //! way now, or until when it must wait.
@@ -17,8 +18,10 @@ use governor::{DefaultDirectRateLimiter, Quota, RateLimiter};
 use tokio::time::Instant;
 
 use crate::director::breaker::{Allowance, Breaker, BreakerConfig, Change};
+use crate::director::parks::ParkPolicy;
 use crate::job::JobId;
 use crate::registry::controls::{Controls, EndpointControl};
+use crate::registry::parks::Park;
 
 /// What a lane may start now.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -66,14 +69,18 @@ fn subscription_key(id: &ulid::Ulid) -> Arc<str> {
     format!("{SUBSCRIPTION_KEY}{id}").into()
 }
 
-/// Former places a paused bucket's list may hold beyond its parked jobs before it is pruned.
+/// Former places a paused bucket's list may hold beyond its jobs set aside before it is pruned.
 pub(super) const PRUNE_AFTER: usize = 64;
 
-/// Breakers, rate limits, controls, parked jobs and lane timers.
+/// Breakers, parks, rate limits, controls, jobs set aside and lane timers.
 pub(super) struct Gates {
     /// `--endpoint-concurrency`: requests in flight per endpoint unless a control lowers it.
     per_endpoint: usize,
     breaker_config: BreakerConfig,
+    /// When a failing lane is parked, how a parked one is probed and an unparked one paced.
+    park_policy: ParkPolicy,
+    /// When each parked lane may send its next probe (none yet: at once).
+    next_probes: HashMap<Arc<str>, Instant>,
     /// Circuit breakers by lane, with when each last saw an outcome; they outlive idle lanes
     /// (a down endpoint's jobs may all be waiting on timers) and are forgotten a while after
     /// their last outcome.
@@ -86,7 +93,7 @@ pub(super) struct Gates {
     rates: HashMap<Arc<str>, Rate>,
     /// Endpoint and bucket controls in force.
     controls: Arc<Controls>,
-    /// Subscriptions whose jobs wait (disabled, or not known here): parked as a paused
+    /// Subscriptions whose jobs wait (disabled, or not known here): set aside as a paused
     /// bucket's are.
     subscriptions: Arc<crate::events::SubscriptionGate>,
     /// Lanes to look at again at an instant (a breaker's next probe, a rate limit's token).
@@ -95,19 +102,25 @@ pub(super) struct Gates {
     wakes: HashMap<Arc<str>, Instant>,
     /// Due jobs of paused buckets and of waiting subscriptions, by bucket or by
     /// [`subscription_key`] (ids of jobs that left since are skipped).
-    parked: HashMap<Arc<str>, Vec<JobId>>,
-    /// Jobs parked.
-    parked_count: usize,
-    /// Ids in `parked`, former places included.
-    parked_places: usize,
+    aside: HashMap<Arc<str>, Vec<JobId>>,
+    /// Jobs set aside.
+    aside_count: usize,
+    /// Ids in `aside`, former places included.
+    aside_places: usize,
 }
 
 impl Gates {
     /// Gates with no controls, every breaker closed.
-    pub(super) fn new(per_endpoint: usize, breaker_config: BreakerConfig) -> Self {
+    pub(super) fn new(
+        per_endpoint: usize,
+        breaker_config: BreakerConfig,
+        park_policy: ParkPolicy,
+    ) -> Self {
         Gates {
             per_endpoint,
             breaker_config,
+            park_policy,
+            next_probes: HashMap::new(),
             breakers: HashMap::new(),
             opened_at: HashMap::new(),
             pruned: Instant::now(),
@@ -116,9 +129,9 @@ impl Gates {
             subscriptions: Arc::default(),
             timers: BinaryHeap::new(),
             wakes: HashMap::new(),
-            parked: HashMap::new(),
-            parked_count: 0,
-            parked_places: 0,
+            aside: HashMap::new(),
+            aside_count: 0,
+            aside_places: 0,
         }
     }
 
@@ -139,6 +152,14 @@ impl Gates {
         let concurrency = self.concurrency(key);
         if concurrency == 0 {
             return Limit::Paused;
+        }
+        if self.parked(key).is_some() {
+            // Its own probe timer, whatever the breaker says: a Director started since the
+            // park has no breaker open, and an open one probes far more often.
+            return match self.next_probes.get(key) {
+                Some(at) if *at > now => Limit::Wait(Some(*at)),
+                _ => Limit::Probe,
+            };
         }
         let allowance = self
             .breakers
@@ -177,26 +198,106 @@ impl Gates {
         }
     }
 
-    /// The lane's rate limit, built on first use from its control (`None`: not limited).
+    /// The lane's rate limit, built on first use from its control and its re-drive pace, and
+    /// again when either changes (`None`: not limited).
     fn rate_of(&mut self, key: &Arc<str>) -> Option<&mut Rate> {
-        let per_second = self.controls.endpoints.get(&**key).and_then(rate_limit)?;
-        let rate = self.rates.entry(key.clone()).or_insert_with(|| Rate {
-            per_second: per_second.0,
-            limiter: RateLimiter::direct(per_second.1),
-            until: None,
-            sends: RateLimiter::direct(per_second.1),
-        });
+        let Some((per_second, quota)) = self.per_second(key).and_then(|r| Some((r, quota(r)?)))
+        else {
+            // A pace that has ended leaves no limiter (nor its last wait) behind.
+            self.rates.remove(key);
+            return None;
+        };
+        let rate = self
+            .rates
+            .entry(key.clone())
+            .and_modify(|rate| {
+                if rate.per_second != per_second {
+                    *rate = Rate::new(per_second, quota);
+                }
+            })
+            .or_insert_with(|| Rate::new(per_second, quota));
         Some(rate)
+    }
+
+    /// The lane's request rate now: its control's cap, lowered by the pace of its re-drive
+    /// after an unpark.
+    pub(super) fn per_second(&self, key: &str) -> Option<f64> {
+        let capped = self
+            .controls
+            .endpoints
+            .get(key)
+            .and_then(|c| c.max_per_second)
+            .filter(|r| quota(*r).is_some());
+        let paced = self.redrive_pace(key);
+        match (capped, paced) {
+            (Some(a), Some(b)) => Some(a.min(b)),
+            (a, b) => a.or(b),
+        }
+    }
+
+    /// The re-drive pace of a lane unparked lately (`None`: not paced).
+    pub(super) fn redrive_pace(&self, key: &str) -> Option<f64> {
+        let since = self.unparked_since(key)?;
+        self.redrive_of(key).per_second(since)
+    }
+
+    /// The pace the lane's unpark asked for, else this Director's own.
+    fn redrive_of(&self, key: &str) -> crate::director::parks::Redrive {
+        self.controls
+            .parks
+            .get(key)
+            .and_then(|p| p.redrive)
+            .unwrap_or(self.park_policy.redrive)
+    }
+
+    /// How long ago the lane was unparked, if its record says it was.
+    fn unparked_since(&self, key: &str) -> Option<Duration> {
+        let at = self.controls.parks.get(key)?.unparked_at?;
+        Some((chrono::Utc::now() - at).to_std().unwrap_or_default())
+    }
+
+    /// How long `jobs` of the lane take at its re-drive pace (`None`: not paced).
+    pub(super) fn redrive_eta(&self, key: &str, jobs: usize) -> Option<Duration> {
+        self.redrive_pace(key)?;
+        let since = self.unparked_since(key)?;
+        self.redrive_of(key).eta(since, jobs)
     }
 
     /// Whether the lane has a rate limit: a request token taken ahead of a job that may not
     /// come would be lost.
     pub(super) fn is_rate_limited(&self, key: &str) -> bool {
-        self.controls
-            .endpoints
-            .get(key)
-            .and_then(rate_limit)
-            .is_some()
+        self.per_second(key).is_some()
+    }
+
+    /// The lane's park, if it is parked.
+    pub(super) fn parked(&self, key: &str) -> Option<&Park> {
+        self.controls.parked(key)
+    }
+
+    /// Every park record (parked and lately unparked).
+    pub(super) fn parks(&self) -> impl Iterator<Item = &Park> {
+        self.controls.parks.values()
+    }
+
+    /// How long the lane's breaker may stay open before the lane is parked, for jobs of
+    /// `buckets`: the shortest of their policies (a bucket's own, else `--park-after-secs`;
+    /// 0 or none: never).
+    pub(super) fn park_after<'a>(
+        &self,
+        buckets: impl Iterator<Item = &'a Arc<str>>,
+    ) -> Option<Duration> {
+        buckets
+            .filter_map(|b| match self.controls.park_after_secs(b) {
+                Some(0) => None,
+                Some(secs) => Some(Duration::from_secs(secs)),
+                None => self.park_policy.after,
+            })
+            .min()
+    }
+
+    /// Lanes whose breaker is open, and since when.
+    pub(super) fn open_since(&self) -> impl Iterator<Item = (&Arc<str>, Instant)> {
+        self.opened_at.iter().map(|(key, at)| (key, *at))
     }
 
     /// Whether the lane's breaker is open.
@@ -222,6 +323,16 @@ impl Gates {
     /// An attempt of the lane is starting: if its breaker is open, it is the probe (returns
     /// whether it is).
     pub(super) fn starting(&mut self, key: &str) -> bool {
+        if self.parked(key).is_some() {
+            let next = Instant::now() + self.park_policy.probe_every;
+            self.next_probes.insert(key.into(), next);
+            if let Some((breaker, _)) = self.breakers.get_mut(key) {
+                if breaker.is_open() {
+                    breaker.probe_started();
+                }
+            }
+            return true;
+        }
         match self.breakers.get_mut(key) {
             Some((breaker, _)) if breaker.is_open() => {
                 breaker.probe_started();
@@ -233,6 +344,7 @@ impl Gates {
 
     /// The lane's probe will not be sent after all: the breaker may start another.
     pub(super) fn probe_abandoned(&mut self, key: &str) {
+        self.next_probes.remove(key);
         if let Some((breaker, _)) = self.breakers.get_mut(key) {
             breaker.probe_abandoned();
         }
@@ -242,7 +354,9 @@ impl Gates {
     /// the lane is paused, or its breaker opened since they were picked (only its probe may
     /// go to an endpoint judged down).
     pub(super) fn holds_back(&self, key: &str) -> bool {
-        self.concurrency(key) == 0 || self.breakers.get(key).is_some_and(|(b, _)| b.is_open())
+        self.concurrency(key) == 0
+            || self.parked(key).is_some()
+            || self.breakers.get(key).is_some_and(|(b, _)| b.is_open())
     }
 
     /// Feeds an attempt's outcome (`ok`: the endpoint is up, whatever the job's fate) to the
@@ -288,7 +402,7 @@ impl Gates {
 
     /// Where a due job waits instead of its queue, if it must: under its bucket while the
     /// bucket is paused, else under its subscription while that waits.
-    pub(super) fn park_key(&self, job: &crate::job::Job) -> Option<Arc<str>> {
+    pub(super) fn aside_key(&self, job: &crate::job::Job) -> Option<Arc<str>> {
         if self.bucket_paused(&job.bucket) {
             return Some(job.bucket.clone());
         }
@@ -309,7 +423,7 @@ impl Gates {
     }
 
     /// Replaces whose jobs wait; returns whether the disabled ones changed (those whose
-    /// queued jobs must be parked now).
+    /// queued jobs must be set aside now).
     pub(super) fn set_gate(&mut self, gate: Arc<crate::events::SubscriptionGate>) -> bool {
         let changed = !self.subscriptions.same_disabled(&gate);
         self.subscriptions = gate;
@@ -319,71 +433,72 @@ impl Gates {
     /// Replaces the controls in force. Rate limits whose rate changed start afresh.
     pub(super) fn set_controls(&mut self, controls: Arc<Controls>) {
         self.controls = controls;
-        let endpoints = &self.controls.endpoints;
-        self.rates.retain(|key, rate| {
-            endpoints
-                .get(&**key)
-                .and_then(rate_limit)
-                .is_some_and(|(per_second, _)| per_second == rate.per_second)
-        });
+        let rates = std::mem::take(&mut self.rates);
+        self.rates = rates
+            .into_iter()
+            .filter(|(key, rate)| self.per_second(key) == Some(rate.per_second))
+            .collect();
+        let parks = &self.controls;
+        self.next_probes
+            .retain(|key, _| parks.parked(key).is_some());
     }
 
-    /// Parks a due job of a paused bucket.
-    pub(super) fn park(&mut self, bucket: Arc<str>, id: JobId) {
-        self.parked_count += 1;
-        self.parked_places += 1;
-        self.parked.entry(bucket).or_default().push(id);
+    /// Sets aside a due job of a paused bucket.
+    pub(super) fn set_aside(&mut self, bucket: Arc<str>, id: JobId) {
+        self.aside_count += 1;
+        self.aside_places += 1;
+        self.aside.entry(bucket).or_default().push(id);
     }
 
-    /// A parked job left its place (queued again, or gone). Its id stays listed until a
-    /// bucket resumes, unless former places outnumber parked jobs and [`PRUNE_AFTER`]: then
-    /// the lists keep only jobs `still_parked` says are, once each (a job parked again is
+    /// A job set aside left its place (queued again, or gone). Its id stays listed until a
+    /// bucket resumes, unless former places outnumber the jobs set aside and [`PRUNE_AFTER`]: then
+    /// the lists keep only jobs `still_aside` says are, once each (a job set aside again is
     /// listed again), so a long pause with jobs coming and going stays bounded.
-    pub(super) fn unparked(&mut self, still_parked: impl Fn(JobId) -> bool) {
-        self.parked_count = self.parked_count.saturating_sub(1);
-        let former = self.parked_places.saturating_sub(self.parked_count);
-        if former > self.parked_count.max(PRUNE_AFTER) {
-            self.prune_parked(still_parked);
+    pub(super) fn left_aside(&mut self, still_aside: impl Fn(JobId) -> bool) {
+        self.aside_count = self.aside_count.saturating_sub(1);
+        let former = self.aside_places.saturating_sub(self.aside_count);
+        if former > self.aside_count.max(PRUNE_AFTER) {
+            self.prune_aside(still_aside);
         }
     }
 
-    /// Ids in the parked lists, former places included.
+    /// Ids in the lists of jobs set aside, former places included.
     #[cfg(test)]
-    pub(super) fn parked_places(&self) -> usize {
-        self.parked_places
+    pub(super) fn aside_places(&self) -> usize {
+        self.aside_places
     }
 
-    /// Jobs parked now.
-    pub(super) fn parked_count(&self) -> usize {
-        self.parked_count
+    /// Jobs set aside now.
+    pub(super) fn aside_count(&self) -> usize {
+        self.aside_count
     }
 
-    /// Ids parked under buckets no longer paused (check each is still parked), forgotten here.
+    /// Ids set aside under buckets no longer paused (check each still is), forgotten here.
     pub(super) fn take_resumed(&mut self) -> Vec<JobId> {
         let resumed: Vec<Arc<str>> = self
-            .parked
+            .aside
             .keys()
             .filter(|key| !self.holds(key))
             .cloned()
             .collect();
         let ids: Vec<JobId> = resumed
             .into_iter()
-            .flat_map(|b| self.parked.remove(&b).unwrap_or_default())
+            .flat_map(|b| self.aside.remove(&b).unwrap_or_default())
             .collect();
-        self.parked_places = self.parked_places.saturating_sub(ids.len());
+        self.aside_places = self.aside_places.saturating_sub(ids.len());
         ids
     }
 
-    /// Forgets ids that are no longer parked, and former places of jobs parked again.
-    pub(super) fn prune_parked(&mut self, still_parked: impl Fn(JobId) -> bool) {
+    /// Forgets ids no longer set aside, and former places of jobs set aside again.
+    pub(super) fn prune_aside(&mut self, still_aside: impl Fn(JobId) -> bool) {
         let mut seen = HashSet::new();
         let mut places = 0;
-        self.parked.retain(|_, ids| {
-            ids.retain(|id| still_parked(*id) && seen.insert(*id));
+        self.aside.retain(|_, ids| {
+            ids.retain(|id| still_aside(*id) && seen.insert(*id));
             places += ids.len();
             !ids.is_empty()
         });
-        self.parked_places = places;
+        self.aside_places = places;
     }
 
     /// Looks at the lane again at `at` (once per lane and instant).
@@ -420,16 +535,27 @@ fn token(limiter: &DefaultDirectRateLimiter, now: Instant) -> Result<(), Instant
     })
 }
 
-/// A control's request rate as (requests per second, quota), if it sets a usable one: a burst
-/// of at most one second's worth (at least one request). Rates that are not finite and
-/// positive, or too small or large to express, mean no limit.
-fn rate_limit(control: &EndpointControl) -> Option<(f64, Quota)> {
-    let per_second = control
-        .max_per_second
-        .filter(|r| r.is_finite() && *r > 0.0)?;
+/// The quota of a request rate, if it is usable: a burst of at most one second's worth (at
+/// least one request). Rates that are not finite and positive, or too small or large to
+/// express, mean no limit.
+fn quota(per_second: f64) -> Option<Quota> {
+    if !(per_second.is_finite() && per_second > 0.0) {
+        return None;
+    }
     let period = Duration::try_from_secs_f64(1.0 / per_second).ok()?;
     let burst = NonZeroU32::new(per_second.clamp(1.0, f64::from(u32::MAX)) as u32)?;
-    Some((per_second, Quota::with_period(period)?.allow_burst(burst)))
+    Some(Quota::with_period(period)?.allow_burst(burst))
+}
+
+impl Rate {
+    fn new(per_second: f64, quota: Quota) -> Self {
+        Rate {
+            per_second,
+            limiter: RateLimiter::direct(quota),
+            until: None,
+            sends: RateLimiter::direct(quota),
+        }
+    }
 }
 
 #[cfg(test)]
@@ -441,7 +567,7 @@ mod tests {
     }
 
     fn gates_with(controls: Vec<EndpointControl>) -> Gates {
-        let mut gates = Gates::new(8, BreakerConfig::default());
+        let mut gates = Gates::new(8, BreakerConfig::default(), ParkPolicy::default());
         let mut all = Controls::default();
         for c in controls {
             all.endpoints.insert(c.endpoint.clone(), c);
@@ -621,7 +747,7 @@ mod tests {
         assert_eq!(gates.pop_wake(later), None);
     }
 
-    /// A job of a paused bucket that leaves its place and is parked again (postponed, then
+    /// A job of a paused bucket that leaves its place and is set aside again (postponed, then
     /// due again; evicted and read back) is listed again: the bucket's list must not keep
     /// every one of its former places while the pause lasts.
     #[test]
@@ -633,28 +759,29 @@ mod tests {
             crate::registry::controls::BucketControl {
                 bucket: "x".into(),
                 paused: true,
+                park_after_secs: None,
                 updated_by: "test".into(),
                 updated_at: chrono::Utc::now(),
             },
         );
         gates.set_controls(Arc::new(paused));
         let id = |n: u128| JobId(ulid::Ulid::from(n));
-        let mut parked: HashSet<JobId> = HashSet::new();
+        let mut aside: HashSet<JobId> = HashSet::new();
         for n in 0..10 {
-            gates.park("x".into(), id(n));
-            parked.insert(id(n));
+            gates.set_aside("x".into(), id(n));
+            aside.insert(id(n));
         }
         for round in 0..100_000u128 {
             let job = id(round % 10);
-            parked.remove(&job);
-            gates.unparked(|j| parked.contains(&j));
-            gates.park("x".into(), job);
-            parked.insert(job);
-            assert_eq!(gates.parked_count(), 10);
+            aside.remove(&job);
+            gates.left_aside(|j| aside.contains(&j));
+            gates.set_aside("x".into(), job);
+            aside.insert(job);
+            assert_eq!(gates.aside_count(), 10);
             assert!(
-                gates.parked_places() <= 2 * 10 + PRUNE_AFTER + 1,
-                "round {round}: {} places for 10 parked jobs",
-                gates.parked_places()
+                gates.aside_places() <= 2 * 10 + PRUNE_AFTER + 1,
+                "round {round}: {} places for 10 jobs set aside",
+                gates.aside_places()
             );
         }
         gates.set_controls(Arc::new(Controls::default()));
@@ -662,11 +789,11 @@ mod tests {
         back.sort();
         back.dedup();
         assert_eq!(back, (0..10).map(id).collect::<Vec<_>>());
-        assert_eq!(gates.parked_places(), 0);
+        assert_eq!(gates.aside_places(), 0);
     }
 
     #[test]
-    fn parked_jobs_come_back_when_their_bucket_resumes() {
+    fn jobs_set_aside_come_back_when_their_bucket_resumes() {
         let mut gates = gates_with(vec![]);
         let mut paused = Controls::default();
         paused.buckets.insert(
@@ -674,6 +801,7 @@ mod tests {
             crate::registry::controls::BucketControl {
                 bucket: "x".into(),
                 paused: true,
+                park_after_secs: None,
                 updated_by: "test".into(),
                 updated_at: chrono::Utc::now(),
             },
@@ -681,12 +809,12 @@ mod tests {
         gates.set_controls(Arc::new(paused));
         assert!(gates.bucket_paused("x"));
         let id = JobId(ulid::Ulid::from(7u128));
-        gates.park("x".into(), id);
-        assert_eq!(gates.parked_count(), 1);
+        gates.set_aside("x".into(), id);
+        assert_eq!(gates.aside_count(), 1);
         assert!(gates.take_resumed().is_empty());
         gates.set_controls(Arc::new(Controls::default()));
         assert_eq!(gates.take_resumed(), vec![id]);
-        gates.unparked(|_| false);
-        assert_eq!(gates.parked_count(), 0);
+        gates.left_aside(|_| false);
+        assert_eq!(gates.aside_count(), 0);
     }
 }

@@ -1,5 +1,5 @@
 //! What the scheduler shows of its lanes: queue depth by class (running, breaker open,
-//! paused) and each endpoint's health for `GET /v1/endpoints`. Read-only over the queues and
+//! paused, parked) and each endpoint's health for `GET /v1/endpoints`. Read-only over the queues and
 //! the gates, published at most once a second.
 
 use std::collections::HashSet;
@@ -11,28 +11,31 @@ use tokio::time::Instant;
 use crate::director::breaker::Breaker;
 use crate::rpc::api::EndpointHealth;
 
+use super::cache::Cache;
 use super::gates::Gates;
 use super::queues::Queues;
 use super::Scheduler;
 
-/// Ready jobs by what holds their lane: (running, breaker open, paused).
-pub(super) fn depths(queues: &Queues, gates: &Gates) -> (usize, usize, usize) {
-    let (mut running, mut open, mut paused) = (0, 0, 0);
+/// Ready jobs by what holds their lane: (running, breaker open, paused, parked).
+pub(super) fn depths(queues: &Queues, gates: &Gates) -> (usize, usize, usize, usize) {
+    let (mut running, mut open, mut paused, mut parked) = (0, 0, 0, 0);
     for (key, lane) in queues.lanes() {
         if gates.concurrency(key) == 0 {
             paused += lane.ready;
+        } else if gates.parked(key).is_some() {
+            parked += lane.ready;
         } else if gates.is_open(key) {
             open += lane.ready;
         } else {
             running += lane.ready;
         }
     }
-    (running, open, paused)
+    (running, open, paused, parked)
 }
 
 /// Every known endpoint's health (lanes with work, and breakers that remember outcomes), by
 /// endpoint.
-pub(super) fn endpoints(queues: &Queues, gates: &Gates) -> Vec<EndpointHealth> {
+pub(super) fn endpoints(queues: &Queues, gates: &Gates, cache: &Cache) -> Vec<EndpointHealth> {
     let keys: HashSet<&Arc<str>> = queues
         .lanes()
         .map(|(key, _)| key)
@@ -45,6 +48,13 @@ pub(super) fn endpoints(queues: &Queues, gates: &Gates) -> Vec<EndpointHealth> {
             let breaker = gates.breaker(key);
             let (recent_attempts, recent_failures) = breaker.map_or((0, 0), Breaker::recent);
             let control = gates.control(key);
+            let park = gates.parked(key);
+            let ready = lane.map_or(0, |l| l.ready);
+            let oldest_created_at = lane.and_then(|l| {
+                l.heads()
+                    .filter_map(|id| cache.get(&id).map(|e| e.job.created_at))
+                    .min()
+            });
             EndpointHealth {
                 endpoint: key.to_string(),
                 ready: lane.map_or(0, |l| l.ready),
@@ -60,6 +70,11 @@ pub(super) fn endpoints(queues: &Queues, gates: &Gates) -> Vec<EndpointHealth> {
                 paused: control.is_some_and(|c| c.paused),
                 concurrency: gates.concurrency(key),
                 max_per_second: control.and_then(|c| c.max_per_second),
+                parked_since: park.map(|p| p.parked_at),
+                park_reason: park.map(|p| p.reason.clone()),
+                oldest_created_at,
+                redrive_per_second: gates.redrive_pace(key),
+                redrive_eta_secs: gates.redrive_eta(key, ready).map(|d| d.as_secs_f64()),
             }
         })
         .collect();
@@ -77,20 +92,22 @@ impl Scheduler {
         }
         self.gauges_at = now;
         self.gauges_stale = false;
-        let (running, open, paused) = depths(&self.queues, &self.gates);
-        let parked = self.gates.parked_count();
+        self.review_parks();
+        let (running, open, paused, endpoint_parked) = depths(&self.queues, &self.gates);
+        let aside = self.gates.aside_count();
         let waiting = self
             .cache
             .len()
-            .saturating_sub(running + open + paused + parked + self.in_flight);
+            .saturating_sub(running + open + paused + endpoint_parked + aside + self.in_flight);
         if let Ok(mut published) = self.health.lock() {
-            *published = endpoints(&self.queues, &self.gates);
+            *published = endpoints(&self.queues, &self.gates, &self.cache);
         }
         for (class, n) in [
             ("running", running),
             ("breaker_open", open),
             ("paused", paused),
-            ("bucket_paused", parked),
+            ("endpoint_parked", endpoint_parked),
+            ("bucket_paused", aside),
             ("waiting", waiting),
         ] {
             self.metrics

@@ -12,7 +12,7 @@
 //! - `cache`: the jobs, their memory (spill/reload, eviction) and retry timers;
 //! - `queues`: lanes (one per endpoint), a FIFO per bucket, the ring that shares the
 //!   Director fairly between endpoints and an endpoint between buckets;
-//! - `gates`: breakers, rate limits, controls, parked jobs, lane timers — one
+//! - `gates`: breakers, parks, rate limits, controls, jobs set aside, lane timers — one
 //!   `limit(lane, now)`;
 //! - `backlog`: the pass that reads jobs waiting in the JobDB only;
 //! - `operator`: operator commands as a pure plan;
@@ -29,6 +29,7 @@ mod cache;
 mod gates;
 mod health;
 mod operator;
+mod parks;
 mod queues;
 mod reads;
 
@@ -52,6 +53,7 @@ use crate::registry::controls::{Controls, EndpointControl};
 use super::breaker::BreakerConfig;
 pub use super::mailbox::Event;
 use super::mailbox::WriteOp;
+use super::parks::{ParkPolicy, ParkRequest};
 use backlog::Backlog;
 use cache::{Admitted, Cache, Entry, Phase};
 use gates::{Gates, Limit};
@@ -89,6 +91,8 @@ pub struct SchedulerLimits {
     pub max_cached_jobs: usize,
     /// When an endpoint's circuit breaker opens, and how it probes.
     pub breaker: BreakerConfig,
+    /// When a failing endpoint is parked, how it is probed, and how fast it goes again.
+    pub park: ParkPolicy,
     /// Most attempts of one job: a retryable failure of the last one discards the job
     /// (`error_type` `max-attempts`). At most `u16::MAX`, the column's range.
     pub max_attempts: u16,
@@ -106,7 +110,7 @@ pub struct Scheduler {
     registry_controls: Arc<Controls>,
     subscription_caps: Arc<crate::events::EndpointCaps>,
     backlog: Backlog,
-    /// Ready and parked jobs by deadline: gated queues (paused, breaker open, rate-limited)
+    /// Ready jobs and those set aside, by deadline: gated queues (paused, breaker open, rate-limited)
     /// expire their jobs on time without being walked.
     queued_by_deadline: BTreeSet<(Instant, JobId)>,
     /// Attempts under way (starting or in flight), across all lanes.
@@ -151,6 +155,10 @@ pub struct Scheduler {
     stopping: bool,
     /// Sequences whose next job may begin on release, not yet offered to the writer.
     begins: Vec<crate::job::Seq>,
+    /// Where park requests go (`None`: lanes are never parked).
+    parks_tx: Option<mpsc::UnboundedSender<ParkRequest>>,
+    /// Park requests sent lately (see [`parks::ASK_AGAIN`]).
+    asked: HashMap<parks::Ask, Instant>,
 }
 
 impl Scheduler {
@@ -171,7 +179,7 @@ impl Scheduler {
                 metrics.clone(),
             ),
             queues: Queues::default(),
-            gates: Gates::new(limits.per_endpoint, limits.breaker),
+            gates: Gates::new(limits.per_endpoint, limits.breaker, limits.park),
             registry_controls: Arc::default(),
             subscription_caps: Arc::default(),
             // The JobDB may hold unfinished jobs: the first pass reads them in.
@@ -199,7 +207,14 @@ impl Scheduler {
             begin_on_release: false,
             stopping: false,
             begins: Vec::new(),
+            parks_tx: None,
+            asked: HashMap::new(),
         }
+    }
+
+    /// Asks `parks` to park, unpark and announce lanes from now on.
+    pub fn park_to(&mut self, parks: mpsc::UnboundedSender<ParkRequest>) {
+        self.parks_tx = Some(parks);
     }
 
     /// Its JobDB is the only live one (its writer releases in the commit that ends): the
@@ -219,7 +234,7 @@ impl Scheduler {
     }
 
     /// Starts with these subscriptions waiting: a job recovered or accepted before the
-    /// watcher's first word is parked, never begun. (Without a control database no
+    /// watcher's first word is set aside, never begun. (Without a control database no
     /// subscription is known: every event's job waits, until its expiry.)
     pub fn start_gate(&mut self, gate: Arc<crate::events::SubscriptionGate>) {
         self.gates.set_gate(gate);
@@ -308,6 +323,9 @@ impl Scheduler {
                 self.queued_by_deadline.first().map(|(at, _)| *at),
                 self.gauges_stale
                     .then(|| self.gauges_at + Duration::from_secs(1)),
+                // A failing or parked lane is looked at even when nothing happens.
+                self.parks_to_review()
+                    .then(|| self.gauges_at + parks::REVIEW_EVERY),
             ]
             .into_iter()
             .flatten()
@@ -456,7 +474,7 @@ impl Scheduler {
         }
     }
 
-    /// Takes a ready or parked job out of its queue's accounting (its slot stays behind and is
+    /// Takes a ready job or one set aside out of its queue's accounting (its slot stays behind and is
     /// skipped): the caller gives it its next phase.
     fn leave_queue(&mut self, id: JobId) {
         let Some(entry) = self.cache.get_mut(&id) else {
@@ -475,12 +493,12 @@ impl Scheduler {
                 });
                 self.relist(&key);
             }
-            Phase::Parked => {
+            Phase::Aside => {
                 self.queued_by_deadline.remove(&(entry.deadline, id));
                 entry.phase = Phase::Unplaced;
                 let cache = &self.cache;
                 self.gates
-                    .unparked(|id| cache.get(&id).is_some_and(|e| e.phase == Phase::Parked));
+                    .left_aside(|id| cache.get(&id).is_some_and(|e| e.phase == Phase::Aside));
             }
             _ => {}
         }
@@ -513,7 +531,7 @@ impl Scheduler {
 
     /// Queues a job in its lane and bucket: at the back, or at the front for a job that was
     /// at the head already and only waited for its payload to be read back. A job of a paused
-    /// bucket is parked instead.
+    /// bucket is set aside instead.
     fn enqueue_at(&mut self, id: JobId, front: bool) {
         self.leave_queue(id);
         let Some(entry) = self.cache.get_mut(&id) else {
@@ -521,9 +539,9 @@ impl Scheduler {
         };
         self.queued_by_deadline.insert((entry.deadline, id));
         let bucket = entry.job.bucket.clone();
-        if let Some(key) = self.gates.park_key(&entry.job) {
-            entry.phase = Phase::Parked;
-            self.gates.park(key, id);
+        if let Some(key) = self.gates.aside_key(&entry.job) {
+            entry.phase = Phase::Aside;
+            self.gates.set_aside(key, id);
             return;
         }
         entry.phase = Phase::Ready;
@@ -762,7 +780,7 @@ impl Scheduler {
         self.set_controls(Arc::new(merged));
     }
 
-    /// Applies a new set of controls: parks the due jobs of newly paused buckets, queues
+    /// Applies a new set of controls: sets aside the due jobs of newly paused buckets, queues
     /// those of resumed ones, and re-reads every lane's limits.
     fn set_controls(&mut self, controls: Arc<Controls>) {
         tracing::info!(
@@ -789,12 +807,12 @@ impl Scheduler {
         if !newly_paused.is_empty() {
             // Rare (an operator's pause), so a walk over the paused buckets' queues is fine.
             let queued = self.queues.queued_in(&newly_paused);
-            self.park_queued(queued);
+            self.set_aside_queued(queued);
         }
         self.gates_changed();
     }
 
-    /// Applies a new set of waiting subscriptions: parks the queued jobs of those disabled
+    /// Applies a new set of waiting subscriptions: sets aside the queued jobs of those disabled
     /// now (a walk over every queue, only then: an operator's change), and queues those of
     /// subscriptions that go again (enabled, or known at last).
     fn set_gate(&mut self, gate: Arc<crate::events::SubscriptionGate>) {
@@ -818,12 +836,12 @@ impl Scheduler {
                 })
             })
             .collect();
-        self.park_queued(queued);
+        self.set_aside_queued(queued);
         self.gates_changed();
     }
 
-    /// Queues these jobs again where they are still queued: a job a gate now holds is parked.
-    fn park_queued(&mut self, ids: Vec<JobId>) {
+    /// Queues these jobs again where they are still queued: a job a gate now holds is set aside.
+    fn set_aside_queued(&mut self, ids: Vec<JobId>) {
         for id in ids {
             if self.cache.get(&id).is_some_and(|e| e.phase == Phase::Ready) {
                 self.enqueue(id);
@@ -835,17 +853,13 @@ impl Scheduler {
     /// and looks at every lane again.
     fn gates_changed(&mut self) {
         for id in self.gates.take_resumed() {
-            if self
-                .cache
-                .get(&id)
-                .is_some_and(|e| e.phase == Phase::Parked)
-            {
+            if self.cache.get(&id).is_some_and(|e| e.phase == Phase::Aside) {
                 self.enqueue(id);
             }
         }
         let cache = &self.cache;
         self.gates
-            .prune_parked(|id| cache.get(&id).is_some_and(|e| e.phase == Phase::Parked));
+            .prune_aside(|id| cache.get(&id).is_some_and(|e| e.phase == Phase::Aside));
         let keys: Vec<Arc<str>> = self.queues.lanes().map(|(key, _)| key.clone()).collect();
         for key in keys {
             self.dispatch(&key);

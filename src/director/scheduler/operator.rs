@@ -13,7 +13,7 @@ use crate::jobdb::commands::{Action, Command};
 /// Where a cached job named by a command stands.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(super) enum Standing {
-    /// Waiting for a retry (or parked behind a paused bucket).
+    /// Waiting for a retry (or set aside behind a paused bucket).
     Waiting,
     /// In its lane's queue.
     Ready,

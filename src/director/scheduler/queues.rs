@@ -53,6 +53,18 @@ pub(super) struct Lane {
 }
 
 impl Lane {
+    /// The buckets with jobs queued in the lane.
+    pub(super) fn buckets(&self) -> impl Iterator<Item = &Arc<str>> {
+        self.queues.keys()
+    }
+
+    /// The job at the head of each bucket's queue (it may have left since: check it).
+    pub(super) fn heads(&self) -> impl Iterator<Item = JobId> + '_ {
+        self.queues
+            .values()
+            .filter_map(|q| q.front().map(|(id, _)| *id))
+    }
+
     /// Slots in the lane's queues, dead ones included.
     #[cfg(test)]
     pub(super) fn slots(&self) -> usize {
@@ -98,6 +110,11 @@ pub(super) struct Queues {
 impl Queues {
     pub(super) fn lane(&self, key: &str) -> Option<&Lane> {
         self.lanes.get(key)
+    }
+
+    /// The lane and its key.
+    pub(super) fn lane_entry(&self, key: &str) -> Option<(&Arc<str>, &Lane)> {
+        self.lanes.get_key_value(key)
     }
 
     pub(super) fn lane_mut(&mut self, key: &str) -> Option<&mut Lane> {

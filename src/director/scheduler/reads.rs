@@ -264,7 +264,7 @@ impl Scheduler {
                 attempts: e.attempts,
                 expire_at: e.job.expire_at,
                 standing: match e.phase {
-                    Phase::Waiting { .. } | Phase::Parked => operator::Standing::Waiting,
+                    Phase::Waiting { .. } | Phase::Aside => operator::Standing::Waiting,
                     Phase::Ready => operator::Standing::Ready,
                     _ => operator::Standing::Busy,
                 },

@@ -13,6 +13,7 @@ use chrono::{DateTime, Duration, Utc};
 use spindle::job::{JobId, State, Transition};
 
 mod events;
+mod parks;
 mod payloads;
 mod settles;
 mod traces;
@@ -59,6 +60,8 @@ pub struct Tally {
     /// Alone: sequences spilled to the store (the book was full).
     pub spilled: u64,
     pub events: usize,
+    /// Parks of lanes the records showed.
+    pub parks: usize,
     /// Events refused (413) as too large for the Directors: none of their jobs may be stored.
     pub events_refused: usize,
     pub event_jobs: usize,
@@ -858,5 +861,6 @@ pub fn check(i: &Inputs) -> (Vec<Violation>, Tally) {
     traces::traces(i, &mut out, &mut tally);
     payloads::payloads(i, &mut out, &mut tally);
     settles::settles(i, &mut out, &mut tally);
+    parks::parks(i, &mut out, &mut tally);
     (out, tally)
 }

@@ -4,7 +4,7 @@
 //! checks a refused job itself, with this version's import rules under the widest limits a
 //! Director can be given ([`crate::rpc::import::importable`]):
 //! - a job that fails them could never be imported by a Director of this version: it is
-//!   *parked*, ending `discarded` in the retired JobDB with `error_type` `import-refused`, the
+//!   *discarded* in the retired JobDB with `error_type` `import-refused`, the
 //!   reason and the target's answer in `error_response`, instead of blocking the drain forever;
 //! - a job that passes was refused for where it was sent (the target's smaller limits, its
 //!   JobDB server's packet size, an older version that does not know a field): it *waits*. It
@@ -114,7 +114,7 @@ impl Waiting {
         }
     }
 
-    /// Keeps the jobs `open` says are still to move here (the others were moved, parked or
+    /// Keeps the jobs `open` says are still to move here (the others were moved, discarded or
     /// expired); returns how many wait.
     pub(super) fn retain(&self, open: impl Fn(&JobId) -> bool) -> usize {
         let mut jobs = self.jobs();
@@ -136,7 +136,7 @@ fn clipped(answer: &str) -> &str {
 }
 
 impl Drain {
-    /// The Director of `to_jobdb` refused `spec` with `status` and `answer`: parked if no
+    /// The Director of `to_jobdb` refused `spec` with `status` and `answer`: discarded if no
     /// Director of this version could import it, otherwise it waits for one that does.
     pub(super) async fn refused(
         &self,
@@ -246,7 +246,7 @@ impl Drain {
             jobdb = o.db.name(),
             job = %job,
             reason,
-            "no director of this version can import this job: parked as discarded (import-refused)"
+            "no director of this version can import this job: discarded (import-refused)"
         );
         let row = Transition::discarded(
             job,
@@ -301,7 +301,7 @@ mod tests {
             w.refused(id(1), "a", 413);
         }
         assert_eq!(waits, [1, 2, 4, 8, 16, 32, 60, 60]);
-        // A job moved, parked or expired is forgotten.
+        // A job moved, discarded or expired is forgotten.
         assert_eq!(w.retain(|_| false), 0);
         assert_eq!(w.turn(id(1), now), Turn::Fresh);
     }
