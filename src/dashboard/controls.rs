@@ -176,7 +176,7 @@ pub(super) async fn post_controls(
             use crate::registry::parks::{self, Change, Redrive};
             let change = match change.action.as_str() {
                 "park" => Change::Park {
-                    reason: format!("parked by {by}"),
+                    reason: "parked from the dashboard".into(),
                 },
                 _ => Change::Unpark {
                     redrive: Redrive::default(),
