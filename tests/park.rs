@@ -335,3 +335,40 @@ async fn count_in(rig: &Rig, state: State) -> u64 {
         .copied()
         .unwrap_or(0)
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_endpoint_unparked_while_failing_parks_again_after_the_whole_policy() {
+    let consul = ConsulUnderTest::start().await;
+    let addr = consul.client.address().to_owned();
+    let client = consul.client.clone();
+    let rig = Rig::start("parkagain", move |c| {
+        c.controls = Some(client);
+        c.scheduler.breaker.probe_min = Duration::from_millis(200);
+        c.scheduler.breaker.probe_max = Duration::from_millis(500);
+        c.scheduler.park.after = Some(Duration::from_secs(3));
+        c.scheduler.park.probe_every = Duration::from_secs(1);
+    })
+    .await;
+    let endpoint = rig.sink.url("/status/503");
+    rig.submit(rig.jobs(40, "/status/503", json!({"ttl_ms": 600_000})))
+        .await;
+    let parked = || async {
+        health_of(&rig, &endpoint)
+            .await
+            .is_some_and(|h| h.parked_since.is_some())
+    };
+    wait_for(Duration::from_secs(20), "parked", parked).await;
+    endpoints(&addr, &["unpark", "--endpoint", &endpoint]);
+    let unparked = Instant::now();
+    wait_until_unparked(&rig, &endpoint).await;
+    // Its breaker has been open for seconds, but the policy counts from the unpark.
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    assert!(!parked().await, "parked again at once after the unpark");
+    wait_for(Duration::from_secs(20), "parked again", parked).await;
+    let again = unparked.elapsed().as_secs_f64();
+    println!("parked again {again:.1} s after the unpark");
+    assert!(again >= 3.0, "{again:.1} s");
+    assert_eq!(count_in(&rig, State::Discarded).await, 0);
+    rig.stop().await;
+    consul.stop().await;
+}

@@ -126,7 +126,8 @@ pub trait Announcer: Send + Sync + 'static {
 }
 
 /// Serves the scheduler's requests until `stop`, as `by` (the Director's holder name); an
-/// unpark it makes paces the endpoint by `redrive` on every Director. A request that fails is logged and dropped: the scheduler asks again while it still holds.
+/// unpark it makes paces the endpoint by `redrive` on every Director. A request that fails is
+/// logged and dropped: the scheduler asks again while it still holds.
 pub async fn run(
     mut store: ParkStore,
     by: String,

@@ -251,7 +251,7 @@ impl Gates {
     }
 
     /// How long ago the lane was unparked, if its record says it was.
-    fn unparked_since(&self, key: &str) -> Option<Duration> {
+    pub(super) fn unparked_since(&self, key: &str) -> Option<Duration> {
         let at = self.controls.parks.get(key)?.unparked_at?;
         Some((chrono::Utc::now() - at).to_std().unwrap_or_default())
     }

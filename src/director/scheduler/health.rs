@@ -1,6 +1,6 @@
 //! What the scheduler shows of its lanes: queue depth by class (running, breaker open,
-//! paused, parked) and each endpoint's health for `GET /v1/endpoints`. Read-only over the queues and
-//! the gates, published at most once a second.
+//! paused, parked) and each endpoint's health for `GET /v1/endpoints`. Read-only over the
+//! queues and the gates, published at most once a second.
 
 use std::collections::HashSet;
 use std::sync::Arc;

@@ -73,8 +73,17 @@ impl Scheduler {
             return;
         }
         let now = Instant::now();
-        self.asked
-            .retain(|_, at| now.duration_since(*at) < ASK_AGAIN);
+        // A request the record already shows is done: the same may be asked again at once
+        // (an endpoint unparked while still failing parks again after the policy's time).
+        let gates = &self.gates;
+        self.asked.retain(|ask, at| {
+            now.duration_since(*at) < ASK_AGAIN
+                && match ask {
+                    Ask::Park(key) => gates.parked(key).is_none(),
+                    Ask::Unpark(key) => gates.parked(key).is_some(),
+                    Ask::Announce(..) => true,
+                }
+        });
         let mut asks = Vec::new();
         for (key, opened) in self.gates.open_since() {
             if self.gates.parked(key).is_some() {
@@ -86,7 +95,13 @@ impl Scheduler {
             let Some(after) = self.gates.park_after(lane.buckets()) else {
                 continue;
             };
-            if now.duration_since(opened) >= after {
+            // An endpoint unparked while still failing (an operator's unpark) gets the
+            // policy's whole time again from the unpark, not from when its breaker opened.
+            let failing = match self.gates.unparked_since(key) {
+                Some(ago) => now.duration_since(opened).min(ago),
+                None => now.duration_since(opened),
+            };
+            if failing >= after {
                 let reason = format!(
                     "every attempt failed for {} s with its circuit breaker open",
                     after.as_secs()
