@@ -37,8 +37,9 @@ pub struct ActionLabels {
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct QueueLabels {
     /// `running` (the endpoint takes requests), `breaker_open` (probes only), `paused`
-    /// (an endpoint control), `bucket_paused` (set aside by a bucket control), `endpoint_parked` (ready jobs of a parked endpoint) or `waiting`
-    /// (cached, waiting for a retry or for its payload).
+    /// (an endpoint control), `bucket_paused` (set aside by a bucket control),
+    /// `endpoint_parked` (ready jobs of a parked endpoint) or `waiting` (cached, waiting for a
+    /// retry or for its payload).
     pub class: &'static str,
 }
 

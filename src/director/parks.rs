@@ -32,6 +32,9 @@ pub const PARKED: &str = "spindle.endpoint.parked";
 /// The event type of an unpark.
 pub const UNPARKED: &str = "spindle.endpoint.unparked";
 
+/// Most characters of a park's reason told in its event.
+const MAX_REASON_CHARS: usize = 512;
+
 /// When a failing endpoint is parked, and how a parked one is probed.
 #[derive(Clone, Copy, Debug)]
 pub struct ParkPolicy {
@@ -210,7 +213,8 @@ pub fn event_of(park: &Park, bucket: &str) -> (spindle_client::NewEvent, Ulid) {
     let data = serde_json::json!({
         "endpoint": park.endpoint,
         "parked_at": time(park.parked_at),
-        "reason": park.reason,
+        // A record is anyone's write to Consul: its free text is cut to fit any event.
+        "reason": park.reason.chars().take(MAX_REASON_CHARS).collect::<String>(),
         "parked_by": park.parked_by,
         "unparked_at": park.unparked_at.map(time),
         "unparked_by": park.unparked_by,
@@ -256,5 +260,10 @@ mod tests {
         assert_eq!(event.event_type, UNPARKED);
         assert_ne!(other, id);
         assert!(event.payload.get().contains("\"unparked_by\":\"d\""));
+        let long = parks::Park {
+            reason: "x".repeat(1 << 20),
+            ..unparked
+        };
+        assert!(event_of(&long, "b").0.payload.get().len() < 2048);
     }
 }

@@ -110,8 +110,8 @@ pub struct Scheduler {
     registry_controls: Arc<Controls>,
     subscription_caps: Arc<crate::events::EndpointCaps>,
     backlog: Backlog,
-    /// Ready jobs and those set aside, by deadline: gated queues (paused, breaker open, rate-limited)
-    /// expire their jobs on time without being walked.
+    /// Ready jobs and those set aside, by deadline: gated queues (paused, parked, breaker open,
+    /// rate-limited) expire their jobs on time without being walked.
     queued_by_deadline: BTreeSet<(Instant, JobId)>,
     /// Attempts under way (starting or in flight), across all lanes.
     in_flight: usize,
@@ -474,8 +474,8 @@ impl Scheduler {
         }
     }
 
-    /// Takes a ready job or one set aside out of its queue's accounting (its slot stays behind and is
-    /// skipped): the caller gives it its next phase.
+    /// Takes a ready job or one set aside out of its queue's accounting (its slot stays behind
+    /// and is skipped): the caller gives it its next phase.
     fn leave_queue(&mut self, id: JobId) {
         let Some(entry) = self.cache.get_mut(&id) else {
             return;
