@@ -21,7 +21,7 @@
 //! The first round of a tracker (boundary and cursor at zero) therefore reads the whole JobDB;
 //! later ones cost what is new plus what is open.
 
-use std::collections::HashSet;
+use std::collections::{HashMap, HashSet};
 
 use chrono::{DateTime, Utc};
 
@@ -162,8 +162,9 @@ pub struct RoundAsk<'a> {
     pub imported_from: DateTime<Utc>,
     /// This round's boundary in time: the import window ends here.
     pub imported_to: DateTime<Utc>,
-    /// Jobs an earlier round found not ended.
-    pub carried: &'a HashSet<JobId>,
+    /// Jobs an earlier round found not ended (with when each was made, which the read ignores:
+    /// it is the tracker's own map, lent as it is).
+    pub carried: &'a HashMap<JobId, DateTime<Utc>>,
     /// Rows after this transition id are checked (zero at first).
     pub after: u64,
     /// Open jobs that expired before this are read (overdue).
@@ -221,7 +222,6 @@ impl JobDb {
         let after = super::int(ask.after);
         let from = ask.from.to_bytes().to_vec();
         let to = ask.to.to_bytes().to_vec();
-        let carried: Vec<JobId> = ask.carried.iter().copied().collect();
         with_pool!(self, |p, q| {
             let job_with_end = |row: &q::DbRow| -> Result<Judged, JobDbError> {
                 let state = match q::text_opt(row, "state")? {
@@ -271,7 +271,7 @@ impl JobDb {
             let strays: Vec<JobId> = read
                 .open
                 .iter()
-                .filter(|id| !seen.contains(id) && !ask.carried.contains(id))
+                .filter(|id| !seen.contains(id) && !ask.carried.contains_key(id))
                 .copied()
                 .collect::<HashSet<_>>()
                 .into_iter()
@@ -280,8 +280,9 @@ impl JobDb {
             // end them, and whether their `jobs` rows are there. (A carried job still listed as
             // open is taken to be open: a whole read checks it.)
             let open: HashSet<JobId> = read.open.iter().copied().collect();
-            let left: Vec<JobId> = carried
-                .iter()
+            let left: Vec<JobId> = ask
+                .carried
+                .keys()
                 .filter(|id| !open.contains(id))
                 .copied()
                 .collect();
@@ -306,7 +307,7 @@ impl JobDb {
             let ended: HashSet<JobId> = ends.iter().map(|(id, _)| *id).collect();
             read.carried_ends = ends
                 .into_iter()
-                .filter(|(id, _)| ask.carried.contains(id))
+                .filter(|(id, _)| ask.carried.contains_key(id))
                 .collect();
             read.carried_gone = left
                 .iter()

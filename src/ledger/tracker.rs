@@ -2,7 +2,7 @@
 //! and ended before the boundary), the jobs they found not ended (carried), the transition
 //! cursor, and what the rows already checked showed (it stays until the JobDB goes).
 
-use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 
 use chrono::{DateTime, Duration, Utc};
 
@@ -73,13 +73,12 @@ impl Tracker {
         let now = Utc::now();
         let until = (now - self.lag).max(self.since);
         let to = boundary_at(until).max(self.boundary);
-        let carried: HashSet<JobId> = self.carried.keys().copied().collect();
         let ask = RoundAsk {
             from: self.boundary,
             to,
             imported_from: self.since,
             imported_to: until,
-            carried: &carried,
+            carried: &self.carried,
             after: self.after,
             overdue_before: now - margin,
             limit: LIMIT,

@@ -258,9 +258,10 @@ impl Gates {
 
     /// How long `jobs` of the lane take at its re-drive pace (`None`: not paced).
     pub(super) fn redrive_eta(&self, key: &str, jobs: usize) -> Option<Duration> {
-        self.redrive_pace(key)?;
         let since = self.unparked_since(key)?;
-        self.redrive_of(key).eta(since, jobs)
+        let redrive = self.redrive_of(key);
+        redrive.per_second(since)?;
+        redrive.eta(since, jobs)
     }
 
     /// Whether the lane has a rate limit: a request token taken ahead of a job that may not
