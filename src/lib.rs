@@ -32,6 +32,8 @@
 //!   subscriptions, the control database they live in and each process's cache of it, the
 //!   subscription API. [`ledger`]: the conservation ledger (`spindle audit`): proof from each
 //!   JobDB's rows that every accepted job ended or is open, with anything else named.
+//!   [`erasure`]: `spindle erase`: a bucket's payloads removed from JobDBs and the archive,
+//!   with a receipt.
 //! - [`registry`]: coordination: the Consul client, JobDB leases with fencing tokens, the JobDB
 //!   inventory, the service catalog, endpoint and bucket controls. [`rpc`]: the intake toolkit
 //!   every HTTP front shares: RPC types, validation and views, the OpenAPI document, tokens,
@@ -60,6 +62,7 @@ pub mod dashboard;
 pub mod delivery;
 pub mod director;
 pub mod drainer;
+pub mod erasure;
 pub mod events;
 #[cfg(feature = "fault-injection")]
 pub mod faults;

@@ -19,6 +19,7 @@ const RANKS: &[(&str, u8)] = &[
     ("manager", 8),
     ("router", 8),
     ("archiver", 7),
+    ("erasure", 7),
     ("events", 7),
     ("ledger", 7),
     ("registry", 6),

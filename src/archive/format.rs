@@ -83,6 +83,13 @@ pub struct ArchivedTransition {
 }
 
 impl ArchivedTransition {
+    /// Whether an operator's command wrote it (its `error_response` is the command's note).
+    pub fn by_operator(&self) -> bool {
+        self.error_type
+            .as_deref()
+            .is_some_and(|e| e.starts_with("operator-"))
+    }
+
     /// The archived form of transition row `id`.
     pub fn new(id: u64, t: &Transition) -> Self {
         let (error_response, error_response_encoding) =
@@ -194,6 +201,9 @@ pub struct ArchivedJob {
     pub transitions: Vec<ArchivedTransition>,
     /// For a [`BatchKind::History`] batch, the JobDB the job now lives in.
     pub moved_to: Option<String>,
+    /// When `spindle erase` removed its payload, headers and answer bodies (absent: never).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub erased_at: Option<DateTime<Utc>>,
 }
 
 impl ArchivedJob {
@@ -228,6 +238,7 @@ impl ArchivedJob {
             tracestate,
             transitions: history,
             moved_to,
+            erased_at: None,
         }
     }
 
@@ -236,6 +247,29 @@ impl ArchivedJob {
         self.id
             .parse()
             .map_err(|_| ArchiveError::Corrupt(format!("job id {:?} is not a ULID", self.id)))
+    }
+
+    /// Whether it holds anything [`ArchivedJob::erase`] removes (a job archived after its
+    /// JobDB erased it holds nothing, though it is not marked).
+    pub fn holds_bytes(&self) -> bool {
+        !self.payload.is_empty()
+            || !self.headers.is_empty()
+            || self
+                .transitions
+                .iter()
+                .any(|t| !t.by_operator() && t.error_response.is_some())
+    }
+
+    /// Removes the payload, headers and every answer body (or error text), keeping ids,
+    /// times, states and the notes of operator commands, and marks the job erased at `now`.
+    pub fn erase(&mut self, now: DateTime<Utc>) {
+        self.payload.clear();
+        self.headers.clear();
+        for t in self.transitions.iter_mut().filter(|t| !t.by_operator()) {
+            t.error_response = None;
+            t.error_response_encoding = None;
+        }
+        self.erased_at = Some(now);
     }
 
     /// The state of the last transition (as State), if any.
@@ -611,6 +645,40 @@ mod tests {
         assert_eq!(value["transitions"][4]["error_response"], "busy ✓");
         assert_eq!(value["transitions"][4]["error_response_encoding"], "utf-8");
         assert_eq!(value["headers"][1], serde_json::json!(["x-trace", "a\"b"]));
+    }
+
+    #[test]
+    fn an_erased_job_keeps_its_story_and_operator_notes_and_nothing_else() {
+        let job = sample_job(b"secret");
+        let mut history = sample_history(&job);
+        let mut note = Transition::archiving(job.id, 2, job.created_at);
+        note.error_type = Some("operator-flush".into());
+        note.error_response = Some(Bytes::from_static(b"command 7 by ops: erased"));
+        note.error_response_encoding = Some("utf-8");
+        history.push((17, note));
+        let mut archived = ArchivedJob::new(&job, &history, None);
+        assert!(archived.holds_bytes());
+        let at = job.created_at + chrono::Duration::hours(1);
+        archived.erase(at);
+        assert!(!archived.holds_bytes());
+        assert!(archived.payload.is_empty() && archived.headers.is_empty());
+        assert_eq!(archived.erased_at, Some(at));
+        assert_eq!(
+            archived.transitions.len(),
+            history.len(),
+            "every step stays"
+        );
+        let with_bodies: Vec<_> = archived
+            .transitions
+            .iter()
+            .filter(|t| t.error_response.is_some())
+            .map(|t| t.id)
+            .collect();
+        assert_eq!(with_bodies, vec![17], "only the operator's note is left");
+        let json = serde_json::to_string(&archived).unwrap();
+        assert!(!json.contains("secret") && !json.contains("busy"));
+        let back: ArchivedJob = serde_json::from_str(&json).unwrap();
+        assert_eq!(back, archived, "the mark survives the archive's encoding");
     }
 
     #[test]

@@ -314,6 +314,39 @@ impl Archive {
         Ok(key)
     }
 
+    /// Replaces the kept events of object `key` ([`Archive::event_objects`]) with `events`
+    /// (the same events, rewritten by an erasure), confirmed stored as a batch is.
+    pub async fn replace_events(
+        &self,
+        key: &str,
+        events: &[spindle_client::KeptEvent],
+    ) -> Result<(), ArchiveError> {
+        if !format::is_events_key(&self.prefix, key) {
+            return Err(ArchiveError::Rejected(format!(
+                "{key} is not an object of events"
+            )));
+        }
+        let encoded = encode_events(events)?;
+        self.put_verified(key, encoded.data, &encoded.sha256, "application/gzip")
+            .await
+    }
+
+    /// Stores the receipt of erasure `id` (JSON) as `{prefix}erasures/{id}.json`, confirmed
+    /// stored as a batch is; returns its key. No JobDB is named `erasures` with that shape of
+    /// key under it, so listings of batches and events never see a receipt.
+    pub async fn put_erasure_receipt(&self, id: Ulid, json: Bytes) -> Result<String, ArchiveError> {
+        let key = self.erasure_receipt_key(id);
+        let sha256 = sha256_hex(&json);
+        self.put_verified(&key, json, &sha256, "application/json")
+            .await?;
+        Ok(key)
+    }
+
+    /// The key of erasure `id`'s receipt.
+    pub fn erasure_receipt_key(&self, id: Ulid) -> String {
+        format!("{}erasures/{id}.json", self.prefix)
+    }
+
     /// Keys of every object of kept events (optionally of one JobDB), in key order.
     pub async fn event_objects(&self, jobdb: Option<&str>) -> Result<Vec<String>, ArchiveError> {
         let mut keys = self.list(&self.prefix_of(jobdb)?).await?;

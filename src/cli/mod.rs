@@ -10,6 +10,7 @@
 //! - `lifecycle`: `spindle manager` and `spindle drainer` ([`ManagerArgs`], [`DrainerArgs`]);
 //! - `dashboard`: `spindle dashboard` ([`DashboardArgs`], [`DashboardRegistry`]);
 //! - `ops`: operator tooling: `jobs`, `endpoints`, `replay`, `jobdbs`, `tokens`, `sink`;
+//! - `audit` and `erase`: `spindle audit` (the ledger) and `spindle erase` (erasure);
 //! - `subscriptions`: `subscriptions` (with `backfill`) and `publish` (events).
 //!
 //! The programs that are more than options have modules of their own here: [`dev`] (`spindle
@@ -35,6 +36,7 @@ mod dashboard;
 pub mod demo;
 pub mod dev;
 mod director;
+mod erase;
 mod jobs;
 mod lifecycle;
 mod ops;
@@ -133,6 +135,12 @@ pub enum Command {
     /// attempts that overlap or overran, and open jobs no owner holds. Once (exit 1 when
     /// anything is off), or `--every-secs N` serving the figures as Prometheus metrics.
     Audit(Box<audit::AuditArgs>),
+    /// Erase a bucket's payloads, headers and answer bodies (or only the jobs whose
+    /// idempotency key starts with a prefix) from every JobDB and the archive, keeping that
+    /// each job existed and how it ended; jobs still in flight are discarded first (reason
+    /// `erased`). Prints and stores a receipt; exits 1 when anything was not reached (a run
+    /// again finishes it).
+    Erase(Box<erase::EraseArgs>),
     /// Print the OpenAPI document of the RPC API, as `GET /openapi.json` serves it: the
     /// router's (what producers call; the SDKs in `sdks/` are generated from it), or with
     /// `--director` the Director's.
@@ -305,6 +313,7 @@ pub async fn execute(
         Command::Subscriptions(command) => subscriptions::run(command).await?,
         Command::Publish(args) => subscriptions::publish(*args).await?,
         Command::Audit(args) => audit::run(&args, stop).await?,
+        Command::Erase(args) => erase::run(&args).await?,
         Command::Openapi { director } => {
             let doc = match director {
                 true => crate::rpc::openapi::director_document()?,

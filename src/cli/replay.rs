@@ -159,6 +159,10 @@ pub async fn replay(
                     if manifest.kind == BatchKind::History && archived.moved_to.is_some() {
                         continue;
                     }
+                    // Nothing is left to send.
+                    if archived.erased_at.is_some() {
+                        continue;
+                    }
                     let job = archived.to_job()?;
                     if !options.filter.matches(&job, state) || !seen.insert(job.id) {
                         continue;

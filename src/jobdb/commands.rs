@@ -68,6 +68,8 @@ pub struct Command {
     pub job_id: Option<JobId>,
     /// Only jobs created before this instant.
     pub created_before: Option<DateTime<Utc>>,
+    /// Only jobs whose idempotency key starts with this (a job without one is not named).
+    pub idempotency_key_prefix: Option<String>,
     /// For `postpone`: when the jobs become due.
     pub postpone_until: Option<DateTime<Utc>>,
     /// Why, in the operator's words.
@@ -84,6 +86,11 @@ impl Command {
                 .is_none_or(|p| job.endpoint.starts_with(p))
             && self.job_id.is_none_or(|id| job.id == id)
             && self.created_before.is_none_or(|t| job.created_at < t)
+            && self.idempotency_key_prefix.as_deref().is_none_or(|p| {
+                job.idempotency_key
+                    .as_deref()
+                    .is_some_and(|k| k.starts_with(p))
+            })
     }
 
     /// The text recorded in each transition the command causes: which command, and who.
@@ -101,7 +108,8 @@ impl JobDb {
         with_pool!(self, |p, q| {
             sqlx::query(
                 "SELECT id, issued_by, action, bucket, endpoint_prefix, job_id, created_before, \
-                 postpone_until, reason FROM operator_commands WHERE id > ? ORDER BY id LIMIT 100",
+                 idempotency_key_prefix, postpone_until, reason FROM operator_commands \
+                 WHERE id > ? ORDER BY id LIMIT 100",
             )
             .bind(super::int(after))
             .fetch_all(p)
@@ -119,7 +127,7 @@ impl JobDb {
         with_pool!(self, |p, q| {
             sqlx::query(
                 "SELECT c.id, c.issued_by, c.action, c.bucket, c.endpoint_prefix, c.job_id, \
-                 c.created_before, c.postpone_until, c.reason \
+                 c.created_before, c.idempotency_key_prefix, c.postpone_until, c.reason \
                  FROM operator_commands c \
                  LEFT JOIN operator_command_results r ON r.command_id = c.id \
                  WHERE r.command_id IS NULL ORDER BY c.id LIMIT 100",

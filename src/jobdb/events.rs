@@ -26,13 +26,13 @@ const WAITING_BY_SUBSCRIPTION: &str = "SELECT j.subscription_id, COUNT(*) AS n F
 /// ` AND event_id IN (…)`.
 const EVENTS_OF_SUBSCRIPTION: &str = "SELECT event_id FROM jobs WHERE subscription_id = ";
 
-/// Events of a bucket published at or after a time, after an id (event id order), that have no
-/// job of a subscription here, each with its envelope (its own, or its first job's): the caller
-/// binds bucket, since, after, the subscription and a limit.
+/// Events of a bucket published at or after a time, after an id (event id order), not erased,
+/// that have no job of a subscription here, each with its envelope (its own, or its first
+/// job's): the caller binds bucket, since, after, the subscription and a limit.
 const EVENT_SOURCES: &str = concat!(
     "SELECT e.id, COALESCE(e.payload, (SELECT j.payload FROM jobs j WHERE j.event_id = e.id ",
     "ORDER BY j.id LIMIT 1)) AS payload FROM events e WHERE e.bucket = ? ",
-    "AND e.created_at >= ? AND e.id > ? ",
+    "AND e.created_at >= ? AND e.id > ? AND e.erased_at IS NULL ",
     "AND NOT EXISTS (SELECT 1 FROM jobs m WHERE m.event_id = e.id AND m.subscription_id = ?) ",
     "ORDER BY e.id LIMIT ?"
 );

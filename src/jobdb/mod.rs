@@ -63,6 +63,9 @@
 //! | replay     | [`JobDb::ended_jobs`]                                         | `replay.rs`    |
 //! | ledger     | [`JobDb::ledger_round`] (one round of the ledger, one snapshot) | `ledger.rs`  |
 //! | events     | [`JobDb::event`], [`JobDb::event_sources`] (back-fill)        | `events.rs`    |
+//! | erasure    | [`JobDb::issue_erasing_discard`], [`JobDb::command_result`]   | `erasure.rs`   |
+//! | erasure    | [`JobDb::not_ended`], [`JobDb::erase_ended`]                  | `erasure.rs`   |
+//! | erasure    | [`JobDb::rebuild_erased_tables`]                              | `erasure.rs`   |
 //! | events     | [`JobDb::events_delivered_to`], [`JobDb::waiting_by_subscription`] | `events.rs` |
 //!
 //! # Layout
@@ -79,10 +82,10 @@
 //! - [`owner`]: the fencing token, and evicting a stalled previous owner;
 //! - [`lock`]: exclusive ownership without Consul ([`lock::ServerLock`]: MySQL `GET_LOCK`, or
 //!   a file lock beside a SQLite JobDB);
-//! - [`commands`], [`lifecycle`], [`replay`], [`events`], [`stats`], [`ledger`]: the
-//!   statements of operator commands, of the JobDB lifecycle (imports, moves, archive
-//!   batches), of replay, of events (one event's jobs, a back-fill's sources), of the
-//!   dashboard, and of the conservation ledger.
+//! - [`commands`], [`lifecycle`], [`replay`], [`events`], [`stats`], [`ledger`],
+//!   [`erasure`]: the statements of operator commands, of the JobDB lifecycle (imports,
+//!   moves, archive batches), of replay, of events (one event's jobs, a back-fill's sources),
+//!   of the dashboard, of the conservation ledger, and of erasure.
 //!
 //! The store names nothing above it: the Director's writer (which owns the requests it
 //! takes), the archiver and the drainer use it.
@@ -90,6 +93,7 @@
 mod append;
 pub mod commands;
 pub mod engine;
+pub mod erasure;
 pub mod events;
 pub mod ledger;
 pub mod lifecycle;
@@ -221,6 +225,18 @@ impl JobDbError {
                         | sqlx::Error::Database(_)
                 )
         )
+    }
+
+    /// Whether the JobDB is gone: the statement named a table or a database that does not
+    /// exist (dropped under the caller, or before it came).
+    pub fn is_gone(&self) -> bool {
+        let JobDbError::Sql(sqlx::Error::Database(db)) = self else {
+            return false;
+        };
+        // MySQL and MariaDB: ER_NO_SUCH_TABLE, ER_BAD_DB_ERROR; SQLite says it in words.
+        db.try_downcast_ref::<sqlx::mysql::MySqlDatabaseError>()
+            .is_some_and(|e| matches!(e.number(), 1146 | 1049))
+            || db.message().starts_with("no such table")
     }
 }
 

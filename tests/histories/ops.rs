@@ -4,7 +4,8 @@
 //! retires JobDBs, locks the private MariaDB, and releases blocked keys; and the faults that
 //! find where a key's order breaks: a commit that fails or loses its answer, a dead
 //! Director's JobDB retired and drained before any takeover, Directors leaving and joining
-//! while keys flow, a lock on the checkpoint row during a takeover, a slow Consul. Samplers
+//! while keys flow, a lock on the checkpoint row during a takeover, a slow Consul; and a
+//! bucket's erasure (`spindle erase`) while its jobs flow. Samplers
 //! look at readiness and at jobs past their expiry while it runs.
 
 use std::collections::HashSet;
@@ -79,6 +80,9 @@ pub enum Op {
     /// `GET /v1/jobs` through the API (a router, or the Director alone), a few pages of a
     /// random filter: each page in id order, no job twice, each job matching the filter.
     List,
+    /// `spindle erase --bucket B` over every JobDB (and the archive) while jobs flow: its
+    /// jobs in flight end discarded, the ended ones lose their bytes.
+    Erase(&'static str),
 }
 
 /// How the log names an operator's release of every blocked key (the quiet period's start
@@ -117,7 +121,7 @@ pub fn schedule(rng: &mut StdRng, run: Duration, kinds: Kinds) -> Vec<(Duration,
     while t < run {
         let roll = match t < opened {
             true => rng.random_range(0..50),
-            false => rng.random_range(0..124),
+            false => rng.random_range(0..126),
         };
         let op = match roll {
             0..=21 => {
@@ -188,6 +192,7 @@ pub fn schedule(rng: &mut StdRng, run: Duration, kinds: Kinds) -> Vec<(Duration,
                 ops.push((t, Op::Mode(l, Mode::Fail)));
                 Op::Park(l)
             }
+            124..=125 => Op::Erase(BUCKETS[rng.random_range(0..BUCKETS.len())]),
             _ => Op::ReleaseBlocks,
         };
         ops.push((t, op));
@@ -232,6 +237,7 @@ async fn execute(world: &World, rec: &Recorder, op: &Op, rng: &mut StdRng) {
             }
         }
         Op::Backfill(n) => backfill(world, rec, *n).await,
+        Op::Erase(bucket) => erase(world, rec, bucket, &consul).await,
         Op::Mode(lane, mode) => {
             world.endpoint.set_mode(lane, *mode);
             rec.op(format!("lane {lane} answers {mode:?}"));
@@ -548,6 +554,71 @@ async fn outage(server: &str, how_long: Duration) {
         let _ = conn.execute("UNLOCK TABLES").await;
     }
     let _ = conn.close().await;
+}
+
+/// Runs `spindle erase --bucket bucket` over the world's JobDBs (the inventory's, in a
+/// cluster) and archive, and records what its receipt says.
+async fn erase(world: &World, rec: &Recorder, bucket: &str, consul: &str) {
+    let mut args: Vec<String> = ["erase", "--bucket", bucket, "--wait-secs", "8", "--json"]
+        .iter()
+        .map(|s| s.to_string())
+        .collect();
+    match &world.alone {
+        Some(db) => args.extend(["--jobdb".into(), db.url_string()]),
+        None => args.extend(["--registry", "consul", "--consul-addr", consul].map(String::from)),
+    }
+    match world.archive_args.is_empty() {
+        true => args.push("--no-archive".into()),
+        false => args.extend(world.archive_args.iter().cloned()),
+    }
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    let out = crate::common::procs::run_async(&args).await;
+    let receipt: serde_json::Value = match serde_json::from_slice(&out.stdout) {
+        Ok(receipt) => receipt,
+        Err(_) => {
+            rec.op(format!(
+                "erase bucket {bucket}: no receipt ({})",
+                String::from_utf8_lossy(&out.stderr).trim()
+            ));
+            return;
+        }
+    };
+    let time = |field: &str| {
+        receipt[field]
+            .as_str()
+            .and_then(|t| chrono::DateTime::parse_from_rfc3339(t).ok())
+            .map(|t| t.with_timezone(&Utc))
+    };
+    let (Some(before), Some(finished)) = (time("created_before"), time("finished_at")) else {
+        return;
+    };
+    let sum = |field: &str| -> u64 {
+        receipt["jobdbs"]
+            .as_array()
+            .map(|a| a.iter().filter_map(|j| j[field].as_u64()).sum())
+            .unwrap_or(0)
+    };
+    rec.op_at(
+        before,
+        format!(
+            "erase bucket {bucket}: {} discarded, {} jobs erased, {} archived erased; {} \
+             (finished {})",
+            sum("discarded"),
+            sum("jobs"),
+            receipt["archive"]["jobs"].as_u64().unwrap_or(0),
+            match out.status.success() {
+                true => "complete".to_owned(),
+                false => format!("NOT complete: {}", receipt["unreached"]),
+            },
+            finished.format("%H:%M:%S%.3f"),
+        ),
+    );
+    rec.erased(super::record::Erasure {
+        bucket: bucket.to_owned(),
+        before,
+        finished,
+        complete: out.status.success(),
+    });
 }
 
 async fn spindle_cmd(args: &[&str]) {

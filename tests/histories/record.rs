@@ -102,6 +102,20 @@ pub struct Log {
     pub gave_up: Vec<(String, DateTime<Utc>)>,
     /// Lanes parked, as the sampler of park records saw them.
     pub parks: Vec<super::parks::Parked>,
+    /// `spindle erase` runs, as their receipts tell.
+    pub erasures: Vec<Erasure>,
+}
+
+/// One run of `spindle erase`.
+#[derive(Clone, Debug)]
+pub struct Erasure {
+    pub bucket: String,
+    /// Jobs created before this are named.
+    pub before: DateTime<Utc>,
+    /// When the run finished.
+    pub finished: DateTime<Utc>,
+    /// Whether it said every place was reached and finished (exit 0).
+    pub complete: bool,
 }
 
 /// The recorder, shared by the producers, the operations and the samplers.
@@ -125,6 +139,11 @@ impl Recorder {
     pub fn kept(&self, key: &str, via: &str, event_id: &str) {
         let entry = (key.to_owned(), via.to_owned(), event_id.to_owned());
         self.log.lock().unwrap().kept.push(entry);
+    }
+
+    /// A `spindle erase` ran.
+    pub fn erased(&self, erasure: Erasure) {
+        self.log.lock().unwrap().erasures.push(erasure);
     }
 
     pub fn crash(&self, what: String) {

@@ -156,6 +156,8 @@ pub struct World {
     #[allow(dead_code)]
     pub s3: Option<S3Server>,
     pub archive: Option<Archive>,
+    /// The `--s3-*` options of the archive's processes (a cluster).
+    pub archive_args: Vec<String>,
     pub inventory: Option<Inventory>,
     pub mariadb: Option<std::sync::Mutex<PrivateMariaDb>>,
     /// In front of the Director's MySQL JobDB (alone), or of the private `mariadbd` (cluster):
@@ -236,6 +238,7 @@ impl World {
             remembered: Default::default(),
             s3: None,
             archive: None,
+            archive_args: Vec::new(),
             inventory: None,
             mariadb: None,
             proxy,
@@ -310,6 +313,7 @@ impl World {
             remembered: Default::default(),
             s3: Some(s3),
             archive: Some(archive),
+            archive_args: s3_args,
             mariadb: Some(std::sync::Mutex::new(mariadb)),
             proxy: Some(proxy),
         }

@@ -6,12 +6,14 @@
 //! By subject: the whole store in one scenario, the commit log's, and the comparison of the
 //! engines ([`scenario`]); owners and fencing, and a JobDB's creation, listing, lock and drop
 //! ([`ownership`]); jobs scheduled for later ([`scheduled`]); completion notices
-//! ([`notices`]); ordered keys' sequences ([`ordering`]). This file holds the fixtures they
-//! share: jobs, rows, attempts and the scenario's start time.
+//! ([`notices`]); ordered keys' sequences ([`ordering`]); erasure's statements
+//! ([`erasure`]). This file holds the fixtures they share: jobs, rows, attempts and the
+//! scenario's start time.
 
 #[path = "../common/mod.rs"]
 mod common;
 
+mod erasure;
 mod notices;
 mod ordering;
 mod ownership;

@@ -205,6 +205,7 @@ mod tests {
             endpoint_prefix: None,
             job_id: None,
             created_before: None,
+            idempotency_key_prefix: None,
             postpone_until: None,
             reason: Some("test".into()),
         }

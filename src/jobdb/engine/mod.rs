@@ -310,6 +310,7 @@ macro_rules! engine_common {
                 endpoint_prefix: text_opt(row, "endpoint_prefix")?,
                 job_id,
                 created_before: time_opt(row, "created_before")?,
+                idempotency_key_prefix: text_opt(row, "idempotency_key_prefix")?,
                 postpone_until: time_opt(row, "postpone_until")?,
                 reason: text_opt(row, "reason")?,
             })
@@ -609,13 +610,16 @@ macro_rules! spelled_sql {
             $starts_with!("j.endpoint", "c.endpoint_prefix"),
             ") \
                AND (c.created_before IS NULL OR j.created_at < c.created_before) \
+               AND (c.idempotency_key_prefix IS NULL OR ",
+            $starts_with!("j.idempotency_key", "c.idempotency_key_prefix"),
+            ") \
                AND t.transition_id < ? \
                AND t.state IN ('awaiting-scheduling', 'awaiting-retry') \
                AND (t.held = 0 OR c.action IN ('flush', 'discard')) \
                AND NOT EXISTS (SELECT 1 FROM job_state_transitions l \
                                WHERE l.job_id = t.job_id AND l.id > t.transition_id)"
         );
-        /// Ended jobs for replay.
+        /// Ended jobs for replay (not erased: nothing is left to send).
         pub const ENDED_JOBS: &str = concat!(
             "SELECT j.id, j.bucket, j.endpoint, j.method, j.headers, j.payload, \
              j.execution_timeout_ms, j.backoff_min_delay_ms, j.backoff_coefficient, \
@@ -623,7 +627,7 @@ macro_rules! spelled_sql {
              j.ordering_blocks, j.ordering_position, j.event_id, j.event_type, j.subscription_id, \
              j.traceparent, j.tracestate, t.state \
              FROM jobs j JOIN job_state_transitions t ON t.job_id = j.id \
-             WHERE j.id > ? \
+             WHERE j.id > ? AND j.erased_at IS NULL \
                AND t.id = (SELECT MAX(l.id) FROM job_state_transitions l WHERE l.job_id = j.id) \
                AND ((? AND t.state = 'discarded') OR (? AND t.state = 'archived')) \
                AND (? IS NULL OR j.bucket = ?) \

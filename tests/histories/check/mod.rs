@@ -12,6 +12,7 @@ use std::collections::{BTreeMap, HashMap, HashSet};
 use chrono::{DateTime, Duration, Utc};
 use spindle::job::{JobId, State, Transition};
 
+mod erasure;
 mod events;
 mod parks;
 mod payloads;
@@ -62,6 +63,8 @@ pub struct Tally {
     pub events: usize,
     /// Parks of lanes the records showed.
     pub parks: usize,
+    /// Erasures that said they finished.
+    pub erasures: usize,
     /// Events refused (413) as too large for the Directors: none of their jobs may be stored.
     pub events_refused: usize,
     pub event_jobs: usize,
@@ -862,5 +865,6 @@ pub fn check(i: &Inputs) -> (Vec<Violation>, Tally) {
     payloads::payloads(i, &mut out, &mut tally);
     settles::settles(i, &mut out, &mut tally);
     parks::parks(i, &mut out, &mut tally);
+    erasure::erasures(i, &mut out, &mut tally);
     (out, tally)
 }
