@@ -48,6 +48,10 @@ pub struct AuditArgs {
     /// as Prometheus metrics on `--listen` (`/metrics`); without it, audit once and exit.
     #[arg(long, env = "SPINDLE_AUDIT_EVERY_SECS")]
     pub every_secs: Option<u64>,
+    /// List the open work whole every this many rounds even when its count is what the
+    /// rounds expect (1: every round, the most thorough and the dearest).
+    #[arg(long, env = "SPINDLE_AUDIT_LIST_OPEN_EVERY", default_value_t = crate::ledger::LIST_OPEN_EVERY)]
+    pub list_open_every: u64,
     /// With `--every-secs`: where `/metrics` is served.
     #[arg(long, env = "SPINDLE_AUDIT_LISTEN", default_value = "127.0.0.1:9464")]
     pub listen: SocketAddr,
@@ -70,7 +74,7 @@ pub(super) async fn run(
     );
     let fleet = Fleet::new(&urls, inventory, 1, Duration::from_secs(10)).context("--jobdb")?;
     let margin = chrono::Duration::seconds(i64::from(args.margin_secs));
-    let mut rounds = Rounds::default();
+    let mut rounds = Rounds::listing_open_every(args.list_open_every);
     let Some(every) = args.every_secs else {
         let ledgers = rounds.round(&fleet, margin).await;
         fleet.close().await;

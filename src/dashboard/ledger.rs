@@ -19,12 +19,26 @@ use crate::registry::inventory::JobDbState;
 const ROUND_TIMEOUT: Duration = Duration::from_secs(60);
 
 /// Each JobDB's tracker, from round to round.
-#[derive(Default)]
 pub struct Rounds {
     trackers: HashMap<String, Tracker>,
+    list_open_every: u64,
+}
+
+impl Default for Rounds {
+    fn default() -> Self {
+        Rounds::listing_open_every(crate::ledger::LIST_OPEN_EVERY)
+    }
 }
 
 impl Rounds {
+    /// Rounds whose trackers list the open work whole every `rounds` rounds (1: each round).
+    pub fn listing_open_every(rounds: u64) -> Self {
+        Rounds {
+            trackers: HashMap::new(),
+            list_open_every: rounds.max(1),
+        }
+    }
+
     /// One round over every JobDB of `fleet` that holds jobs (not `spare`, not `dropped`), one
     /// after another; a JobDB gone from the fleet takes its tracker with it, and an unreadable
     /// inventory is a ledger of its own (`registry`, unreachable).
@@ -44,10 +58,9 @@ impl Rounds {
             };
             ledgers.push(match &m.db {
                 Some(db) => {
-                    let tracker = self
-                        .trackers
-                        .entry(m.name.clone())
-                        .or_insert_with(|| Tracker::new(&m.name));
+                    let tracker = self.trackers.entry(m.name.clone()).or_insert_with(|| {
+                        Tracker::new(&m.name).listing_open_every(self.list_open_every)
+                    });
                     // A round that cannot finish leaves its tracker as it was.
                     match tokio::time::timeout(ROUND_TIMEOUT, tracker.round(db, owned, margin))
                         .await

@@ -9,17 +9,19 @@
 //! A round reads what is new since the last one, and the open work:
 //! - the **window**: jobs whose id (a ULID: its creation time) lies between the last round's
 //!   boundary and this one's, each read once, with the state that ended it if one did;
-//! - the **carried** jobs: those an earlier round found not ended, looked up by id once they
-//!   are no longer open;
+//! - the **carried** jobs: those an earlier round found not ended, ended since by a row after
+//!   the cursor;
 //! - the **live** part: jobs newer than this round's boundary, counted whole (a few seconds of
 //!   intake), so the counts cover the JobDB up to the snapshot;
-//! - the open jobs (`open_jobs`, `jobs_fresh`), and the ends of those no round has seen (a job stored after
-//!   its window was read, or imported with an old id);
+//! - the open work (`open_jobs`, `jobs_fresh`), **counted**: when it holds as many jobs as the
+//!   carried, window and live jobs not ended, it is those; otherwise (a job vanished, listed
+//!   twice, ended and open, stored after its window was read or imported with an old id), and
+//!   on a round that asks, it is **listed** whole and every difference looked up by id;
 //! - the **rows after** the cursor, each checked once: a second end, an attempt that began
 //!   before an earlier one ended, a row without its job.
 //!
 //! The first round of a tracker (boundary and cursor at zero) therefore reads the whole JobDB;
-//! later ones cost what is new plus what is open.
+//! later ones cost what is new, and a count of what is open.
 
 use std::collections::{HashMap, HashSet};
 
@@ -98,6 +100,16 @@ const LIVE: &str = concat!(
 /// does not need.
 const OPEN: &str = "SELECT job_id FROM open_jobs UNION ALL SELECT job_id FROM jobs_fresh";
 
+/// How many jobs the open work holds (`OPEN`'s rows, counted where they lie).
+const OPEN_COUNT: &str =
+    "SELECT (SELECT COUNT(*) FROM open_jobs) + (SELECT COUNT(*) FROM jobs_fresh) AS n";
+
+/// The rows after the cursor that end a job (binds: cursor), through the index on `id`.
+const ENDS_AFTER: &str = concat!(
+    "SELECT job_id, state FROM job_state_transitions WHERE id > ? AND state IN ",
+    ends!()
+);
+
 /// The highest transition id.
 const LAST_ROW: &str = "SELECT MAX(id) FROM job_state_transitions";
 
@@ -171,6 +183,8 @@ pub struct RoundAsk<'a> {
     pub overdue_before: DateTime<Utc>,
     /// At most this many rows of each kind that should not exist are read.
     pub limit: u32,
+    /// List the open work whole even when its count is what the ledger expects.
+    pub list_open: bool,
 }
 
 /// What one round read, at one moment.
@@ -202,6 +216,9 @@ pub struct RoundRead {
     pub overdue: Vec<(JobId, DateTime<Utc>)>,
     /// The highest transition id: the next round's cursor.
     pub last_row: u64,
+    /// Whether the open work was listed whole: asked to, or its count was not what the
+    /// jobs read and carried expect (then `open` is the listing; otherwise it is those jobs).
+    pub listed_open: bool,
 }
 
 /// An open job no round had seen.
@@ -259,69 +276,106 @@ impl JobDb {
             {
                 read.live.push(job_with_end(&row)?);
             }
-            for row in sqlx::query(OPEN).fetch_all(&mut *tx).await? {
-                read.open.push(q::job_id_of(&row, "job_id")?);
+            // The carried jobs that ended since the last round: every row that ends one is
+            // after the cursor (rows are numbered in commit order, a new owner's higher).
+            let mut ends_after = Vec::new();
+            for row in sqlx::query(ENDS_AFTER)
+                .bind(after)
+                .fetch_all(&mut *tx)
+                .await?
+            {
+                let id = q::job_id_of(&row, "job_id")?;
+                if ask.carried.contains_key(&id) {
+                    ends_after.push((id, q::state_of(&row)?));
+                }
             }
-            let seen: HashSet<JobId> = read
-                .window
-                .iter()
-                .chain(&read.live)
-                .map(|(id, _, _)| *id)
-                .collect();
-            let strays: Vec<JobId> = read
-                .open
-                .iter()
-                .filter(|id| !seen.contains(id) && !ask.carried.contains_key(id))
-                .copied()
-                .collect::<HashSet<_>>()
-                .into_iter()
-                .collect();
-            // The carried jobs no longer open, and the strays, looked up by id: the rows that
-            // end them, and whether their `jobs` rows are there. (A carried job still listed as
-            // open is taken to be open: a whole read checks it.)
-            let open: HashSet<JobId> = read.open.iter().copied().collect();
-            let left: Vec<JobId> = ask
+            let ended_since: HashSet<JobId> = ends_after.iter().map(|(id, _)| *id).collect();
+            let expected: Vec<JobId> = ask
                 .carried
                 .keys()
-                .filter(|id| !open.contains(id))
+                .filter(|id| !ended_since.contains(id))
                 .copied()
+                .chain(
+                    read.window
+                        .iter()
+                        .chain(&read.live)
+                        .filter(|(_, _, end)| end.is_none())
+                        .map(|(id, _, _)| *id),
+                )
                 .collect();
-            let (mut ends, mut stored) = (Vec::new(), HashSet::new());
-            let looked: Vec<JobId> = left.iter().chain(&strays).copied().collect();
-            for chunk in looked.chunks(MAX_IDS_PER_SELECT) {
-                for row in q::ids_query(ENDS_OF, chunk, ")")
-                    .build()
-                    .fetch_all(&mut *tx)
-                    .await?
-                {
-                    ends.push((q::job_id_of(&row, "job_id")?, q::state_of(&row)?));
+            let count: i64 = sqlx::query_scalar(OPEN_COUNT).fetch_one(&mut *tx).await?;
+            // The open work is what the rounds expect when it holds as many jobs: then it is
+            // not listed. A difference (a job vanished, listed twice, ended and open, stored
+            // late) lists it whole, and so does every round that asks.
+            if !ask.list_open && usize::try_from(count).ok() == Some(expected.len()) {
+                read.open = expected;
+                read.carried_ends = ends_after;
+            } else {
+                read.listed_open = true;
+                for row in sqlx::query(OPEN).fetch_all(&mut *tx).await? {
+                    read.open.push(q::job_id_of(&row, "job_id")?);
                 }
-                for row in q::ids_query(JOBS_OF, chunk, ")")
-                    .build()
-                    .fetch_all(&mut *tx)
-                    .await?
-                {
-                    stored.insert(q::job_id_of(&row, "job_id")?);
+                let seen: HashSet<JobId> = read
+                    .window
+                    .iter()
+                    .chain(&read.live)
+                    .map(|(id, _, _)| *id)
+                    .collect();
+                let strays: Vec<JobId> = read
+                    .open
+                    .iter()
+                    .filter(|id| !seen.contains(id) && !ask.carried.contains_key(id))
+                    .copied()
+                    .collect::<HashSet<_>>()
+                    .into_iter()
+                    .collect();
+                // The carried jobs no longer open, and the strays, looked up by id: the rows
+                // that end them, and whether their `jobs` rows are there. (A carried job still
+                // listed as open is taken to be open: a whole read checks it.)
+                let open: HashSet<JobId> = read.open.iter().copied().collect();
+                let left: Vec<JobId> = ask
+                    .carried
+                    .keys()
+                    .filter(|id| !open.contains(id))
+                    .copied()
+                    .collect();
+                let (mut ends, mut stored) = (Vec::new(), HashSet::new());
+                let looked: Vec<JobId> = left.iter().chain(&strays).copied().collect();
+                for chunk in looked.chunks(MAX_IDS_PER_SELECT) {
+                    for row in q::ids_query(ENDS_OF, chunk, ")")
+                        .build()
+                        .fetch_all(&mut *tx)
+                        .await?
+                    {
+                        ends.push((q::job_id_of(&row, "job_id")?, q::state_of(&row)?));
+                    }
+                    for row in q::ids_query(JOBS_OF, chunk, ")")
+                        .build()
+                        .fetch_all(&mut *tx)
+                        .await?
+                    {
+                        stored.insert(q::job_id_of(&row, "job_id")?);
+                    }
                 }
+                let ended: HashSet<JobId> = ends.iter().map(|(id, _)| *id).collect();
+                read.carried_ends = ends
+                    .into_iter()
+                    .filter(|(id, _)| ask.carried.contains_key(id))
+                    .collect();
+                read.carried_gone = left
+                    .iter()
+                    .filter(|id| !stored.contains(id))
+                    .copied()
+                    .collect();
+                read.strays = strays
+                    .iter()
+                    .map(|job| Stray {
+                        job: *job,
+                        ended: ended.contains(job),
+                        stored: stored.contains(job),
+                    })
+                    .collect();
             }
-            let ended: HashSet<JobId> = ends.iter().map(|(id, _)| *id).collect();
-            read.carried_ends = ends
-                .into_iter()
-                .filter(|(id, _)| ask.carried.contains_key(id))
-                .collect();
-            read.carried_gone = left
-                .iter()
-                .filter(|id| !stored.contains(id))
-                .copied()
-                .collect();
-            read.strays = strays
-                .iter()
-                .map(|job| Stray {
-                    job: *job,
-                    ended: ended.contains(job),
-                    stored: stored.contains(job),
-                })
-                .collect();
             for row in sqlx::query(ENDED_TWICE)
                 .bind(after)
                 .bind(limit)

@@ -1,6 +1,6 @@
 //! The conservation ledger: proof, from a JobDB's own rows, that no accepted job was lost.
 //!
-//! For each JobDB, at one moment (one snapshot, [`crate::jobdb::JobDb::ledger`]):
+//! For each JobDB, at one moment (one snapshot, [`crate::jobdb::JobDb::ledger_round`]):
 //!
 //! ```text
 //! accepted = succeeded + discarded + archived + moved + open
@@ -30,7 +30,7 @@
 pub mod metrics;
 mod tracker;
 
-pub use tracker::Tracker;
+pub use tracker::{Tracker, LIST_OPEN_EVERY};
 
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::fmt;

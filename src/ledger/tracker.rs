@@ -17,6 +17,11 @@ use crate::jobdb::JobDb;
 /// and not counted if it ended unseen.
 const LAG: Duration = Duration::seconds(2);
 
+/// Every this many rounds the open work is listed whole even when its count is what the
+/// rounds expect: two differences that cancel out (a job vanished while another was stored
+/// late) are then named within this many rounds.
+pub const LIST_OPEN_EVERY: u64 = 30;
+
 /// One JobDB's ledger from round to round.
 pub struct Tracker {
     name: String,
@@ -36,6 +41,9 @@ pub struct Tracker {
     ended_twice: BTreeMap<JobId, u64>,
     without_job: BTreeSet<JobId>,
     overlaps: BTreeMap<JobId, DateTime<Utc>>,
+    /// Rounds read so far, and how often one lists the open work whole.
+    rounds: u64,
+    list_open_every: u64,
 }
 
 impl Tracker {
@@ -58,7 +66,15 @@ impl Tracker {
             ended_twice: BTreeMap::new(),
             without_job: BTreeSet::new(),
             overlaps: BTreeMap::new(),
+            rounds: 0,
+            list_open_every: LIST_OPEN_EVERY,
         }
+    }
+
+    /// This tracker, listing the open work whole every `rounds` rounds (1: each round).
+    pub fn listing_open_every(mut self, rounds: u64) -> Tracker {
+        self.list_open_every = rounds.max(1);
+        self
     }
 
     /// Jobs carried from round to round (not ended at the last one).
@@ -82,6 +98,7 @@ impl Tracker {
             after: self.after,
             overdue_before: now - margin,
             limit: LIMIT,
+            list_open: self.rounds.is_multiple_of(self.list_open_every),
         };
         let read = match db.ledger_round(ask).await {
             Ok(read) => read,
@@ -91,6 +108,7 @@ impl Tracker {
             Ok(t) => t,
             Err(e) => return Ledger::unreachable(&self.name, &crate::delivery::error_chain(&e)),
         };
+        self.rounds += 1;
         self.fold(&read, to, until);
         let counted = self.counted(read);
         let cx = Context {
