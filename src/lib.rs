@@ -15,8 +15,8 @@
 //!   benchmarks and tests).
 //! - The services, peers that never name one another:
 //!   - [`director`]: the Director process: start-up and recovery, the group-commit
-//!     [`director::writer`] and the requests it takes ([`director::writer::WriteOp`]), the
-//!     [`director::scheduler`] (cache, lanes, gates, backlog), the [`director::sequencer`]
+//!     [`director::writer`] and the requests it takes ([`director::mailbox::WriteOp`]), the
+//!     [`director::scheduler`] (cache, lanes, gates, backlog), the [`director::ordering`]
 //!     (ordered keys), its HTTP API ([`director::http`]), archiving its expired jobs
 //!     ([`director::archiving`]), supervision of its core tasks, campaigning in Consul.
 //!   - [`router`]: the router: Redis dedup (Tapjoy's layout, Lua claims; or in-process),

@@ -451,6 +451,7 @@ async fn erase_leaves_no_byte_of_a_bucket_anywhere_and_a_true_receipt() {
         assert_eq!(again["archive"]["batches_rewritten"].as_u64(), Some(0));
         assert_eq!(again["archive"]["jobs"].as_u64(), Some(0));
     }
+    let _ = std::fs::remove_file(&file);
     drop((live, router));
     cluster.stop().await;
 }

@@ -24,7 +24,7 @@ use super::{Archive, ArchiveError};
 /// Milliseconds in one chunk of the index.
 const MINUTE_MS: u64 = 60_000;
 
-/// The chunks of a JobDB's id index ([module](self)).
+/// The chunks of a JobDB's id index (see the module).
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct IdIndex {
     /// The JobDB.

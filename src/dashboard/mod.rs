@@ -527,9 +527,7 @@ async fn attempts(State(app): State<AppState>) -> Json<Attempts> {
     ))
 }
 
-/// `GET /api/jobdbs`: every JobDB with its inventory state, age, size, owner and whether it
-/// answers.
-/// `/api/subscriptions`: every subscription (no secrets) with its unfinished jobs over the
+/// `GET /api/subscriptions`: every subscription (no secrets) with its unfinished jobs over the
 /// reachable JobDBs.
 async fn subscriptions(State(app): State<AppState>) -> Json<views::SubscriptionsView> {
     let Some(cache) = app.subscriptions.clone() else {
@@ -562,6 +560,8 @@ async fn subscriptions(State(app): State<AppState>) -> Json<views::Subscriptions
     })
 }
 
+/// `GET /api/jobdbs`: every JobDB with its inventory state, age, size, owner and whether it
+/// answers.
 async fn jobdbs(State(app): State<AppState>) -> Json<JobDbs> {
     let members = app.fleet.members();
     let (answers, unreachable) = across(&members, app.query_timeout, |db| async move {

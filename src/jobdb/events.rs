@@ -15,11 +15,13 @@ const EVENT: &str = "SELECT bucket, event_type, created_at FROM events WHERE id 
 const EVENT_JOBS: &str =
     "SELECT id, subscription_id FROM jobs WHERE event_id = ? ORDER BY subscription_id, id";
 
-/// Unfinished jobs per subscription (the dashboard's "waiting" column): those without a
-/// terminal row (a job fresh in its Director's cache has no `open_jobs` entry yet).
-const WAITING_BY_SUBSCRIPTION: &str = "SELECT j.subscription_id, COUNT(*) AS n FROM jobs j \
-     WHERE j.subscription_id IS NOT NULL AND NOT EXISTS (SELECT 1 FROM job_state_transitions t \
-     WHERE t.job_id = j.id AND t.state IN ('succeeded', 'discarded', 'archived', 'moved')) \
+/// Unfinished jobs per subscription (the dashboard's "waiting" column): the open work
+/// (`open_jobs`, and `jobs_fresh` for a job fresh in its Director's cache), each job's
+/// subscription read by its key. It reads what is open, never the JobDB's ended jobs
+/// (docs/operations.md has its plan).
+const WAITING_BY_SUBSCRIPTION: &str = "SELECT j.subscription_id, COUNT(*) AS n FROM \
+     (SELECT job_id FROM open_jobs UNION ALL SELECT job_id FROM jobs_fresh) o \
+     JOIN jobs j ON j.id = o.job_id WHERE j.subscription_id IS NOT NULL \
      GROUP BY j.subscription_id";
 
 /// Events with a job of a subscription: the caller binds the subscription, then adds

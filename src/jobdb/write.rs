@@ -466,8 +466,9 @@ pub fn transition_row_bytes(t: &Transition) -> usize {
         + 64
 }
 
-/// Everything one transaction writes. [`JobDb::append`] fills in jobs and transitions; the
-/// Director's writer adds its commit's log row, rests and the checkpoint.
+/// Everything one transaction writes. [`JobDb::append`](super::JobDb::append) fills in jobs
+/// and transitions; the Director's writer adds its commit's log row, rests and the
+/// checkpoint.
 #[derive(Default)]
 pub struct Append<'a> {
     /// New jobs.
@@ -620,8 +621,8 @@ pub struct Written {
     pub blocks_written: Vec<Seq>,
 }
 
-/// How long a bounded write ([`JobDb::append_bounded`]) may take, and until when it may
-/// commit. `None`: no bound.
+/// How long a bounded write ([`JobDb::append_bounded`](super::JobDb::append_bounded)) may
+/// take, and until when it may commit. `None`: no bound.
 #[derive(Clone, Copy, Debug, Default)]
 pub struct Bounds {
     /// Most time for everything before the COMMIT (a connection, the statements, the fence
@@ -635,7 +636,7 @@ pub struct Bounds {
 }
 
 /// The connection of a COMMIT that got no answer in time, closed on our side: what
-/// [`JobDb::settle`] needs to make sure the server is done with it.
+/// [`JobDb::settle`](super::JobDb::settle) needs to make sure the server is done with it.
 #[derive(Debug)]
 pub enum Stalled {
     /// A MySQL connection, by its id on the server.

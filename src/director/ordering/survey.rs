@@ -233,7 +233,7 @@ type ClearanceAsk = (Vec<Seq>, tokio::sync::oneshot::Sender<BTreeSet<Seq>>);
 /// sequencer round trip. Sound per sequence: a job that must go before it was accepted before it got its
 /// position, so the survey saw it where it was stored or where a drainer moved it; a job
 /// stored elsewhere later was accepted after it. A survey serves every question asked
-/// before it began; a question not answered within [`CLEARANCE_WAIT`] clears nothing.
+/// before it began; a question not answered within `CLEARANCE_WAIT` clears nothing.
 #[derive(Clone)]
 pub struct Clearance {
     asks: mpsc::UnboundedSender<ClearanceAsk>,

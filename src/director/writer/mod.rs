@@ -8,7 +8,7 @@
 //!
 //! A commit that accepts jobs or begins attempts writes its `commit_log` row, listing them:
 //! that is their record until they have rows of their own (schema 5). The writer keeps the
-//! account of what its commits left open ([`open`]): it rests jobs that wait long without a row
+//! account of what its commits left open (`open`): it rests jobs that wait long without a row
 //! (their `open_jobs` entries), knows which ending jobs never had an entry, and moves the
 //! JobDB's checkpoint past commits that hold nothing open.
 //!
@@ -26,8 +26,9 @@
 //!   one request that carries the refused rows is found; it alone is refused (counted, logged),
 //!   everything batched with it is written. One oversized job never costs its neighbours.
 //!
-//! A producer's request is claimed once ([`Ticket`]): by the writer when it takes it into a
-//! batch, or by its handler when the handler's wait ends first, and then it is never written.
+//! A producer's request is claimed once ([`Ticket`](crate::director::mailbox::Ticket)): by
+//! the writer when it takes it into a batch, or by its handler when the handler's wait ends
+//! first, and then it is never written.
 //! A handler that stops waiting after the writer took its request answers 504 (outcome
 //! unknown), and no later try of a failed batch writes that request. A router's forward is
 //! never committed after its `not_after`, checked just before every COMMIT that carries it.

@@ -277,7 +277,7 @@ pub fn installed_on(row: &DbRow, column: &str) -> Result<Option<DateTime<Utc>>, 
 }
 
 /// The fence check: a shared lock on the owner row, so a takeover waits for this commit; with
-/// the connection's id, by which a COMMIT that gets no answer is ended ([`end_connection`]).
+/// the connection's id, by which a COMMIT that gets no answer is ended (`end_connection`).
 pub const FENCE_CHECK: &str =
     "SELECT fencing_token, CAST(CONNECTION_ID() AS UNSIGNED) FROM jobdb_owner WHERE id = 1 \
      LOCK IN SHARE MODE";
