@@ -287,9 +287,9 @@ pub async fn erase_jobdbs(
             if part.error.is_some() || part.not_ended > 0 || part.gone {
                 continue;
             }
-            let pass = erase_jobdb(&j.name, &j.state, db, selector, options).await;
-            changed |= pass.discarded + pass.jobs + pass.answers + pass.events > 0;
-            part.absorb(pass);
+            let before = part.changes();
+            erase_pass(db, selector, options, part).await;
+            changed |= part.changes() > before;
         }
         if !changed {
             return (parts, true);
@@ -299,40 +299,22 @@ pub async fn erase_jobdbs(
 }
 
 impl JobDbReceipt {
-    /// Adds a later pass over the same JobDB.
-    fn absorb(&mut self, pass: JobDbReceipt) {
-        self.discarded += pass.discarded;
-        self.jobs += pass.jobs;
-        self.answers += pass.answers;
-        self.events += pass.events;
-        self.rebuilt |= pass.rebuilt;
-        self.gone |= pass.gone;
-        self.not_ended = pass.not_ended;
-        self.error = pass.error;
+    /// Everything its passes changed, summed: a pass that leaves it as it was changed nothing.
+    fn changes(&self) -> u64 {
+        self.discarded + self.jobs + self.answers + self.events
     }
 }
 
-/// Erases what `selector` names in one JobDB: ends the jobs in flight, then erases the ended
-/// ones. Errors are recorded in the part, not returned: other places still get their turn.
-pub async fn erase_jobdb(
-    name: &str,
-    state: &str,
-    db: &JobDb,
-    selector: &Selector,
-    options: &Options,
-) -> JobDbReceipt {
-    let mut part = JobDbReceipt {
-        name: name.to_owned(),
-        state: state.to_owned(),
-        ..JobDbReceipt::default()
-    };
-    match erase_in(db, selector, options, &mut part).await {
+/// One pass over one JobDB, added to its part: ends the jobs in flight, then erases the
+/// ended ones. Errors are recorded in the part, not returned: other places still get their
+/// turn.
+async fn erase_pass(db: &JobDb, selector: &Selector, options: &Options, part: &mut JobDbReceipt) {
+    match erase_in(db, selector, options, part).await {
         // Dropped under us (a drained JobDB the manager removed): nothing is left there.
         Err(e) if e.is_gone() => part.gone = true,
         Err(e) => part.error = Some(crate::delivery::error_chain(&e)),
         Ok(()) => {}
     }
-    part
 }
 
 async fn erase_in(
@@ -367,9 +349,9 @@ async fn erase_in(
         tokio::time::sleep(Duration::from_millis(250)).await;
     }
     let erased = db.erase_ended(selector, Utc::now()).await?;
-    part.jobs = erased.jobs;
-    part.answers = erased.answers;
-    part.events = erased.events;
+    part.jobs += erased.jobs;
+    part.answers += erased.answers;
+    part.events += erased.events;
     if options.rebuild && erased != Erased::default() {
         db.rebuild_erased_tables().await?;
         part.rebuilt = true;

@@ -81,6 +81,22 @@ fn jobs_of(bucket: &str, marker: &str, cluster: &Cluster, echo: &str, live: bool
     jobs
 }
 
+/// The JobDB a Director of the catalog serves, other than `except`, once there is one.
+async fn served_jobdb(cluster: &Cluster, except: Option<&str>) -> String {
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
+    loop {
+        let mut served = cluster.catalog().await.into_values();
+        if let Some(name) = served.find(|n| Some(n.as_str()) != except) {
+            return name;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "no Director in the catalog"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
 /// Whether `needle` occurs in `hay`.
 fn holds(hay: &[u8], needle: &str) -> bool {
     hay.windows(needle.len()).any(|w| w == needle.as_bytes())
@@ -217,13 +233,7 @@ async fn erase_leaves_no_byte_of_a_bucket_anywhere_and_a_true_receipt() {
     // The older Director's JobDB ends up drained: its jobs end, it stops, the state is set.
     let mut older = cluster.director("d1");
     cluster.wait_ready([&older]).await;
-    wait_for(
-        Duration::from_secs(30),
-        "the Director in the catalog",
-        || async { cluster.catalog().await.len() == 1 },
-    )
-    .await;
-    let older_db = cluster.catalog().await.into_values().next().unwrap();
+    let older_db = served_jobdb(&cluster, None).await;
     for (bucket, marker) in [(gone, &gone_marker), (kept, &kept_marker)] {
         submit(
             &cluster.client,
@@ -245,18 +255,7 @@ async fn erase_leaves_no_byte_of_a_bucket_anywhere_and_a_true_receipt() {
     // The live Director, behind the router, with jobs in flight when the erasure starts.
     let live = cluster.director("d0");
     cluster.wait_ready([&live]).await;
-    wait_for(
-        Duration::from_secs(30),
-        "the Director in the catalog",
-        || async { cluster.catalog().await.len() == 1 },
-    )
-    .await;
-    let live_db = cluster
-        .catalog()
-        .await
-        .into_values()
-        .find(|n| *n != older_db)
-        .unwrap();
+    let live_db = served_jobdb(&cluster, Some(&older_db)).await;
     let router = cluster.spawn_router(1, &[]);
     wait_for(
         Duration::from_secs(30),

@@ -79,21 +79,15 @@ struct Place {
 }
 
 impl Place {
-    /// JobDBs that take no new jobs go first: a job a drain moves is then found either where
-    /// it was or where it went.
-    fn order(&self) -> u8 {
-        match self.state {
-            Some(JobDbState::Active) | None => 1,
-            _ => 0,
-        }
+    /// Whether it may still take jobs (live, or given by URL). Those that take none go
+    /// first: a job a drain moves is then found either where it was or where it went.
+    fn takes_jobs(&self) -> bool {
+        matches!(self.state, Some(JobDbState::Active) | None)
     }
 
     fn state_label(&self) -> String {
         match self.state {
-            Some(state) => serde_json::to_value(state)
-                .ok()
-                .and_then(|v| v.as_str().map(str::to_owned))
-                .unwrap_or_else(|| format!("{state:?}")),
+            Some(state) => format!("{state:?}").to_lowercase(),
             None => "given".to_owned(),
         }
     }
@@ -126,7 +120,7 @@ pub(super) async fn run(args: &EraseArgs) -> anyhow::Result<()> {
         created_before: before.min(started_at),
     };
     let mut places = places(args).await?;
-    places.sort_by_key(|p| (p.order(), p.name.clone()));
+    places.sort_by_key(|p| (p.takes_jobs(), p.name.clone()));
     let options = Options {
         wait: Duration::from_secs(args.wait_secs),
         rebuild: !args.no_rebuild,
@@ -141,7 +135,7 @@ pub(super) async fn run(args: &EraseArgs) -> anyhow::Result<()> {
             state: place.state_label(),
             db: match open(&place.url).await {
                 // Only a JobDB on its way out may vanish: a given or live one is a mistake.
-                crate::erasure::Opening::Gone if place.order() == 1 => {
+                crate::erasure::Opening::Gone if place.takes_jobs() => {
                     crate::erasure::Opening::Failed("the database does not exist".to_owned())
                 }
                 opening => opening,
