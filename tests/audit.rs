@@ -101,7 +101,7 @@ on_both_engines!(the_ledger_balances_and_names_a_job_made_to_vanish_or_overlap);
 /// agree with a whole read each time, and name a job that vanishes between two rounds.
 async fn rounds_of_a_tracker_agree_with_a_whole_read(engine: Engine) {
     use spindle::ledger::{Ledger, Tracker};
-    let rig = Rig::start_on(engine, "auditrounds", |_| {}).await;
+    let mut rig = Rig::start_on(engine, "auditrounds", |_| {}).await;
     let name = rig.db.url.database.clone();
     let margin = chrono::Duration::seconds(60);
     let mut tracker = Tracker::with_lag(&name, chrono::Duration::zero());
@@ -119,8 +119,9 @@ async fn rounds_of_a_tracker_agree_with_a_whole_read(engine: Engine) {
         .submit(rig.jobs(6, "/status/500", json!({"backoff_min_delay_ms": 3_600_000})))
         .await;
     let mut done = 0;
+    let mut ok = None;
     for round in 0..4 {
-        rig.submit(rig.jobs(10, "/ok", json!({}))).await;
+        ok = Some(rig.submit(rig.jobs(10, "/ok", json!({}))).await);
         done += 10;
         rig.wait_in_state(State::Succeeded, done, Duration::from_secs(30))
             .await;
@@ -147,9 +148,48 @@ async fn rounds_of_a_tracker_agree_with_a_whole_read(engine: Engine) {
         .collect();
     assert_eq!(
         kinds,
-        [(spindle::ledger::Kind::Vanished, Some(gone))],
+        [(spindle::ledger::Kind::Vanished, Some(gone.clone()))],
         "{l}"
     );
+
+    // After the cursor: a carried job's second attempt, begun by the commit that began its
+    // first (whose row is before the cursor), and a second end of a job that succeeded in an
+    // earlier round. Rounds read a carried job by its new rows alone unless it was retried.
+    rig.stop_director().await;
+    let twice = hex(&resting.jobs[3].id);
+    let succeeded = hex(&ok.expect("submitted").jobs[0].id);
+    for sql in [
+        format!(
+            "INSERT INTO job_state_transitions (id, job_id, time, attempts, state, started_in, \
+             started_at) SELECT m.top + 1, t.job_id, t.time, t.attempts + 1, 'awaiting-retry', \
+             t.started_in, t.started_at FROM job_state_transitions t, \
+             (SELECT MAX(id) AS top FROM job_state_transitions) m \
+             WHERE t.job_id = X'{twice}' AND t.started_in IS NOT NULL"
+        ),
+        format!(
+            "INSERT INTO job_state_transitions (id, job_id, time, attempts, state) \
+             SELECT m.top + 1, t.job_id, t.time, t.attempts, 'discarded' \
+             FROM job_state_transitions t, (SELECT MAX(id) AS top FROM job_state_transitions) m \
+             WHERE t.job_id = X'{succeeded}' AND t.state = 'succeeded'"
+        ),
+    ] {
+        common::operator_sql(&rig.reader, &sql).await;
+    }
+    let l = tracker.round(&rig.reader, None, margin).await;
+    let mut kinds: Vec<_> = l
+        .findings
+        .iter()
+        .map(|f| (f.kind, f.job.map(|j| j.to_hex())))
+        .collect();
+    kinds.sort();
+    use spindle::ledger::Kind;
+    let mut expected = vec![
+        (Kind::Vanished, Some(gone)),
+        (Kind::Overlap, Some(twice)),
+        (Kind::EndedTwice, Some(succeeded)),
+    ];
+    expected.sort();
+    assert_eq!(kinds, expected, "{l}");
     rig.stop().await;
 }
 

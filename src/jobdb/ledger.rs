@@ -20,80 +20,55 @@
 //! - the **rows after** the cursor, each checked once: a second end, an attempt that began
 //!   before an earlier one ended, a row without its job.
 //!
+//! Every read is a range, never a lookup per job: the window's and the live part's jobs, and
+//! all their transitions, are two scans in key order from the window's first id (both tables
+//! are clustered by job id, a ULID); the few older jobs with a row after the cursor (carried
+//! jobs attempted since, imports, anything wrong) come from the index on `id`, which holds
+//! their ids, and are then read by id. Each job's rows are judged here, in Rust: the state that
+//! ended it, a second end, overlapping attempts.
+//!
 //! The first round of a tracker (boundary and cursor at zero) therefore reads the whole JobDB;
 //! later ones cost what is new, and a count of what is open.
 
 use std::collections::{HashMap, HashSet};
 
 use chrono::{DateTime, Utc};
+use futures::TryStreamExt;
 
 use super::{with_pool, JobDb, JobDbError, MAX_IDS_PER_SELECT};
 use crate::job::{JobId, State};
 
-/// The states that end a job here (a `moved` job goes on in another JobDB).
-macro_rules! ends {
-    () => {
-        "('succeeded', 'discarded', 'archived', 'moved')"
-    };
-}
+/// Every job stored at or after an id: the window's and the live part's (binds: id).
+const JOBS_FROM: &str = "SELECT id, created_at FROM jobs WHERE id >= ?";
 
-/// The state of a job's first row that ends it, if any (of `j`).
-macro_rules! end_of {
-    () => {
-        concat!(
-            "(SELECT t.state FROM job_state_transitions t WHERE t.job_id = j.id AND t.state IN ",
-            ends!(),
-            " ORDER BY t.id LIMIT 1) AS state"
-        )
-    };
-}
+/// Which jobs at or after an id were imported: they are read by when they came (binds: id).
+const IMPORTED_FROM: &str = "SELECT job_id FROM job_origins WHERE job_id >= ?";
 
-/// Whether job `j` was imported (moved here from another JobDB).
-macro_rules! imported {
-    () => {
-        "EXISTS (SELECT 1 FROM job_origins o WHERE o.job_id = j.id)"
-    };
-}
+/// The jobs imported at or after a time, with when (binds: time). Imported jobs keep the ids
+/// they were made with.
+const IMPORTED_SINCE: &str = "SELECT j.id, j.created_at, o.imported_at \
+     FROM job_origins o JOIN jobs j ON j.id = o.job_id WHERE o.imported_at >= ?";
 
-/// The jobs made here in a window of ids, each with the state that ended it (binds: from,
-/// to). Imported jobs keep the ids they were made with: they are read by when they came.
-const WINDOW: &str = concat!(
-    "SELECT j.id, j.created_at, ",
-    end_of!(),
-    " FROM jobs j WHERE j.id >= ? AND j.id < ? AND NOT ",
-    imported!()
-);
+/// Every transition of the jobs at or after an id, job by job (binds: id): the columns
+/// [`judge`] reads.
+const ROWS_FROM: &str = "SELECT job_id, id, state, attempts, started_in, started_at \
+     FROM job_state_transitions WHERE job_id >= ? ORDER BY job_id, id";
 
-/// The jobs imported in a window of time, each with the state that ended it (binds: from,
-/// to).
-const IMPORTED: &str = concat!(
-    "SELECT j.id, j.created_at, ",
-    end_of!(),
-    " FROM job_origins o JOIN jobs j ON j.id = o.job_id \
-     WHERE o.imported_at >= ? AND o.imported_at < ?"
-);
+/// [`ROWS_FROM`] of these jobs (an id list follows).
+const ROWS_OF: &str = "SELECT job_id, id, state, attempts, started_in, started_at \
+     FROM job_state_transitions WHERE job_id IN (";
+
+/// [`ROWS_FROM`]'s columns of the rows after the cursor of jobs older than an id (binds:
+/// cursor, id), through the index on `id`.
+const OLDER_ROWS_AFTER: &str = "SELECT job_id, id, state, attempts, started_in, started_at \
+     FROM job_state_transitions WHERE id > ? AND job_id < ?";
 
 /// The rows that end these jobs (an id list follows).
-const ENDS_OF: &str = concat!(
-    "SELECT job_id, state FROM job_state_transitions WHERE state IN ",
-    ends!(),
-    " AND job_id IN ("
-);
+const ENDS_OF: &str = "SELECT job_id, state FROM job_state_transitions \
+     WHERE state IN ('succeeded', 'discarded', 'archived', 'moved') AND job_id IN (";
 
 /// Which of these jobs have a `jobs` row (an id list follows).
 const JOBS_OF: &str = "SELECT id AS job_id FROM jobs WHERE id IN (";
-
-/// The live part: jobs made here at or after an id, and jobs imported at or after a time
-/// (binds: id, time), each with the state that ended it.
-const LIVE: &str = concat!(
-    "SELECT j.id, j.created_at, ",
-    end_of!(),
-    " FROM jobs j WHERE j.id >= ? AND NOT ",
-    imported!(),
-    " UNION ALL SELECT j.id, j.created_at, ",
-    end_of!(),
-    " FROM job_origins o JOIN jobs j ON j.id = o.job_id WHERE o.imported_at >= ?"
-);
 
 /// Every unfinished job: its `open_jobs` entry, or the commit that accepted it (`jobs_fresh`).
 /// The `open_work` view says the same with each job's state, which costs a join per job this
@@ -104,50 +79,8 @@ const OPEN: &str = "SELECT job_id FROM open_jobs UNION ALL SELECT job_id FROM jo
 const OPEN_COUNT: &str =
     "SELECT (SELECT COUNT(*) FROM open_jobs) + (SELECT COUNT(*) FROM jobs_fresh) AS n";
 
-/// The rows after the cursor that end a job (binds: cursor), through the index on `id`.
-const ENDS_AFTER: &str = concat!(
-    "SELECT job_id, state FROM job_state_transitions WHERE id > ? AND state IN ",
-    ends!()
-);
-
 /// The highest transition id.
 const LAST_ROW: &str = "SELECT MAX(id) FROM job_state_transitions";
-
-/// Jobs with a row after the cursor that ends them, and more than one such row, with how
-/// many (binds: cursor, limit). The new rows come through the index on `id`, each job's others
-/// by its key.
-const ENDED_TWICE: &str = concat!(
-    "SELECT t.job_id, COUNT(*) AS n FROM \
-     (SELECT DISTINCT job_id FROM job_state_transitions WHERE id > ? AND state IN ",
-    ends!(),
-    ") n JOIN job_state_transitions t ON t.job_id = n.job_id AND t.state IN ",
-    ends!(),
-    " GROUP BY t.job_id HAVING COUNT(*) > 1 LIMIT ?"
-);
-
-/// Jobs with a row after the cursor and no `jobs` row (binds: cursor, limit).
-const WITHOUT_JOB: &str = "SELECT DISTINCT t.job_id FROM job_state_transitions t \
-     WHERE t.id > ? AND NOT EXISTS (SELECT 1 FROM jobs j WHERE j.id = t.job_id) LIMIT ?";
-
-/// Attempts that began before an earlier attempt of their job ended: the commit that began
-/// one precedes the row that ended the other (ids are one sequence per JobDB, and a new
-/// owner's are all higher, so a crash between the two cannot make this so). Each pair is found
-/// from whichever of its two rows is after the cursor, and attempts under way from each (binds:
-/// cursor, limit, cursor, limit, limit).
-const OVERLAPS: &str = "SELECT job_id, started_at FROM \
-     (SELECT t.job_id, t.started_at FROM job_state_transitions t \
-      JOIN job_state_transitions p ON p.job_id = t.job_id AND p.started_in IS NOT NULL \
-       AND p.attempts < t.attempts AND p.id > t.started_in \
-      WHERE t.id > ? AND t.started_in IS NOT NULL LIMIT ?) a \
-     UNION SELECT job_id, started_at FROM \
-     (SELECT t.job_id, t.started_at FROM job_state_transitions p \
-      JOIN job_state_transitions t ON t.job_id = p.job_id AND t.started_in IS NOT NULL \
-       AND p.attempts < t.attempts AND p.id > t.started_in \
-      WHERE p.id > ? AND p.started_in IS NOT NULL LIMIT ?) b \
-     UNION SELECT job_id, started_at FROM \
-     (SELECT u.job_id, u.started_at FROM attempts_under_way u \
-      JOIN job_state_transitions p ON p.job_id = u.job_id AND p.started_in IS NOT NULL \
-       AND p.attempts < u.attempts AND p.id > u.started_in LIMIT ?) c";
 
 /// Open jobs past their expiry, with it: an expiry ends a job whatever gates its lane, so one
 /// still open long after it is stuck (binds: before, limit). Jobs with an `open_jobs` entry
@@ -157,8 +90,8 @@ const OVERLAPS: &str = "SELECT job_id, started_at FROM \
 const OVERDUE: &str = "SELECT job_id, expire_at FROM open_jobs \
      WHERE expire_at < ? AND state <> 'archiving' LIMIT ?";
 
-/// Attempts begun and not ended, with when they began.
-const UNDER_WAY: &str = "SELECT job_id, started_at FROM attempts_under_way";
+/// Attempts begun and not ended: which, and where and when each began.
+const UNDER_WAY: &str = "SELECT job_id, attempts, started_in, started_at FROM attempts_under_way";
 
 /// A job, when it was made, and the state that ended it if one did.
 pub type Judged = (JobId, DateTime<Utc>, Option<State>);
@@ -232,61 +165,298 @@ pub struct Stray {
     pub stored: bool,
 }
 
+/// One transition as the ledger judges it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+struct Row {
+    id: u64,
+    state: State,
+    attempts: u16,
+    /// The commit that began the attempt this row ends, and when.
+    started_in: Option<u64>,
+    started_at: Option<DateTime<Utc>>,
+}
+
+/// What one job's rows show.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+struct Judgement {
+    /// The state of the first row that ends it.
+    end: Option<State>,
+    /// The rows after the cursor that end it, in order.
+    ends_after: Vec<State>,
+    /// How many rows end it.
+    ends: u64,
+    /// It has a row after the cursor.
+    row_after: bool,
+    /// An attempt began before an earlier one ended, one of the two after the cursor: when
+    /// the later began.
+    overlap: Option<DateTime<Utc>>,
+    /// It has a `jobs` row (set by the reader of `jobs`).
+    stored: bool,
+}
+
+/// An attempt under way: which, and the commit that began it, and when.
+type UnderWay = (u16, u64, DateTime<Utc>);
+
+/// Judges one job's rows (in id order) against the cursor `after`, with its attempts under
+/// way (one that began before an earlier attempt's row overlaps it, cursor or not).
+fn judge(rows: &[Row], after: u64, under_way: &[UnderWay]) -> Judgement {
+    let mut j = Judgement::default();
+    for r in rows {
+        j.row_after |= r.id > after;
+        if r.state.is_terminal() {
+            j.ends += 1;
+            j.end.get_or_insert(r.state);
+            if r.id > after {
+                j.ends_after.push(r.state);
+            }
+        }
+    }
+    // Attempt t overlaps an earlier attempt p when p's row comes after the commit that began
+    // t. The latest row of the attempts below t's is the only one to try.
+    let mut attempts: Vec<&Row> = rows.iter().filter(|r| r.started_in.is_some()).collect();
+    attempts.sort_by_key(|r| r.attempts);
+    let mut below: Option<u64> = None;
+    let mut i = 0;
+    while i < attempts.len() && j.overlap.is_none() {
+        let same = attempts[i..]
+            .iter()
+            .take_while(|r| r.attempts == attempts[i].attempts)
+            .count();
+        for t in &attempts[i..i + same] {
+            let (Some(p), Some(began)) = (below, t.started_in) else {
+                continue;
+            };
+            if p > began && (t.id > after || p > after) {
+                j.overlap = Some(t.started_at.unwrap_or_default());
+                break;
+            }
+        }
+        let top = attempts[i..i + same].iter().map(|r| r.id).max();
+        below = below.max(top);
+        i += same;
+    }
+    for (attempt, began, at) in under_way {
+        let overlapped = rows
+            .iter()
+            .any(|p| p.started_in.is_some() && p.attempts < *attempt && p.id > *began);
+        if overlapped && j.overlap.is_none() {
+            j.overlap = Some(*at);
+        }
+    }
+    j
+}
+
+/// Collects rows that come job by job into each job's [`Judgement`].
+struct Judge<'a> {
+    after: u64,
+    under_way: &'a HashMap<JobId, Vec<UnderWay>>,
+    job: Option<JobId>,
+    rows: Vec<Row>,
+    judged: HashMap<JobId, Judgement>,
+}
+
+impl<'a> Judge<'a> {
+    fn new(after: u64, under_way: &'a HashMap<JobId, Vec<UnderWay>>) -> Judge<'a> {
+        Judge {
+            after,
+            under_way,
+            job: None,
+            rows: Vec::new(),
+            judged: HashMap::new(),
+        }
+    }
+
+    fn push(&mut self, job: JobId, row: Row) {
+        if self.job != Some(job) {
+            self.close();
+            self.job = Some(job);
+        }
+        self.rows.push(row);
+    }
+
+    fn close(&mut self) {
+        if let Some(job) = self.job.take() {
+            self.rows.sort_by_key(|r| r.id);
+            let under_way = self.under_way.get(&job).map_or(&[][..], Vec::as_slice);
+            let judged = judge(&self.rows, self.after, under_way);
+            self.judged.insert(job, judged);
+            self.rows.clear();
+        }
+    }
+
+    fn done(mut self) -> HashMap<JobId, Judgement> {
+        self.close();
+        self.judged
+    }
+}
+
 impl JobDb {
     /// One round of the ledger's reads ([`RoundAsk`]), in one snapshot.
     pub async fn ledger_round(&self, ask: RoundAsk<'_>) -> Result<RoundRead, JobDbError> {
         let limit = i64::from(ask.limit);
-        let after = super::int(ask.after);
         let from = ask.from.to_bytes().to_vec();
-        let to = ask.to.to_bytes().to_vec();
         with_pool!(self, |p, q| {
-            let job_with_end = |row: &q::DbRow| -> Result<Judged, JobDbError> {
-                let state = match q::text_opt(row, "state")? {
-                    Some(s) => Some(s.parse().map_err(|e: crate::job::UnknownState| {
-                        JobDbError::Corrupt(e.to_string())
-                    })?),
-                    None => None,
-                };
+            let row_of = |row: &q::DbRow| -> Result<(JobId, Row), JobDbError> {
+                use sqlx::Row as _;
                 Ok((
-                    q::job_id_of(row, "id")?,
-                    q::time_of(row, "created_at")?,
-                    state,
+                    q::job_id_of(row, "job_id")?,
+                    Row {
+                        id: row.try_get("id")?,
+                        state: q::state_of(row)?,
+                        attempts: row.try_get("attempts")?,
+                        started_in: row.try_get("started_in")?,
+                        started_at: q::time_opt(row, "started_at")?,
+                    },
                 ))
             };
             let mut tx = p.begin().await?;
             let mut read = RoundRead::default();
-            let window = sqlx::query(WINDOW)
-                .bind(&from)
-                .bind(&to)
-                .fetch_all(&mut *tx)
-                .await?;
-            let imported = sqlx::query(IMPORTED)
-                .bind(ask.imported_from.naive_utc())
-                .bind(ask.imported_to.naive_utc())
-                .fetch_all(&mut *tx)
-                .await?;
-            for row in window.iter().chain(&imported) {
-                read.window.push(job_with_end(row)?);
-            }
-            for row in sqlx::query(LIVE)
-                .bind(&to)
-                .bind(ask.imported_to.naive_utc())
-                .fetch_all(&mut *tx)
-                .await?
-            {
-                read.live.push(job_with_end(&row)?);
-            }
-            // The carried jobs that ended since the last round: every row that ends one is
-            // after the cursor (rows are numbered in commit order, a new owner's higher).
-            let mut ends_after = Vec::new();
-            for row in sqlx::query(ENDS_AFTER)
-                .bind(after)
-                .fetch_all(&mut *tx)
-                .await?
-            {
+            let mut under_way: HashMap<JobId, Vec<UnderWay>> = HashMap::new();
+            for row in sqlx::query(UNDER_WAY).fetch_all(&mut *tx).await? {
+                use sqlx::Row as _;
                 let id = q::job_id_of(&row, "job_id")?;
-                if ask.carried.contains_key(&id) {
-                    ends_after.push((id, q::state_of(&row)?));
+                let at = q::time_of(&row, "started_at")?;
+                let attempts: u64 = row.try_get("attempts")?;
+                let began: u64 = row.try_get("started_in")?;
+                read.under_way.push((id, at));
+                let attempts = u16::try_from(attempts).unwrap_or(u16::MAX);
+                under_way.entry(id).or_default().push((attempts, began, at));
+            }
+            // Every row of the window's and the live part's jobs, judged job by job.
+            let mut judging = Judge::new(ask.after, &under_way);
+            let mut rows = sqlx::query(ROWS_FROM).bind(&from).fetch(&mut *tx);
+            while let Some(row) = rows.try_next().await? {
+                let (job, row) = row_of(&row)?;
+                judging.push(job, row);
+            }
+            drop(rows);
+            let mut judged = judging.done();
+            // The older jobs' rows after the cursor. A carried job is judged by them alone:
+            // its ends are all after the cursor, its `jobs` row was read in its window, and
+            // only a later attempt (or one under way) can overlap an earlier one. Any other
+            // older job, a carried one retried, and the imports are read whole, by id.
+            let mut older: HashMap<JobId, Vec<Row>> = HashMap::new();
+            for row in sqlx::query(OLDER_ROWS_AFTER)
+                .bind(super::int(ask.after))
+                .bind(&from)
+                .fetch_all(&mut *tx)
+                .await?
+            {
+                let (job, row) = row_of(&row)?;
+                older.entry(job).or_default().push(row);
+            }
+            let mut imported: Vec<(Judged, bool)> = Vec::new();
+            for row in sqlx::query(IMPORTED_SINCE)
+                .bind(ask.imported_from.naive_utc())
+                .fetch_all(&mut *tx)
+                .await?
+            {
+                let id = q::job_id_of(&row, "id")?;
+                let live = q::time_of(&row, "imported_at")? >= ask.imported_to;
+                imported.push(((id, q::time_of(&row, "created_at")?, None), live));
+            }
+            let retried = |id: &JobId| {
+                let later = |rows: &[Row]| rows.iter().any(|r| r.attempts > 1);
+                older.get(id).is_some_and(|rows| later(rows))
+                    || under_way.get(id).is_some_and(|u| u.iter().any(|a| a.0 > 1))
+            };
+            let looked: Vec<JobId> = older
+                .keys()
+                .filter(|id| !ask.carried.contains_key(id) || retried(id))
+                .chain(under_way.keys().filter(|id| retried(id)))
+                .copied()
+                .chain(imported.iter().map(|((id, _, _), _)| *id))
+                .filter(|id| *id < ask.from)
+                .collect::<HashSet<_>>()
+                .into_iter()
+                .collect();
+            let mut judging = Judge::new(ask.after, &under_way);
+            let mut stored = Vec::new();
+            for chunk in looked.chunks(MAX_IDS_PER_SELECT) {
+                for row in q::ids_query(ROWS_OF, chunk, ") ORDER BY job_id, id")
+                    .build()
+                    .fetch_all(&mut *tx)
+                    .await?
+                {
+                    let (job, row) = row_of(&row)?;
+                    judging.push(job, row);
+                }
+                for row in q::ids_query(JOBS_OF, chunk, ")")
+                    .build()
+                    .fetch_all(&mut *tx)
+                    .await?
+                {
+                    stored.push(q::job_id_of(&row, "job_id")?);
+                }
+            }
+            let looked_at: HashSet<JobId> = looked.iter().copied().collect();
+            for (id, mut rows) in older {
+                if !looked_at.contains(&id) {
+                    rows.sort_by_key(|r| r.id);
+                    let now = under_way.get(&id).map_or(&[][..], Vec::as_slice);
+                    let mut j = judge(&rows, ask.after, now);
+                    j.stored = true;
+                    judged.insert(id, j);
+                }
+            }
+            // The older jobs' ids are below the window's, so the two sets do not meet.
+            judged.extend(judging.done());
+            for id in stored {
+                if let Some(j) = judged.get_mut(&id) {
+                    j.stored = true;
+                }
+            }
+            // The window and the live part.
+            let mut from_imports = HashSet::new();
+            for row in sqlx::query(IMPORTED_FROM)
+                .bind(&from)
+                .fetch_all(&mut *tx)
+                .await?
+            {
+                from_imports.insert(q::job_id_of(&row, "job_id")?);
+            }
+            let mut jobs = sqlx::query(JOBS_FROM).bind(&from).fetch(&mut *tx);
+            while let Some(row) = jobs.try_next().await? {
+                let id = q::job_id_of(&row, "id")?;
+                let end = judged.get_mut(&id).and_then(|j| {
+                    j.stored = true;
+                    j.end
+                });
+                if from_imports.contains(&id) {
+                    continue;
+                }
+                let made = q::time_of(&row, "created_at")?;
+                let part = if id < ask.to {
+                    &mut read.window
+                } else {
+                    &mut read.live
+                };
+                part.push((id, made, end));
+            }
+            drop(jobs);
+            for ((id, made, _), live) in imported {
+                let end = judged.get(&id).and_then(|j| j.end);
+                let part = if live {
+                    &mut read.live
+                } else {
+                    &mut read.window
+                };
+                part.push((id, made, end));
+            }
+            // The rows after the cursor: what each job's show.
+            let mut ends_after: Vec<(JobId, State)> = Vec::new();
+            for (id, j) in &judged {
+                if !j.ends_after.is_empty() && j.ends > 1 {
+                    read.ended_twice.push((*id, j.ends));
+                }
+                if j.row_after && !j.stored {
+                    read.without_job.push(*id);
+                }
+                if let Some(at) = j.overlap {
+                    read.overlaps.push((*id, at));
+                }
+                if ask.carried.contains_key(id) {
+                    ends_after.extend(j.ends_after.iter().map(|s| (*id, *s)));
                 }
             }
             let ended_since: HashSet<JobId> = ends_after.iter().map(|(id, _)| *id).collect();
@@ -376,39 +546,13 @@ impl JobDb {
                     })
                     .collect();
             }
-            for row in sqlx::query(ENDED_TWICE)
-                .bind(after)
-                .bind(limit)
-                .fetch_all(&mut *tx)
-                .await?
-            {
-                read.ended_twice
-                    .push((q::job_id_of(&row, "job_id")?, q::count_of(&row, "n")?));
-            }
-            for row in sqlx::query(WITHOUT_JOB)
-                .bind(after)
-                .bind(limit)
-                .fetch_all(&mut *tx)
-                .await?
-            {
-                read.without_job.push(q::job_id_of(&row, "job_id")?);
-            }
-            let timed = |rows: Vec<_>| -> Result<Vec<(JobId, DateTime<Utc>)>, JobDbError> {
-                rows.iter()
-                    .map(|r| Ok((q::job_id_of(r, "job_id")?, q::time_of(r, "started_at")?)))
-                    .collect()
-            };
-            read.overlaps = timed(
-                sqlx::query(OVERLAPS)
-                    .bind(after)
-                    .bind(limit)
-                    .bind(after)
-                    .bind(limit)
-                    .bind(limit)
-                    .fetch_all(&mut *tx)
-                    .await?,
-            )?;
-            read.under_way = timed(sqlx::query(UNDER_WAY).fetch_all(&mut *tx).await?)?;
+            let cut = usize::try_from(ask.limit).unwrap_or(usize::MAX);
+            read.ended_twice.sort_unstable();
+            read.ended_twice.truncate(cut);
+            read.without_job.sort_unstable();
+            read.without_job.truncate(cut);
+            read.overlaps.sort_unstable();
+            read.overlaps.truncate(cut);
             let before = ask.overdue_before.naive_utc();
             for row in sqlx::query(OVERDUE)
                 .bind(before)
@@ -426,5 +570,82 @@ impl JobDb {
             tx.rollback().await?;
             Ok(read)
         })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn row(id: u64, state: State, attempts: u16, started_in: Option<u64>) -> Row {
+        Row {
+            id,
+            state,
+            attempts,
+            started_in,
+            started_at: started_in.and_then(|c| DateTime::from_timestamp(c as i64, 0)),
+        }
+    }
+
+    #[test]
+    fn a_job_ends_at_its_first_ending_row_and_a_second_is_counted() {
+        let rows = [
+            row(3, State::AwaitingRetry, 1, Some(2)),
+            row(5, State::Succeeded, 2, Some(4)),
+            row(9, State::Discarded, 2, None),
+        ];
+        let j = judge(&rows, 6, &[]);
+        assert_eq!(j.end, Some(State::Succeeded));
+        assert_eq!(j.ends, 2);
+        assert_eq!(j.ends_after, vec![State::Discarded]);
+        assert!(j.row_after);
+        assert_eq!(j.overlap, None);
+        let before = judge(&rows, 9, &[]);
+        assert!(!before.row_after && before.ends_after.is_empty());
+    }
+
+    #[test]
+    fn an_attempt_begun_before_an_earlier_one_ended_overlaps_once_either_is_new() {
+        // Attempt 2 began in commit 4; attempt 1's row is 6, after it.
+        let rows = [
+            row(6, State::AwaitingRetry, 1, Some(2)),
+            row(8, State::Succeeded, 2, Some(4)),
+        ];
+        assert_eq!(judge(&rows, 0, &[]).overlap, rows[1].started_at);
+        assert_eq!(
+            judge(&rows, 7, &[]).overlap,
+            rows[1].started_at,
+            "the later row is new"
+        );
+        assert_eq!(
+            judge(&rows, 8, &[]).overlap,
+            None,
+            "both rows were checked before"
+        );
+        // In order: attempt 1 ended (6) before attempt 2 began (7).
+        let fine = [
+            row(6, State::AwaitingRetry, 1, Some(2)),
+            row(9, State::Succeeded, 2, Some(7)),
+        ];
+        assert_eq!(judge(&fine, 0, &[]).overlap, None);
+        // The latest of the attempts below counts, not the last one read.
+        let late = [
+            row(12, State::AwaitingRetry, 1, Some(2)),
+            row(10, State::AwaitingRetry, 2, Some(9)),
+            row(14, State::Succeeded, 3, Some(13)),
+        ];
+        assert_eq!(judge(&late, 0, &[]).overlap, late[1].started_at);
+    }
+
+    #[test]
+    fn an_attempt_under_way_begun_before_an_earlier_one_ended_overlaps_whatever_the_cursor() {
+        let rows = [row(6, State::AwaitingRetry, 1, Some(2))];
+        let at = DateTime::from_timestamp(4, 0).unwrap();
+        assert_eq!(judge(&rows, 9, &[(2, 4, at)]).overlap, Some(at));
+        assert_eq!(
+            judge(&rows, 9, &[(2, 7, at)]).overlap,
+            None,
+            "begun after it ended"
+        );
     }
 }
