@@ -234,12 +234,35 @@ impl OrderedKey {
 /// The id of one ordered sequence, (bucket, endpoint, ordering key): the first 16 bytes of
 /// the SHA-256 of the three, each preceded by its length, so no two triples share it by
 /// concatenation. Stored in `open_jobs.seq`.
-pub type Seq = [u8; 16];
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct Seq(pub [u8; 16]);
+
+impl Seq {
+    /// Its 16 bytes, as a query binds them.
+    pub fn to_vec(&self) -> Vec<u8> {
+        self.0.to_vec()
+    }
+}
+
+impl AsRef<[u8]> for Seq {
+    fn as_ref(&self) -> &[u8] {
+        &self.0
+    }
+}
+
+impl TryFrom<Vec<u8>> for Seq {
+    type Error = Vec<u8>;
+
+    /// A stored id: exactly 16 bytes (the bytes back otherwise).
+    fn try_from(bytes: Vec<u8>) -> Result<Seq, Vec<u8>> {
+        bytes.try_into().map(Seq)
+    }
+}
 
 impl Job {
-    /// The delivery queue this job belongs to: the endpoint without query or fragment.
-    pub fn endpoint_key(&self) -> &str {
-        endpoint_key(&self.endpoint)
+    /// The lane this job belongs to: its endpoint without query or fragment.
+    pub fn lane(&self) -> &str {
+        lane(&self.endpoint)
     }
 
     /// The ordered sequence this job belongs to, if any.
@@ -279,13 +302,13 @@ pub fn seq_of(bucket: &str, endpoint: &str, key: &str) -> Seq {
     let digest = hash.finalize();
     let mut seq = [0u8; 16];
     seq.copy_from_slice(&digest[..16]);
-    seq
+    Seq(seq)
 }
 
 /// The delivery queue (lane) of an endpoint URL: the URL without query or fragment; what
 /// Directors queue, limit and control by. The dashboard's SQL groups by the same key
 /// (`jobdb::stats`), so the two must agree.
-pub fn endpoint_key(endpoint: &str) -> &str {
+pub fn lane(endpoint: &str) -> &str {
     &endpoint[..endpoint.find(['?', '#']).unwrap_or(endpoint.len())]
 }
 
@@ -781,12 +804,12 @@ pub(crate) mod tests {
     }
 
     #[test]
-    fn endpoint_key_drops_query_and_fragment() {
+    fn lane_drops_query_and_fragment() {
         let mut job = sample();
         job.endpoint = "http://h/p?x=1#f".into();
-        assert_eq!(job.endpoint_key(), "http://h/p");
+        assert_eq!(job.lane(), "http://h/p");
         job.endpoint = "http://h/p".into();
-        assert_eq!(job.endpoint_key(), "http://h/p");
+        assert_eq!(job.lane(), "http://h/p");
     }
 
     /// A job to test with (unordered, expired now).

@@ -9,7 +9,11 @@ use anyhow::Context;
 use clap::{Args, ValueEnum};
 
 use super::{ConsulArgs, S3Args};
-use crate::director::{self, DirectorConfig};
+use crate::director::defaults as D;
+use crate::director::ordering::sequencer::DEFAULT_CLOCK_SKEW;
+use crate::director::parks::{self, Redrive};
+use crate::director::{self, breaker, DirectorConfig};
+use crate::rpc::rules;
 use crate::secret::SecretUrl;
 
 /// How a Director gets exclusive ownership of a JobDB.
@@ -42,20 +46,20 @@ pub struct DirectorArgs {
     #[arg(long, env = "SPINDLE_NO_CREATE_DATABASE")]
     pub no_create_database: bool,
     /// Attempts in flight across all endpoints.
-    #[arg(long, env = "SPINDLE_MAX_IN_FLIGHT", default_value_t = 1024)]
+    #[arg(long, env = "SPINDLE_MAX_IN_FLIGHT", default_value_t = D::MAX_IN_FLIGHT)]
     pub max_in_flight: usize,
     /// Attempts in flight per endpoint (URL without query).
-    #[arg(long, env = "SPINDLE_ENDPOINT_CONCURRENCY", default_value_t = 64)]
+    #[arg(long, env = "SPINDLE_ENDPOINT_CONCURRENCY", default_value_t = D::ENDPOINT_CONCURRENCY)]
     pub endpoint_concurrency: usize,
     /// Attempts of one endpoint begun ahead of its HTTP slots (being committed, or committed and
     /// waiting for a slot), as a multiple of its concurrency: commit latency overlaps delivery.
     /// Those waiting are held back, not sent, if the endpoint pauses or its breaker opens.
-    #[arg(long, env = "SPINDLE_START_WINDOW", default_value_t = 16)]
+    #[arg(long, env = "SPINDLE_START_WINDOW", default_value_t = D::START_WINDOW)]
     pub start_window: usize,
     /// A job accepted this long ago (ms) without a row of its own yet (never tried, or its
     /// first attempt not ended) gets its `open_jobs` entry: longer writes fewer entries under a
     /// backlog; shorter leaves less of `commit_log` for a new owner to read.
-    #[arg(long, env = "SPINDLE_REST_AFTER_MS", default_value_t = 30_000)]
+    #[arg(long, env = "SPINDLE_REST_AFTER_MS", default_value_t = D::ms(D::REST_AFTER))]
     pub rest_after_ms: u64,
     /// Most ordered jobs the writer's book of sequences holds (about 120 bytes each, plus the
     /// bodies of kept jobs, at most 64 MiB); past it a sequence spills: the store alone holds
@@ -63,98 +67,98 @@ pub struct DirectorArgs {
     #[arg(long, env = "SPINDLE_ORDERED_BOOK_JOBS", default_value_t = crate::director::ordering::DEFAULT_BOOK_LIMIT)]
     pub ordered_book_jobs: usize,
     /// Longest delay between two attempts of a job, in ms.
-    #[arg(long, env = "SPINDLE_BACKOFF_CAP_MS", default_value_t = 3_600_000)]
+    #[arg(long, env = "SPINDLE_BACKOFF_CAP_MS", default_value_t = D::ms(D::BACKOFF_CAP))]
     pub backoff_cap_ms: u64,
     /// How long a stopping Director waits for attempts in flight, in ms.
-    #[arg(long, env = "SPINDLE_SHUTDOWN_GRACE_MS", default_value_t = 30_000)]
+    #[arg(long, env = "SPINDLE_SHUTDOWN_GRACE_MS", default_value_t = D::ms(D::SHUTDOWN_GRACE))]
     pub shutdown_grace_ms: u64,
     /// Jobs waiting at least this long (ms) for their next attempt keep only their metadata in
     /// memory; the payload is read back from the JobDB when due.
-    #[arg(long, env = "SPINDLE_SPILL_AFTER_MS", default_value_t = 60_000)]
+    #[arg(long, env = "SPINDLE_SPILL_AFTER_MS", default_value_t = D::ms(D::SPILL_AFTER))]
     pub spill_after_ms: u64,
     /// Most payload and header bytes of cached jobs held in memory, in MiB; beyond it, new jobs
     /// keep only their metadata and their payload is read back from the JobDB when their turn
     /// comes (bounds memory under a backlog).
-    #[arg(long, env = "SPINDLE_MAX_CACHED_PAYLOAD_MIB", default_value_t = 128)]
+    #[arg(long, env = "SPINDLE_MAX_CACHED_PAYLOAD_MIB", default_value_t = D::MAX_CACHED_PAYLOAD_MIB)]
     pub max_cached_payload_mib: usize,
     /// Most jobs held in the Director's cache; beyond it, jobs wait in the JobDB and are read
     /// in a page at a time as room appears, jobs waiting far in the future are evicted, and
     /// one endpoint takes at most half of it in ready jobs (bounds memory under any backlog).
-    #[arg(long, env = "SPINDLE_MAX_CACHED_JOBS", default_value_t = 150_000)]
+    #[arg(long, env = "SPINDLE_MAX_CACHED_JOBS", default_value_t = D::MAX_CACHED_JOBS)]
     pub max_cached_jobs: usize,
     /// Circuit breaker: share of an endpoint's last 20 attempts that must have failed (server
     /// error, timeout, no connection) for it to be judged down and get one probe at a time
     /// instead of its full concurrency (at least 10 attempts seen; above 1 disables it).
-    #[arg(long, env = "SPINDLE_BREAKER_FAILURE_RATIO", default_value_t = 0.8)]
+    #[arg(long, env = "SPINDLE_BREAKER_FAILURE_RATIO", default_value_t = breaker::FAILURE_RATIO)]
     pub breaker_failure_ratio: f64,
     /// Circuit breaker: wait before the first probe of a down endpoint (ms); doubled after
     /// each failed probe up to `--breaker-probe-max-ms`; the first success closes it.
-    #[arg(long, env = "SPINDLE_BREAKER_PROBE_MS", default_value_t = 1000)]
+    #[arg(long, env = "SPINDLE_BREAKER_PROBE_MS", default_value_t = D::ms(breaker::PROBE_MIN))]
     pub breaker_probe_ms: u64,
     /// Circuit breaker: longest wait between two probes (ms).
-    #[arg(long, env = "SPINDLE_BREAKER_PROBE_MAX_MS", default_value_t = 30_000)]
+    #[arg(long, env = "SPINDLE_BREAKER_PROBE_MAX_MS", default_value_t = D::ms(breaker::PROBE_MAX))]
     pub breaker_probe_max_ms: u64,
     /// Park an endpoint whose circuit breaker has been open this long (no success), in
     /// seconds: its jobs wait, nothing is discarded, one probe goes every
     /// `--park-probe-secs`, and a success (or `spindle endpoints unpark`) ends it. 0: never
     /// (a bucket's own policy, `spindle buckets park-after`, still applies to its jobs).
-    #[arg(long, env = "SPINDLE_PARK_AFTER_SECS", default_value_t = 3600)]
+    #[arg(long, env = "SPINDLE_PARK_AFTER_SECS", default_value_t = parks::PARK_AFTER.as_secs())]
     pub park_after_secs: u64,
     /// Wait between two probes of a parked endpoint, per Director, in seconds.
-    #[arg(long, env = "SPINDLE_PARK_PROBE_SECS", default_value_t = 60)]
+    #[arg(long, env = "SPINDLE_PARK_PROBE_SECS", default_value_t = parks::PROBE_EVERY.as_secs())]
     pub park_probe_secs: u64,
     /// Requests per second, per Director, to an endpoint just unparked: the pace of its
     /// re-drive, doubled every `--redrive-double-secs` until it reaches
     /// `--redrive-until-per-second`.
-    #[arg(long, env = "SPINDLE_REDRIVE_PER_SECOND", default_value_t = 10.0)]
+    #[arg(long, env = "SPINDLE_REDRIVE_PER_SECOND", default_value_t = Redrive::DEFAULT.start)]
     pub redrive_per_second: f64,
     /// How often the re-drive's pace doubles, in seconds.
-    #[arg(long, env = "SPINDLE_REDRIVE_DOUBLE_SECS", default_value_t = 30)]
+    #[arg(long, env = "SPINDLE_REDRIVE_DOUBLE_SECS", default_value_t = Redrive::DEFAULT.double_every.as_secs())]
     pub redrive_double_secs: u64,
     /// The re-drive's pace at which pacing ends (then the endpoint's own limits apply).
     #[arg(
         long,
         env = "SPINDLE_REDRIVE_UNTIL_PER_SECOND",
-        default_value_t = 10_000.0
+        default_value_t = Redrive::DEFAULT.until
     )]
     pub redrive_until_per_second: f64,
     /// Most attempts of one job: when the last one fails with a retryable error the job ends
     /// `discarded` with `error_type` `max-attempts` (1 to 65535).
-    #[arg(long, env = "SPINDLE_MAX_ATTEMPTS", default_value_t = 1000)]
+    #[arg(long, env = "SPINDLE_MAX_ATTEMPTS", default_value_t = D::MAX_ATTEMPTS)]
     pub max_attempts: u16,
     /// Shortest wait between two attempts of a job, in ms, whatever its backoff policy or the
     /// endpoint's `Retry-After` say.
-    #[arg(long, env = "SPINDLE_MIN_RETRY_DELAY_MS", default_value_t = 100)]
+    #[arg(long, env = "SPINDLE_MIN_RETRY_DELAY_MS", default_value_t = D::ms(D::MIN_RETRY_DELAY))]
     pub min_retry_delay_ms: u64,
     /// In a cluster: how far the Directors' clocks may disagree, in ms. An ordered job accepted
     /// at least this long before a complete read of the other JobDBs goes without reading them
     /// again, so a JobDB that cannot be read holds back only the ordered jobs accepted since
     /// (larger: safer with poor clocks, more reads; at most one hour).
-    #[arg(long, env = "SPINDLE_MAX_CLOCK_SKEW_MS", default_value_t = 10_000)]
+    #[arg(long, env = "SPINDLE_MAX_CLOCK_SKEW_MS", default_value_t = D::ms(DEFAULT_CLOCK_SKEW))]
     pub max_clock_skew_ms: u64,
     /// Most rows in one group-commit transaction.
-    #[arg(long, env = "SPINDLE_WRITE_BATCH_ROWS", default_value_t = 4000)]
+    #[arg(long, env = "SPINDLE_WRITE_BATCH_ROWS", default_value_t = D::WRITE_BATCH_ROWS)]
     pub write_batch_rows: usize,
     /// Connections to the JobDB.
-    #[arg(long, env = "SPINDLE_DB_CONNECTIONS", default_value_t = 8)]
+    #[arg(long, env = "SPINDLE_DB_CONNECTIONS", default_value_t = D::DB_CONNECTIONS)]
     pub db_connections: u32,
     /// The most a submit or import waits for its write, in ms: then it is answered 503 (not
     /// written, and never will be) or 504 (being written, outcome unknown). Keep it below the
     /// routers' `--forward-timeout-ms`. A JobDB that no commit reaches for two fifths of it
     /// makes the Director not ready, and its statements' lock waits are bounded by that too.
-    #[arg(long, env = "SPINDLE_WRITE_TIMEOUT_MS", default_value_t = 5_000)]
+    #[arg(long, env = "SPINDLE_WRITE_TIMEOUT_MS", default_value_t = D::ms(D::WRITE_TIMEOUT))]
     pub write_timeout_ms: u64,
     /// Largest payload of one job, in bytes.
-    #[arg(long, env = "SPINDLE_MAX_PAYLOAD_BYTES", default_value_t = 1024 * 1024)]
+    #[arg(long, env = "SPINDLE_MAX_PAYLOAD_BYTES", default_value_t = rules::MAX_PAYLOAD_BYTES)]
     pub max_payload_bytes: usize,
     /// Largest request body, in bytes.
-    #[arg(long, env = "SPINDLE_MAX_REQUEST_BYTES", default_value_t = 32 * 1024 * 1024)]
+    #[arg(long, env = "SPINDLE_MAX_REQUEST_BYTES", default_value_t = rules::MAX_REQUEST_BYTES)]
     pub max_request_bytes: usize,
     /// Time to live of jobs that give neither `expire_at` nor `ttl_ms`, in ms.
-    #[arg(long, env = "SPINDLE_DEFAULT_TTL_MS", default_value_t = 4 * 3600 * 1000)]
+    #[arg(long, env = "SPINDLE_DEFAULT_TTL_MS", default_value_t = D::ms(rules::DEFAULT_TTL))]
     pub default_ttl_ms: u64,
     /// Most bytes of a response body read.
-    #[arg(long, env = "SPINDLE_MAX_RESPONSE_BYTES", default_value_t = 64 * 1024)]
+    #[arg(long, env = "SPINDLE_MAX_RESPONSE_BYTES", default_value_t = crate::delivery::MAX_RESPONSE_BYTES)]
     pub max_response_bytes: usize,
     /// Special-purpose subnets deliveries may reach anyway (repeatable; comma-separated in the
     /// environment), e.g. `127.0.0.0/8` for local test endpoints. Loopback, private, link-local,

@@ -475,7 +475,7 @@ pub(super) async fn endpoints(command: EndpointsCommand) -> anyhow::Result<()> {
             reason,
             by,
         } => {
-            let endpoint = crate::job::endpoint_key(&endpoint);
+            let endpoint = crate::job::lane(&endpoint);
             let change = crate::registry::parks::Change::Park { reason };
             let done =
                 crate::registry::parks::update(&consul.client()?, endpoint, &by, &change).await?;
@@ -492,7 +492,7 @@ pub(super) async fn endpoints(command: EndpointsCommand) -> anyhow::Result<()> {
             redrive_until_per_second,
             by,
         } => {
-            let endpoint = crate::job::endpoint_key(&endpoint);
+            let endpoint = crate::job::lane(&endpoint);
             anyhow::ensure!(
                 redrive_per_second.is_finite() && redrive_per_second > 0.0,
                 "--redrive-per-second must be a positive number"
@@ -554,7 +554,7 @@ pub(super) async fn endpoints(command: EndpointsCommand) -> anyhow::Result<()> {
                 concurrency != Some(0),
                 "--concurrency must be at least 1 (use pause to stop)"
             );
-            let endpoint = crate::job::endpoint_key(&endpoint);
+            let endpoint = crate::job::lane(&endpoint);
             controls::update_endpoint(&consul.client()?, endpoint, &by, |c| {
                 c.max_concurrency = concurrency;
                 c.max_per_second = per_second;
@@ -625,7 +625,7 @@ async fn set_paused(args: PauseArgs, paused: bool) -> anyhow::Result<()> {
     let verb = if paused { "paused" } else { "resumed" };
     match (target.endpoint, target.bucket) {
         (Some(endpoint), _) => {
-            let endpoint = crate::job::endpoint_key(&endpoint);
+            let endpoint = crate::job::lane(&endpoint);
             controls::update_endpoint(&client, endpoint, &by, |c| c.paused = paused).await?;
             println!("endpoint {endpoint} {verb}");
         }

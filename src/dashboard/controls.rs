@@ -120,7 +120,7 @@ pub(super) async fn post_controls(
         .as_deref()
         .map(str::trim)
         .filter(|e| !e.is_empty())
-        .map(crate::job::endpoint_key);
+        .map(crate::job::lane);
     if let Some(e) = endpoint {
         if !(e.starts_with("http://") || e.starts_with("https://")) || e.len() > 2048 {
             return Err(QueryError::BadParameter {

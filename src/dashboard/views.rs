@@ -9,7 +9,7 @@ use std::collections::{BTreeMap, HashMap};
 use chrono::{DateTime, TimeDelta, Utc};
 use serde::{Deserialize, Serialize};
 
-use crate::job::{endpoint_key, State};
+use crate::job::{self, State};
 use crate::jobdb::stats::{self, JobSummary, LaneAttempts, LaneBacklog, LaneError, LaneSlot};
 use crate::registry::inventory::JobDbState;
 use crate::rpc::api::JobDescription;
@@ -366,7 +366,7 @@ fn lane_view<'a>(
     lane: &str,
     slots: usize,
 ) -> &'a mut EndpointView {
-    let key = endpoint_key(lane);
+    let key = job::lane(lane);
     lanes.entry(key.to_owned()).or_insert_with(|| EndpointView {
         endpoint: key.to_owned(),
         activity: Activity {

@@ -55,10 +55,13 @@ pub struct DeliveryConfig {
     pub untraced_buckets: std::collections::HashSet<String>,
 }
 
+/// The default most of a response body read.
+pub const MAX_RESPONSE_BYTES: usize = 64 * 1024;
+
 impl Default for DeliveryConfig {
     fn default() -> Self {
         DeliveryConfig {
-            max_response_bytes: 64 * 1024,
+            max_response_bytes: MAX_RESPONSE_BYTES,
             max_error_response_bytes: 4 * 1024,
             connect_timeout: Duration::from_secs(10),
             allow_subnets: Vec::new(),

@@ -156,7 +156,7 @@ impl SigningConfig {
     /// The secrets that sign `job` (empty: unsigned).
     pub fn secrets_for(&self, job: &Job) -> &[SigningSecret] {
         self.endpoints
-            .get(job.endpoint_key())
+            .get(job.lane())
             .or_else(|| self.buckets.get(&*job.bucket))
             .map_or(&[], Vec::as_slice)
     }

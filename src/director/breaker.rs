@@ -30,14 +30,21 @@ pub struct BreakerConfig {
     pub probe_max: Duration,
 }
 
+/// The default share of failures that opens a breaker.
+pub const FAILURE_RATIO: f64 = 0.8;
+/// The default wait before a first probe.
+pub const PROBE_MIN: Duration = Duration::from_secs(1);
+/// The default longest wait between probes.
+pub const PROBE_MAX: Duration = Duration::from_secs(30);
+
 impl Default for BreakerConfig {
     fn default() -> Self {
         BreakerConfig {
             window: 20,
             min_attempts: 10,
-            failure_ratio: 0.8,
-            probe_min: Duration::from_secs(1),
-            probe_max: Duration::from_secs(30),
+            failure_ratio: FAILURE_RATIO,
+            probe_min: PROBE_MIN,
+            probe_max: PROBE_MAX,
         }
     }
 }

@@ -104,6 +104,46 @@ pub struct DirectorConfig {
     pub subscriptions: Option<Arc<crate::events::Subscriptions>>,
 }
 
+/// A Director's defaults, written once: [`DirectorConfig::new`] and the `spindle director`
+/// flags both read them (the flags take durations in ms: [`defaults::ms`]).
+pub mod defaults {
+    use std::time::Duration;
+
+    /// Connections to the JobDB.
+    pub const DB_CONNECTIONS: u32 = 8;
+    /// Attempts in flight at once.
+    pub const MAX_IN_FLIGHT: usize = 1024;
+    /// Requests in flight per endpoint.
+    pub const ENDPOINT_CONCURRENCY: usize = 64;
+    /// Attempts a lane may begin ahead of its commit.
+    pub const START_WINDOW: usize = 16;
+    /// Longest backoff between two attempts.
+    pub const BACKOFF_CAP: Duration = Duration::from_secs(3600);
+    /// How long a stopping Director waits for attempts in flight.
+    pub const SHUTDOWN_GRACE: Duration = Duration::from_secs(30);
+    /// Jobs waiting this long keep only their metadata in memory.
+    pub const SPILL_AFTER: Duration = Duration::from_secs(60);
+    /// Payload bytes held in memory, in MiB.
+    pub const MAX_CACHED_PAYLOAD_MIB: usize = 128;
+    /// Jobs held in memory.
+    pub const MAX_CACHED_JOBS: usize = 150_000;
+    /// Attempts of one job at most.
+    pub const MAX_ATTEMPTS: u16 = 1000;
+    /// Shortest wait before a retry.
+    pub const MIN_RETRY_DELAY: Duration = Duration::from_millis(100);
+    /// Rows of one group commit at most.
+    pub const WRITE_BATCH_ROWS: usize = 4000;
+    /// A job accepted this long ago without a row of its own gets an `open_jobs` entry.
+    pub const REST_AFTER: Duration = Duration::from_secs(30);
+    /// Longest wait for one group commit.
+    pub const WRITE_TIMEOUT: Duration = Duration::from_secs(5);
+
+    /// A duration in whole ms, for a flag's default.
+    pub const fn ms(d: Duration) -> u64 {
+        d.as_millis() as u64
+    }
+}
+
 impl DirectorConfig {
     /// Publishes events to `subscriptions` and signs their jobs with their secrets.
     pub fn publish_to(&mut self, subscriptions: Arc<crate::events::Subscriptions>) {
@@ -118,28 +158,28 @@ impl DirectorConfig {
             jobdb,
             create_database: true,
             holder: default_holder(),
-            db_max_connections: 8,
+            db_max_connections: defaults::DB_CONNECTIONS,
             lock_check_interval: Duration::from_secs(1),
             scheduler: SchedulerLimits {
-                max_in_flight: 1024,
-                per_endpoint: 64,
+                max_in_flight: defaults::MAX_IN_FLIGHT,
+                per_endpoint: defaults::ENDPOINT_CONCURRENCY,
                 start_batch: 1024,
-                start_window: 16,
-                backoff_cap: Duration::from_secs(3600),
-                shutdown_grace: Duration::from_secs(30),
-                spill_after: Duration::from_secs(60),
-                max_cached_bytes: 128 * 1024 * 1024,
-                max_cached_jobs: 150_000,
+                start_window: defaults::START_WINDOW,
+                backoff_cap: defaults::BACKOFF_CAP,
+                shutdown_grace: defaults::SHUTDOWN_GRACE,
+                spill_after: defaults::SPILL_AFTER,
+                max_cached_bytes: defaults::MAX_CACHED_PAYLOAD_MIB * 1024 * 1024,
+                max_cached_jobs: defaults::MAX_CACHED_JOBS,
                 breaker: breaker::BreakerConfig::default(),
                 park: parks::ParkPolicy::default(),
-                max_attempts: 1000,
-                min_retry_delay: Duration::from_millis(100),
+                max_attempts: defaults::MAX_ATTEMPTS,
+                min_retry_delay: defaults::MIN_RETRY_DELAY,
             },
             writer: WriterLimits {
-                max_rows: 4000,
+                max_rows: defaults::WRITE_BATCH_ROWS,
                 max_bytes: 8 * 1024 * 1024,
-                rest_after: Duration::from_secs(30),
-                write_timeout: Duration::from_secs(5),
+                rest_after: defaults::REST_AFTER,
+                write_timeout: defaults::WRITE_TIMEOUT,
             },
             delivery: DeliveryConfig::default(),
             intake: IntakeLimits::default(),

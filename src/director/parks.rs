@@ -47,11 +47,16 @@ pub struct ParkPolicy {
     pub redrive: Redrive,
 }
 
+/// By default an endpoint is parked after its breaker stays open this long.
+pub const PARK_AFTER: Duration = Duration::from_secs(3600);
+/// By default a parked endpoint is probed this often.
+pub const PROBE_EVERY: Duration = Duration::from_secs(60);
+
 impl Default for ParkPolicy {
     fn default() -> Self {
         ParkPolicy {
-            after: Some(Duration::from_secs(3600)),
-            probe_every: Duration::from_secs(60),
+            after: Some(PARK_AFTER),
+            probe_every: PROBE_EVERY,
             redrive: Redrive::default(),
         }
     }

@@ -90,7 +90,7 @@ impl Cap {
     }
 }
 
-/// The subscriptions' caps by endpoint (`job::endpoint_key` of their URLs), the tightest when
+/// The subscriptions' caps by endpoint (`job::lane` of their URLs), the tightest when
 /// several subscriptions share one.
 pub type EndpointCaps = HashMap<String, Cap>;
 
@@ -352,7 +352,7 @@ impl Subscriptions {
                         max_concurrency,
                         max_per_second,
                     };
-                    let endpoint = crate::job::endpoint_key(&s.spec.given.url).to_owned();
+                    let endpoint = crate::job::lane(&s.spec.given.url).to_owned();
                     let held = caps.entry(endpoint).or_insert(cap);
                     *held = held.tighter(cap);
                 }

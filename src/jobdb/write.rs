@@ -234,7 +234,7 @@ macro_rules! write_path {
                 match &o.endpoint {
                     Some(endpoint) => row
                         .push(LANE_OPEN)
-                        .push_bind_unseparated($crate::job::endpoint_key(endpoint).to_owned())
+                        .push_bind_unseparated($crate::job::lane(endpoint).to_owned())
                         .push_unseparated(LANE_CLOSE),
                     None => row
                         .push(LANE_OF_JOB)

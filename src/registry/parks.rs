@@ -96,13 +96,18 @@ mod whole_secs {
     }
 }
 
+impl Redrive {
+    /// The default pace: 10 jobs a second, doubled every 30 s up to 10,000.
+    pub const DEFAULT: Redrive = Redrive {
+        start: 10.0,
+        double_every: Duration::from_secs(30),
+        until: 10_000.0,
+    };
+}
+
 impl Default for Redrive {
     fn default() -> Self {
-        Redrive {
-            start: 10.0,
-            double_every: Duration::from_secs(30),
-            until: 10_000.0,
-        }
+        Redrive::DEFAULT
     }
 }
 

@@ -35,19 +35,26 @@ pub struct IntakeLimits {
     pub max_ttl: Duration,
 }
 
+/// The default largest request body accepted.
+pub const MAX_REQUEST_BYTES: usize = 32 * 1024 * 1024;
+/// The default largest payload accepted.
+pub const MAX_PAYLOAD_BYTES: usize = 1024 * 1024;
+/// The default time to live.
+pub const DEFAULT_TTL: Duration = Duration::from_secs(4 * 3600);
+
 impl Default for IntakeLimits {
     fn default() -> Self {
         IntakeLimits {
             max_jobs_per_request: MAX_JOBS_PER_REQUEST,
-            max_request_bytes: 32 * 1024 * 1024,
-            max_payload_bytes: 1024 * 1024,
+            max_request_bytes: MAX_REQUEST_BYTES,
+            max_payload_bytes: MAX_PAYLOAD_BYTES,
             default_timeout: Duration::from_secs(10),
             max_timeout: Duration::from_secs(300),
             default_min_delay: Duration::from_secs(1),
             max_min_delay: Duration::from_secs(3600),
             default_coefficient: 2.0,
             max_coefficient: 10.0,
-            default_ttl: Duration::from_secs(4 * 3600),
+            default_ttl: DEFAULT_TTL,
             max_ttl: Duration::from_secs(30 * 24 * 3600),
         }
     }

@@ -641,7 +641,7 @@ mod tests {
     use rand::{Rng, SeedableRng};
 
     fn seq(n: u8) -> Seq {
-        [n; 16]
+        Seq([n; 16])
     }
 
     fn id(n: u128) -> JobId {

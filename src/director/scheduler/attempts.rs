@@ -85,7 +85,7 @@ impl Scheduler {
                     entry.phase = Phase::Fetching;
                     reload.push(id);
                     if let Some(lane) = self.queues.lane_mut(&key) {
-                        lane.fetching += 1;
+                        lane.fetch();
                     }
                 }
                 Some(entry) => {
@@ -101,7 +101,7 @@ impl Scheduler {
                         starts.push((id, entry.attempts));
                         self.in_flight += 1;
                         if let Some(lane) = self.queues.lane_mut(&key) {
-                            lane.starting += 1;
+                            lane.begin();
                         }
                         entry.probe = self.gates.starting(&key);
                     }
@@ -153,8 +153,7 @@ impl Scheduler {
                 entry.started = Some(start);
             }
             if let Some(lane) = self.queues.lane_mut(&key) {
-                lane.starting -= 1;
-                lane.started.push_back(id);
+                lane.begun(id);
             }
             lanes.push(key);
         }
@@ -193,7 +192,7 @@ impl Scheduler {
             };
             self.in_flight -= 1;
             if let Some(lane) = self.queues.lane_mut(&key) {
-                lane.starting -= 1;
+                lane.not_begun();
             }
             if let Some(entry) = self.cache.get_mut(&id) {
                 entry.attempts = entry.attempts.saturating_sub(1);
@@ -235,25 +234,25 @@ impl Scheduler {
         };
         if let Some(lane) = queues.lane_mut(key) {
             if hold {
-                while let Some(id) = lane.started.pop_front() {
+                while let Some(id) = lane.next_begun() {
                     let probe = cache.get(&id).is_some_and(|e| e.probe);
-                    if probe && lane.in_flight < per_endpoint && !aside(&id) {
-                        lane.in_flight += 1;
+                    if probe && lane.in_flight() < per_endpoint && !aside(&id) {
+                        lane.send();
                         ready.push(id);
                     } else {
                         withdrawn.push(id);
                     }
                 }
             } else {
-                while lane.in_flight < per_endpoint {
-                    let Some(id) = lane.started.pop_front() else {
+                while lane.in_flight() < per_endpoint {
+                    let Some(id) = lane.next_begun() else {
                         break;
                     };
                     if aside(&id) {
                         withdrawn.push(id);
                         continue;
                     }
-                    lane.in_flight += 1;
+                    lane.send();
                     ready.push(id);
                 }
             }
@@ -272,8 +271,7 @@ impl Scheduler {
         }
         if let Some(lane) = self.queues.lane_mut(key) {
             for id in ready.drain(sending..).rev() {
-                lane.in_flight -= 1;
-                lane.started.push_front(id);
+                lane.unsend(id);
             }
         }
         for id in ready {
@@ -337,7 +335,7 @@ impl Scheduler {
         self.in_flight -= 1;
         self.metrics.in_flight.set(self.in_flight as i64);
         if let Some(lane) = self.queues.lane_mut(&key) {
-            lane.in_flight -= 1;
+            lane.sent();
         }
         // Not sent for want of its subscription (read here since the job was started): no
         // word on the endpoint, and no attempt used.
@@ -473,7 +471,7 @@ impl Scheduler {
                     entry.started = Some(start);
                     entry.probe = self.gates.starting(&key);
                     self.in_flight += 1;
-                    self.queues.lane_or_new(&key).started.push_back(id);
+                    self.queues.lane_or_new(&key).begun_before(id);
                     lanes.push(key);
                     continue;
                 }

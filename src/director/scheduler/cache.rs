@@ -79,10 +79,10 @@ impl Entry {
             doomed: None,
             failed_at: None,
             // Most endpoints have no query: the lane is the endpoint, held once.
-            lane: if job.endpoint_key().len() == job.endpoint.len() {
+            lane: if job.lane().len() == job.endpoint.len() {
                 job.endpoint.clone()
             } else {
-                job.endpoint_key().into()
+                job.lane().into()
             },
             spilled: false,
             job,

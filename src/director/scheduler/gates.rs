@@ -60,13 +60,13 @@ struct Rate {
     sends: DefaultDirectRateLimiter,
 }
 
-/// How a park key names a subscription: a bucket has no control characters, so no bucket
-/// starts with it.
-const SUBSCRIPTION_KEY: &str = "\u{1}subscription:";
-
-/// The park key of a waiting subscription's jobs.
-fn subscription_key(id: &ulid::Ulid) -> Arc<str> {
-    format!("{SUBSCRIPTION_KEY}{id}").into()
+/// What holds a due job set aside: its bucket, paused, or its subscription, waiting.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub(super) enum Aside {
+    /// A paused bucket.
+    Bucket(Arc<str>),
+    /// A subscription that is disabled or not known here.
+    Subscription(ulid::Ulid),
 }
 
 /// Former places a paused bucket's list may hold beyond its jobs set aside before it is pruned.
@@ -100,9 +100,9 @@ pub(super) struct Gates {
     timers: BinaryHeap<Reverse<(Instant, Arc<str>)>>,
     /// The instant each lane's timer is set for (one timer per lane and instant).
     wakes: HashMap<Arc<str>, Instant>,
-    /// Due jobs of paused buckets and of waiting subscriptions, by bucket or by
-    /// [`subscription_key`] (ids of jobs that left since are skipped).
-    aside: HashMap<Arc<str>, Vec<JobId>>,
+    /// Due jobs of paused buckets and of waiting subscriptions, by what holds them (ids of
+    /// jobs that left since are skipped).
+    aside: HashMap<Aside, Vec<JobId>>,
     /// Jobs set aside.
     aside_count: usize,
     /// Ids in `aside`, former places included.
@@ -403,23 +403,21 @@ impl Gates {
 
     /// Where a due job waits instead of its queue, if it must: under its bucket while the
     /// bucket is paused, else under its subscription while that waits.
-    pub(super) fn aside_key(&self, job: &crate::job::Job) -> Option<Arc<str>> {
+    pub(super) fn aside_key(&self, job: &crate::job::Job) -> Option<Aside> {
         if self.bucket_paused(&job.bucket) {
-            return Some(job.bucket.clone());
+            return Some(Aside::Bucket(job.bucket.clone()));
         }
         job.event
             .as_ref()
             .filter(|e| self.subscription_waits(&e.subscription))
-            .map(|e| subscription_key(&e.subscription))
+            .map(|e| Aside::Subscription(e.subscription))
     }
 
-    /// Whether what a park key names still holds its jobs.
-    fn holds(&self, key: &str) -> bool {
-        match key.strip_prefix(SUBSCRIPTION_KEY) {
-            Some(id) => id
-                .parse::<ulid::Ulid>()
-                .is_ok_and(|id| self.subscription_waits(&id)),
-            None => self.controls.bucket_paused(key),
+    /// Whether what holds jobs aside still holds them.
+    fn holds(&self, aside: &Aside) -> bool {
+        match aside {
+            Aside::Bucket(bucket) => self.controls.bucket_paused(bucket),
+            Aside::Subscription(id) => self.subscription_waits(id),
         }
     }
 
@@ -444,11 +442,11 @@ impl Gates {
             .retain(|key, _| parks.parked(key).is_some());
     }
 
-    /// Sets aside a due job of a paused bucket.
-    pub(super) fn set_aside(&mut self, bucket: Arc<str>, id: JobId) {
+    /// Sets aside a due job of a paused bucket or a waiting subscription.
+    pub(super) fn set_aside(&mut self, holder: Aside, id: JobId) {
         self.aside_count += 1;
         self.aside_places += 1;
-        self.aside.entry(bucket).or_default().push(id);
+        self.aside.entry(holder).or_default().push(id);
     }
 
     /// A job set aside left its place (queued again, or gone). Its id stays listed until a
@@ -474,9 +472,10 @@ impl Gates {
         self.aside_count
     }
 
-    /// Ids set aside under buckets no longer paused (check each still is), forgotten here.
+    /// Ids set aside under buckets no longer paused and subscriptions no longer waiting (check
+    /// each still is), forgotten here.
     pub(super) fn take_resumed(&mut self) -> Vec<JobId> {
-        let resumed: Vec<Arc<str>> = self
+        let resumed: Vec<Aside> = self
             .aside
             .keys()
             .filter(|key| !self.holds(key))
@@ -769,14 +768,14 @@ mod tests {
         let id = |n: u128| JobId(ulid::Ulid::from(n));
         let mut aside: HashSet<JobId> = HashSet::new();
         for n in 0..10 {
-            gates.set_aside("x".into(), id(n));
+            gates.set_aside(Aside::Bucket("x".into()), id(n));
             aside.insert(id(n));
         }
         for round in 0..100_000u128 {
             let job = id(round % 10);
             aside.remove(&job);
             gates.left_aside(|j| aside.contains(&j));
-            gates.set_aside("x".into(), job);
+            gates.set_aside(Aside::Bucket("x".into()), job);
             aside.insert(job);
             assert_eq!(gates.aside_count(), 10);
             assert!(
@@ -810,7 +809,7 @@ mod tests {
         gates.set_controls(Arc::new(paused));
         assert!(gates.bucket_paused("x"));
         let id = JobId(ulid::Ulid::from(7u128));
-        gates.set_aside("x".into(), id);
+        gates.set_aside(Aside::Bucket("x".into()), id);
         assert_eq!(gates.aside_count(), 1);
         assert!(gates.take_resumed().is_empty());
         gates.set_controls(Arc::new(Controls::default()));

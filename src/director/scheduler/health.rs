@@ -21,13 +21,13 @@ pub(super) fn depths(queues: &Queues, gates: &Gates) -> (usize, usize, usize, us
     let (mut running, mut open, mut paused, mut parked) = (0, 0, 0, 0);
     for (key, lane) in queues.lanes() {
         if gates.concurrency(key) == 0 {
-            paused += lane.ready;
+            paused += lane.ready();
         } else if gates.parked(key).is_some() {
-            parked += lane.ready;
+            parked += lane.ready();
         } else if gates.is_open(key) {
-            open += lane.ready;
+            open += lane.ready();
         } else {
-            running += lane.ready;
+            running += lane.ready();
         }
     }
     (running, open, paused, parked)
@@ -49,7 +49,7 @@ pub(super) fn endpoints(queues: &Queues, gates: &Gates, cache: &Cache) -> Vec<En
             let (recent_attempts, recent_failures) = breaker.map_or((0, 0), Breaker::recent);
             let control = gates.control(key);
             let park = gates.parked(key);
-            let ready = lane.map_or(0, |l| l.ready);
+            let ready = lane.map_or(0, |l| l.ready());
             let oldest_created_at = lane.and_then(|l| {
                 l.heads()
                     .filter_map(|id| cache.get(&id).map(|e| e.job.created_at))
@@ -57,8 +57,8 @@ pub(super) fn endpoints(queues: &Queues, gates: &Gates, cache: &Cache) -> Vec<En
             });
             EndpointHealth {
                 endpoint: key.to_string(),
-                ready: lane.map_or(0, |l| l.ready),
-                in_flight: lane.map_or(0, |l| l.in_flight),
+                ready: lane.map_or(0, |l| l.ready()),
+                in_flight: lane.map_or(0, |l| l.in_flight()),
                 breaker: if breaker.is_some_and(Breaker::is_open) {
                     "open"
                 } else {

@@ -513,10 +513,10 @@ impl Scheduler {
         let limit = match self.gates.limit(key, Instant::now()) {
             Limit::Open(n) => lane.window(n, self.limits.start_window),
             // An open breaker: one probe, when nothing else is under way.
-            Limit::Probe if lane.pending() + lane.in_flight == 0 => 1,
+            Limit::Probe if lane.pending() + lane.in_flight() == 0 => 1,
             Limit::Probe | Limit::Wait(None) | Limit::Paused => 0,
             Limit::Wait(Some(at)) => {
-                if lane.ready > 0 {
+                if lane.ready() > 0 {
                     self.gates.wake_at(key, at);
                 }
                 0
@@ -588,11 +588,7 @@ impl Scheduler {
         }
         while let Some(key) = self.gates.pop_wake(now) {
             // A lane may wait for a token to send what it has begun, or to begin more.
-            match self
-                .queues
-                .lane(&key)
-                .is_some_and(|l| !l.started.is_empty())
-            {
+            match self.queues.lane(&key).is_some_and(|l| l.has_begun()) {
                 true => self.dispatch(&key),
                 false => self.relist(&key),
             }
@@ -651,7 +647,7 @@ impl Scheduler {
         };
         let key = entry.lane.clone();
         if let Some(lane) = self.queues.lane_mut(&key) {
-            lane.fetching -= 1;
+            lane.fetched();
         }
         self.relist(&key);
     }
@@ -684,7 +680,7 @@ impl Scheduler {
 
     /// Ready jobs of the lane in the queues.
     fn ready_in(&self, lane: &Arc<str>) -> usize {
-        self.queues.lane(lane).map_or(0, |l| l.ready)
+        self.queues.lane(lane).map_or(0, |l| l.ready())
     }
 
     /// Whether the lane holds more than half the cache's cap in ready jobs: it is the hog
@@ -701,7 +697,7 @@ impl Scheduler {
         if self.cache.room() > 0 || self.cache.contains(&entry.job.id) {
             return;
         }
-        let mine = self.queues.lane(&entry.lane).map_or(0, |lane| lane.ready);
+        let mine = self.queues.lane(&entry.lane).map_or(0, |lane| lane.ready());
         let cache = &self.cache;
         let victim = self.queues.newest_of_largest(mine, |(id, ticket)| {
             cache

@@ -30,18 +30,18 @@ pub(super) type Slot = (JobId, u32);
 #[derive(Default)]
 pub(super) struct Lane {
     /// Attempts whose start is being committed.
-    pub(super) starting: usize,
+    starting: usize,
     /// Attempts whose start is durable, waiting for an HTTP slot.
-    pub(super) started: VecDeque<JobId>,
+    started: VecDeque<JobId>,
     /// How many attempts may be begun ahead of their HTTP slots now (0: not grown yet, the
     /// lane's concurrency); see [`Lane::adapt`].
-    pub(super) window: usize,
+    window: usize,
     /// HTTP requests in flight.
-    pub(super) in_flight: usize,
+    in_flight: usize,
     /// Jobs taken from the head of the queue whose payload is being read back.
-    pub(super) fetching: usize,
+    fetching: usize,
     /// Live slots in the queues (slots of jobs that left are not counted).
-    pub(super) ready: usize,
+    ready: usize,
     /// Every slot in the queues, dead ones included.
     slots: usize,
     /// A queue per bucket.
@@ -53,6 +53,74 @@ pub(super) struct Lane {
 }
 
 impl Lane {
+    /// Live slots in the queues: jobs ready for an attempt.
+    pub(super) fn ready(&self) -> usize {
+        self.ready
+    }
+
+    /// HTTP requests in flight.
+    pub(super) fn in_flight(&self) -> usize {
+        self.in_flight
+    }
+
+    /// Whether attempts begun wait for an HTTP slot.
+    pub(super) fn has_begun(&self) -> bool {
+        !self.started.is_empty()
+    }
+
+    /// A job left the head of its queue to have its payload read back.
+    pub(super) fn fetch(&mut self) {
+        self.fetching += 1;
+    }
+
+    /// A payload read back: its job is queued again.
+    pub(super) fn fetched(&mut self) {
+        self.fetching -= 1;
+    }
+
+    /// An attempt's start is being committed.
+    pub(super) fn begin(&mut self) {
+        self.starting += 1;
+    }
+
+    /// An attempt's start is durable (committed now, or found at a takeover): it waits for
+    /// an HTTP slot.
+    pub(super) fn begun(&mut self, id: JobId) {
+        self.starting -= 1;
+        self.started.push_back(id);
+    }
+
+    /// An attempt's start was found in the JobDB (a takeover): it waits for an HTTP slot.
+    pub(super) fn begun_before(&mut self, id: JobId) {
+        self.started.push_back(id);
+    }
+
+    /// An attempt's start did not commit.
+    pub(super) fn not_begun(&mut self) {
+        self.starting -= 1;
+    }
+
+    /// The attempt begun longest ago, out of the lane's wait for a slot.
+    pub(super) fn next_begun(&mut self) -> Option<JobId> {
+        self.started.pop_front()
+    }
+
+    /// An attempt takes an HTTP slot.
+    pub(super) fn send(&mut self) {
+        self.in_flight += 1;
+    }
+
+    /// An attempt given a slot waits again, first (no send token yet).
+    pub(super) fn unsend(&mut self, id: JobId) {
+        self.in_flight -= 1;
+        self.started.push_front(id);
+    }
+
+    /// A request ended.
+    pub(super) fn sent(&mut self) {
+        self.in_flight -= 1;
+    }
+
     /// The buckets with jobs queued in the lane.
     pub(super) fn buckets(&self) -> impl Iterator<Item = &Arc<str>> {
         self.queues.keys()

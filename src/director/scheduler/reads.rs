@@ -49,7 +49,7 @@ impl Scheduler {
             let fetched = entry.phase == Phase::Fetching;
             if fetched {
                 if let Some(lane) = self.queues.lane_mut(&entry.lane) {
-                    lane.fetching -= 1;
+                    lane.fetched();
                 }
             }
             self.enqueue_at(id, fetched);
