@@ -125,6 +125,9 @@ async fn dashboard_shows_a_live_jobdb() {
     assert!((146.0..1_000.0).contains(&p50), "slow p50 {p50}");
     assert!(lane("/ok")["p95_ms"].as_f64().unwrap() < 146.0);
 
+    // Without a window asked for, a fresh JobDB's chart fits its data: 5 minutes, not 30.
+    let fitted = get(&client, &format!("{base}/api/overview"), 200).await;
+    assert_eq!(fitted["minutes"], 5, "{fitted}");
     // Overview: transitions per state add up to what the JobDB holds.
     let overview = get(&client, &format!("{base}/api/overview?minutes=30"), 200).await;
     let mut expected: BTreeMap<String, u64> = BTreeMap::new();
@@ -394,8 +397,19 @@ async fn dashboard_shows_a_live_jobdb() {
     assert_eq!(&png[12..16], b"IHDR");
     let width = u32::from_be_bytes(png[16..20].try_into().unwrap());
     let height = u32::from_be_bytes(png[20..24].try_into().unwrap());
-    assert_eq!((width, height), (1280, 2200));
+    assert_eq!((width, height), (1400, 2200));
     assert!(png.len() > 10 * 1024, "screenshot only {} bytes", png.len());
+    // At 1,400 px every table fits: nothing scrolls sideways (the page names what would).
+    assert!(
+        dom.contains(r#"data-sideways="""#),
+        "scrolls sideways at 1,400 px: {}",
+        dom.split("data-sideways=\"")
+            .nth(1)
+            .unwrap_or("(no mark)")
+            .split('"')
+            .next()
+            .unwrap()
+    );
 
     dash.stop().await;
     rig.stop().await;

@@ -47,8 +47,6 @@ use views::{
 
 /// The page, embedded at build time.
 const PAGE: &str = include_str!("page.html");
-/// Window of the charts when none is asked for, in minutes.
-const DEFAULT_MINUTES: u32 = 30;
 /// Most jobs a search by idempotency key returns per JobDB (a key is meant to be unique per
 /// bucket; more than this means a producer reuses keys).
 const MAX_JOBS_PER_KEY: u32 = 50;
@@ -393,16 +391,17 @@ fn param(query: &Option<String>, name: &str) -> Option<String> {
         .map(|(_, v)| v.into_owned())
 }
 
-/// `?minutes=` (1 to a day; 30 when absent).
-fn minutes(query: &Option<String>) -> Result<u32, QueryError> {
+/// `?minutes=` (1 to a day), if given.
+fn minutes(query: &Option<String>) -> Result<Option<u32>, QueryError> {
     let Some(value) = param(query, "minutes") else {
-        return Ok(DEFAULT_MINUTES);
+        return Ok(None);
     };
     value
         .trim()
         .parse::<u32>()
         .ok()
         .filter(|m| (1..=views::MAX_MINUTES).contains(m))
+        .map(Some)
         .ok_or_else(|| QueryError::BadParameter {
             field: "minutes",
             message: format!(
@@ -410,6 +409,21 @@ fn minutes(query: &Option<String>) -> Result<u32, QueryError> {
                 views::MAX_MINUTES
             ),
         })
+}
+
+/// The charts' window: `?minutes=`, or when absent the one that fits the data of the JobDBs
+/// that answer ([`views::fitted_minutes`]; the panels name the others).
+async fn window(app: &AppState, query: &Option<String>) -> Result<Window, QueryError> {
+    let now = Utc::now();
+    if let Some(m) = minutes(query)? {
+        return Ok(Window::ending_at(now, m));
+    }
+    let (firsts, _) = across(&app.fleet.members(), app.query_timeout, |db| async move {
+        db.first_job_at().await
+    })
+    .await;
+    let first = firsts.into_iter().filter_map(|(_, f)| f).min();
+    Ok(Window::ending_at(now, views::fitted_minutes(now, first)))
 }
 
 /// Runs `query` on every reachable JobDB at once, each within `timeout`: the answers with their
@@ -464,7 +478,7 @@ async fn overview(
     State(app): State<AppState>,
     RawQuery(query): RawQuery,
 ) -> Result<Json<Overview>, QueryError> {
-    let window = Window::ending_at(Utc::now(), minutes(&query)?);
+    let window = window(&app, &query).await?;
     let (answers, unreachable) = across(&app.fleet.members(), app.query_timeout, |db| async move {
         tokio::try_join!(
             db.transitions_per_slot(window.start, window.slot_s),
@@ -488,7 +502,7 @@ async fn endpoints(
     State(app): State<AppState>,
     RawQuery(query): RawQuery,
 ) -> Result<Json<Endpoints>, QueryError> {
-    let window = Window::ending_at(Utc::now(), minutes(&query)?);
+    let window = window(&app, &query).await?;
     let (answers, unreachable) = across(&app.fleet.members(), app.query_timeout, |db| async move {
         let (backlog, attempts, slots, errors) = tokio::try_join!(
             db.lane_backlog(),

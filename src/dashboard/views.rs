@@ -22,6 +22,20 @@ const MAX_SLOTS: u32 = 90;
 /// The longest window, in minutes (a day).
 pub const MAX_MINUTES: u32 = 24 * 60;
 
+/// The windows a default may fit to the data, shortest first; the last is the default of a
+/// cluster older than it.
+pub const FITTED_MINUTES: [u32; 3] = [5, 15, 30];
+
+/// The default window for data that began at `first` (none yet: the shortest): the shortest
+/// of [`FITTED_MINUTES`] that holds it, so a new cluster's chart is not one bar at the edge.
+pub fn fitted_minutes(now: DateTime<Utc>, first: Option<DateTime<Utc>>) -> u32 {
+    let age = first.map_or(0, |f| (now - f).num_seconds().max(0));
+    FITTED_MINUTES
+        .into_iter()
+        .find(|m| age <= i64::from(*m) * 60)
+        .unwrap_or(FITTED_MINUTES[FITTED_MINUTES.len() - 1])
+}
+
 /// A time window cut into equal slots: the last `minutes`, rounded out to whole slots so
 /// that slot edges stay put from one refresh to the next (the last slot holds now).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -631,6 +645,16 @@ mod tests {
         assert_eq!(Window::ending_at(now, 5).slot_s, 5);
         assert_eq!(Window::ending_at(now, 15).slot_s, 10);
         assert_eq!(Window::ending_at(now, 24 * 60).slots, 48);
+        let ago = |m: i64| Some(now - TimeDelta::minutes(m));
+        assert_eq!(fitted_minutes(now, None), 5, "no data yet");
+        assert_eq!(fitted_minutes(now, ago(4)), 5);
+        assert_eq!(fitted_minutes(now, ago(6)), 15);
+        assert_eq!(fitted_minutes(now, ago(29)), 30);
+        assert_eq!(
+            fitted_minutes(now, ago(600)),
+            30,
+            "an older cluster keeps 30"
+        );
         assert!(Window::ending_at(now, 0).slots >= 1);
     }
 

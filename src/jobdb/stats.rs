@@ -7,7 +7,7 @@
 //! nothing but its primary keys (the write path pays for no index a dashboard would like), so
 //! the window queries scan `job_state_transitions`: cheap for JobDBs that retire after half an
 //! hour or a few GiB, which is how the lifecycle keeps them. A lane is an endpoint without its
-//! query or fragment, as the Director's queues group them ([`crate::job::endpoint_key`]);
+//! query or fragment, as the Director's queues group them ([`crate::job::lane`]);
 //! grouping by it in SQL keeps one row per lane however many query strings there are.
 
 use std::collections::HashMap;
@@ -203,6 +203,26 @@ macro_rules! scheduled_heads {
 }
 
 impl JobDb {
+    /// When the oldest job here was made (its id's time), if there is one; the dashboard fits
+    /// its default window to it.
+    pub async fn first_job_at(&self) -> Result<Option<DateTime<Utc>>, JobDbError> {
+        let first: Option<Vec<u8>> = with_pool!(self, |p, q| {
+            sqlx::query_scalar("SELECT MIN(id) FROM jobs")
+                .fetch_one(p)
+                .await?
+        });
+        let Some(bytes) = first else {
+            return Ok(None);
+        };
+        let bytes: [u8; 16] = bytes
+            .try_into()
+            .map_err(|_| JobDbError::Corrupt("a job id is not 16 bytes".into()))?;
+        let ms = JobId::from_bytes(bytes).0.timestamp_ms();
+        Ok(i64::try_from(ms)
+            .ok()
+            .and_then(DateTime::from_timestamp_millis))
+    }
+
     /// Steps per state and time slot of `slot_s` seconds since `start` (slot 0 starts at
     /// `start`; steps before it are not counted): rows, and the acceptances and attempt
     /// starts recorded by `commit_log`.

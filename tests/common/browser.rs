@@ -22,7 +22,7 @@ pub async fn render(chromium: &str, args: &[&str]) -> Vec<u8> {
             "--disable-sync",
             "--no-first-run",
             "--hide-scrollbars",
-            "--window-size=1280,2200",
+            "--window-size=1400,2200",
             "--virtual-time-budget=10000",
         ])
         .arg(format!("--user-data-dir={}", profile.path().display()))
