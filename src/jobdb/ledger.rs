@@ -290,6 +290,156 @@ impl<'a> Judge<'a> {
     }
 }
 
+/// The older jobs and imports read whole by id: an older job with a new row that no earlier
+/// round found open (a stray, or one ended before: a second end), a carried one with a second
+/// attempt (new or under way: it may overlap its first, whose row is before the cursor), and
+/// the imports made before the window.
+fn read_whole(
+    ask: &RoundAsk<'_>,
+    older: &HashMap<JobId, Vec<Row>>,
+    under_way: &HashMap<JobId, Vec<UnderWay>>,
+    imported: &[(Judged, bool)],
+) -> Vec<JobId> {
+    let retried = |id: &JobId| {
+        older
+            .get(id)
+            .is_some_and(|rows| rows.iter().any(|r| r.attempts > 1))
+            || under_way.get(id).is_some_and(|u| u.iter().any(|a| a.0 > 1))
+    };
+    older
+        .keys()
+        .filter(|id| !ask.carried.contains_key(id) || retried(id))
+        .chain(under_way.keys().filter(|id| retried(id)))
+        .copied()
+        .chain(imported.iter().map(|((id, _, _), _)| *id))
+        .filter(|id| *id < ask.from)
+        .collect::<HashSet<_>>()
+        .into_iter()
+        .collect()
+}
+
+/// The older jobs judged: those read whole (`whole`, with which have a `jobs` row), and the
+/// carried ones by their new rows alone (their `jobs` rows were read in their windows).
+fn judge_older(
+    older: HashMap<JobId, Vec<Row>>,
+    looked: &[JobId],
+    whole: HashMap<JobId, Judgement>,
+    stored: &[JobId],
+    ask: &RoundAsk<'_>,
+    under_way: &HashMap<JobId, Vec<UnderWay>>,
+) -> HashMap<JobId, Judgement> {
+    let looked: HashSet<JobId> = looked.iter().copied().collect();
+    let mut judged = whole;
+    for id in stored {
+        if let Some(j) = judged.get_mut(id) {
+            j.stored = true;
+        }
+    }
+    for (id, mut rows) in older {
+        if !looked.contains(&id) {
+            rows.sort_by_key(|r| r.id);
+            let now = under_way.get(&id).map_or(&[][..], Vec::as_slice);
+            let mut j = judge(&rows, ask.after, now);
+            j.stored = true;
+            judged.insert(id, j);
+        }
+    }
+    judged
+}
+
+impl RoundRead {
+    /// Puts the imports where they count: in the window, or the live part when they came
+    /// after its boundary; each with the state that ended it.
+    fn place_imports(&mut self, imported: Vec<(Judged, bool)>, judged: &HashMap<JobId, Judgement>) {
+        for ((id, made, _), live) in imported {
+            let end = judged.get(&id).and_then(|j| j.end);
+            let part = if live {
+                &mut self.live
+            } else {
+                &mut self.window
+            };
+            part.push((id, made, end));
+        }
+    }
+
+    /// Takes what the judged jobs' new rows show (second ends, rows without a job, overlaps)
+    /// into the findings, and returns the new rows that end carried jobs.
+    fn take_findings(
+        &mut self,
+        judged: &HashMap<JobId, Judgement>,
+        carried: &HashMap<JobId, DateTime<Utc>>,
+    ) -> Vec<(JobId, State)> {
+        let mut ends_after = Vec::new();
+        for (id, j) in judged {
+            if !j.ends_after.is_empty() && j.ends > 1 {
+                self.ended_twice.push((*id, j.ends));
+            }
+            if j.row_after && !j.stored {
+                self.without_job.push(*id);
+            }
+            if let Some(at) = j.overlap {
+                self.overlaps.push((*id, at));
+            }
+            if carried.contains_key(id) {
+                ends_after.extend(j.ends_after.iter().map(|s| (*id, *s)));
+            }
+        }
+        ends_after
+    }
+
+    /// The open work the rounds expect: the carried jobs not ended since, and the window's
+    /// and the live part's not ended.
+    fn expected_open(
+        &self,
+        carried: &HashMap<JobId, DateTime<Utc>>,
+        ends_after: &[(JobId, State)],
+    ) -> Vec<JobId> {
+        let ended_since: HashSet<JobId> = ends_after.iter().map(|(id, _)| *id).collect();
+        let not_ended = self.window.iter().chain(&self.live);
+        carried
+            .keys()
+            .filter(|id| !ended_since.contains(id))
+            .copied()
+            .chain(
+                not_ended
+                    .filter(|(_, _, end)| end.is_none())
+                    .map(|(id, _, _)| *id),
+            )
+            .collect()
+    }
+
+    /// Against the open work as listed: the carried jobs no longer in it, and the jobs in it
+    /// that no round saw (each once).
+    fn left_and_strays(&self, carried: &HashMap<JobId, DateTime<Utc>>) -> (Vec<JobId>, Vec<JobId>) {
+        let seen: HashSet<JobId> = self
+            .window
+            .iter()
+            .chain(&self.live)
+            .map(|(id, _, _)| *id)
+            .collect();
+        let strays: HashSet<JobId> = self
+            .open
+            .iter()
+            .filter(|id| !seen.contains(id) && !carried.contains_key(id))
+            .copied()
+            .collect();
+        let open: HashSet<JobId> = self.open.iter().copied().collect();
+        let left = carried.keys().filter(|id| !open.contains(id)).copied();
+        (left.collect(), strays.into_iter().collect())
+    }
+
+    /// Each kind of finding, in order, at most `limit`.
+    fn cut_findings(&mut self, limit: u32) {
+        let cut = usize::try_from(limit).unwrap_or(usize::MAX);
+        self.ended_twice.sort_unstable();
+        self.ended_twice.truncate(cut);
+        self.without_job.sort_unstable();
+        self.without_job.truncate(cut);
+        self.overlaps.sort_unstable();
+        self.overlaps.truncate(cut);
+    }
+}
+
 impl JobDb {
     /// One round of the ledger's reads ([`RoundAsk`]), in one snapshot.
     pub async fn ledger_round(&self, ask: RoundAsk<'_>) -> Result<RoundRead, JobDbError> {
@@ -355,21 +505,7 @@ impl JobDb {
                 let live = q::time_of(&row, "imported_at")? >= ask.imported_to;
                 imported.push(((id, q::time_of(&row, "created_at")?, None), live));
             }
-            let retried = |id: &JobId| {
-                let later = |rows: &[Row]| rows.iter().any(|r| r.attempts > 1);
-                older.get(id).is_some_and(|rows| later(rows))
-                    || under_way.get(id).is_some_and(|u| u.iter().any(|a| a.0 > 1))
-            };
-            let looked: Vec<JobId> = older
-                .keys()
-                .filter(|id| !ask.carried.contains_key(id) || retried(id))
-                .chain(under_way.keys().filter(|id| retried(id)))
-                .copied()
-                .chain(imported.iter().map(|((id, _, _), _)| *id))
-                .filter(|id| *id < ask.from)
-                .collect::<HashSet<_>>()
-                .into_iter()
-                .collect();
+            let looked = read_whole(&ask, &older, &under_way, &imported);
             let mut judging = Judge::new(ask.after, &under_way);
             let mut stored = Vec::new();
             for chunk in looked.chunks(MAX_IDS_PER_SELECT) {
@@ -389,23 +525,15 @@ impl JobDb {
                     stored.push(q::job_id_of(&row, "job_id")?);
                 }
             }
-            let looked_at: HashSet<JobId> = looked.iter().copied().collect();
-            for (id, mut rows) in older {
-                if !looked_at.contains(&id) {
-                    rows.sort_by_key(|r| r.id);
-                    let now = under_way.get(&id).map_or(&[][..], Vec::as_slice);
-                    let mut j = judge(&rows, ask.after, now);
-                    j.stored = true;
-                    judged.insert(id, j);
-                }
-            }
             // The older jobs' ids are below the window's, so the two sets do not meet.
-            judged.extend(judging.done());
-            for id in stored {
-                if let Some(j) = judged.get_mut(&id) {
-                    j.stored = true;
-                }
-            }
+            judged.extend(judge_older(
+                older,
+                &looked,
+                judging.done(),
+                &stored,
+                &ask,
+                &under_way,
+            ));
             // The window and the live part.
             let mut from_imports = HashSet::new();
             for row in sqlx::query(IMPORTED_FROM)
@@ -434,45 +562,9 @@ impl JobDb {
                 part.push((id, made, end));
             }
             drop(jobs);
-            for ((id, made, _), live) in imported {
-                let end = judged.get(&id).and_then(|j| j.end);
-                let part = if live {
-                    &mut read.live
-                } else {
-                    &mut read.window
-                };
-                part.push((id, made, end));
-            }
-            // The rows after the cursor: what each job's show.
-            let mut ends_after: Vec<(JobId, State)> = Vec::new();
-            for (id, j) in &judged {
-                if !j.ends_after.is_empty() && j.ends > 1 {
-                    read.ended_twice.push((*id, j.ends));
-                }
-                if j.row_after && !j.stored {
-                    read.without_job.push(*id);
-                }
-                if let Some(at) = j.overlap {
-                    read.overlaps.push((*id, at));
-                }
-                if ask.carried.contains_key(id) {
-                    ends_after.extend(j.ends_after.iter().map(|s| (*id, *s)));
-                }
-            }
-            let ended_since: HashSet<JobId> = ends_after.iter().map(|(id, _)| *id).collect();
-            let expected: Vec<JobId> = ask
-                .carried
-                .keys()
-                .filter(|id| !ended_since.contains(id))
-                .copied()
-                .chain(
-                    read.window
-                        .iter()
-                        .chain(&read.live)
-                        .filter(|(_, _, end)| end.is_none())
-                        .map(|(id, _, _)| *id),
-                )
-                .collect();
+            read.place_imports(imported, &judged);
+            let ends_after = read.take_findings(&judged, ask.carried);
+            let expected = read.expected_open(ask.carried, &ends_after);
             let count: i64 = sqlx::query_scalar(OPEN_COUNT).fetch_one(&mut *tx).await?;
             // The open work is what the rounds expect when it holds as many jobs: then it is
             // not listed. A difference (a job vanished, listed twice, ended and open, stored
@@ -485,30 +577,10 @@ impl JobDb {
                 for row in sqlx::query(OPEN).fetch_all(&mut *tx).await? {
                     read.open.push(q::job_id_of(&row, "job_id")?);
                 }
-                let seen: HashSet<JobId> = read
-                    .window
-                    .iter()
-                    .chain(&read.live)
-                    .map(|(id, _, _)| *id)
-                    .collect();
-                let strays: Vec<JobId> = read
-                    .open
-                    .iter()
-                    .filter(|id| !seen.contains(id) && !ask.carried.contains_key(id))
-                    .copied()
-                    .collect::<HashSet<_>>()
-                    .into_iter()
-                    .collect();
                 // The carried jobs no longer open, and the strays, looked up by id: the rows
                 // that end them, and whether their `jobs` rows are there. (A carried job still
                 // listed as open is taken to be open: a whole read checks it.)
-                let open: HashSet<JobId> = read.open.iter().copied().collect();
-                let left: Vec<JobId> = ask
-                    .carried
-                    .keys()
-                    .filter(|id| !open.contains(id))
-                    .copied()
-                    .collect();
+                let (left, strays) = read.left_and_strays(ask.carried);
                 let (mut ends, mut stored) = (Vec::new(), HashSet::new());
                 let looked: Vec<JobId> = left.iter().chain(&strays).copied().collect();
                 for chunk in looked.chunks(MAX_IDS_PER_SELECT) {
@@ -546,13 +618,7 @@ impl JobDb {
                     })
                     .collect();
             }
-            let cut = usize::try_from(ask.limit).unwrap_or(usize::MAX);
-            read.ended_twice.sort_unstable();
-            read.ended_twice.truncate(cut);
-            read.without_job.sort_unstable();
-            read.without_job.truncate(cut);
-            read.overlaps.sort_unstable();
-            read.overlaps.truncate(cut);
+            read.cut_findings(ask.limit);
             let before = ask.overdue_before.naive_utc();
             for row in sqlx::query(OVERDUE)
                 .bind(before)
