@@ -63,7 +63,7 @@ pub struct DirectorArgs {
     pub rest_after_ms: u64,
     /// Most ordered jobs the writer's book of sequences holds (about 120 bytes each, plus the
     /// bodies of kept jobs, at most 64 MiB); past it a sequence spills: the store alone holds
-    /// it, and its jobs go by the sequencer's reads (see docs/architecture.md, "Ordered keys").
+    /// it, and its jobs go by the sequencer's reads (see docs/director.md, "Ordered keys").
     #[arg(long, env = "SPINDLE_ORDERED_BOOK_JOBS", default_value_t = crate::director::ordering::DEFAULT_BOOK_LIMIT)]
     pub ordered_book_jobs: usize,
     /// Longest delay between two attempts of a job, in ms.
