@@ -20,12 +20,14 @@
 //! - the **rows after** the cursor, each checked once: a second end, an attempt that began
 //!   before an earlier one ended, a row without its job.
 //!
-//! Every read is a range, never a lookup per job: the window's and the live part's jobs, and
-//! all their transitions, are two scans in key order from the window's first id (both tables
-//! are clustered by job id, a ULID); the few older jobs with a row after the cursor (carried
-//! jobs attempted since, imports, anything wrong) come from the index on `id`, which holds
-//! their ids, and are then read by id. Each job's rows are judged here, in Rust: the state that
-//! ended it, a second end, overlapping attempts.
+//! The window's and the live part's jobs, and all their transitions, are two scans in key
+//! order from the window's first id (both tables are clustered by job id, a ULID), not a lookup
+//! per job. The new rows of older jobs come through the index on `id`; a carried job is judged
+//! by those rows alone (its ends are all new, its `jobs` row was read in its window), and only
+//! the few others (a carried job with a second attempt, a stray, a job ended before, an import)
+//! are read whole by id. Each job's rows are judged here, in Rust: the state that ended it, a
+//! second end, overlapping attempts. A `jobs` row deleted by hand from a carried job is
+//! therefore not seen by rounds; a whole read (`spindle audit` once) sees it.
 //!
 //! The first round of a tracker (boundary and cursor at zero) therefore reads the whole JobDB;
 //! later ones cost what is new, and a count of what is open.
