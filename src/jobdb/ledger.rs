@@ -337,14 +337,15 @@ fn judge_older(
             j.stored = true;
         }
     }
-    for (id, mut rows) in older {
-        if !looked.contains(&id) {
-            rows.sort_by_key(|r| r.id);
-            let now = under_way.get(&id).map_or(&[][..], Vec::as_slice);
-            let mut j = judge(&rows, ask.after, now);
-            j.stored = true;
-            judged.insert(id, j);
+    let mut judging = Judge::new(ask.after, under_way);
+    for (id, rows) in older.into_iter().filter(|(id, _)| !looked.contains(id)) {
+        for row in rows {
+            judging.push(id, row);
         }
+    }
+    for (id, mut j) in judging.done() {
+        j.stored = true;
+        judged.insert(id, j);
     }
     judged
 }
