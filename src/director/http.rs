@@ -503,7 +503,9 @@ async fn metrics(State(state): State<RpcState>, headers: HeaderMap) -> impl Into
     exposition(&state.metrics, &headers)
 }
 
-/// Import jobs from a retired JobDB (admin).
+/// Import jobs (admin): a drainer's move from a retired JobDB, or a router's forward of new
+/// jobs whose ids it chose. The steps: the request's shape, its parts, the ids held, the jobs
+/// already present (moves only), then one write.
 async fn import_jobs(
     State(state): State<RpcState>,
     headers: HeaderMap,
@@ -513,129 +515,26 @@ async fn import_jobs(
     if state.stopping.is_cancelled() {
         return Err(ApiError::ShuttingDown);
     }
-    if let Some(caller) = state.caller(&headers)? {
-        if !matches!(caller.scope, Scope::Admin) {
-            return Err(ApiError::Forbidden {
-                message: format!(
-                    "token {:?} is not an admin token; nothing was stored",
-                    caller.name
-                ),
-                field: None,
-            });
-        }
-    }
+    require_admin(&state, &headers)?;
     let body = rpc::request_body(body, &state.limits)?;
     let mut request: ImportRequest = rpc::parse_json(&body)?;
-    if request.jobdb != state.db.name() {
-        return Err(ApiError::Conflict {
-            message: format!(
-                "this director owns jobdb {:?}, not {:?}; nothing was stored",
-                state.db.name(),
-                request.jobdb
-            ),
-            field: Some("jobdb".to_owned()),
-        });
-    }
-    if let Some(from) = &request.from_jobdb {
-        if !crate::registry::inventory::valid_name(from) {
-            return Err(FieldError::new("from_jobdb", "must be 1 to 48 of [a-z0-9_]").into());
-        }
-    }
-    if let Some(not_after) = request.not_after {
-        if request.from_jobdb.is_some() {
-            return Err(
-                FieldError::new("not_after", "is only for new jobs (without from_jobdb)").into(),
-            );
-        }
-        if Utc::now() > not_after {
-            return Err(ApiError::Conflict {
-                message: format!(
-                    "not_after ({not_after}) has passed: the claim may have been taken over; \
-                     nothing was stored"
-                ),
-                field: Some("not_after".to_owned()),
-            });
-        }
-    }
-    let carries_blocks = request.from_jobdb.is_some() && !request.blocked_keys.is_empty();
-    let carries_events = request.from_jobdb.is_none() && !request.events.is_empty();
-    if (request.jobs.is_empty() && !carries_blocks && !carries_events)
-        || request.jobs.len() > MAX_IMPORT_JOBS
-    {
-        return Err(
-            FieldError::new("jobs", format!("must hold 1 to {MAX_IMPORT_JOBS} jobs")).into(),
-        );
-    }
-    if request.from_jobdb.is_none() && !request.blocked_keys.is_empty() {
-        return Err(FieldError::new("blocked_keys", "is only for moves (with from_jobdb)").into());
-    }
-    if request.from_jobdb.is_some() && !request.events.is_empty() {
-        return Err(FieldError::new("events", "is only for new jobs (without from_jobdb)").into());
-    }
-    if request.events.len() > MAX_IMPORT_JOBS {
-        return Err(FieldError::new(
-            "events",
-            format!("must hold at most {MAX_IMPORT_JOBS} events"),
-        )
-        .into());
-    }
-    let kept = std::mem::take(&mut request.events)
-        .into_iter()
-        .enumerate()
-        .map(|(i, e)| crate::events::publish::kept_of_wire(e, i, &state.limits))
-        .collect::<Result<Vec<_>, _>>()?;
-    if request.blocked_keys.len() > MAX_IMPORT_JOBS {
-        return Err(FieldError::new(
-            "blocked_keys",
-            format!("must hold at most {MAX_IMPORT_JOBS} keys"),
-        )
-        .into());
-    }
-    let blocks = request
-        .blocked_keys
-        .iter()
-        .enumerate()
-        .map(|(i, key)| import::blocked_key_of(key, i))
-        .collect::<Result<Vec<_>, _>>()?;
-    let mut jobs = Vec::with_capacity(request.jobs.len());
-    for (i, spec) in request.jobs.iter().enumerate() {
-        if request.from_jobdb.is_none() && spec.attempts != 0 {
-            return Err(FieldError::new(
-                format!("jobs[{i}].attempts"),
-                "must be 0 for new jobs (without from_jobdb)",
-            )
-            .into());
-        }
-        jobs.push((
-            job_of(spec, i, &state.limits)?,
-            spec.attempts,
-            spec.retry_at,
-        ));
-    }
-
+    check_import(&state, &request)?;
+    let parts = ImportParts::of(&mut request, &state.limits)?;
     // Requests sharing an id are written one after the other: the check for jobs already
     // present and their insert must not interleave with another request's. A drainer's import
     // reads which are present first; a router's forward (new jobs) does not: the writer finds
     // them only when the JobDB refuses a duplicate (a retry of a forward whose answer was
     // lost), so a forward costs what a submit costs.
     state.check_writable("import")?;
-    let ids: Vec<JobId> = jobs.iter().map(|(job, _, _)| job.id).collect();
+    let ids: Vec<JobId> = parts.jobs.iter().map(|(job, _, _)| job.id).collect();
     let Ok(held) = tokio::time::timeout_at(deadline, state.imports.hold(&ids)).await else {
         return Err(state.not_stored("import", "withdrawn"));
     };
     let present = match request.from_jobdb {
-        Some(_) => match tokio::time::timeout_at(deadline, state.db.existing_jobs(&ids)).await {
-            Ok(Ok(present)) => present,
-            Ok(Err(e)) => {
-                tracing::warn!(error = %e, "import: reading existing jobs failed");
-                return Err(ApiError::Unavailable(
-                    "the jobdb is unavailable; nothing was stored".into(),
-                ));
-            }
-            Err(_) => return Err(state.not_stored("import", "withdrawn")),
-        },
+        Some(_) => present_of(&state, &ids, deadline).await?,
         None => Default::default(),
     };
+    let ImportParts { jobs, blocks, kept } = parts;
     let mut fresh: Vec<Recovered> = jobs
         .into_iter()
         .filter(|(job, _, _)| !present.contains(&job.id))
@@ -663,69 +562,12 @@ async fn import_jobs(
         });
     }
     if imported > 0 || !blocks.is_empty() || !kept.is_empty() {
-        let ticket = Ticket::new();
-        let (op, outcome) = match &request.from_jobdb {
-            Some(from) => {
-                let (reply, outcome) = oneshot::channel();
-                let op = WriteOp::Import {
-                    jobs: fresh,
-                    from_jobdb: from.clone(),
-                    blocks,
-                    reply,
-                    ticket: ticket.clone(),
-                };
-                (op, Outcome::Imported(outcome))
-            }
-            None => {
-                let (reply, outcome) = oneshot::channel();
-                // A new job whose first attempt differs from its acceptance was submitted with
-                // `deliver_at` or `delay_ms` (a router sends the two equal otherwise), and is
-                // judged by this clock, never sooner than asked: its time as given, or as far
-                // from now as it was from the router's acceptance, whichever is later (a
-                // router's clock ahead cannot make it early, one behind only later).
-                let now = Utc::now();
-                let scheduled = fresh
-                    .iter()
-                    .filter_map(|r| {
-                        let at = r.retry_at.filter(|at| *at != r.job.created_at)?;
-                        let from_now = now.checked_add_signed(at - r.job.created_at)?;
-                        let at = at.max(from_now);
-                        (at > now).then_some((r.job.id, at))
-                    })
-                    .collect();
-                // The deadline travels with the write: checked when its batch is assembled
-                // and again just before every COMMIT that carries the jobs.
-                let jobs: Vec<Arc<crate::job::Job>> = fresh.into_iter().map(|r| r.job).collect();
-                let op = WriteOp::Submit {
-                    cleared: state.cleared(&jobs).await,
-                    jobs,
-                    events: kept,
-                    scheduled,
-                    not_after: request.not_after,
-                    repeats: Repeats::SameIds,
-                    reply,
-                    ticket: ticket.clone(),
-                };
-                (op, Outcome::Submitted(outcome))
-            }
+        let parts = ImportParts {
+            jobs: fresh,
+            blocks,
+            kept,
         };
-        // The outcome's channel is answered once, whichever kind of write this is.
-        let (answer, answered) = oneshot::channel();
-        tokio::spawn(async move {
-            let n = match outcome {
-                Outcome::Imported(rx) => rx.await.map(|r| r.map(|()| 0)),
-                Outcome::Submitted(rx) => rx.await.map(|r| r.map(|a| a.already_present)),
-            };
-            // A request answered 504 keeps its ids until the writer is done with it, so a
-            // retry of the same jobs waits for that, as any other request sharing them.
-            drop(held);
-            if let Ok(n) = n {
-                let _ = answer.send(n);
-            }
-        });
-        let n = state
-            .write("import", op, &ticket, answered, deadline)
-            .await?;
+        let n = write_import(&state, &request, parts, held, deadline).await?;
         imported -= n;
         already_present += n;
     }
@@ -743,6 +585,218 @@ async fn import_jobs(
             already_present,
         }),
     ))
+}
+
+/// Refuses a caller whose token is not an admin token (an open API lets everyone through).
+fn require_admin(state: &RpcState, headers: &HeaderMap) -> Result<(), ApiError> {
+    match state.caller(headers)? {
+        Some(caller) if !matches!(caller.scope, Scope::Admin) => Err(ApiError::Forbidden {
+            message: format!(
+                "token {:?} is not an admin token; nothing was stored",
+                caller.name
+            ),
+            field: None,
+        }),
+        _ => Ok(()),
+    }
+}
+
+/// The rules of an import request as a whole: the JobDB it names is this Director's, and
+/// which fields go with a move (`from_jobdb`) or with new jobs, and how many of each.
+fn check_import(state: &RpcState, request: &ImportRequest) -> Result<(), ApiError> {
+    if request.jobdb != state.db.name() {
+        return Err(ApiError::Conflict {
+            message: format!(
+                "this director owns jobdb {:?}, not {:?}; nothing was stored",
+                state.db.name(),
+                request.jobdb
+            ),
+            field: Some("jobdb".to_owned()),
+        });
+    }
+    let moving = request.from_jobdb.is_some();
+    if let Some(from) = &request.from_jobdb {
+        if !crate::registry::inventory::valid_name(from) {
+            return Err(FieldError::new("from_jobdb", "must be 1 to 48 of [a-z0-9_]").into());
+        }
+    }
+    if let Some(not_after) = request.not_after {
+        if moving {
+            return Err(
+                FieldError::new("not_after", "is only for new jobs (without from_jobdb)").into(),
+            );
+        }
+        if Utc::now() > not_after {
+            return Err(ApiError::Conflict {
+                message: format!(
+                    "not_after ({not_after}) has passed: the claim may have been taken over; \
+                     nothing was stored"
+                ),
+                field: Some("not_after".to_owned()),
+            });
+        }
+    }
+    let carries_blocks = moving && !request.blocked_keys.is_empty();
+    let carries_events = !moving && !request.events.is_empty();
+    if (request.jobs.is_empty() && !carries_blocks && !carries_events)
+        || request.jobs.len() > MAX_IMPORT_JOBS
+    {
+        return Err(
+            FieldError::new("jobs", format!("must hold 1 to {MAX_IMPORT_JOBS} jobs")).into(),
+        );
+    }
+    if !moving && !request.blocked_keys.is_empty() {
+        return Err(FieldError::new("blocked_keys", "is only for moves (with from_jobdb)").into());
+    }
+    if moving && !request.events.is_empty() {
+        return Err(FieldError::new("events", "is only for new jobs (without from_jobdb)").into());
+    }
+    for (name, n, what) in [
+        ("events", request.events.len(), "events"),
+        ("blocked_keys", request.blocked_keys.len(), "keys"),
+    ] {
+        if n > MAX_IMPORT_JOBS {
+            let why = format!("must hold at most {MAX_IMPORT_JOBS} {what}");
+            return Err(FieldError::new(name, why).into());
+        }
+    }
+    Ok(())
+}
+
+/// What an import stores: its jobs (each with its attempts so far and next attempt), the keys
+/// a move carries blocked, and the events a router keeps without a job.
+struct ImportParts<J> {
+    jobs: Vec<J>,
+    blocks: Vec<crate::jobdb::BlockedKey>,
+    kept: Vec<crate::job::EventRecord>,
+}
+
+impl ImportParts<(crate::job::Job, u16, chrono::DateTime<Utc>)> {
+    /// The parts of `request`, each checked by the rules of its kind (its events taken out).
+    fn of(request: &mut ImportRequest, limits: &IntakeLimits) -> Result<Self, ApiError> {
+        let kept = std::mem::take(&mut request.events)
+            .into_iter()
+            .enumerate()
+            .map(|(i, e)| crate::events::publish::kept_of_wire(e, i, limits))
+            .collect::<Result<Vec<_>, _>>()?;
+        let blocks = request
+            .blocked_keys
+            .iter()
+            .enumerate()
+            .map(|(i, key)| import::blocked_key_of(key, i))
+            .collect::<Result<Vec<_>, _>>()?;
+        let mut jobs = Vec::with_capacity(request.jobs.len());
+        for (i, spec) in request.jobs.iter().enumerate() {
+            if request.from_jobdb.is_none() && spec.attempts != 0 {
+                return Err(FieldError::new(
+                    format!("jobs[{i}].attempts"),
+                    "must be 0 for new jobs (without from_jobdb)",
+                )
+                .into());
+            }
+            jobs.push((job_of(spec, i, limits)?, spec.attempts, spec.retry_at));
+        }
+        Ok(ImportParts { jobs, blocks, kept })
+    }
+}
+
+/// Which of a move's `ids` this JobDB holds already (a drainer's batch sent again).
+async fn present_of(
+    state: &RpcState,
+    ids: &[JobId],
+    deadline: Instant,
+) -> Result<std::collections::HashSet<JobId>, ApiError> {
+    match tokio::time::timeout_at(deadline, state.db.existing_jobs(ids)).await {
+        Ok(Ok(present)) => Ok(present),
+        Ok(Err(e)) => {
+            tracing::warn!(error = %e, "import: reading existing jobs failed");
+            Err(ApiError::Unavailable(
+                "the jobdb is unavailable; nothing was stored".into(),
+            ))
+        }
+        Err(_) => Err(state.not_stored("import", "withdrawn")),
+    }
+}
+
+/// Writes an import's new parts in one write, keeping its ids `held` until the writer is
+/// done with them; returns how many of its jobs the writer found already present.
+async fn write_import(
+    state: &RpcState,
+    request: &ImportRequest,
+    parts: ImportParts<Recovered>,
+    held: import::Held,
+    deadline: Instant,
+) -> Result<usize, ApiError> {
+    let ImportParts {
+        jobs: fresh,
+        blocks,
+        kept,
+    } = parts;
+    let ticket = Ticket::new();
+    let (op, outcome) = match &request.from_jobdb {
+        Some(from) => {
+            let (reply, outcome) = oneshot::channel();
+            let op = WriteOp::Import {
+                jobs: fresh,
+                from_jobdb: from.clone(),
+                blocks,
+                reply,
+                ticket: ticket.clone(),
+            };
+            (op, Outcome::Imported(outcome))
+        }
+        None => {
+            let (reply, outcome) = oneshot::channel();
+            let scheduled = scheduled_of(&fresh);
+            // The deadline travels with the write: checked when its batch is assembled and
+            // again just before every COMMIT that carries the jobs.
+            let jobs: Vec<Arc<crate::job::Job>> = fresh.into_iter().map(|r| r.job).collect();
+            let op = WriteOp::Submit {
+                cleared: state.cleared(&jobs).await,
+                jobs,
+                events: kept,
+                scheduled,
+                not_after: request.not_after,
+                repeats: Repeats::SameIds,
+                reply,
+                ticket: ticket.clone(),
+            };
+            (op, Outcome::Submitted(outcome))
+        }
+    };
+    // The outcome's channel is answered once, whichever kind of write this is.
+    let (answer, answered) = oneshot::channel();
+    tokio::spawn(async move {
+        let n = match outcome {
+            Outcome::Imported(rx) => rx.await.map(|r| r.map(|()| 0)),
+            Outcome::Submitted(rx) => rx.await.map(|r| r.map(|a| a.already_present)),
+        };
+        // A request answered 504 keeps its ids until the writer is done with it, so a retry
+        // of the same jobs waits for that, as any other request sharing them.
+        drop(held);
+        if let Ok(n) = n {
+            let _ = answer.send(n);
+        }
+    });
+    state.write("import", op, &ticket, answered, deadline).await
+}
+
+/// A router's new jobs whose first attempt differs from their acceptance: they were submitted
+/// with `deliver_at` or `delay_ms` (a router sends the two equal otherwise), and are judged by
+/// this clock, never sooner than asked: the time as given, or as far from now as it was from
+/// the router's acceptance, whichever is later (a router's clock ahead cannot make one early,
+/// one behind only later).
+fn scheduled_of(fresh: &[Recovered]) -> crate::job::Scheduled {
+    let now = Utc::now();
+    fresh
+        .iter()
+        .filter_map(|r| {
+            let at = r.retry_at.filter(|at| *at != r.job.created_at)?;
+            let from_now = now.checked_add_signed(at - r.job.created_at)?;
+            let at = at.max(from_now);
+            (at > now).then_some((r.job.id, at))
+        })
+        .collect()
 }
 
 /// Where a write's outcome arrives: imports are acknowledged, submissions get a transaction id.

@@ -384,21 +384,7 @@ async fn serve(
     token: u64,
     unfinished: Unfinished,
 ) -> Result<Director, DirectorError> {
-    // Each owner numbers its rows 2^32 above the last committed one: a paused predecessor's
-    // uncommitted rows can then never collide with ours (they are refused by the fence anyway).
-    let next_id = db.max_transition_id().await? + crate::jobdb::owner::OWNER_ID_GAP;
-    // The previous owner's fresh jobs get their entries before anything else: each ordered
-    // one held in its place, so the book below, and every other JobDB's read, sees it.
-    let next_id = db
-        .enter_unlisted(token, next_id, &unfinished.unlisted)
-        .await?;
-    // New ordered jobs go after every one the JobDB holds, whatever this clock says.
-    let floor = db.max_open_position().await?;
-    let book = Book::load(
-        config.book_limit,
-        db.ordered_entries().await?,
-        db.blocked_sequences().await?,
-    );
+    let (next_id, floor, book) = take_over(&db, token, &unfinished, config.book_limit).await?;
     let bind_error = |source| DirectorError::Bind {
         addr: config.listen,
         source,
@@ -451,7 +437,7 @@ async fn serve(
     );
     supervisor.spawn("watchdog", supervisor.clone().watchdog());
 
-    let archiving = recover(unfinished.settle, &writer_tx).await?;
+    let mut archiving = recover(unfinished.settle, &writer_tx).await?;
     let commands_tx = events_tx.clone();
     let mut scheduler = Scheduler::new(
         config.scheduler,
@@ -463,32 +449,30 @@ async fn serve(
         db.clone(),
     );
     let archiver_stop = CancellationToken::new();
-    let archiver_task = match config.archive.clone() {
-        Some(archive) => {
-            let (tx, rx) = mpsc::unbounded_channel();
-            scheduler.archive_to(tx);
-            let archiver = Archiver {
-                db: db.clone(),
-                token,
-                archive,
-                recorder: ThroughWriter(writer_tx.clone()),
-                metrics: metrics.clone(),
-            };
-            Some(supervisor.spawn(
-                "archiver",
-                archiving::run(archiver, rx, archiving, archiver_stop.clone()),
-            ))
-        }
-        None => {
-            if !archiving.is_empty() {
-                tracing::warn!(
-                    jobs = archiving.len(),
-                    "no archive configured: expired jobs stay archiving until a drainer takes them"
-                );
-            }
-            None
-        }
-    };
+    let archiver_task = config.archive.clone().map(|archive| {
+        let (tx, rx) = mpsc::unbounded_channel();
+        scheduler.archive_to(tx);
+        let archiver = Archiver {
+            db: db.clone(),
+            token,
+            archive,
+            recorder: ThroughWriter(writer_tx.clone()),
+            metrics: metrics.clone(),
+        };
+        let task = archiving::run(
+            archiver,
+            rx,
+            std::mem::take(&mut archiving),
+            archiver_stop.clone(),
+        );
+        supervisor.spawn("archiver", task)
+    });
+    if !archiving.is_empty() {
+        tracing::warn!(
+            jobs = archiving.len(),
+            "no archive configured: expired jobs stay archiving until a drainer takes them"
+        );
+    }
     // A commit that ends an ordered job and releases the next may begin its attempt too; one
     // that does not release it leaves the offer untaken, which costs nothing.
     scheduler.begin_on_release();
@@ -510,38 +494,7 @@ async fn serve(
     ));
     let health = scheduler.health();
     let scheduler_stop = CancellationToken::new();
-    if let Some(consul) = config.controls.clone() {
-        supervisor.spawn(
-            "controls watcher",
-            commands::watch_controls(consul, commands_tx.clone(), scheduler_stop.clone()),
-        );
-    }
-    if let Some(subscriptions) = config.subscriptions.clone() {
-        supervisor.spawn(
-            "subscriptions",
-            subscriptions.clone().run(scheduler_stop.clone()),
-        );
-        supervisor.spawn(
-            "subscription gate watcher",
-            commands::watch_gate(
-                subscriptions.gate(),
-                commands_tx.clone(),
-                scheduler_stop.clone(),
-            ),
-        );
-        supervisor.spawn(
-            "subscription caps watcher",
-            commands::watch_caps(
-                subscriptions.caps(),
-                commands_tx.clone(),
-                scheduler_stop.clone(),
-            ),
-        );
-    }
-    supervisor.spawn(
-        "commands watcher",
-        commands::watch(db.clone(), commands_tx, scheduler_stop.clone()),
-    );
+    spawn_watchers(&config, &supervisor, &db, commands_tx, &scheduler_stop);
     supervisor.spawn(
         "sequencer",
         sequencer::Sequencer::new(
@@ -627,51 +580,140 @@ async fn serve(
     );
     tracing::info!(%addr, jobdb = db.name(), "director serving");
 
-    let task = {
-        let stopping = stopping.clone();
-        tokio::spawn(async move {
-            tokio::select! {
-                _ = stopping.cancelled() => {}
-                _ = lock_lost.cancelled() => {}
-            }
-            // Intake closes and no new attempt starts, at once; requests already inside
-            // still get their commit, and attempts in flight finish.
-            stopping.cancel();
-            scheduler_stop.cancel();
-            tracing::info!("director stopping: intake closed, no new attempts");
-            // Every step runs whatever the others did, so the lock is always released; a
-            // task that failed was already reported by the supervisor.
-            if let Ok(Some(Err(e))) = server.await {
-                tracing::warn!(error = %e, "rpc server ended with an error");
-            }
-            let _ = scheduler_task.await;
-            // An upload in progress is abandoned: its plan stays in the JobDB for whoever
-            // owns it next.
-            archiver_stop.cancel();
-            if let Some(task) = archiver_task {
-                let _ = task.await;
-            }
-            // Every sender is gone now, so the writer drains what is queued and ends.
-            let _ = writer_task.await;
-            let lost = lock_lost.is_cancelled();
-            lease.release().await;
-            db.close().await;
-            if let Some(task) = supervisor.failure() {
-                return Err(DirectorError::TaskFailed(task));
-            }
-            if lost {
-                return Err(DirectorError::LockLost(db.name().to_owned()));
-            }
-            tracing::info!("director stopped");
-            Ok(())
-        })
-    };
+    let task = tokio::spawn(
+        Shutdown {
+            stopping: stopping.clone(),
+            lock_lost,
+            scheduler_stop,
+            archiver_stop,
+            server,
+            scheduler_task,
+            archiver_task,
+            writer_task,
+            lease,
+            db,
+            supervisor,
+        }
+        .run(),
+    );
     Ok(Director {
         addr,
         stopping,
         readiness,
         task,
     })
+}
+
+/// Reads what a new owner needs from its JobDB before anything runs: the first transition id
+/// it may use, the highest position of an open ordered job, and the book of sequences.
+async fn take_over(
+    db: &JobDb,
+    token: u64,
+    unfinished: &Unfinished,
+    book_limit: usize,
+) -> Result<(u64, Option<ulid::Ulid>, Book), DirectorError> {
+    // Each owner numbers its rows 2^32 above the last committed one: a paused predecessor's
+    // uncommitted rows can then never collide with ours (they are refused by the fence anyway).
+    let next_id = db.max_transition_id().await? + crate::jobdb::owner::OWNER_ID_GAP;
+    // The previous owner's fresh jobs get their entries before anything else: each ordered
+    // one held in its place, so the book below, and every other JobDB's read, sees it.
+    let next_id = db
+        .enter_unlisted(token, next_id, &unfinished.unlisted)
+        .await?;
+    // New ordered jobs go after every one the JobDB holds, whatever this clock says.
+    let floor = db.max_open_position().await?;
+    let book = Book::load(
+        book_limit,
+        db.ordered_entries().await?,
+        db.blocked_sequences().await?,
+    );
+    Ok((next_id, floor, book))
+}
+
+/// Starts the tasks that turn outside changes into scheduler commands: endpoint and bucket
+/// controls (Consul), subscriptions and their gates and caps, and operators' SQL commands.
+fn spawn_watchers(
+    config: &DirectorConfig,
+    supervisor: &supervise::Supervisor,
+    db: &JobDb,
+    commands_tx: mpsc::UnboundedSender<scheduler::Event>,
+    stop: &CancellationToken,
+) {
+    if let Some(consul) = config.controls.clone() {
+        supervisor.spawn(
+            "controls watcher",
+            commands::watch_controls(consul, commands_tx.clone(), stop.clone()),
+        );
+    }
+    if let Some(subscriptions) = config.subscriptions.clone() {
+        supervisor.spawn("subscriptions", subscriptions.clone().run(stop.clone()));
+        supervisor.spawn(
+            "subscription gate watcher",
+            commands::watch_gate(subscriptions.gate(), commands_tx.clone(), stop.clone()),
+        );
+        supervisor.spawn(
+            "subscription caps watcher",
+            commands::watch_caps(subscriptions.caps(), commands_tx.clone(), stop.clone()),
+        );
+    }
+    supervisor.spawn(
+        "commands watcher",
+        commands::watch(db.clone(), commands_tx, stop.clone()),
+    );
+}
+
+/// What a serving Director stops, in order, once it is told to stop or loses its lock.
+struct Shutdown {
+    stopping: CancellationToken,
+    lock_lost: CancellationToken,
+    scheduler_stop: CancellationToken,
+    archiver_stop: CancellationToken,
+    server: JoinHandle<Option<std::io::Result<()>>>,
+    scheduler_task: JoinHandle<Option<()>>,
+    archiver_task: Option<JoinHandle<Option<()>>>,
+    writer_task: JoinHandle<Option<()>>,
+    lease: Lease,
+    db: JobDb,
+    supervisor: supervise::Supervisor,
+}
+
+impl Shutdown {
+    async fn run(self) -> Result<(), DirectorError> {
+        tokio::select! {
+            _ = self.stopping.cancelled() => {}
+            _ = self.lock_lost.cancelled() => {}
+        }
+        // Intake closes and no new attempt starts, at once; requests already inside still get
+        // their commit, and attempts in flight finish.
+        self.stopping.cancel();
+        self.scheduler_stop.cancel();
+        tracing::info!("director stopping: intake closed, no new attempts");
+        // Every step runs whatever the others did, so the lock is always released; a task
+        // that failed was already reported by the supervisor.
+        if let Ok(Some(Err(e))) = self.server.await {
+            tracing::warn!(error = %e, "rpc server ended with an error");
+        }
+        let _ = self.scheduler_task.await;
+        // An upload in progress is abandoned: its plan stays in the JobDB for whoever owns it
+        // next.
+        self.archiver_stop.cancel();
+        if let Some(task) = self.archiver_task {
+            let _ = task.await;
+        }
+        // Every sender is gone now, so the writer drains what is queued and ends.
+        let _ = self.writer_task.await;
+        let lost = self.lock_lost.is_cancelled();
+        self.lease.release().await;
+        self.db.close().await;
+        if let Some(task) = self.supervisor.failure() {
+            return Err(DirectorError::TaskFailed(task));
+        }
+        if lost {
+            return Err(DirectorError::LockLost(self.db.name().to_owned()));
+        }
+        tracing::info!("director stopped");
+        Ok(())
+    }
 }
 
 /// Settles what the previous owner left mid-way, before serving, in one commit. An attempt
