@@ -14,13 +14,15 @@ use spindle::job::{JobId, State, Transition};
 
 mod erasure;
 mod events;
+mod ordered;
 mod parks;
 mod payloads;
+mod reads;
 mod settles;
 mod traces;
 
 use super::endpoint::Arrival;
-use super::record::{Log, Outcome, SeqKey, Violation};
+use super::record::{Log, Outcome, Violation};
 use super::world::{Stored, SKEW_MS};
 
 /// What the API answered for a job: the status and, for a 200, the state.
@@ -174,71 +176,126 @@ pub struct Inputs<'a> {
 pub fn check(i: &Inputs) -> (Vec<Violation>, Tally) {
     let mut out = Vec::new();
     let mut tally = Tally::default();
-    let now = Utc::now();
-    let log = i.log;
-    let crashes: Vec<DateTime<Utc>> = log.crashes.iter().map(|(t, _)| *t).collect();
-    let crash_between = |a: DateTime<Utc>, b: DateTime<Utc>| {
-        crashes
-            .iter()
-            .any(|c| *c >= a - Duration::seconds(1) && *c <= b)
-    };
-
-    // Arrivals by job, in time order.
-    let mut by_job: HashMap<String, Vec<&Arrival>> = HashMap::new();
-    for a in i.arrivals {
-        by_job.entry(a.job.clone()).or_default().push(a);
+    let seen = Seen::of(i, &mut out, &mut tally);
+    for step in [
+        acknowledged,
+        one_end,
+        endpoint_arrivals,
+        ordered::key_order,
+        ordered::listed_attempts,
+        ordered::book,
+        scheduled,
+        notices,
+        reads::api,
+        reads::listing,
+        reads::readiness,
+    ] {
+        step(i, &seen, &mut out, &mut tally);
     }
-    for list in by_job.values_mut() {
-        list.sort_by_key(|a| a.at);
-    }
-    tally.arrivals = i.arrivals.len();
+    events::events(i, &mut out, &mut tally);
+    traces::traces(i, &mut out, &mut tally);
+    payloads::payloads(i, &mut out, &mut tally);
+    settles::settles(i, &mut out, &mut tally);
+    parks::parks(i, &mut out, &mut tally);
+    erasure::erasures(i, &mut out, &mut tally);
+    (out, tally)
+}
 
-    // Which stored jobs are ours: by idempotency key (every job of ours has a unique one), or
-    // a notice of one of ours.
-    let mut ours: HashSet<JobId> = HashSet::new();
-    let mut by_spec: HashMap<&str, Vec<JobId>> = HashMap::new();
-    let mut notices: HashMap<JobId, Vec<JobId>> = HashMap::new();
-    for (id, s) in i.stored {
-        let key = s.job.idempotency_key.as_deref().unwrap_or("");
-        if let Some(told) = key.strip_prefix("notice:") {
-            match told.parse::<JobId>() {
-                Ok(of)
-                    if i.stored
-                        .get(&of)
-                        .is_some_and(|o| o.job.on_complete.is_some()) =>
-                {
-                    notices.entry(of).or_default().push(*id);
-                    ours.insert(*id);
+/// What the invariants share: when the check ran, the crashes, the arrivals by job, which
+/// stored jobs are ours (by the key they were submitted with), and the notices of each job.
+struct Seen<'a> {
+    now: DateTime<Utc>,
+    crashes: Vec<DateTime<Utc>>,
+    by_job: HashMap<String, Vec<&'a Arrival>>,
+    ours: HashSet<JobId>,
+    by_spec: HashMap<&'a str, Vec<JobId>>,
+    notices: HashMap<JobId, Vec<JobId>>,
+}
+
+impl<'a> Seen<'a> {
+    /// Sorts what the run recorded; a stored job that is not ours is `invented`.
+    fn of(i: &'a Inputs, out: &mut Vec<Violation>, tally: &mut Tally) -> Self {
+        let now = Utc::now();
+        let log = i.log;
+        // Arrivals by job, in time order.
+        let mut by_job: HashMap<String, Vec<&Arrival>> = HashMap::new();
+        for a in i.arrivals {
+            by_job.entry(a.job.clone()).or_default().push(a);
+        }
+        for list in by_job.values_mut() {
+            list.sort_by_key(|a| a.at);
+        }
+        tally.arrivals = i.arrivals.len();
+
+        // Which stored jobs are ours: by idempotency key (every job of ours has a unique one), or
+        // a notice of one of ours.
+        let mut ours: HashSet<JobId> = HashSet::new();
+        let mut by_spec: HashMap<&str, Vec<JobId>> = HashMap::new();
+        let mut notices: HashMap<JobId, Vec<JobId>> = HashMap::new();
+        for (id, s) in i.stored {
+            let key = s.job.idempotency_key.as_deref().unwrap_or("");
+            if let Some(told) = key.strip_prefix("notice:") {
+                match told.parse::<JobId>() {
+                    Ok(of)
+                        if i.stored
+                            .get(&of)
+                            .is_some_and(|o| o.job.on_complete.is_some()) =>
+                    {
+                        notices.entry(of).or_default().push(*id);
+                        ours.insert(*id);
+                    }
+                    _ => v(
+                        out,
+                        "invented",
+                        now,
+                        Some(*id),
+                        format!("notice job {id} for {told}, which asked for none"),
+                    ),
                 }
-                _ => v(
-                    &mut out,
+            } else if log.specs.contains_key(key) {
+                by_spec.entry(key).or_default().push(*id);
+                ours.insert(*id);
+            } else {
+                v(
+                    out,
                     "invented",
                     now,
                     Some(*id),
-                    format!("notice job {id} for {told}, which asked for none"),
-                ),
+                    format!("stored job {id} with key {key:?} was never submitted"),
+                );
             }
-        } else if log.specs.contains_key(key) {
-            by_spec.entry(key).or_default().push(*id);
-            ours.insert(*id);
-        } else {
-            v(
-                &mut out,
-                "invented",
-                now,
-                Some(*id),
-                format!("stored job {id} with key {key:?} was never submitted"),
-            );
+        }
+        Seen {
+            now,
+            crashes: log.crashes.iter().map(|(t, _)| *t).collect(),
+            by_job,
+            ours,
+            by_spec,
+            notices,
         }
     }
 
+    /// Whether a crash happened between `a` (less a second) and `b`.
+    fn crash_between(&self, a: DateTime<Utc>, b: DateTime<Utc>) -> bool {
+        self.crashes
+            .iter()
+            .any(|c| *c >= a - Duration::seconds(1) && *c <= b)
+    }
+}
+
+/// Every acknowledged job is stored; a stored job nobody was told of came from a submission
+/// whose outcome was unknown; through routers alone, one job per key.
+fn acknowledged(i: &Inputs, seen: &Seen, out: &mut Vec<Violation>, tally: &mut Tally) {
+    let log = i.log;
+    let now = seen.now;
+    let by_spec = &seen.by_spec;
     // Every acknowledged job is stored; a stored job that was not acknowledged came from a
     // submission whose outcome was unknown; through routers alone, one job per key.
     for (id, a) in &log.accepted {
         tally.accepted += 1;
         if !i.stored.contains_key(id) {
             v(
-                &mut out,
+                out,
                 "lost",
                 a.at,
                 Some(*id),
@@ -257,7 +314,7 @@ pub fn check(i: &Inputs) -> (Vec<Violation>, Tally) {
                 .any(|(_, o)| matches!(o, Outcome::NotStored(why) if why == "413"))
         })
         .count();
-    for (key, ids) in &by_spec {
+    for (key, ids) in by_spec {
         let outcomes = log.outcomes.get(*key).map(Vec::as_slice).unwrap_or(&[]);
         let answered: HashSet<&str> = outcomes
             .iter()
@@ -276,7 +333,7 @@ pub fn check(i: &Inputs) -> (Vec<Violation>, Tally) {
             .collect();
         tally.stored_unacknowledged += unanswered.len();
         if unanswered.len() > unknown {
-            v(&mut out, "invented", now, unanswered.first().copied().copied(),
+            v(out, "invented", now, unanswered.first().copied().copied(),
               format!("key {key}: {} stored jobs nobody was told of, {unknown} submissions with an unknown outcome ({outcomes:?})", unanswered.len()));
         }
         let via_routers_only =
@@ -289,7 +346,7 @@ pub fn check(i: &Inputs) -> (Vec<Violation>, Tally) {
         if via_routers_only && !event {
             if ids.len() > 1 {
                 v(
-                    &mut out,
+                    out,
                     "dedup",
                     now,
                     Some(ids[0]),
@@ -301,7 +358,7 @@ pub fn check(i: &Inputs) -> (Vec<Violation>, Tally) {
             }
             if answered.len() > 1 {
                 v(
-                    &mut out,
+                    out,
                     "dedup",
                     now,
                     Some(ids[0]),
@@ -310,13 +367,20 @@ pub fn check(i: &Inputs) -> (Vec<Violation>, Tally) {
             }
         }
     }
+}
 
+/// One end each, legal histories, a cause for each discard, nothing delivered after its end,
+/// and a second delivery only across a crash.
+fn one_end(i: &Inputs, seen: &Seen, out: &mut Vec<Violation>, tally: &mut Tally) {
+    let now = seen.now;
+    let Seen { by_job, ours, .. } = seen;
+    let crash_between = |a, b| seen.crash_between(a, b);
     // One end each, legal histories, nothing delivered after its end.
     for (id, s) in i.stored.iter().filter(|(id, _)| ours.contains(id)) {
         for p in &s.places {
             if let Some(why) = illegal(&p.history) {
                 v(
-                    &mut out,
+                    out,
                     "state-machine",
                     p.history.last().map_or(now, |t| t.time),
                     Some(*id),
@@ -332,7 +396,7 @@ pub fn check(i: &Inputs) -> (Vec<Violation>, Tally) {
                     .map(|p| format!("{}: {:?}", p.jobdb, p.history.last().map(|t| t.state)))
                     .collect();
                 v(
-                    &mut out,
+                    out,
                     "one-end",
                     s.job.created_at,
                     Some(*id),
@@ -341,7 +405,7 @@ pub fn check(i: &Inputs) -> (Vec<Violation>, Tally) {
             }
             1 => {}
             n => v(
-                &mut out,
+                out,
                 "one-end",
                 now,
                 Some(*id),
@@ -377,7 +441,7 @@ pub fn check(i: &Inputs) -> (Vec<Violation>, Tally) {
                 _ => false,
             };
             if !cause {
-                v(&mut out, "discard-cause", end.time, Some(*id), format!(
+                v(out, "discard-cause", end.time, Some(*id), format!(
                     "job {id} discarded ({}) without its endpoint refusing it or an operator discarding it",
                     end.error_type.as_deref().unwrap_or("-")));
             }
@@ -388,7 +452,7 @@ pub fn check(i: &Inputs) -> (Vec<Violation>, Tally) {
                 .find(|a| a.at > end.time + Duration::milliseconds(10))
             {
                 v(
-                    &mut out,
+                    out,
                     "after-end",
                     late.at,
                     Some(*id),
@@ -408,20 +472,24 @@ pub fn check(i: &Inputs) -> (Vec<Violation>, Tally) {
                 if crash_between(arrivals[first_final].at, later.at) {
                     tally.duplicates_allowed += 1;
                 } else {
-                    v(&mut out, "duplicate", later.at, Some(*id), format!(
+                    v(out, "duplicate", later.at, Some(*id), format!(
                         "job {id} arrived again (attempt {}) after its final answer {} at attempt {}, no crash between",
                         later.attempt, arrivals[first_final].status, arrivals[first_final].attempt));
                 }
             }
         }
     }
+}
 
+/// Nothing invented at the endpoints.
+fn endpoint_arrivals(i: &Inputs, seen: &Seen, out: &mut Vec<Violation>, _tally: &mut Tally) {
+    let ours = &seen.ours;
     // Nothing invented at the endpoints.
     let known: HashSet<String> = ours.iter().map(|id| id.to_string()).collect();
     for a in i.arrivals {
         if !known.contains(&a.job) {
             v(
-                &mut out,
+                out,
                 "invented",
                 a.at,
                 a.job.parse().ok(),
@@ -434,151 +502,12 @@ pub fn check(i: &Inputs) -> (Vec<Violation>, Tally) {
             );
         }
     }
+}
 
-    // Ordered keys: job n+1 is not tried before job n ended, in acknowledged order. And
-    // blocked keys: after a job that asked to block its key ends without success (not an
-    // operator's choice), the key's next job is not tried before an operator released the
-    // blocks; the quiet period deletes them every few seconds from its start on.
-    let releases: Vec<DateTime<Utc>> = log
-        .ops
-        .iter()
-        .filter(|(_, text)| text.contains(super::ops::RELEASES_BLOCKS))
-        .map(|(at, _)| *at)
-        .collect();
-    let quiet_from = log
-        .ops
-        .iter()
-        .find(|(_, text)| text.starts_with("quiet:"))
-        .map(|(at, _)| *at);
-    let released_between = |from: DateTime<Utc>, to: DateTime<Utc>| {
-        quiet_from.is_some_and(|q| q <= to)
-            || releases
-                .iter()
-                .any(|r| *r >= from - Duration::milliseconds(5) && *r <= to)
-    };
-    let mut order: BTreeMap<SeqKey, Vec<JobId>> = log.sequences.clone();
-    for (key, seq) in &log.uncertain {
-        for id in by_spec.get(key.as_str()).into_iter().flatten() {
-            order.entry(seq.clone()).or_default().push(*id);
-        }
-    }
-    for (seq, ids) in &order {
-        tally.sequences += 1;
-        tally.ordered_jobs += ids.len();
-        for pair in ids.windows(2) {
-            let (a, b) = (pair[0], pair[1]);
-            let Some(first) = by_job.get(&b.to_string()).and_then(|l| l.first()) else {
-                continue;
-            };
-            let stored_a = i.stored.get(&a);
-            let end_a = stored_a.and_then(first_end);
-            let blocks =
-                stored_a.is_some_and(|s| s.job.ordering.as_ref().is_some_and(|o| o.blocks));
-            if let Some(end) =
-                end_a.filter(|e| blocks && spindle::jobdb::ordering::blocks_sequence(e))
-            {
-                if !released_between(end.time, first.at) {
-                    v(
-                        &mut out,
-                        "block-held",
-                        first.at,
-                        [b, a],
-                        format!(
-                            "key {}: job {b} tried at {} though job {a}, which blocks its key, ended {} ({}) at {} and no operator released the key between",
-                            seq.key,
-                            first.at.format("%H:%M:%S%.3f"),
-                            end.state,
-                            end.error_type.as_deref().unwrap_or("-"),
-                            end.time.format("%H:%M:%S%.3f"),
-                        ),
-                    );
-                }
-            }
-            let via = |id: JobId| {
-                log.accepted
-                    .get(&id)
-                    .map_or("an unknown front".to_owned(), |x| {
-                        format!("{} at {}", x.via, x.at.format("%H:%M:%S%.3f"))
-                    })
-            };
-            let what = match end_a {
-                Some(end) if end.time <= first.at + Duration::milliseconds(5) => continue,
-                Some(end) => format!("ended {} at {}", end.state, end.time.format("%H:%M:%S%.3f")),
-                None => "never ended".to_owned(),
-            };
-            v(
-                &mut out,
-                "key-order",
-                first.at,
-                [b, a],
-                format!(
-                    "key {}: job {b} (acknowledged by {}) tried at {}; job {a} before it \
-                     (acknowledged by {}) {what}",
-                    seq.key,
-                    via(b),
-                    first.at.format("%H:%M:%S%.3f"),
-                    via(a)
-                ),
-            );
-        }
-    }
-
-    // Alone: every request that reached the endpoint was listed as begun, with its attempt
-    // number, by a commit of the JobDB (durable before it was sent, fenced), whichever commit
-    // began it: its own, or the one that ended the job before it in its key.
-    if let Some(listed) = i.listed {
-        for a in i.arrivals {
-            let Ok(id) = a.job.parse::<JobId>() else {
-                continue;
-            };
-            if i.stored.contains_key(&id) && !listed.contains(&(id, a.attempt)) {
-                v(
-                    &mut out,
-                    "unlisted",
-                    a.at,
-                    Some(id),
-                    format!(
-                        "job {id} arrived (attempt {}, {}) but no commit lists that attempt as begun",
-                        a.attempt, a.path
-                    ),
-                );
-            }
-        }
-    }
-
-    // Alone: the writer's book of its sequences never names a head the JobDB does not hold
-    // waiting (kill -9, commit faults, commands, expiry, blocks and their release all leave it
-    // right).
-    if let Some(r) = i.remembered {
-        (tally.released, tally.kept, tally.spilled) = (r.released, r.kept, r.spilled);
-        if r.wrong > 0 {
-            v(
-                &mut out,
-                "misremembered",
-                now,
-                None,
-                format!(
-                    "the writer's book named {} of {} heads that were not held",
-                    r.wrong, r.released
-                ),
-            );
-        }
-        // Keys with several jobs waiting wait in the book (kept): with no job kept, the key
-        // order, expiry and command checks above would not have met that path at all.
-        if tally.ordered_jobs >= 100 && r.kept == 0 {
-            v(
-                &mut out,
-                "kept",
-                now,
-                None,
-                format!(
-                    "{} ordered jobs and none kept in the writer's book: the path was not run",
-                    tally.ordered_jobs
-                ),
-            );
-        }
-    }
-
+/// Scheduled jobs never arrive early (unless an operator expedited them).
+fn scheduled(i: &Inputs, seen: &Seen, out: &mut Vec<Violation>, tally: &mut Tally) {
+    let log = i.log;
+    let by_job = &seen.by_job;
     // Scheduled jobs never arrive early (unless an operator expedited them).
     for (id, a) in &log.accepted {
         let Some(at) = a.deliver_at else { continue };
@@ -594,7 +523,7 @@ pub fn check(i: &Inputs) -> (Vec<Violation>, Tally) {
         });
         if first.at + Duration::milliseconds(2) < at && !expedited {
             v(
-                &mut out,
+                out,
                 "scheduled-early",
                 first.at,
                 Some(*id),
@@ -606,7 +535,13 @@ pub fn check(i: &Inputs) -> (Vec<Violation>, Tally) {
             );
         }
     }
+}
 
+/// Notices: exactly one per ended job that asked for one, saying how it ended.
+fn notices(i: &Inputs, seen: &Seen, out: &mut Vec<Violation>, tally: &mut Tally) {
+    let now = seen.now;
+    let Seen { ours, notices, .. } = seen;
+    let crash_between = |a, b| seen.crash_between(a, b);
     // Notices: exactly one per ended job that asked for one, saying how it ended.
     let mut told: HashMap<String, HashSet<String>> = HashMap::new();
     let mut told_state: HashMap<String, Vec<String>> = HashMap::new();
@@ -623,7 +558,7 @@ pub fn check(i: &Inputs) -> (Vec<Violation>, Tally) {
         if s.job.on_complete.is_none() {
             if told.contains_key(&id.to_string()) {
                 v(
-                    &mut out,
+                    out,
                     "notice",
                     now,
                     Some(*id),
@@ -656,7 +591,7 @@ pub fn check(i: &Inputs) -> (Vec<Violation>, Tally) {
         if got == 0 && !by_operator {
             // The notice jobs too, so the report shows where each stopped.
             v(
-                &mut out,
+                out,
                 "notice",
                 end.time,
                 std::iter::once(*id).chain(written_ids),
@@ -673,7 +608,7 @@ pub fn check(i: &Inputs) -> (Vec<Violation>, Tally) {
             )
         {
             v(
-                &mut out,
+                out,
                 "notice",
                 end.time,
                 Some(*id),
@@ -684,7 +619,7 @@ pub fn check(i: &Inputs) -> (Vec<Violation>, Tally) {
         if let Some(states) = told_state.get(&id.to_string()) {
             if let Some(wrong) = states.iter().find(|s| s.as_str() != want) {
                 v(
-                    &mut out,
+                    out,
                     "notice",
                     end.time,
                     Some(*id),
@@ -704,7 +639,7 @@ pub fn check(i: &Inputs) -> (Vec<Violation>, Tally) {
             .is_some_and(|id| i.stored.contains_key(&id));
         if !known_job {
             v(
-                &mut out,
+                out,
                 "invented",
                 now,
                 None,
@@ -712,159 +647,4 @@ pub fn check(i: &Inputs) -> (Vec<Violation>, Tally) {
             );
         }
     }
-
-    // The API agrees with SQL.
-    for (id, s) in i.stored.iter().filter(|(id, s)| {
-        ours.contains(id)
-            && !s
-                .job
-                .idempotency_key
-                .as_deref()
-                .unwrap_or("")
-                .starts_with("notice:")
-    }) {
-        let Some((status, state)) = i.api.get(id) else {
-            continue;
-        };
-        tally.api_checked += 1;
-        let Some(end_place) = s
-            .places
-            .iter()
-            .find(|p| p.history.iter().any(|t| is_end(t.state)))
-        else {
-            // Never ended: reported as such.
-            continue;
-        };
-        let end_place = Some(end_place);
-        let sql = end_place
-            .and_then(|p| p.history.last())
-            .map(|t| t.state.as_str());
-        match (*status, state.as_deref(), sql) {
-            (200, Some(api), Some(sql)) if api == sql => {}
-            (200, Some("archiving"), Some("archived"))
-            | (200, Some("archived"), Some("archiving")) => {}
-            (404, _, _) if end_place.is_none_or(|p| !i.active.contains(&p.jobdb)) => {}
-            (status, api, sql) => v(
-                &mut out,
-                "api",
-                now,
-                Some(*id),
-                format!("job {id}: the API answers {status} {api:?}, SQL says {sql:?}"),
-            ),
-        }
-    }
-
-    // The listing at the end holds exactly the jobs of the JobDBs Directors serve, once each,
-    // in id order, in the state SQL says.
-    match i.listing {
-        Err(why) => v(
-            &mut out,
-            "list",
-            now,
-            None,
-            format!("the final listing failed: {why}"),
-        ),
-        Ok(listed) => {
-            tally.listed = listed.len();
-            if let Some(w) = listed.windows(2).find(|w| w[0].0 >= w[1].0) {
-                let what = format!("{} listed after {} (oldest first)", w[1].0, w[0].0);
-                v(&mut out, "list", now, w[1].0.parse().ok(), what);
-            }
-            let by_id: HashMap<&str, &str> = listed
-                .iter()
-                .map(|(id, s)| (id.as_str(), s.as_str()))
-                .collect();
-            for (id, s) in i.stored {
-                let Some(place) = s.places.iter().find(|p| i.active.contains(&p.jobdb)) else {
-                    continue;
-                };
-                let sql = place.history.last().map(|t| t.state.as_str());
-                match (by_id.get(id.to_string().as_str()), sql) {
-                    (Some(api), Some(sql)) if *api == sql => {}
-                    (Some(&"archived"), Some("archiving"))
-                    | (Some(&"archiving"), Some("archived")) => {}
-                    (listed, sql) => v(
-                        &mut out,
-                        "list",
-                        now,
-                        Some(*id),
-                        format!(
-                            "job {id} of {}: listed as {listed:?}, SQL says {sql:?}",
-                            place.jobdb
-                        ),
-                    ),
-                }
-            }
-            for (id, _) in listed {
-                let held = id
-                    .parse::<JobId>()
-                    .ok()
-                    .and_then(|j| i.stored.get(&j))
-                    .is_some_and(|s| s.places.iter().any(|p| i.active.contains(&p.jobdb)));
-                if !held {
-                    v(
-                        &mut out,
-                        "list",
-                        now,
-                        id.parse().ok(),
-                        format!("job {id} listed, held by no served JobDB"),
-                    );
-                }
-            }
-        }
-    }
-
-    // Readiness: ready exactly when it accepts.
-    let mut by_director: BTreeMap<&str, Vec<&super::record::ReadySample>> = BTreeMap::new();
-    for r in &log.readiness {
-        by_director.entry(r.director.as_str()).or_default().push(r);
-        tally.readiness_samples += 1;
-    }
-    for (director, samples) in by_director {
-        // A stretch of samples that answered ready yet took no job (refused, or no answer in
-        // 3 s), or answered not ready yet took one: two in a row spanning 2 s or more.
-        let mut stretch: Option<(DateTime<Utc>, usize, bool)> = None;
-        for s in samples {
-            let ready = s.ready_before && s.ready_after;
-            let not_ready = !s.ready_before && !s.ready_after;
-            let odd = if ready && s.accepted != Some(true) {
-                Some(true)
-            } else if not_ready && s.accepted == Some(true) {
-                Some(false)
-            } else {
-                None
-            };
-            stretch = match (stretch, odd) {
-                (Some((from, n, kind)), Some(k)) if k == kind => Some((from, n + 1, kind)),
-                (_, Some(k)) => Some((s.at, 1, k)),
-                (_, None) => None,
-            };
-            if let Some((from, n, kind)) = stretch {
-                if n >= 2 && s.at - from >= Duration::seconds(2) {
-                    let span = format!(
-                        "from {} to {} ({n} samples)",
-                        from.format("%H:%M:%S%.3f"),
-                        s.at.format("%H:%M:%S%.3f")
-                    );
-                    let what = if kind {
-                        format!(
-                            "{director} answered /readyz 200 {span} but took no job (last: {:?})",
-                            s.accepted
-                        )
-                    } else {
-                        format!("{director} answered /readyz 503 {span} but took jobs")
-                    };
-                    v(&mut out, "readiness", from, None, what);
-                    stretch = None;
-                }
-            }
-        }
-    }
-    events::events(i, &mut out, &mut tally);
-    traces::traces(i, &mut out, &mut tally);
-    payloads::payloads(i, &mut out, &mut tally);
-    settles::settles(i, &mut out, &mut tally);
-    parks::parks(i, &mut out, &mut tally);
-    erasure::erasures(i, &mut out, &mut tally);
-    (out, tally)
 }
