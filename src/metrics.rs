@@ -8,7 +8,7 @@ use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::{exponential_buckets, Histogram};
-use prometheus_client::registry::Registry;
+use prometheus_client::registry::{Metric, Registry};
 
 use crate::delivery::classify::Verdict;
 
@@ -234,427 +234,311 @@ fn attempt_histogram() -> Histogram {
 impl Default for Metrics {
     fn default() -> Self {
         let mut registry = Registry::with_prefix("spindle");
-        let jobs_accepted = Counter::default();
-        registry.register(
-            "jobs_accepted",
-            "Jobs persisted and acknowledged",
-            jobs_accepted.clone(),
-        );
-        let attempts = Family::<OutcomeLabels, Counter>::default();
-        registry.register("attempts", "Delivery attempts by outcome", attempts.clone());
-        let attempt_seconds = Family::<OutcomeLabels, Histogram>::new_with_constructor(
-            attempt_histogram as fn() -> Histogram,
-        );
-        registry.register(
-            "attempt_duration_seconds",
-            "Delivery attempt duration",
-            attempt_seconds.clone(),
-        );
-        let jobs_expired = Counter::default();
-        registry.register(
-            "jobs_expired",
-            "Jobs that expired undelivered and went to archiving",
-            jobs_expired.clone(),
-        );
-        let jobs_imported = Counter::default();
-        registry.register(
-            "jobs_imported",
-            "Jobs imported from retired JobDBs",
-            jobs_imported.clone(),
-        );
-        let jobs_scheduled = Counter::default();
-        registry.register(
-            "jobs_scheduled",
-            "Jobs accepted to wait for a later first attempt",
-            jobs_scheduled.clone(),
-        );
-        let notices_written = Counter::default();
-        registry.register(
-            "notices_written",
-            "Completion notices written, each a job to an ended job's on_complete URL",
-            notices_written.clone(),
-        );
-        let ordered_released = Counter::default();
-        registry.register(
-            "ordered_released",
-            "Ordered jobs released: their turn in their sequence came",
-            ordered_released.clone(),
-        );
-        let ordered_born = Counter::default();
-        registry.register(
-            "ordered_born",
-            "Ordered jobs released in the commit that stored them: their sequence had no open \
-             job and no block here (and, in a cluster, the intake cleared them)",
-            ordered_born.clone(),
-        );
-        let ordered_kept = Counter::default();
-        registry.register(
-            "ordered_kept",
-            "Ordered jobs kept: stored to wait for their turn in the writer's book (a Director \
-             without peers), with no open_jobs entry unless they rest",
-            ordered_kept.clone(),
-        );
-        let ordered_begun_on_release = Counter::default();
-        registry.register(
-            "ordered_begun_on_release",
-            "Ordered jobs whose attempt began in the commit that released them, the one that \
-             ended the job before them (no commit of their own to begin it)",
-            ordered_begun_on_release.clone(),
-        );
-        let events_published = Counter::default();
-        registry.register(
-            "events_published",
-            "Events published (POST /v1/events), whether or not a subscription matched",
-            events_published.clone(),
-        );
-        let event_jobs = Counter::default();
-        registry.register(
-            "event_jobs",
-            "Jobs made by published events: one per matching subscription",
-            event_jobs.clone(),
-        );
-        let ordered_booked = Gauge::default();
-        registry.register(
-            "ordered_booked",
-            "Ordered jobs the writer's book of sequences holds, waiting or under way",
-            ordered_booked.clone(),
-        );
-        let ordered_spilled = Counter::default();
-        registry.register(
-            "ordered_spilled",
-            "Sequences spilled to the store: the writer's book had no room for them \
-             (--ordered-book-jobs), so the sequencer moves them",
-            ordered_spilled.clone(),
-        );
-        let ordered_heads_misremembered = Counter::default();
-        registry.register(
-            "ordered_heads_misremembered",
-            "Heads the writer's book held waiting that the JobDB did not: the book let them go \
-             (something changed the JobDB's entries behind the writer; expect 0)",
-            ordered_heads_misremembered.clone(),
-        );
-        let ordered_waiting_elsewhere = Gauge::default();
-        registry.register(
-            "ordered_waiting_elsewhere",
-            "Sequences whose next job waits for an older job of theirs in another JobDB",
-            ordered_waiting_elsewhere.clone(),
-        );
-        let ordered_cleared_at_intake = Counter::default();
-        registry.register(
-            "ordered_cleared_at_intake",
-            "Sequences of new ordered jobs an intake's survey found held and blocked nowhere \
-             else: their jobs go in the writer's commits (see director::sequencer::Clearance)",
-            ordered_cleared_at_intake.clone(),
-        );
-        let ordered_cleared = Counter::default();
-        registry.register(
-            "ordered_cleared",
-            "Ordered heads released without reading the other JobDBs, cleared by an earlier complete read",
-            ordered_cleared.clone(),
-        );
-        let ordered_survey_failures = Counter::default();
-        registry.register(
-            "ordered_survey_failures",
-            "Checks of the other live JobDBs that could not read them all; uncleared heads wait",
-            ordered_survey_failures.clone(),
-        );
-        let jobs_archived = Counter::default();
-        registry.register(
-            "jobs_archived",
-            "Jobs recorded archived after their archive object was confirmed",
-            jobs_archived.clone(),
-        );
-        let archive_failures = Counter::default();
-        registry.register(
-            "archive_upload_failures",
-            "Archive uploads that failed and will be retried",
-            archive_failures.clone(),
-        );
-        let write_batch_rows = Histogram::new(exponential_buckets(1.0, 2.0, 14));
-        registry.register(
-            "jobdb_write_batch_rows",
-            "Rows per JobDB transaction",
-            write_batch_rows.clone(),
-        );
-        let write_seconds = Histogram::new(exponential_buckets(0.0005, 2.0, 14));
-        registry.register(
-            "jobdb_write_duration_seconds",
-            "JobDB transaction duration",
-            write_seconds.clone(),
-        );
-        let fence_rejections = Counter::default();
-        registry.register(
-            "jobdb_fence_rejections",
-            "Transactions rejected by the fencing token",
-            fence_rejections.clone(),
-        );
-        let write_queue = Gauge::default();
-        registry.register(
-            "jobdb_write_queue",
-            "Write requests (submissions, transitions) queued for the JobDB writer",
-            write_queue.clone(),
-        );
-        let write_rejections = Family::<WriteLabels, Counter>::default();
-        registry.register(
-            "jobdb_write_rejections",
-            "Write requests refused alone (their data, or a router deadline), the rest of their batch written",
-            write_rejections.clone(),
-        );
-        let jobs_out_of_attempts = Counter::default();
-        registry.register(
-            "jobs_out_of_attempts",
-            "Jobs discarded after using up their attempts (error_type max-attempts)",
-            jobs_out_of_attempts.clone(),
-        );
-        let jobs_rested = Counter::default();
-        registry.register(
-            "jobs_rested",
-            "Jobs given an open_jobs entry without a row of their own (waited long, or no room in the cache)",
-            jobs_rested.clone(),
-        );
-        let jobs_fresh = Gauge::default();
-        registry.register(
-            "jobs_fresh",
-            "Jobs accepted with neither a row of their own nor an open_jobs entry yet",
-            jobs_fresh.clone(),
-        );
-        let attempts_under_way = Gauge::default();
-        registry.register(
-            "attempts_under_way",
-            "Attempts begun by a commit and not ended",
-            attempts_under_way.clone(),
-        );
-        let attempts_held_back = Counter::default();
-        registry.register(
-            "attempts_held_back",
-            "Attempts begun and not sent: their endpoint paused or was judged down first (error_type held-back)",
-            attempts_held_back.clone(),
-        );
-        let core_tasks_up = Gauge::default();
-        registry.register(
-            "director_core_tasks_up",
-            "1 while the Director's writer, scheduler and watchers all run",
-            core_tasks_up.clone(),
-        );
-        let jobdb_writable = Gauge::default();
-        registry.register(
-            "jobdb_writable",
-            "1 while the JobDB can be written; 0 while no commit has succeeded for longer than the writer's bound (not ready)",
-            jobdb_writable.clone(),
-        );
-        let jobdb_last_commit = Gauge::<f64, std::sync::atomic::AtomicU64>::default();
-        registry.register(
-            "jobdb_last_commit",
-            "When the writer's last commit succeeded (Unix seconds)",
-            jobdb_last_commit.clone(),
-        );
-        let tasks_stalled = Family::<TaskLabels, Gauge>::default();
-        registry.register(
-            "director_task_stalled",
-            "1 while a core task (writer, scheduler, sequencer) has had work without progress past its bound (not ready)",
-            tasks_stalled.clone(),
-        );
-        let jobs_cached = Gauge::default();
-        registry.register(
-            "jobs_cached",
-            "Unfinished jobs held in memory",
-            jobs_cached.clone(),
-        );
-        let in_flight = Gauge::default();
-        registry.register(
-            "attempts_in_flight",
-            "Delivery attempts in flight",
-            in_flight.clone(),
-        );
-        let jobs_spilled = Gauge::default();
-        registry.register(
-            "jobs_spilled",
-            "Unfinished jobs whose payload waits in the JobDB, not in memory",
-            jobs_spilled.clone(),
-        );
-        let attempts_started = Counter::default();
-        registry.register(
-            "attempts_started",
-            "Delivery attempts whose request was started",
-            attempts_started.clone(),
-        );
-        let last_attempt_started = Gauge::<f64, std::sync::atomic::AtomicU64>::default();
-        registry.register(
-            "attempt_last_started_timestamp_seconds",
-            "Unix time at which the last delivery attempt started",
-            last_attempt_started.clone(),
-        );
-        let cached_payload_bytes = Gauge::default();
-        registry.register(
-            "jobs_cached_payload_bytes",
-            "Payload and header bytes of cached jobs held in memory",
-            cached_payload_bytes.clone(),
-        );
-        let jobs_backlog_loaded = Counter::default();
-        registry.register(
-            "jobs_backlog_loaded",
-            "Jobs read into the cache from the JobDB after waiting there for room",
-            jobs_backlog_loaded.clone(),
-        );
-        let jobs_evicted = Counter::default();
-        registry.register(
-            "jobs_evicted",
-            "Waiting jobs evicted from a full cache until shortly before they are due",
-            jobs_evicted.clone(),
-        );
-        let operator_commands = Counter::default();
-        registry.register(
-            "operator_commands_applied",
-            "Operator commands (expedite, postpone, flush, discard) applied and recorded",
-            operator_commands.clone(),
-        );
-        let breaker_opened = Counter::default();
-        registry.register(
-            "endpoint_breaker_opened",
-            "Endpoint circuit breakers opened (most recent attempts failed)",
-            breaker_opened.clone(),
-        );
-        let breakers_open = Gauge::default();
-        registry.register(
-            "endpoint_breakers_open",
-            "Endpoints whose circuit breaker is open (one probe at a time)",
-            breakers_open.clone(),
-        );
-        let queued = Family::<QueueLabels, Gauge>::default();
-        registry.register(
-            "jobs_queued",
-            "Cached jobs by what they wait for: endpoint running, breaker open, endpoint or bucket paused, or a retry",
-            queued.clone(),
-        );
-        let controls = Family::<ControlLabels, Gauge>::default();
-        registry.register(
-            "controls",
-            "Endpoint and bucket controls (pauses, caps) this Director has in force",
-            controls.clone(),
-        );
-        let dashboard_jobdbs = Family::<ReachLabels, Gauge>::default();
-        registry.register(
-            "dashboard_jobdbs",
-            "JobDBs the dashboard reads, by whether they could be reached",
-            dashboard_jobdbs.clone(),
-        );
-        let dashboard_requests = Counter::default();
-        registry.register(
-            "dashboard_api_requests",
-            "Dashboard API requests answered",
-            dashboard_requests.clone(),
-        );
-        let jobs_moved = Counter::default();
-        registry.register(
-            "jobs_moved",
-            "Jobs a drainer moved out of retired JobDBs into live ones",
-            jobs_moved.clone(),
-        );
-        let jobdbs_drained = Counter::default();
-        registry.register(
-            "jobdbs_drained",
-            "Retired JobDBs a drainer drained",
-            jobdbs_drained.clone(),
-        );
-        let jobs_import_refused = Counter::default();
-        registry.register(
-            "jobs_import_refused",
-            "Jobs a live Director refused to import for good, ended discarded (import-refused)",
-            jobs_import_refused.clone(),
-        );
-        let import_refusals = Family::<RefusalLabels, Counter>::default();
-        registry.register(
-            "import_refusals",
-            "Refusals of a drainer's import of a job by a live Director, by how they were taken",
-            import_refusals.clone(),
-        );
-        let jobs_waiting_for_target = Family::<JobDbLabels, Gauge>::default();
-        registry.register(
-            "jobs_waiting_for_target",
-            "Jobs of a retired JobDB that live Directors refused and that wait for one that takes them",
-            jobs_waiting_for_target.clone(),
-        );
-        let jobdbs = Family::<StateLabels, Gauge>::default();
-        registry.register(
-            "jobdbs",
-            "JobDBs in the inventory by lifecycle state (manager)",
-            jobdbs.clone(),
-        );
-        let manager_actions = Family::<ActionLabels, Counter>::default();
-        registry.register(
-            "manager_actions",
-            "Manager decisions by kind",
-            manager_actions.clone(),
-        );
-        let manager_active = Gauge::default();
-        registry.register(
-            "manager_active",
-            "1 while this manager holds the manager lock",
-            manager_active.clone(),
-        );
+        let r = &mut registry;
         Metrics {
+            jobs_accepted: metric(r, "jobs_accepted", "Jobs persisted and acknowledged"),
+            attempts: metric(r, "attempts", "Delivery attempts by outcome"),
+            attempt_seconds: registered(
+                r,
+                "attempt_duration_seconds",
+                "Delivery attempt duration",
+                Family::<OutcomeLabels, Histogram>::new_with_constructor(
+                    attempt_histogram as fn() -> Histogram,
+                ),
+            ),
+            jobs_expired: metric(
+                r,
+                "jobs_expired",
+                "Jobs that expired undelivered and went to archiving",
+            ),
+            jobs_imported: metric(r, "jobs_imported", "Jobs imported from retired JobDBs"),
+            jobs_scheduled: metric(
+                r,
+                "jobs_scheduled",
+                "Jobs accepted to wait for a later first attempt",
+            ),
+            notices_written: metric(
+                r,
+                "notices_written",
+                "Completion notices written, each a job to an ended job's on_complete URL",
+            ),
+            ordered_released: metric(
+                r,
+                "ordered_released",
+                "Ordered jobs released: their turn in their sequence came",
+            ),
+            ordered_born: metric(
+                r,
+                "ordered_born",
+                "Ordered jobs released in the commit that stored them: their sequence had no open \
+                 job and no block here (and, in a cluster, the intake cleared them)",
+            ),
+            ordered_kept: metric(
+                r,
+                "ordered_kept",
+                "Ordered jobs kept: stored to wait for their turn in the writer's book (a \
+                 Director without peers), with no open_jobs entry unless they rest",
+            ),
+            ordered_begun_on_release: metric(
+                r,
+                "ordered_begun_on_release",
+                "Ordered jobs whose attempt began in the commit that released them, the one that \
+                 ended the job before them (no commit of their own to begin it)",
+            ),
+            events_published: metric(
+                r,
+                "events_published",
+                "Events published (POST /v1/events), whether or not a subscription matched",
+            ),
+            event_jobs: metric(
+                r,
+                "event_jobs",
+                "Jobs made by published events: one per matching subscription",
+            ),
+            ordered_booked: metric(
+                r,
+                "ordered_booked",
+                "Ordered jobs the writer's book of sequences holds, waiting or under way",
+            ),
+            ordered_spilled: metric(
+                r,
+                "ordered_spilled",
+                "Sequences spilled to the store: the writer's book had no room for them \
+                 (--ordered-book-jobs), so the sequencer moves them",
+            ),
+            ordered_heads_misremembered: metric(
+                r,
+                "ordered_heads_misremembered",
+                "Heads the writer's book held waiting that the JobDB did not: the book let them \
+                 go (something changed the JobDB's entries behind the writer; expect 0)",
+            ),
+            ordered_waiting_elsewhere: metric(
+                r,
+                "ordered_waiting_elsewhere",
+                "Sequences whose next job waits for an older job of theirs in another JobDB",
+            ),
+            ordered_cleared_at_intake: metric(
+                r,
+                "ordered_cleared_at_intake",
+                "Sequences of new ordered jobs an intake's survey found held and blocked nowhere \
+                 else: their jobs go in the writer's commits (see director::sequencer::Clearance)",
+            ),
+            ordered_cleared: metric(
+                r,
+                "ordered_cleared",
+                "Ordered heads released without reading the other JobDBs, cleared by an earlier \
+                 complete read",
+            ),
+            ordered_survey_failures: metric(
+                r,
+                "ordered_survey_failures",
+                "Checks of the other live JobDBs that could not read them all; uncleared heads \
+                 wait",
+            ),
+            jobs_archived: metric(
+                r,
+                "jobs_archived",
+                "Jobs recorded archived after their archive object was confirmed",
+            ),
+            archive_failures: metric(
+                r,
+                "archive_upload_failures",
+                "Archive uploads that failed and will be retried",
+            ),
+            write_batch_rows: registered(
+                r,
+                "jobdb_write_batch_rows",
+                "Rows per JobDB transaction",
+                Histogram::new(exponential_buckets(1.0, 2.0, 14)),
+            ),
+            write_seconds: registered(
+                r,
+                "jobdb_write_duration_seconds",
+                "JobDB transaction duration",
+                Histogram::new(exponential_buckets(0.0005, 2.0, 14)),
+            ),
+            fence_rejections: metric(
+                r,
+                "jobdb_fence_rejections",
+                "Transactions rejected by the fencing token",
+            ),
+            write_queue: metric(
+                r,
+                "jobdb_write_queue",
+                "Write requests (submissions, transitions) queued for the JobDB writer",
+            ),
+            write_rejections: metric(
+                r,
+                "jobdb_write_rejections",
+                "Write requests refused alone (their data, or a router deadline), the rest of \
+                 their batch written",
+            ),
+            jobs_out_of_attempts: metric(
+                r,
+                "jobs_out_of_attempts",
+                "Jobs discarded after using up their attempts (error_type max-attempts)",
+            ),
+            jobs_rested: metric(
+                r,
+                "jobs_rested",
+                "Jobs given an open_jobs entry without a row of their own (waited long, or no \
+                 room in the cache)",
+            ),
+            jobs_fresh: metric(
+                r,
+                "jobs_fresh",
+                "Jobs accepted with neither a row of their own nor an open_jobs entry yet",
+            ),
+            attempts_under_way: metric(
+                r,
+                "attempts_under_way",
+                "Attempts begun by a commit and not ended",
+            ),
+            attempts_held_back: metric(
+                r,
+                "attempts_held_back",
+                "Attempts begun and not sent: their endpoint paused or was judged down first \
+                 (error_type held-back)",
+            ),
+            core_tasks_up: metric(
+                r,
+                "director_core_tasks_up",
+                "1 while the Director's writer, scheduler and watchers all run",
+            ),
+            jobdb_writable: metric(
+                r,
+                "jobdb_writable",
+                "1 while the JobDB can be written; 0 while no commit has succeeded for longer \
+                 than the writer's bound (not ready)",
+            ),
+            jobdb_last_commit: metric(
+                r,
+                "jobdb_last_commit",
+                "When the writer's last commit succeeded (Unix seconds)",
+            ),
+            tasks_stalled: metric(
+                r,
+                "director_task_stalled",
+                "1 while a core task (writer, scheduler, sequencer) has had work without progress \
+                 past its bound (not ready)",
+            ),
+            jobs_cached: metric(r, "jobs_cached", "Unfinished jobs held in memory"),
+            in_flight: metric(r, "attempts_in_flight", "Delivery attempts in flight"),
+            jobs_spilled: metric(
+                r,
+                "jobs_spilled",
+                "Unfinished jobs whose payload waits in the JobDB, not in memory",
+            ),
+            attempts_started: metric(
+                r,
+                "attempts_started",
+                "Delivery attempts whose request was started",
+            ),
+            last_attempt_started: metric(
+                r,
+                "attempt_last_started_timestamp_seconds",
+                "Unix time at which the last delivery attempt started",
+            ),
+            cached_payload_bytes: metric(
+                r,
+                "jobs_cached_payload_bytes",
+                "Payload and header bytes of cached jobs held in memory",
+            ),
+            jobs_backlog_loaded: metric(
+                r,
+                "jobs_backlog_loaded",
+                "Jobs read into the cache from the JobDB after waiting there for room",
+            ),
+            jobs_evicted: metric(
+                r,
+                "jobs_evicted",
+                "Waiting jobs evicted from a full cache until shortly before they are due",
+            ),
+            operator_commands: metric(
+                r,
+                "operator_commands_applied",
+                "Operator commands (expedite, postpone, flush, discard) applied and recorded",
+            ),
+            breaker_opened: metric(
+                r,
+                "endpoint_breaker_opened",
+                "Endpoint circuit breakers opened (most recent attempts failed)",
+            ),
+            breakers_open: metric(
+                r,
+                "endpoint_breakers_open",
+                "Endpoints whose circuit breaker is open (one probe at a time)",
+            ),
+            queued: metric(
+                r,
+                "jobs_queued",
+                "Cached jobs by what they wait for: endpoint running, breaker open, endpoint or \
+                 bucket paused, or a retry",
+            ),
+            controls: metric(
+                r,
+                "controls",
+                "Endpoint and bucket controls (pauses, caps) this Director has in force",
+            ),
+            dashboard_jobdbs: metric(
+                r,
+                "dashboard_jobdbs",
+                "JobDBs the dashboard reads, by whether they could be reached",
+            ),
+            dashboard_requests: metric(
+                r,
+                "dashboard_api_requests",
+                "Dashboard API requests answered",
+            ),
+            jobs_moved: metric(
+                r,
+                "jobs_moved",
+                "Jobs a drainer moved out of retired JobDBs into live ones",
+            ),
+            jobdbs_drained: metric(r, "jobdbs_drained", "Retired JobDBs a drainer drained"),
+            jobs_import_refused: metric(
+                r,
+                "jobs_import_refused",
+                "Jobs a live Director refused to import for good, ended discarded \
+                 (import-refused)",
+            ),
+            import_refusals: metric(
+                r,
+                "import_refusals",
+                "Refusals of a drainer's import of a job by a live Director, by how they were \
+                 taken",
+            ),
+            jobs_waiting_for_target: metric(
+                r,
+                "jobs_waiting_for_target",
+                "Jobs of a retired JobDB that live Directors refused and that wait for one that \
+                 takes them",
+            ),
+            jobdbs: metric(
+                r,
+                "jobdbs",
+                "JobDBs in the inventory by lifecycle state (manager)",
+            ),
+            manager_actions: metric(r, "manager_actions", "Manager decisions by kind"),
+            manager_active: metric(
+                r,
+                "manager_active",
+                "1 while this manager holds the manager lock",
+            ),
             registry,
-            cached_payload_bytes,
-            jobs_backlog_loaded,
-            jobs_evicted,
-            operator_commands,
-            breaker_opened,
-            breakers_open,
-            queued,
-            controls,
-            dashboard_jobdbs,
-            dashboard_requests,
-            jobs_moved,
-            jobdbs_drained,
-            jobs_import_refused,
-            import_refusals,
-            jobs_waiting_for_target,
-            jobdbs,
-            manager_actions,
-            manager_active,
-            jobs_spilled,
-            attempts_started,
-            last_attempt_started,
-            jobs_accepted,
-            attempts,
-            attempt_seconds,
-            jobs_expired,
-            jobs_imported,
-            jobs_scheduled,
-            notices_written,
-            ordered_released,
-            ordered_born,
-            ordered_kept,
-            ordered_begun_on_release,
-            ordered_booked,
-            ordered_spilled,
-            events_published,
-            event_jobs,
-            ordered_heads_misremembered,
-            ordered_waiting_elsewhere,
-            ordered_cleared_at_intake,
-            ordered_cleared,
-            ordered_survey_failures,
-            jobs_archived,
-            archive_failures,
-            write_batch_rows,
-            write_seconds,
-            fence_rejections,
-            write_queue,
-            write_rejections,
-            jobs_out_of_attempts,
-            jobs_rested,
-            jobs_fresh,
-            attempts_under_way,
-            attempts_held_back,
-            core_tasks_up,
-            jobdb_writable,
-            jobdb_last_commit,
-            tasks_stalled,
-            jobs_cached,
-            in_flight,
         }
     }
+}
+
+/// A new metric of the field's type, registered as `name` with its help text.
+fn metric<M: Metric + Clone + Default>(registry: &mut Registry, name: &str, help: &str) -> M {
+    registered(registry, name, help, M::default())
+}
+
+/// `metric`, registered as `name` with its help text.
+fn registered<M: Metric + Clone>(registry: &mut Registry, name: &str, help: &str, metric: M) -> M {
+    registry.register(name, help, metric.clone());
+    metric
 }
 
 impl std::fmt::Debug for Metrics {
