@@ -365,110 +365,8 @@ pub(super) async fn sink(args: SinkArgs) -> anyhow::Result<()> {
 pub(super) async fn endpoints(command: EndpointsCommand) -> anyhow::Result<()> {
     use crate::registry::controls;
     match command {
-        EndpointsCommand::List { consul } => {
-            let (controls, _) =
-                controls::read(&consul.client()?, 0, Duration::from_secs(1)).await?;
-            println!(
-                "{:<8} {:<48} {:<7} {:>11} {:>10}  set by, at",
-                "kind", "name", "state", "concurrency", "per second"
-            );
-            let mut endpoints: Vec<_> = controls.endpoints.values().collect();
-            endpoints.sort_by(|a, b| a.endpoint.cmp(&b.endpoint));
-            for c in endpoints {
-                println!(
-                    "{:<8} {:<48} {:<7} {:>11} {:>10}  {}, {}",
-                    "endpoint",
-                    c.endpoint,
-                    if c.paused { "paused" } else { "running" },
-                    c.max_concurrency.map_or("-".to_owned(), |n| n.to_string()),
-                    c.max_per_second.map_or("-".to_owned(), |r| r.to_string()),
-                    c.updated_by,
-                    c.updated_at.format("%Y-%m-%d %H:%M:%S UTC"),
-                );
-            }
-            let mut buckets: Vec<_> = controls.buckets.values().collect();
-            buckets.sort_by(|a, b| a.bucket.cmp(&b.bucket));
-            for c in buckets {
-                println!(
-                    "{:<8} {:<48} {:<7} {:>11} {:>10}  {}, {}{}",
-                    "bucket",
-                    c.bucket,
-                    if c.paused { "paused" } else { "running" },
-                    "-",
-                    "-",
-                    c.updated_by,
-                    c.updated_at.format("%Y-%m-%d %H:%M:%S UTC"),
-                    match c.park_after_secs {
-                        Some(0) => "; never parks".to_owned(),
-                        Some(secs) => format!("; parks after {secs} s"),
-                        None => String::new(),
-                    }
-                );
-            }
-            let mut parks: Vec<_> = controls.parks.values().collect();
-            parks.sort_by(|a, b| a.endpoint.cmp(&b.endpoint));
-            for p in parks {
-                let (state, by, at) = match (&p.unparked_by, p.unparked_at) {
-                    (by, Some(at)) => ("unparked", by.clone().unwrap_or_default(), at),
-                    _ => ("parked", p.parked_by.clone(), p.parked_at),
-                };
-                println!(
-                    "{:<8} {:<48} {:<8} {:>10} {:>10}  {}, {}; {}",
-                    "park",
-                    p.endpoint,
-                    state,
-                    "-",
-                    "-",
-                    by,
-                    at.format("%Y-%m-%d %H:%M:%S UTC"),
-                    p.reason,
-                );
-            }
-        }
-        EndpointsCommand::Health { apis, token } => {
-            let client = reqwest::Client::new();
-            for api in apis {
-                let mut request = client.get(format!("{}/v1/endpoints", api.trim_end_matches('/')));
-                if let Some(token) = &token {
-                    request = request.bearer_auth(token.expose());
-                }
-                let response = request
-                    .send()
-                    .await
-                    .with_context(|| format!("--api {api}"))?;
-                let status = response.status();
-                let body = response.text().await?;
-                anyhow::ensure!(status.is_success(), "{api}: {status}: {body}");
-                let view: crate::rpc::api::EndpointsView =
-                    serde_json::from_str(&body).context("the api's answer")?;
-                println!("{api}");
-                println!(
-                    "  {:<56} {:>6} {:>9} {:<7} {:>15} {:>11}",
-                    "endpoint", "ready", "in flight", "breaker", "recent failures", "concurrency"
-                );
-                for e in view.endpoints {
-                    println!(
-                        "  {:<56} {:>6} {:>9} {:<7} {:>15} {:>11}{}",
-                        e.endpoint,
-                        e.ready,
-                        e.in_flight,
-                        e.breaker,
-                        format!("{}/{}", e.recent_failures, e.recent_attempts),
-                        e.concurrency,
-                        match (&e.parked_since, e.paused, e.redrive_per_second) {
-                            (Some(since), _, _) =>
-                                format!("  parked since {}", since.format("%Y-%m-%d %H:%M:%S UTC")),
-                            (None, true, _) => "  paused".to_owned(),
-                            (None, false, Some(pace)) => format!(
-                                "  re-drive at {pace}/s, {:.0} s to go",
-                                e.redrive_eta_secs.unwrap_or(0.0)
-                            ),
-                            _ => String::new(),
-                        }
-                    );
-                }
-            }
-        }
+        EndpointsCommand::List { consul } => list_controls(&consul).await?,
+        EndpointsCommand::Health { apis, token } => endpoint_health(apis, token).await?,
         EndpointsCommand::Park {
             consul,
             endpoint,
@@ -561,6 +459,116 @@ pub(super) async fn endpoints(command: EndpointsCommand) -> anyhow::Result<()> {
             })
             .await?;
             println!("{endpoint}: concurrency {concurrency:?}, per second {per_second:?}");
+        }
+    }
+    Ok(())
+}
+
+/// `spindle endpoints list`: the controls in Consul, endpoints, then buckets, then parks.
+async fn list_controls(consul: &ConsulArgs) -> anyhow::Result<()> {
+    use crate::registry::controls;
+    let (controls, _) = controls::read(&consul.client()?, 0, Duration::from_secs(1)).await?;
+    println!(
+        "{:<8} {:<48} {:<7} {:>11} {:>10}  set by, at",
+        "kind", "name", "state", "concurrency", "per second"
+    );
+    let mut endpoints: Vec<_> = controls.endpoints.values().collect();
+    endpoints.sort_by(|a, b| a.endpoint.cmp(&b.endpoint));
+    for c in endpoints {
+        println!(
+            "{:<8} {:<48} {:<7} {:>11} {:>10}  {}, {}",
+            "endpoint",
+            c.endpoint,
+            if c.paused { "paused" } else { "running" },
+            c.max_concurrency.map_or("-".to_owned(), |n| n.to_string()),
+            c.max_per_second.map_or("-".to_owned(), |r| r.to_string()),
+            c.updated_by,
+            c.updated_at.format("%Y-%m-%d %H:%M:%S UTC"),
+        );
+    }
+    let mut buckets: Vec<_> = controls.buckets.values().collect();
+    buckets.sort_by(|a, b| a.bucket.cmp(&b.bucket));
+    for c in buckets {
+        println!(
+            "{:<8} {:<48} {:<7} {:>11} {:>10}  {}, {}{}",
+            "bucket",
+            c.bucket,
+            if c.paused { "paused" } else { "running" },
+            "-",
+            "-",
+            c.updated_by,
+            c.updated_at.format("%Y-%m-%d %H:%M:%S UTC"),
+            match c.park_after_secs {
+                Some(0) => "; never parks".to_owned(),
+                Some(secs) => format!("; parks after {secs} s"),
+                None => String::new(),
+            }
+        );
+    }
+    let mut parks: Vec<_> = controls.parks.values().collect();
+    parks.sort_by(|a, b| a.endpoint.cmp(&b.endpoint));
+    for p in parks {
+        let (state, by, at) = match (&p.unparked_by, p.unparked_at) {
+            (by, Some(at)) => ("unparked", by.clone().unwrap_or_default(), at),
+            _ => ("parked", p.parked_by.clone(), p.parked_at),
+        };
+        println!(
+            "{:<8} {:<48} {:<8} {:>10} {:>10}  {}, {}; {}",
+            "park",
+            p.endpoint,
+            state,
+            "-",
+            "-",
+            by,
+            at.format("%Y-%m-%d %H:%M:%S UTC"),
+            p.reason,
+        );
+    }
+    Ok(())
+}
+
+/// `spindle endpoints health`: each Director's view of its endpoints.
+async fn endpoint_health(apis: Vec<String>, token: Option<Secret>) -> anyhow::Result<()> {
+    let client = reqwest::Client::new();
+    for api in apis {
+        let mut request = client.get(format!("{}/v1/endpoints", api.trim_end_matches('/')));
+        if let Some(token) = &token {
+            request = request.bearer_auth(token.expose());
+        }
+        let response = request
+            .send()
+            .await
+            .with_context(|| format!("--api {api}"))?;
+        let status = response.status();
+        let body = response.text().await?;
+        anyhow::ensure!(status.is_success(), "{api}: {status}: {body}");
+        let view: crate::rpc::api::EndpointsView =
+            serde_json::from_str(&body).context("the api's answer")?;
+        println!("{api}");
+        println!(
+            "  {:<56} {:>6} {:>9} {:<7} {:>15} {:>11}",
+            "endpoint", "ready", "in flight", "breaker", "recent failures", "concurrency"
+        );
+        for e in view.endpoints {
+            println!(
+                "  {:<56} {:>6} {:>9} {:<7} {:>15} {:>11}{}",
+                e.endpoint,
+                e.ready,
+                e.in_flight,
+                e.breaker,
+                format!("{}/{}", e.recent_failures, e.recent_attempts),
+                e.concurrency,
+                match (&e.parked_since, e.paused, e.redrive_per_second) {
+                    (Some(since), _, _) =>
+                        format!("  parked since {}", since.format("%Y-%m-%d %H:%M:%S UTC")),
+                    (None, true, _) => "  paused".to_owned(),
+                    (None, false, Some(pace)) => format!(
+                        "  re-drive at {pace}/s, {:.0} s to go",
+                        e.redrive_eta_secs.unwrap_or(0.0)
+                    ),
+                    _ => String::new(),
+                }
+            );
         }
     }
     Ok(())
