@@ -157,14 +157,10 @@ async fn list(args: ListArgs) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// `spindle jobs show`: reads the job over the RPC API and prints it.
-async fn show(id: &str, api: &str, token: Option<&str>, json: bool) -> anyhow::Result<()> {
-    anyhow::ensure!(
-        !id.is_empty() && id.chars().all(|c| c.is_ascii_alphanumeric()),
-        "the job id must be a ULID or 32 hex digits"
-    );
-    let mut request =
-        reqwest::Client::new().get(format!("{}/v1/jobs/{id}", api.trim_end_matches('/')));
+/// The body of a GET of `path` from the RPC API at `api`, with the bearer `token`; an error
+/// names the API and the status when the answer is not a success.
+pub(super) async fn api_get(api: &str, path: &str, token: Option<&str>) -> anyhow::Result<String> {
+    let mut request = reqwest::Client::new().get(format!("{}{path}", api.trim_end_matches('/')));
     if let Some(token) = token {
         request = request.bearer_auth(token);
     }
@@ -174,7 +170,17 @@ async fn show(id: &str, api: &str, token: Option<&str>, json: bool) -> anyhow::R
         .with_context(|| format!("--api {api}"))?;
     let status = response.status();
     let body = response.text().await?;
-    anyhow::ensure!(status.is_success(), "{status}: {body}");
+    anyhow::ensure!(status.is_success(), "{api}: {status}: {body}");
+    Ok(body)
+}
+
+/// `spindle jobs show`: reads the job over the RPC API and prints it.
+async fn show(id: &str, api: &str, token: Option<&str>, json: bool) -> anyhow::Result<()> {
+    anyhow::ensure!(
+        !id.is_empty() && id.chars().all(|c| c.is_ascii_alphanumeric()),
+        "the job id must be a ULID or 32 hex digits"
+    );
+    let body = api_get(api, &format!("/v1/jobs/{id}"), token).await?;
     if json {
         println!("{body}");
         return Ok(());

@@ -529,19 +529,9 @@ async fn list_controls(consul: &ConsulArgs) -> anyhow::Result<()> {
 
 /// `spindle endpoints health`: each Director's view of its endpoints.
 async fn endpoint_health(apis: Vec<String>, token: Option<Secret>) -> anyhow::Result<()> {
-    let client = reqwest::Client::new();
     for api in apis {
-        let mut request = client.get(format!("{}/v1/endpoints", api.trim_end_matches('/')));
-        if let Some(token) = &token {
-            request = request.bearer_auth(token.expose());
-        }
-        let response = request
-            .send()
-            .await
-            .with_context(|| format!("--api {api}"))?;
-        let status = response.status();
-        let body = response.text().await?;
-        anyhow::ensure!(status.is_success(), "{api}: {status}: {body}");
+        let token = token.as_ref().map(|t| t.expose());
+        let body = super::jobs::api_get(&api, "/v1/endpoints", token).await?;
         let view: crate::rpc::api::EndpointsView =
             serde_json::from_str(&body).context("the api's answer")?;
         println!("{api}");
