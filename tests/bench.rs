@@ -216,3 +216,35 @@ fn latency_is_measured_at_fixed_offered_loads() {
     assert!(routed["capacity_per_sec"].is_null(), "{routed}");
     check_phases(&routed, &[None]);
 }
+
+/// `--drain`: a drainer empties a retired JobDB of 2,000 jobs, a tenth expired: every retrying
+/// job moved, every expired one archived; `--drop`: both ways of emptying a JobDB timed.
+#[test]
+fn the_drain_and_drop_benchmarks_account_for_every_job() {
+    let r = report(&[
+        "bench",
+        "--drain",
+        "--jobs",
+        "2000",
+        "--expired-percent",
+        "10",
+    ]);
+    let drain = &r["drain"];
+    assert_eq!(drain["jobs"], 2000, "{r}");
+    assert_eq!(drain["expired"], 200, "{r}");
+    assert_eq!(drain["retrying"], 1800, "{r}");
+    assert_eq!(
+        drain["archived_expired"], 200,
+        "every expired job archived: {r}"
+    );
+    assert_eq!(
+        drain["archived_histories"], 1800,
+        "every moved job's history: {r}"
+    );
+    assert!(drain["jobs_per_sec"].as_f64().unwrap() > 0.0, "{r}");
+    let r = report(&["bench", "--drop", "--jobs", "2000"]);
+    let drop = &r["drop"];
+    assert_eq!(drop["jobs"], 2000, "{r}");
+    assert!(drop["delete_seconds"].as_f64().unwrap() > 0.0, "{r}");
+    assert!(drop["drop_seconds"].as_f64().unwrap() > 0.0, "{r}");
+}

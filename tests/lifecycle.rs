@@ -19,7 +19,6 @@ mod moves;
 mod ordering;
 
 use std::collections::{HashMap, HashSet};
-use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use common::cluster::Cluster;
@@ -262,79 +261,19 @@ async fn cycling_run_long() {
     .await;
 }
 
-/// Fills a JobDB as a Director would have left it: `n` jobs awaiting a retry, a tenth of them
-/// already expired, some with their attempt in flight.
+/// Fills a JobDB as a Director would have left it (`spindle bench --drain`'s fill): `n`
+/// jobs to the sink awaiting a retry, `expired_percent` of them expired; their ids, retrying
+/// and expired.
 async fn fill_retired(
     db: &JobDb,
     sink: &Sink,
     n: usize,
     expired_percent: usize,
 ) -> (HashSet<JobId>, HashSet<JobId>) {
-    use spindle::job::{AttemptRecord, Job, RetryPolicy, Transition};
-    let token = db.take_ownership("test").await.unwrap();
-    let now = chrono::Utc::now();
-    let mut next_id = 1u64;
-    let (mut live, mut expired) = (HashSet::new(), HashSet::new());
-    let mut gen = ulid::Generator::new();
-    for chunk in (0..n).collect::<Vec<_>>().chunks(1000) {
-        let mut jobs = Vec::new();
-        let mut rows = Vec::new();
-        for &i in chunk {
-            let id = JobId(gen.generate().unwrap());
-            let past = i % 100 < expired_percent;
-            let job = Job {
-                id,
-                bucket: format!("b{}", i % 3).into(),
-                endpoint: sink.url("/ok").into(),
-                method: "POST".into(),
-                headers: vec![("content-type".into(), "application/json".into())],
-                payload: bytes::Bytes::from(format!("{{\"n\":{i}}}")),
-                execution_timeout: Duration::from_secs(5),
-                retry: RetryPolicy {
-                    min_delay: Duration::from_millis(100),
-                    coefficient: 2.0,
-                },
-                created_at: now - chrono::Duration::seconds(60),
-                expire_at: if past {
-                    now - chrono::Duration::seconds(1)
-                } else {
-                    now + chrono::Duration::hours(1)
-                },
-                idempotency_key: None,
-                on_complete: None,
-                ordering: None,
-                event: None,
-                trace: None,
-            };
-            let mut push = |t: Transition| {
-                rows.push((next_id, t));
-                next_id += 1;
-            };
-            push(Transition::awaiting_scheduling(&job));
-            push(Transition::executing(id, 1, now));
-            if i % 7 != 3 {
-                push(Transition::awaiting_retry(
-                    id,
-                    1,
-                    now,
-                    now,
-                    AttemptRecord {
-                        error_type: Some("status".into()),
-                        response_status: Some(503),
-                        ..Default::default()
-                    },
-                ));
-            }
-            if past {
-                expired.insert(id);
-            } else {
-                live.insert(id);
-            }
-            jobs.push(Arc::new(job));
-        }
-        db.append(token, &jobs, &rows).await.unwrap();
-    }
-    (live, expired)
+    let filled = spindle::cli::bench::drain::fill_retired(db, &sink.url("/ok"), n, expired_percent)
+        .await
+        .expect("filling a retired JobDB");
+    (filled.retrying, filled.expired)
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -584,110 +523,5 @@ async fn a_standby_manager_takes_over_within_the_lock_bound() {
         bound.as_secs_f64()
     );
     assert!(locked <= bound, "takeover took {locked:?}");
-    life.stop().await;
-}
-
-/// Benchmark (on demand): drain a JobDB of `SPINDLE_DRAIN_JOBS` jobs (default 50,000), of
-/// which `SPINDLE_DRAIN_EXPIRED_PERCENT` (default 10) expired, into one live Director; prints
-/// the drain time, moves per second and the archive's throughput.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-#[ignore = "benchmark; cargo test --release --test lifecycle drain_benchmark -- --ignored --nocapture"]
-async fn drain_benchmark() {
-    let env = |k: &str, d: usize| {
-        std::env::var(k)
-            .ok()
-            .and_then(|v| v.parse().ok())
-            .unwrap_or(d)
-    };
-    let n = env("SPINDLE_DRAIN_JOBS", 50_000);
-    let expired_percent = env("SPINDLE_DRAIN_EXPIRED_PERCENT", 10);
-    let life = start().await;
-    let (retired, db) = life.add_jobdb("old", JobDbState::Spare).await;
-    let filled = Instant::now();
-    let (live, expired) = fill_retired(&db, &life.sink, n, expired_percent).await;
-    println!(
-        "drain bench: filled {n} jobs in {:.1} s",
-        filled.elapsed().as_secs_f64()
-    );
-    let (spare, _spare_db) = life.add_jobdb("new", JobDbState::Spare).await;
-    let mut director = life.director("d1");
-    wait_for(Duration::from_secs(20), "the director", || async {
-        let listed = life.inventory.list().await.unwrap();
-        listed.iter().any(|l| l.holder.is_some())
-    })
-    .await;
-    // The director took one of the two; the other is the one to drain.
-    let listed = life.inventory.list().await.unwrap();
-    let to_drain = listed.iter().find(|l| l.holder.is_none()).unwrap().clone();
-    let _ = (&retired, &spare);
-    assert!(life
-        .inventory
-        .set_state(&to_drain, JobDbState::Retiring, "bench")
-        .await
-        .unwrap());
-    let started = Instant::now();
-    let mut drainer = life.drainer("dr");
-    life.wait_drained(&to_drain.record.name, Duration::from_secs(1800))
-        .await;
-    let took = started.elapsed().as_secs_f64();
-    let manifests = life.archive().manifests(None).await.unwrap();
-    let jobs: u64 = manifests.iter().map(|m| m.jobs).sum();
-    let compressed: u64 = manifests.iter().map(|m| m.compressed_bytes).sum();
-    let raw: u64 = manifests.iter().map(|m| m.uncompressed_bytes).sum();
-    println!(
-        "drain bench: {n} jobs ({} retrying moved, {} expired archived) drained in {took:.1} s: \
-         {:.0} jobs/s; archive wrote {jobs} job records in {} objects, {:.1} MB raw / {:.1} MB \
-         gzip: {:.0} records/s, {:.1} MB/s raw",
-        live.len(),
-        expired.len(),
-        n as f64 / took,
-        manifests.len(),
-        raw as f64 / 1e6,
-        compressed as f64 / 1e6,
-        jobs as f64 / took,
-        raw as f64 / 1e6 / took,
-    );
-    drainer.term().await;
-    director.term().await;
-    db.close().await;
-    life.stop().await;
-}
-
-/// Benchmark (on demand): what a DROP of a retired JobDB replaces. Two JobDBs of
-/// `SPINDLE_DROP_JOBS` jobs (default 1,000,000) and three transitions each; one is emptied
-/// with the DELETEs a purge would run (10,000 rows per statement), the other dropped.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-#[ignore = "benchmark; cargo test --release --test lifecycle drop_versus_delete -- --ignored --nocapture"]
-async fn drop_versus_delete() {
-    let n: usize = std::env::var("SPINDLE_DROP_JOBS")
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(1_000_000);
-    let life = start().await;
-    let mut timings = Vec::new();
-    for tag in ["del", "drop"] {
-        let (_, db) = life.add_jobdb(tag, JobDbState::Spare).await;
-        let filled = Instant::now();
-        fill_retired(&db, &life.sink, n, 0).await;
-        println!(
-            "drop bench: filled {tag} with {n} jobs in {:.1} s",
-            filled.elapsed().as_secs_f64()
-        );
-        let started = Instant::now();
-        if tag == "del" {
-            db.delete_all_in_chunks(10_000).await.unwrap();
-        } else {
-            db.close().await;
-            spindle::jobdb::drop_database(db.url()).await.unwrap();
-        }
-        timings.push((tag, started.elapsed().as_secs_f64()));
-    }
-    println!(
-        "drop bench: {n} jobs + {} transitions: DELETE {:.2} s, DROP {:.3} s",
-        // fill_retired leaves every seventh job executing (two rows), the others three.
-        2 * n + (0..n).filter(|i| i % 7 != 3).count(),
-        timings[0].1,
-        timings[1].1
-    );
     life.stop().await;
 }

@@ -14,6 +14,7 @@
 //! program (wrk with `scripts/bench/submit.lua`) submit instead of the bench's producers, so
 //! the path is measured as a client that is not spindle's sees it ([`generator`]).
 
+pub mod drain;
 pub mod generator;
 pub mod latency;
 pub mod procs;
@@ -131,6 +132,17 @@ pub struct BenchArgs {
     /// Seconds each open loop offers its rate.
     #[arg(long, default_value_t = 20.0)]
     pub rate_secs: f64,
+    /// Time a drainer emptying a retired JobDB of `--jobs` jobs (awaiting a retry, or expired)
+    /// into one live Director, instead of submitting ([`drain`]).
+    #[arg(long, conflicts_with_all = ["events", "generator", "backlog", "latency", "rate", "via_router", "drop"])]
+    pub drain: bool,
+    /// With `--drain`: the percent of the jobs already expired (archived, not moved).
+    #[arg(long, default_value_t = 10, requires = "drain")]
+    pub expired_percent: usize,
+    /// Time emptying a JobDB of `--jobs` jobs with DELETEs against one DROP, instead of
+    /// submitting ([`drain`]).
+    #[arg(long, conflicts_with_all = ["events", "generator", "backlog", "latency", "rate", "via_router"])]
+    pub drop: bool,
 }
 
 /// What one bench run measured.
@@ -248,18 +260,33 @@ pub async fn run(args: BenchArgs) -> anyhow::Result<()> {
         !args.events || (1..=1000).contains(&args.batch),
         "--batch must be 1 to 1000 events with --events"
     );
+    anyhow::ensure!(
+        args.expired_percent <= 100,
+        "--expired-percent must be 0 to 100"
+    );
     let tag = ulid::Ulid::new().to_string().to_lowercase();
+    if args.drop {
+        println!("{}", drain::drop_versus_delete(&args, &tag).await?);
+        return Ok(());
+    }
     // Open loops need each job's arrival; a plain run only counts them.
     let open_loop = args.rate.is_some() || args.latency;
     let sink = match open_loop {
         true => Sink::start("127.0.0.1:0".parse()?).await?,
         false => Sink::start_counting("127.0.0.1:0".parse()?).await?,
     };
-    let topology = if args.via_router {
+    let mut topology = if args.via_router || args.drain {
         Topology::via_router(&args, &tag).await?
     } else {
         Topology::direct(&args, &tag).await?
     };
+    if args.drain {
+        let drained = drain::drain(&args, &mut topology, &sink.url("/ok")).await;
+        let stopped = topology.stop(args.keep).await;
+        sink.stop().await;
+        println!("{}", drained?);
+        return stopped;
+    }
     let measured = async {
         let report = match args.rate {
             Some(_) => None,

@@ -60,9 +60,14 @@ fn spawn(
         Some(bin) => bin.to_owned(),
         None => std::env::current_exe()?,
     };
+    // A drainer serves only its metrics.
+    let listen_flag = match component {
+        "drainer" => "--metrics-listen",
+        _ => "--listen",
+    };
     let child = Command::new(exe)
         .arg(component)
-        .arg("--listen")
+        .arg(listen_flag)
         .arg(&listen)
         .args(args)
         .kill_on_drop(true)
@@ -167,7 +172,9 @@ impl Topology {
         }
         let shard = args.directors.min(2).to_string();
         let mut targets = Vec::new();
-        for _ in 0..args.routers {
+        // A drain has no producers: its Director takes moved jobs from a drainer.
+        let routers = if args.drain { 0 } else { args.routers };
+        for _ in 0..routers {
             let router_args = vec![
                 "--consul-addr".to_owned(),
                 consul.clone(),
@@ -203,6 +210,37 @@ impl Topology {
         Ok(topology)
     }
 
+    /// The in-process registry's address (Consul's HTTP API), with `--via-router`.
+    pub fn registry_url(&self) -> Option<String> {
+        self.registry.as_ref().map(|r| r.url())
+    }
+
+    /// Starts a drainer child on the registry, archiving to the directory `archive`.
+    pub fn spawn_drainer(
+        &mut self,
+        args: &BenchArgs,
+        consul: &str,
+        archive: &std::path::Path,
+    ) -> anyhow::Result<()> {
+        let drainer_args = vec![
+            "--consul-addr".to_owned(),
+            consul.to_owned(),
+            "--drainer-id".to_owned(),
+            format!("{}-drainer", self.tag),
+            "--poll-ms".to_owned(),
+            "200".to_owned(),
+            "--archive-dir".to_owned(),
+            archive.display().to_string(),
+            "--s3-prefix".to_owned(),
+            super::drain::ARCHIVE_PREFIX.to_owned(),
+            "--log".to_owned(),
+            "warn".to_owned(),
+        ];
+        let drainer = spawn(args.bin.as_deref(), "drainer", &drainer_args)?;
+        self.children.push(drainer);
+        Ok(())
+    }
+
     /// Stops every child (SIGTERM, then kill), the registry, and drops the JobDBs unless kept.
     pub async fn stop(mut self, keep: bool) -> anyhow::Result<()> {
         for c in &self.children {
@@ -235,7 +273,11 @@ impl Topology {
 
 /// A fresh JobDB's URL on `--mysql` (as text, and parsed): `spindle_bench_<tag>` (with `_<i>`
 /// for the i-th).
-fn jobdb_url(args: &BenchArgs, tag: &str, i: Option<usize>) -> anyhow::Result<(String, JobDbUrl)> {
+pub(super) fn jobdb_url(
+    args: &BenchArgs,
+    tag: &str,
+    i: Option<usize>,
+) -> anyhow::Result<(String, JobDbUrl)> {
     let name = match i {
         Some(i) => format!("spindle_bench_{tag}_{i}"),
         None => format!("spindle_bench_{tag}"),
