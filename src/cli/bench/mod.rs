@@ -12,7 +12,9 @@
 //! `--backlog N` first queues N jobs behind an endpoint that never answers, so the measured
 //! jobs are delivered beside a backlog held by the Director. `--generator CMD` lets an outside
 //! program (wrk with `scripts/bench/submit.lua`) submit instead of the bench's producers, so
-//! the path is measured as a client that is not spindle's sees it ([`generator`]).
+//! the path is measured as a client that is not spindle's sees it ([`generator`]). `--drain`
+//! and `--drop` measure the JobDB cycle instead: a drainer emptying a retired JobDB, and a DROP
+//! against DELETEs ([`drain`]).
 
 pub mod drain;
 pub mod generator;

@@ -14,9 +14,9 @@ use crate::registry::inventory::{Inventory, JobDbRecord, JobDbState};
 
 /// A child process of the bench.
 pub struct ChildProc {
-    /// `director` or `router`.
+    /// `director`, `router` or `drainer`.
     pub component: &'static str,
-    /// Its RPC address.
+    /// Its RPC address (a drainer's: its metrics).
     pub base: String,
     child: Child,
 }
