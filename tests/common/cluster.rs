@@ -791,10 +791,17 @@ pub struct Census {
     pub archived_copies: HashMap<JobId, Vec<BatchKind>>,
     /// Jobs moved out of a retired JobDB at least once.
     pub moved: HashSet<JobId>,
+    /// The last state of each job in each place that holds it, final or not: where a job
+    /// that never ended stands.
+    pub last: HashMap<JobId, Vec<(State, String)>>,
 }
 
 impl Census {
     fn note(&mut self, id: JobId, state: State, place: &str) {
+        self.last
+            .entry(id)
+            .or_default()
+            .push((state, place.to_owned()));
         if state == State::Moved {
             self.moved.insert(id);
         }
@@ -817,7 +824,12 @@ impl Census {
         let mut by_state = HashMap::new();
         for id in accepted {
             let finals = self.finals.get(id).map(Vec::as_slice).unwrap_or(&[]);
-            assert_eq!(finals.len(), 1, "job {id} ended {finals:?}");
+            assert_eq!(
+                finals.len(),
+                1,
+                "job {id} ended {finals:?}; its last states: {:?}",
+                self.last.get(id)
+            );
             *by_state.entry(finals[0].0).or_default() += 1;
         }
         let invented: Vec<_> = self
