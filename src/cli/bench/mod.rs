@@ -277,8 +277,11 @@ pub async fn run(args: BenchArgs) -> anyhow::Result<()> {
         true => Sink::start("127.0.0.1:0".parse()?).await?,
         false => Sink::start_counting("127.0.0.1:0".parse()?).await?,
     };
-    let mut topology = if args.via_router || args.drain {
-        Topology::via_router(&args, &tag).await?
+    let mut topology = if args.drain {
+        // A drain has no producers: its Director takes moved jobs from a drainer.
+        Topology::via_router(&args, &tag, 0).await?
+    } else if args.via_router {
+        Topology::via_router(&args, &tag, args.routers).await?
     } else {
         Topology::direct(&args, &tag).await?
     };

@@ -129,9 +129,14 @@ impl Topology {
         Ok(topology)
     }
 
-    /// Routers in front of Directors, each Director on a JobDB of its own taken from the
-    /// registry's inventory, dedup on `--redis`.
-    pub async fn via_router(args: &BenchArgs, tag: &str) -> anyhow::Result<Topology> {
+    /// `routers` routers in front of Directors, each Director on a JobDB of its own taken from
+    /// the registry's inventory, dedup on `--redis` (no router: the Directors on the registry
+    /// alone).
+    pub async fn via_router(
+        args: &BenchArgs,
+        tag: &str,
+        routers: usize,
+    ) -> anyhow::Result<Topology> {
         let registry = consul_double::ConsulDouble::start(consul_double::Config {
             listen: "127.0.0.1:0".parse()?,
             node_name: "spindle-bench".into(),
@@ -172,8 +177,6 @@ impl Topology {
         }
         let shard = args.directors.min(2).to_string();
         let mut targets = Vec::new();
-        // A drain has no producers: its Director takes moved jobs from a drainer.
-        let routers = if args.drain { 0 } else { args.routers };
         for _ in 0..routers {
             let router_args = vec![
                 "--consul-addr".to_owned(),
