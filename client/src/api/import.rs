@@ -21,7 +21,7 @@ pub struct ImportRequest {
     #[serde(default)]
     pub from_jobdb: Option<String>,
     /// New jobs only: refuse the request (409, nothing stored) once this instant has passed.
-    #[serde(default)]
+    #[serde(default, serialize_with = "super::timestamp::option")]
     pub not_after: Option<DateTime<Utc>>,
     /// 1 to 1000 jobs (none when the request only carries `blocked_keys` or `events`).
     pub jobs: Vec<ImportJob>,
@@ -105,8 +105,10 @@ pub struct ImportJob {
     /// Growth of the delay per attempt.
     pub backoff_coefficient: f64,
     /// When it was first accepted.
+    #[serde(serialize_with = "super::timestamp::serialize")]
     pub created_at: DateTime<Utc>,
     /// When it stops being retried.
+    #[serde(serialize_with = "super::timestamp::serialize")]
     pub expire_at: DateTime<Utc>,
     /// The producer's idempotency key.
     pub idempotency_key: Option<String>,
@@ -136,6 +138,7 @@ pub struct ImportJob {
     #[serde(default)]
     pub attempts: u16,
     /// When its next attempt is due (new jobs: when they were accepted).
+    #[serde(serialize_with = "super::timestamp::serialize")]
     pub retry_at: DateTime<Utc>,
 }
 

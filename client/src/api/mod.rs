@@ -9,6 +9,7 @@
 mod events;
 mod import;
 mod listing;
+pub mod timestamp;
 
 pub use events::{
     BackfillReply, BackfillRequest, BackfilledEvent, EventBatch, EventDelivery, EventLink,
@@ -370,14 +371,26 @@ pub struct AcceptedJob {
     /// The bucket given.
     pub bucket: String,
     /// When the job was accepted (for `accepted`).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[serde(
+        default,
+        skip_serializing_if = "Option::is_none",
+        serialize_with = "timestamp::option"
+    )]
     pub created_at: Option<DateTime<Utc>>,
     /// When it stops being retried (for `accepted`).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[serde(
+        default,
+        skip_serializing_if = "Option::is_none",
+        serialize_with = "timestamp::option"
+    )]
     pub expire_at: Option<DateTime<Utc>>,
     /// For an `accepted` job scheduled with `deliver_at` or `delay_ms`: its first attempt's
     /// time.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[serde(
+        default,
+        skip_serializing_if = "Option::is_none",
+        serialize_with = "timestamp::option"
+    )]
     pub deliver_at: Option<DateTime<Utc>>,
     /// The idempotency key given, if any.
     #[serde(default, skip_serializing_if = "Option::is_none")]
