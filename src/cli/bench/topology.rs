@@ -187,6 +187,8 @@ impl Topology {
                 format!("{tag}:"),
                 "--dedup-window-s".to_owned(),
                 "600".to_owned(),
+                "--dedup-hash-bits".to_owned(),
+                hash_bits_for(args.jobs.saturating_add(args.backlog)).to_string(),
                 "--placement-prefix".to_owned(),
                 format!("spindle-bench/{tag}/placements"),
                 "--shard-size".to_owned(),
@@ -302,5 +304,29 @@ async fn wait_ready(base: &str, what: &str, ok: impl Fn(&str) -> bool) -> anyhow
         }
         anyhow::ensure!(Instant::now() < deadline, "{what} not ready within 60 s");
         tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+/// The routers' `--dedup-hash-bits` for a run of `keys` keys, sized as the dedup store's docs
+/// advise (about 60 keys per hash in a slot: a run fits in one slot of the bench's window),
+/// so the bench measures the store as it is meant to be set up.
+fn hash_bits_for(keys: usize) -> u8 {
+    let hashes = (keys / 60).max(1);
+    // ceil(log2(hashes)), at most the default's 16.
+    u8::try_from(usize::BITS - (hashes - 1).leading_zeros())
+        .unwrap_or(16)
+        .min(16)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn hash_bits_give_about_60_keys_per_hash() {
+        assert_eq!(hash_bits_for(0), 0);
+        assert_eq!(hash_bits_for(60), 0);
+        assert_eq!(hash_bits_for(100_000), 11);
+        assert_eq!(hash_bits_for(usize::MAX), 16);
     }
 }
