@@ -30,7 +30,8 @@
 //!   takeover, Directors leaving and joining while keys flow, a lock on the checkpoint row
 //!   during a takeover. Events go through the routers (a control database on the shared
 //!   server), again with the same key until settled and sometimes on purpose: `event-once`
-//!   checks each key stored one event and every answer named its jobs, across router kills.
+//!   checks each key stored one event and every answer named its jobs, across router kills,
+//!   and `dedup-expiry` that every key the routers wrote in Redis expires.
 //!   Directors 1 and 2 join after the first seconds. A job whose key no other JobDB holds is
 //!   *cleared* at intake and goes in the writer's commits, the others through the sequencer
 //!   (producers send a key's jobs to several Directors and routers, so keys do meet in two

@@ -261,6 +261,7 @@ pub async fn run(world: World, plan: Plan, name: &str) -> Vec<Violation> {
         .map(|k| k.2.clone())
         .collect();
     let kept_found = world.kept_events(&kept_ids).await;
+    let unexpiring = world.dedup_keys_without_expiry().await;
     let end_audit = audit::audit(&world).await;
     let rounds = audit::rounds_agree(&end_audit, &mut *trackers.lock().await).await;
     let violations = {
@@ -284,6 +285,7 @@ pub async fn run(world: World, plan: Plan, name: &str) -> Vec<Violation> {
         violations.splice(0..0, log.live.iter().cloned());
         violations.extend(audit::agree(&end_audit, &violations));
         violations.extend(rounds);
+        violations.extend(dedup_expiry(unexpiring));
         let ledgers: Vec<String> = end_audit
             .ledgers
             .iter()
@@ -305,6 +307,26 @@ pub async fn run(world: World, plan: Plan, name: &str) -> Vec<Violation> {
         }
     }
     violations
+}
+
+/// `dedup-expiry`: every key the world's routers wrote in Redis expires (the claim script sets a
+/// hash's expiry when it adds an entry); a hash without one would stay forever.
+fn dedup_expiry(keys: Result<Vec<String>, String>) -> Option<Violation> {
+    let what = match keys {
+        Ok(keys) if keys.is_empty() => return None,
+        Ok(keys) => format!(
+            "{} dedup keys have no expiry, e.g. {:?}",
+            keys.len(),
+            &keys[..keys.len().min(3)]
+        ),
+        Err(e) => format!("the dedup keys could not be read: {e}"),
+    };
+    Some(Violation {
+        invariant: "dedup-expiry",
+        at: Utc::now(),
+        jobs: Vec::new(),
+        what,
+    })
 }
 
 /// Jobs of ours not ended yet, plus ended jobs whose notice has not arrived.

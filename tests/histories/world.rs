@@ -367,6 +367,19 @@ impl World {
         self.routers.first().unwrap_or(&self.directors[0]).base()
     }
 
+    /// The dedup store's keys of this world that would never expire (none alone: no router).
+    pub async fn dedup_keys_without_expiry(&self) -> Result<Vec<String>, String> {
+        if self.inventory.is_none() {
+            return Ok(Vec::new());
+        }
+        crate::common::cluster::keys_without_expiry(
+            &format!("{SHARED_REDIS}/0"),
+            &format!("{}:", self.tag),
+        )
+        .await
+        .map_err(|e| e.to_string())
+    }
+
     /// Of `ids` (events kept without a job), those some JobDB or the archive holds now.
     pub async fn kept_events(&self, ids: &[String]) -> HashSet<String> {
         let mut found = HashSet::new();
