@@ -33,7 +33,7 @@ use spindle_client::{EventView, PublishReply};
 use spindle_client::api::MAX_IMPORT_JOBS;
 
 use super::claims::{claim, settle_claims, Holds, Keyed};
-use super::forward::{forward, Group};
+use super::forward::{forward, Group, Kept};
 use super::{Routed, Sent, Shared};
 use crate::events::publish::{Fanned, Published, Publishing};
 use crate::job::JobId;
@@ -49,7 +49,9 @@ struct Made {
     claim: Option<Claim>,
 }
 
-/// Publish an event, or a batch of them, through the router.
+/// Publish an event, or a batch of them, through the router: fan each out, claim the keys,
+/// forward the new events' jobs (and those kept without a job) in one forward, settle the
+/// claims by the outcome, and answer each event.
 pub(super) async fn publish_event(
     State(shared): State<Arc<Shared>>,
     headers: HeaderMap,
@@ -64,12 +66,41 @@ pub(super) async fn publish_event(
     }
     let batch = matches!(publishing, Publishing::Batch(_));
     let now = Utc::now();
+    let made = fan_out(&shared, publishing, &subscriptions.index(), now)?;
+    let (fates, taken) = claim_events(&shared, &made).await?;
+    let (routed, kept) = outbound(&made, &fates)?;
+    let sent = match (routed.is_empty() && kept.is_empty(), made.first()) {
+        (false, Some(first)) => forward_alone(&shared, &first.bucket, &routed, kept, now).await,
+        // Every event is a duplicate: nothing to store.
+        _ => Sent::Stored,
+    };
+    settle_sent(&shared, sent, &made, &fates, &taken, batch).await?;
+    let mut replies = replies_of(&shared, &made, &fates).await;
+    if !batch {
+        if let Some(one) = replies.pop() {
+            return Ok((StatusCode::ACCEPTED, Json(one)).into_response());
+        }
+    }
+    let reply = spindle_client::PublishBatchReply {
+        transaction_id: None,
+        events: replies,
+    };
+    Ok((StatusCode::ACCEPTED, Json(reply)).into_response())
+}
+
+/// Each event of `publishing` fanned out to its subscriptions, with its key's claim (owner: the
+/// event's id). The request's jobs go in one forward: at most what one import takes.
+fn fan_out(
+    shared: &Shared,
+    publishing: Publishing,
+    index: &crate::events::Index,
+    now: DateTime<Utc>,
+) -> Result<Vec<Made>, ApiError> {
     let skew = chrono::Duration::from_std(shared.dedup.config().max_skew)
         .unwrap_or(chrono::Duration::zero());
-    // The request's jobs go in one forward: at most what one import takes.
-    let made: Vec<Made> = publishing
+    Ok(publishing
         .fan_out_each(
-            &subscriptions.index(),
+            index,
             &shared.settings.intake,
             now,
             skew,
@@ -94,14 +125,20 @@ pub(super) async fn publish_event(
                 published,
             },
         )
-        .collect();
+        .collect())
+}
 
-    // Every key claimed at once (owner: the event's id). One still being stored elsewhere
-    // makes the whole request wait: the claims taken are given back, nothing is stored.
+/// Claims every key at once: each event's fate, and the claims taken (those of the free
+/// events). One still being stored elsewhere makes the whole request wait: the claims taken
+/// are given back, nothing is stored.
+async fn claim_events(
+    shared: &Shared,
+    made: &[Made],
+) -> Result<(Vec<Keyed>, Vec<Claim>), ApiError> {
     let asked: Vec<Claim> = made.iter().filter_map(|m| m.claim).collect();
     let mut keyed = match asked.is_empty() {
         true => Vec::new(),
-        false => claim(&shared, &asked, Holds::Events).await?,
+        false => claim(shared, &asked, Holds::Events).await?,
     }
     .into_iter();
     let fates: Vec<Keyed> = made
@@ -111,34 +148,32 @@ pub(super) async fn publish_event(
             None => Keyed::Free,
         })
         .collect();
-    let taken: Vec<Claim> = made
-        .iter()
-        .zip(&fates)
-        .filter(|(_, f)| matches!(f, Keyed::Free))
-        .filter_map(|(m, _)| m.claim)
-        .collect();
+    let taken: Vec<Claim> = free(made, &fates).filter_map(|m| m.claim).collect();
     if let Some(Keyed::Pending(_, why)) = fates.iter().find(|f| matches!(f, Keyed::Pending(..))) {
-        settle_claims(&shared, &[], &taken).await;
+        settle_claims(shared, &[], &taken).await;
         return Err(ApiError::Unavailable(why.clone()));
     }
-    for (m, _) in made
-        .iter()
-        .zip(&fates)
-        .filter(|(_, f)| matches!(f, Keyed::Free))
-    {
+    for m in free(made, &fates) {
         crash_at("claimed", m.key.as_deref());
     }
+    Ok((fates, taken))
+}
 
-    // The free events' jobs, and those kept without a job, in one group sent alone: one
-    // forward and so one commit. Each key's claim rides on its event's first job (which keeps
-    // it alive and bounds the forward's `not_after`), or on the kept event.
+/// The events of `made` whose keys were free (or that have none): the ones to store.
+fn free<'a>(made: &'a [Made], fates: &'a [Keyed]) -> impl Iterator<Item = &'a Made> + 'a {
+    made.iter()
+        .zip(fates)
+        .filter(|(_, f)| matches!(f, Keyed::Free))
+        .map(|(m, _)| m)
+}
+
+/// The free events' jobs, and those kept without a job, for one group sent alone: one
+/// forward and so one commit. Each key's claim rides on its event's first job (which keeps it
+/// alive and bounds the forward's `not_after`), or on the kept event.
+fn outbound(made: &[Made], fates: &[Keyed]) -> Result<(Vec<Routed>, Vec<Kept>), ApiError> {
     let mut routed: Vec<Routed> = Vec::new();
     let mut kept = Vec::new();
-    for (m, _) in made
-        .iter()
-        .zip(&fates)
-        .filter(|(_, f)| matches!(f, Keyed::Free))
-    {
+    for m in free(made, fates) {
         let scheduled: HashMap<JobId, DateTime<Utc>> =
             m.published.scheduled.iter().copied().collect();
         for (i, job) in m.published.jobs.iter().enumerate() {
@@ -156,64 +191,72 @@ pub(super) async fn publish_event(
             kept.push((wire, m.claim));
         }
     }
-    let sent = match (routed.is_empty() && kept.is_empty(), made.first()) {
-        (false, Some(first)) => forward_alone(&shared, &first.bucket, &routed, kept, now).await,
-        // Every event is a duplicate: nothing to store.
-        _ => Sent::Stored,
-    };
-    let stored = made
-        .iter()
-        .zip(&fates)
-        .filter(|(_, f)| matches!(f, Keyed::Free));
+    Ok((routed, kept))
+}
+
+/// Settles the claims taken by how the forward went: confirmed when stored, given back when
+/// certainly not (the request's error says why), kept pending when unknown.
+async fn settle_sent(
+    shared: &Shared,
+    sent: Sent,
+    made: &[Made],
+    fates: &[Keyed],
+    taken: &[Claim],
+    batch: bool,
+) -> Result<(), ApiError> {
+    let stored = free(made, fates);
     match sent {
         Sent::Stored => {
-            for (m, _) in stored {
+            for m in stored {
                 crash_at("stored", m.key.as_deref());
                 shared.metrics.event("stored", m.published.jobs.len());
             }
-            settle_claims(&shared, &taken, &[]).await;
+            settle_claims(shared, taken, &[]).await;
+            Ok(())
         }
         Sent::Refused(why) => {
             stored.for_each(|_| shared.metrics.event("refused", 0));
-            settle_claims(&shared, &[], &taken).await;
-            return Err(ApiError::Unavailable(format!("nothing was stored: {why}")));
+            settle_claims(shared, &[], taken).await;
+            Err(ApiError::Unavailable(format!("nothing was stored: {why}")))
         }
         Sent::Invalid(why, status) => {
             // The last Director tried refused the events' jobs for their content (a limit of
             // its own below the router's; the others refused too): a retry cannot help.
             stored.for_each(|_| shared.metrics.event("invalid", 0));
-            settle_claims(&shared, &[], &taken).await;
+            settle_claims(shared, &[], taken).await;
             let field = if batch { "events" } else { "event" };
             let message = format!("was refused for its content, nothing was stored: {why}");
-            return Err(ApiError::InvalidField(match status {
+            Err(ApiError::InvalidField(match status {
                 413 => FieldError::too_large(field, message),
                 _ => FieldError::new(field, message),
-            }));
+            }))
         }
         Sent::Unknown(why) => {
             stored.for_each(|_| shared.metrics.event("unknown", 0));
-            return Err(ApiError::OutcomeUnknown(format!(
+            Err(ApiError::OutcomeUnknown(format!(
                 "the events' jobs may or may not be stored ({why}); publish again with the \
                  same idempotency keys"
-            )));
+            )))
         }
     }
+}
 
-    // Each event's answer: its own jobs, or those of the event that holds its key (one of
-    // this request's, or a stored one a Director tells).
+/// Each event's answer: its own jobs, or those of the event that holds its key (one of this
+/// request's, or a stored one a Director tells).
+async fn replies_of(shared: &Shared, made: &[Made], fates: &[Keyed]) -> Vec<PublishReply> {
     let ours: HashMap<JobId, usize> = made
         .iter()
         .enumerate()
         .map(|(i, m)| (JobId(m.published.event_id), i))
         .collect();
     let mut replies = Vec::with_capacity(made.len());
-    for (m, fate) in made.iter().zip(&fates) {
+    for (m, fate) in made.iter().zip(fates) {
         let reply = match fate {
             Keyed::Duplicate(owner) => {
                 shared.metrics.event("duplicate", 0);
                 let deliveries = match ours.get(owner) {
                     Some(&i) => made[i].published.deliveries.clone(),
-                    None => find_event(&shared, *owner)
+                    None => find_event(shared, *owner)
                         .await
                         .map(|e| e.deliveries)
                         .unwrap_or_default(),
@@ -228,16 +271,7 @@ pub(super) async fn publish_event(
         };
         replies.push(reply);
     }
-    if !batch {
-        if let Some(one) = replies.pop() {
-            return Ok((StatusCode::ACCEPTED, Json(one)).into_response());
-        }
-    }
-    let reply = spindle_client::PublishBatchReply {
-        transaction_id: None,
-        events: replies,
-    };
-    Ok((StatusCode::ACCEPTED, Json(reply)).into_response())
+    replies
 }
 
 /// Deliver past events to a subscription through the router (`POST
@@ -343,7 +377,7 @@ async fn forward_alone(
     shared: &Shared,
     bucket: &str,
     routed: &[Routed],
-    kept: Vec<(spindle_client::KeptEvent, Option<Claim>)>,
+    kept: Vec<Kept>,
     claimed_at: DateTime<Utc>,
 ) -> Sent {
     let group = Group {

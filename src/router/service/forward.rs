@@ -36,10 +36,12 @@ pub(super) struct Group {
     /// Sent in a forward of its own: a forward it shared was refused for its content, which
     /// may be another group's.
     pub(super) alone: bool,
-    /// Events kept without a job that go with it (a publish that matched no subscription),
-    /// each with the claim of its idempotency key.
-    pub(super) kept: Vec<(KeptEvent, Option<Claim>)>,
+    /// Events kept without a job that go with it (a publish that matched no subscription).
+    pub(super) kept: Vec<Kept>,
 }
+
+/// An event kept without a job, with the claim of its idempotency key.
+pub(super) type Kept = (KeptEvent, Option<Claim>);
 
 /// Forwards every group of a request until each is settled, in rounds: each group that is not
 /// goes to its best Director not tried yet (an ordered sequence's rendezvous choice; for a
