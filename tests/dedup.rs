@@ -215,11 +215,9 @@ impl Inspect {
     /// Each Redis hash (or memory slot) holding entries under `prefix`, with the ms it has left.
     async fn ttls(&self, prefix: &str) -> Vec<(String, i64)> {
         match self {
-            Inspect::Redis(url) => keys_with_ttl(url, prefix)
+            Inspect::Redis(url) => common::cluster::keys_with_ttl(url, prefix)
                 .await
-                .into_iter()
-                .map(|(key, ttl)| (String::from_utf8_lossy(&key).into_owned(), ttl))
-                .collect(),
+                .expect("the keys' expiries"),
             Inspect::Memory(store) => {
                 let now = MemoryStore::now_ms();
                 store
@@ -714,20 +712,6 @@ async fn hashes_expire_with_the_window(kind: Kind) {
             .await;
         }
     }
-}
-
-async fn keys_with_ttl(url: &str, prefix: &str) -> Vec<(Vec<u8>, i64)> {
-    let mut conn = connection(url).await;
-    let mut out = Vec::new();
-    for key in redis_keys(url, prefix).await {
-        let ttl: i64 = redis::cmd("PTTL")
-            .arg(&key)
-            .query_async(&mut conn)
-            .await
-            .unwrap();
-        out.push((key, ttl));
-    }
-    out
 }
 
 /// Stores named `r0`, `r1`, …: private Redis servers, or in-process stores of this call alone.

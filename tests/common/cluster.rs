@@ -128,17 +128,16 @@ pub async fn delete_keys(url: &str, prefix: &str) -> redis::RedisResult<()> {
     Ok(())
 }
 
-/// The keys under `prefix` in the Redis at `url` that have no expiry (`PTTL` -1).
-pub async fn keys_without_expiry(url: &str, prefix: &str) -> redis::RedisResult<Vec<String>> {
+/// The keys under `prefix` in the Redis at `url`, each with its `PTTL` (ms; -1 if it has no
+/// expiry).
+pub async fn keys_with_ttl(url: &str, prefix: &str) -> redis::RedisResult<Vec<(String, i64)>> {
     let keys = redis_keys(url, prefix).await?;
     let client = redis::Client::open(url)?;
     let mut conn = client.get_multiplexed_async_connection().await?;
-    let mut out = Vec::new();
+    let mut out = Vec::with_capacity(keys.len());
     for key in keys {
         let ttl: i64 = redis::cmd("PTTL").arg(&key).query_async(&mut conn).await?;
-        if ttl == -1 {
-            out.push(String::from_utf8_lossy(&key).into_owned());
-        }
+        out.push((String::from_utf8_lossy(&key).into_owned(), ttl));
     }
     Ok(out)
 }

@@ -372,12 +372,17 @@ impl World {
         if self.inventory.is_none() {
             return Ok(Vec::new());
         }
-        crate::common::cluster::keys_without_expiry(
+        let keys = crate::common::cluster::keys_with_ttl(
             &format!("{SHARED_REDIS}/0"),
             &format!("{}:", self.tag),
         )
         .await
-        .map_err(|e| e.to_string())
+        .map_err(|e| e.to_string())?;
+        Ok(keys
+            .into_iter()
+            .filter(|(_, ttl)| *ttl == -1)
+            .map(|(key, _)| key)
+            .collect())
     }
 
     /// Of `ids` (events kept without a job), those some JobDB or the archive holds now.
