@@ -36,173 +36,39 @@ impl Writer {
                 return self.acknowledge(batch, None);
             }
             let started = Instant::now();
-            let now = Utc::now();
             self.progress.busy();
-            // The checkpoint, now and then, from what was open before this commit: it can
-            // only close more, and everything it opens is numbered after (its own log row
-            // included).
-            let checkpoint = self.checkpoint_due(started);
-            let leaving = batch.leaving();
-            let at = self.next_id;
-            let plan = self.ordering.plan(&Write {
-                now,
-                at,
-                arrivals: &batch.arrivals(),
-                leaving: &leaving.iter().map(|(l, _)| *l).collect::<Vec<_>>(),
-                proposed: &batch.release,
-                expired: &batch.expired_releases(),
-                carried: &batch
-                    .blocks()
-                    .iter()
-                    .map(BlockedKey::seq)
-                    .collect::<Vec<_>>(),
-                begins: &batch.begins(),
-            });
-            // A block this write may write is stamped `at`: the id is taken, so a barrier
-            // answered before this commit reads below it and one answered after above it (the
-            // sequencer judges a block gone only by a read after a barrier above its stamp).
-            if !plan.blockers.is_empty() || !batch.blocks().is_empty() || self.ordering.spilled() {
-                self.take_id();
-            }
-            // Jobs accepted here and fresh (no entry): the unordered ones, and the ordered
-            // ones the plan keeps or lets go at once. Attempts begun: the scheduler's, and
-            // those of jobs going from memory.
-            let mut accepted = batch.accepted.clone();
-            accepted.extend(
-                batch
-                    .jobs
-                    .iter()
-                    .filter(|j| plan.fresh.contains(&j.id))
-                    .map(|j| (j.id, Fresh::of(j))),
-            );
-            let mut starts = batch.starts.clone();
-            starts.extend(
-                plan.go
-                    .iter()
-                    .filter(|(_, begun)| *begun)
-                    .map(|(r, _)| (r.job.id, r.next_attempt())),
-            );
-            // A commit that stores jobs always writes its log row: it is what tells, after a
-            // lost answer, whether the jobs were stored (an ordered job with an entry is not
-            // listed by it, and has no row of its own).
-            let log_id = (!accepted.is_empty()
-                || !starts.is_empty()
-                || !plan.begin.is_empty()
-                || !batch.jobs.is_empty())
-            .then(|| self.take_id());
-            let accepted_ids: Vec<JobId> = accepted.iter().map(|(id, _)| *id).collect();
-            let rests = self.rests(&batch, &plan, started);
-            let fresh = self
-                .open
-                .fresh_among(batch.rows.iter().map(|(_, t)| &t.job_id));
-            let (read_left, blocks) = self.left_reads(&batch, &plan, &leaving, &fresh);
-            let released_entries: Vec<JobId> = plan.released_entries.iter().copied().collect();
-            let begin: Vec<JobId> = plan.begin.iter().copied().collect();
-            let append = Append {
-                jobs: &batch.jobs,
-                events: &batch.events,
-                transitions: &batch.rows,
-                origins: &batch.origins,
-                log: log_id.map(|id| CommitLog {
-                    id,
-                    time: now,
-                    accepted: &accepted_ids,
-                    started: &starts,
-                }),
-                rests: &rests,
-                fresh: Some(&fresh),
-                checkpoint,
-                released_entries: &released_entries,
-                release: &plan.release,
-                release_if_head: &plan.release_if_head,
-                release_expired: &plan.release_expired,
-                begin: &begin,
-                read_left: &read_left,
-                blocks: &blocks,
-            };
+            let prepared = self.prepare(&batch, started);
             let bounds = self.limits.bounds(batch.not_after());
-            let (result, answered) = self.db.append_answered(self.token, &append, &bounds).await;
-            let mut written = Written::default();
-            let committed = match result {
-                Ok(()) => {
-                    written = answered.unwrap_or_default();
-                    Committed::Yes
-                }
-                Err(JobDbError::Fenced { ours, current }) => {
-                    self.ordering.rolled_back();
-                    self.fenced_out(ours, current);
-                    return fail(batch, WriteRejected::LockLost);
-                }
-                Err(JobDbError::Duplicate(why)) => {
-                    self.ordering.rolled_back();
-                    match self.skip_present(&mut batch).await {
-                        Some(0) | None => return self.isolate(batch, why).await,
-                        // Jobs an earlier try stored are out of the batch: write the rest.
-                        Some(_) => continue,
-                    }
-                }
-                Err(JobDbError::Refused(why)) => {
-                    self.ordering.rolled_back();
-                    return self.isolate(batch, why).await;
-                }
-                // A forward's `not_after` passed before the COMMIT: rolled back. It is answered
-                // and left out at the top; the rest goes again at once.
-                Err(JobDbError::Expired) => {
-                    self.ordering.rolled_back();
-                    continue;
-                }
-                Err(e @ (JobDbError::CommitUnknown(_) | JobDbError::CommitStalled(_))) => {
-                    tracing::warn!(error = %e, cause = ?std::error::Error::source(&e), "jobdb commit's answer lost; checking whether it committed");
-                    let stalled = match e {
-                        JobDbError::CommitStalled(stalled) => Some(stalled),
-                        _ => None,
-                    };
-                    let committed = self
-                        .committed_after_error(stalled, log_id, &batch.rows)
-                        .await;
-                    // What it wrote, if it committed, is what the transaction read before
-                    // its COMMIT.
-                    written = answered.unwrap_or_default();
-                    committed
-                }
-                Err(err) => {
-                    tracing::warn!(error = %err, cause = ?std::error::Error::source(&err), "jobdb append failed before its commit; nothing of it was stored");
-                    Committed::No
-                }
+            let (result, answered) = self
+                .db
+                .append_answered(self.token, &prepared.append(&batch), &bounds)
+                .await;
+            let committed = match self.outcome(result, &mut batch, prepared.log_id).await {
+                Outcome::Settled(committed) => committed,
+                Outcome::Again => continue,
+                Outcome::Fail(why) => return fail(batch, why),
+                Outcome::Isolate(why) => return self.isolate(batch, why).await,
             };
-            if committed != Committed::Yes {
-                self.ordering.rolled_back();
-            }
-            if committed == Committed::Unknown {
+            match committed {
+                // What it wrote, if it committed, is what the transaction read before its
+                // COMMIT.
+                Committed::Yes => {
+                    let written = answered.unwrap_or_default();
+                    return self.after_commit(batch, prepared, written, started);
+                }
                 // Ownership was lost before the outcome could be read: producers hear that it
                 // is unknown; nothing else will be written by this writer.
-                for request in batch.requests {
-                    match request.reply.is_producers() {
-                        true => request.reply.reject(WriteRejected::Unknown),
-                        false => request.reply.reject(WriteRejected::LockLost),
+                Committed::Unknown => {
+                    self.ordering.rolled_back();
+                    for request in batch.requests {
+                        match request.reply.is_producers() {
+                            true => request.reply.reject(WriteRejected::Unknown),
+                            false => request.reply.reject(WriteRejected::LockLost),
+                        }
                     }
+                    return;
                 }
-                return;
-            }
-            if committed == Committed::Yes {
-                self.progress.idle();
-                let rows = batch.rows.len() + batch.jobs.len() + rests.len();
-                self.metrics.observe_write(rows, started.elapsed());
-                let rested = rests.iter().filter(|r| self.open.is_fresh(&r.job_id));
-                self.metrics.jobs_rested.inc_by(rested.count() as u64);
-                if let Some(open_from) = checkpoint {
-                    self.checkpoint = Some((open_from, started));
-                }
-                // Attempts begun by releases are open in this commit as the batch's own.
-                starts.extend(written.started.iter().map(|r| (r.job.id, r.next_attempt())));
-                self.committed(plan, written, log_id, now, at);
-                self.open
-                    .committed(log_id, started, &accepted, &starts, &batch.rows, &rests);
-                let (fresh, under_way) = self.open.counts();
-                self.metrics.jobs_fresh.set(fresh as i64);
-                self.metrics.attempts_under_way.set(under_way as i64);
-                let start = log_id.map(|commit| AttemptStart { commit, at: now });
-                return self.acknowledge(batch, start);
+                Committed::No => self.ordering.rolled_back(),
             }
             // Not committed: producers get a clear 503 now (they may retry), while transitions
             // of jobs already owned must reach the JobDB, so they wait and go again.
@@ -220,6 +86,177 @@ impl Writer {
             tokio::time::sleep(pause).await;
             pause = (pause * 2).min(Duration::from_secs(2));
         }
+    }
+
+    /// Plans one write of `batch`: the ordering book's plan, the ids it takes, and every list
+    /// the store's [`Append`] borrows.
+    fn prepare(&mut self, batch: &Batch, started: Instant) -> Prepared {
+        let now = Utc::now();
+        // The checkpoint, now and then, from what was open before this commit: it can only
+        // close more, and everything it opens is numbered after (its own log row included).
+        let checkpoint = self.checkpoint_due(started);
+        let leaving = batch.leaving();
+        let at = self.next_id;
+        let plan = self.ordering.plan(&Write {
+            now,
+            at,
+            arrivals: &batch.arrivals(),
+            leaving: &leaving.iter().map(|(l, _)| *l).collect::<Vec<_>>(),
+            proposed: &batch.release,
+            expired: &batch.expired_releases(),
+            carried: &batch
+                .blocks()
+                .iter()
+                .map(BlockedKey::seq)
+                .collect::<Vec<_>>(),
+            begins: &batch.begins(),
+        });
+        // A block this write may write is stamped `at`: the id is taken, so a barrier answered
+        // before this commit reads below it and one answered after above it (the sequencer
+        // judges a block gone only by a read after a barrier above its stamp).
+        if !plan.blockers.is_empty() || !batch.blocks().is_empty() || self.ordering.spilled() {
+            self.take_id();
+        }
+        // Jobs accepted here and fresh (no entry): the unordered ones, and the ordered ones
+        // the plan keeps or lets go at once. Attempts begun: the scheduler's, and those of
+        // jobs going from memory.
+        let mut accepted = batch.accepted.clone();
+        accepted.extend(
+            batch
+                .jobs
+                .iter()
+                .filter(|j| plan.fresh.contains(&j.id))
+                .map(|j| (j.id, Fresh::of(j))),
+        );
+        let mut starts = batch.starts.clone();
+        starts.extend(
+            plan.go
+                .iter()
+                .filter(|(_, begun)| *begun)
+                .map(|(r, _)| (r.job.id, r.next_attempt())),
+        );
+        // A commit that stores jobs always writes its log row: it is what tells, after a lost
+        // answer, whether the jobs were stored (an ordered job with an entry is not listed by
+        // it, and has no row of its own).
+        let log_id = (!accepted.is_empty()
+            || !starts.is_empty()
+            || !plan.begin.is_empty()
+            || !batch.jobs.is_empty())
+        .then(|| self.take_id());
+        let accepted_ids = accepted.iter().map(|(id, _)| *id).collect();
+        let rests = self.rests(batch, &plan, started);
+        let fresh = self
+            .open
+            .fresh_among(batch.rows.iter().map(|(_, t)| &t.job_id));
+        let (read_left, blocks) = self.left_reads(batch, &plan, &leaving, &fresh);
+        Prepared {
+            now,
+            at,
+            checkpoint,
+            released_entries: plan.released_entries.iter().copied().collect(),
+            begin: plan.begin.iter().copied().collect(),
+            plan,
+            accepted,
+            accepted_ids,
+            starts,
+            log_id,
+            rests,
+            fresh,
+            read_left,
+            blocks,
+        }
+    }
+
+    /// What the store's answer to a write means for the batch: settled (committed, not, or
+    /// unknown), to be written again at once, or ended for the batch (lock lost, refused).
+    async fn outcome(
+        &mut self,
+        result: Result<(), JobDbError>,
+        batch: &mut Batch,
+        log_id: Option<u64>,
+    ) -> Outcome {
+        match result {
+            Ok(()) => Outcome::Settled(Committed::Yes),
+            Err(JobDbError::Fenced { ours, current }) => {
+                self.ordering.rolled_back();
+                self.fenced_out(ours, current);
+                Outcome::Fail(WriteRejected::LockLost)
+            }
+            Err(JobDbError::Duplicate(why)) => {
+                self.ordering.rolled_back();
+                match self.skip_present(batch).await {
+                    Some(0) | None => Outcome::Isolate(why),
+                    // Jobs an earlier try stored are out of the batch: write the rest.
+                    Some(_) => Outcome::Again,
+                }
+            }
+            Err(JobDbError::Refused(why)) => {
+                self.ordering.rolled_back();
+                Outcome::Isolate(why)
+            }
+            // A forward's `not_after` passed before the COMMIT: rolled back. It is answered and
+            // left out at the top; the rest goes again at once.
+            Err(JobDbError::Expired) => {
+                self.ordering.rolled_back();
+                Outcome::Again
+            }
+            Err(e @ (JobDbError::CommitUnknown(_) | JobDbError::CommitStalled(_))) => {
+                tracing::warn!(error = %e, cause = ?std::error::Error::source(&e), "jobdb commit's answer lost; checking whether it committed");
+                let stalled = match e {
+                    JobDbError::CommitStalled(stalled) => Some(stalled),
+                    _ => None,
+                };
+                Outcome::Settled(
+                    self.committed_after_error(stalled, log_id, &batch.rows)
+                        .await,
+                )
+            }
+            Err(err) => {
+                tracing::warn!(error = %err, cause = ?std::error::Error::source(&err), "jobdb append failed before its commit; nothing of it was stored");
+                Outcome::Settled(Committed::No)
+            }
+        }
+    }
+
+    /// A write committed: its metrics, the checkpoint, the ordering book, the open work, and
+    /// the answers to its requests.
+    fn after_commit(
+        &mut self,
+        batch: Batch,
+        mut prepared: Prepared,
+        written: Written,
+        started: Instant,
+    ) {
+        self.progress.idle();
+        let rows = batch.rows.len() + batch.jobs.len() + prepared.rests.len();
+        self.metrics.observe_write(rows, started.elapsed());
+        let rested = prepared
+            .rests
+            .iter()
+            .filter(|r| self.open.is_fresh(&r.job_id));
+        self.metrics.jobs_rested.inc_by(rested.count() as u64);
+        if let Some(open_from) = prepared.checkpoint {
+            self.checkpoint = Some((open_from, started));
+        }
+        // Attempts begun by releases are open in this commit as the batch's own.
+        prepared
+            .starts
+            .extend(written.started.iter().map(|r| (r.job.id, r.next_attempt())));
+        let (log_id, now) = (prepared.log_id, prepared.now);
+        self.committed(prepared.plan, written, log_id, now, prepared.at);
+        self.open.committed(
+            log_id,
+            started,
+            &prepared.accepted,
+            &prepared.starts,
+            &batch.rows,
+            &prepared.rests,
+        );
+        let (fresh, under_way) = self.open.counts();
+        self.metrics.jobs_fresh.set(fresh as i64);
+        self.metrics.attempts_under_way.set(under_way as i64);
+        let start = log_id.map(|commit| AttemptStart { commit, at: now });
+        self.acknowledge(batch, start)
     }
 
     /// The entries this write gives: the batch's (new ordered jobs, as the plan stores them;
@@ -657,4 +694,66 @@ fn fail(batch: Batch, why: WriteRejected) {
     for request in batch.requests {
         request.reply.reject(why);
     }
+}
+
+/// One write of a batch, planned: what [`Writer::prepare`] computed for the store's
+/// [`Append`] and for the bookkeeping after it commits.
+struct Prepared {
+    now: DateTime<Utc>,
+    /// The next id when the plan was made (the stamp of blocks it writes).
+    at: u64,
+    checkpoint: Option<u64>,
+    plan: Plan,
+    /// Jobs accepted fresh (no entry), with what the open work keeps of each.
+    accepted: Vec<(JobId, Fresh)>,
+    accepted_ids: Vec<JobId>,
+    /// Attempts begun, with their numbers.
+    starts: Vec<(JobId, u16)>,
+    log_id: Option<u64>,
+    rests: Vec<OpenRow>,
+    fresh: HashMap<JobId, Fresh>,
+    read_left: Vec<JobId>,
+    blocks: Vec<BlockedKey>,
+    released_entries: Vec<JobId>,
+    begin: Vec<JobId>,
+}
+
+impl Prepared {
+    /// The store's write of `batch` as planned.
+    fn append<'a>(&'a self, batch: &'a Batch) -> Append<'a> {
+        Append {
+            jobs: &batch.jobs,
+            events: &batch.events,
+            transitions: &batch.rows,
+            origins: &batch.origins,
+            log: self.log_id.map(|id| CommitLog {
+                id,
+                time: self.now,
+                accepted: &self.accepted_ids,
+                started: &self.starts,
+            }),
+            rests: &self.rests,
+            fresh: Some(&self.fresh),
+            checkpoint: self.checkpoint,
+            released_entries: &self.released_entries,
+            release: &self.plan.release,
+            release_if_head: &self.plan.release_if_head,
+            release_expired: &self.plan.release_expired,
+            begin: &self.begin,
+            read_left: &self.read_left,
+            blocks: &self.blocks,
+        }
+    }
+}
+
+/// What the store's answer to one write leaves the commit loop to do.
+enum Outcome {
+    /// Whether it committed is known (or known to be unknowable).
+    Settled(Committed),
+    /// Nothing was stored; the batch (what is left of it) goes again at once.
+    Again,
+    /// Every request of the batch is answered with this.
+    Fail(WriteRejected),
+    /// The JobDB refused the batch: find the job it refuses.
+    Isolate(String),
 }
