@@ -37,7 +37,8 @@ use std::collections::{HashMap, HashSet};
 use chrono::{DateTime, Utc};
 use futures::TryStreamExt;
 
-use super::{with_pool, JobDb, JobDbError, MAX_IDS_PER_SELECT};
+use super::engine::{with_tx, Tx};
+use super::{JobDb, JobDbError, MAX_IDS_PER_SELECT};
 use crate::job::{JobId, State};
 
 /// Every job stored at or after an id: the window's and the live part's (binds: id).
@@ -446,9 +447,167 @@ impl RoundRead {
 impl JobDb {
     /// One round of the ledger's reads ([`RoundAsk`]), in one snapshot.
     pub async fn ledger_round(&self, ask: RoundAsk<'_>) -> Result<RoundRead, JobDbError> {
-        let limit = i64::from(ask.limit);
         let from = ask.from.to_bytes().to_vec();
-        with_pool!(self, |p, q| {
+        let mut tx = self.begin().await?;
+        let mut read = RoundRead::default();
+        let mut under_way: HashMap<JobId, Vec<UnderWay>> = HashMap::new();
+        for (id, attempts, began, at) in tx.under_way().await? {
+            read.under_way.push((id, at));
+            let attempts = u16::try_from(attempts).unwrap_or(u16::MAX);
+            under_way.entry(id).or_default().push((attempts, began, at));
+        }
+        // Every row of the window's and the live part's jobs, judged job by job.
+        let mut judging = Judge::new(ask.after, &under_way);
+        tx.rows(Rows::From(&from), |job, row| judging.push(job, row))
+            .await?;
+        let mut judged = judging.done();
+        // The older jobs' rows after the cursor. A carried job is judged by them alone: its
+        // ends are all after the cursor, its `jobs` row was read in its window, and only a
+        // later attempt (or one under way) can overlap an earlier one. Any other older job, a
+        // carried one retried, and the imports are read whole, by id.
+        let mut older: HashMap<JobId, Vec<Row>> = HashMap::new();
+        tx.rows(Rows::OlderAfter(ask.after, &from), |job, row| {
+            older.entry(job).or_default().push(row)
+        })
+        .await?;
+        let imported: Vec<(Judged, bool)> = tx
+            .imported_since(ask.imported_from)
+            .await?
+            .into_iter()
+            .map(|(id, made, at)| ((id, made, None), at >= ask.imported_to))
+            .collect();
+        let looked = read_whole(&ask, &older, &under_way, &imported);
+        let mut judging = Judge::new(ask.after, &under_way);
+        let mut stored = Vec::new();
+        for chunk in looked.chunks(MAX_IDS_PER_SELECT) {
+            tx.rows(Rows::Of(chunk), |job, row| judging.push(job, row))
+                .await?;
+            stored.extend(tx.stored(chunk).await?);
+        }
+        // The older jobs' ids are below the window's, so the two sets do not meet.
+        judged.extend(judge_older(
+            older,
+            &looked,
+            judging.done(),
+            &stored,
+            &ask,
+            &under_way,
+        ));
+        // The window and the live part.
+        let from_imports: HashSet<JobId> = tx.imported_from(&from).await?.into_iter().collect();
+        tx.jobs_from(&from, |id, made| {
+            let end = judged.get_mut(&id).and_then(|j| {
+                j.stored = true;
+                j.end
+            });
+            if from_imports.contains(&id) {
+                return;
+            }
+            let part = if id < ask.to {
+                &mut read.window
+            } else {
+                &mut read.live
+            };
+            part.push((id, made, end));
+        })
+        .await?;
+        read.place_imports(imported, &judged);
+        let ends_after = read.take_findings(&judged, ask.carried);
+        let expected = read.expected_open(ask.carried, &ends_after);
+        let count = tx.open_count().await?;
+        // The open work is what the rounds expect when it holds as many jobs: then it is not
+        // listed. A difference (a job vanished, listed twice, ended and open, stored late)
+        // lists it whole, and so does every round that asks.
+        if !ask.list_open && usize::try_from(count).ok() == Some(expected.len()) {
+            read.open = expected;
+            read.carried_ends = ends_after;
+        } else {
+            read.open = tx.open().await?;
+            read.listed_open = true;
+            read.look_up_open(&mut tx, ask.carried).await?;
+        }
+        read.cut_findings(ask.limit);
+        read.overdue = tx.overdue(ask.overdue_before, ask.limit).await?;
+        read.last_row = tx.last_row().await?.unwrap_or(0);
+        tx.rollback().await?;
+        Ok(read)
+    }
+}
+
+impl RoundRead {
+    /// With the open work listed: the carried jobs no longer open, and the strays, looked up by
+    /// id: the rows that end them, and whether their `jobs` rows are there. (A carried job
+    /// still listed as open is taken to be open: a whole read checks it.)
+    async fn look_up_open(
+        &mut self,
+        tx: &mut Tx,
+        carried: &HashMap<JobId, DateTime<Utc>>,
+    ) -> Result<(), JobDbError> {
+        let (left, strays) = self.left_and_strays(carried);
+        let (mut ends, mut stored) = (Vec::new(), HashSet::new());
+        let looked: Vec<JobId> = left.iter().chain(&strays).copied().collect();
+        for chunk in looked.chunks(MAX_IDS_PER_SELECT) {
+            ends.extend(tx.ends_of(chunk).await?);
+            stored.extend(tx.stored(chunk).await?);
+        }
+        let ended: HashSet<JobId> = ends.iter().map(|(id, _)| *id).collect();
+        self.carried_ends = ends
+            .into_iter()
+            .filter(|(id, _)| carried.contains_key(id))
+            .collect();
+        self.carried_gone = left
+            .iter()
+            .filter(|id| !stored.contains(id))
+            .copied()
+            .collect();
+        self.strays = strays
+            .iter()
+            .map(|job| Stray {
+                job: *job,
+                ended: ended.contains(job),
+                stored: stored.contains(job),
+            })
+            .collect();
+        Ok(())
+    }
+}
+
+/// Which transitions a round reads, each in `(job_id, id)` order.
+enum Rows<'a> {
+    /// Those of every job at or after an id (bytes).
+    From(&'a [u8]),
+    /// Those after a transition id of jobs before an id (bytes).
+    OlderAfter(u64, &'a [u8]),
+    /// Those of these jobs.
+    Of(&'a [JobId]),
+}
+
+/// The statements of a round, one per method, each run in the round's transaction.
+impl Tx {
+    /// Attempts under way: job, attempts, the commit it began in, when.
+    async fn under_way(&mut self) -> Result<Vec<(JobId, u64, u64, DateTime<Utc>)>, JobDbError> {
+        with_tx!(self, |tx, q| {
+            use sqlx::Row as _;
+            let mut out = Vec::new();
+            for row in sqlx::query(UNDER_WAY).fetch_all(&mut **tx).await? {
+                out.push((
+                    q::job_id_of(&row, "job_id")?,
+                    row.try_get("attempts")?,
+                    row.try_get("started_in")?,
+                    q::time_of(&row, "started_at")?,
+                ));
+            }
+            Ok(out)
+        })
+    }
+
+    /// Hands each transition `rows` names to `each`, in order.
+    async fn rows(
+        &mut self,
+        rows: Rows<'_>,
+        mut each: impl FnMut(JobId, Row),
+    ) -> Result<(), JobDbError> {
+        with_tx!(self, |tx, q| {
             let row_of = |row: &q::DbRow| -> Result<(JobId, Row), JobDbError> {
                 use sqlx::Row as _;
                 Ok((
@@ -462,183 +621,168 @@ impl JobDb {
                     },
                 ))
             };
-            let mut tx = p.begin().await?;
-            let mut read = RoundRead::default();
-            let mut under_way: HashMap<JobId, Vec<UnderWay>> = HashMap::new();
-            for row in sqlx::query(UNDER_WAY).fetch_all(&mut *tx).await? {
-                use sqlx::Row as _;
-                let id = q::job_id_of(&row, "job_id")?;
-                let at = q::time_of(&row, "started_at")?;
-                let attempts: u64 = row.try_get("attempts")?;
-                let began: u64 = row.try_get("started_in")?;
-                read.under_way.push((id, at));
-                let attempts = u16::try_from(attempts).unwrap_or(u16::MAX);
-                under_way.entry(id).or_default().push((attempts, began, at));
+            match rows {
+                Rows::From(from) => {
+                    let mut rows = sqlx::query(ROWS_FROM).bind(from).fetch(&mut **tx);
+                    while let Some(row) = rows.try_next().await? {
+                        let (job, row) = row_of(&row)?;
+                        each(job, row);
+                    }
+                }
+                Rows::OlderAfter(after, from) => {
+                    for row in sqlx::query(OLDER_ROWS_AFTER)
+                        .bind(super::int(after))
+                        .bind(from)
+                        .fetch_all(&mut **tx)
+                        .await?
+                    {
+                        let (job, row) = row_of(&row)?;
+                        each(job, row);
+                    }
+                }
+                Rows::Of(ids) => {
+                    for row in q::ids_query(ROWS_OF, ids, ") ORDER BY job_id, id")
+                        .build()
+                        .fetch_all(&mut **tx)
+                        .await?
+                    {
+                        let (job, row) = row_of(&row)?;
+                        each(job, row);
+                    }
+                }
             }
-            // Every row of the window's and the live part's jobs, judged job by job.
-            let mut judging = Judge::new(ask.after, &under_way);
-            let mut rows = sqlx::query(ROWS_FROM).bind(&from).fetch(&mut *tx);
-            while let Some(row) = rows.try_next().await? {
-                let (job, row) = row_of(&row)?;
-                judging.push(job, row);
-            }
-            drop(rows);
-            let mut judged = judging.done();
-            // The older jobs' rows after the cursor. A carried job is judged by them alone:
-            // its ends are all after the cursor, its `jobs` row was read in its window, and
-            // only a later attempt (or one under way) can overlap an earlier one. Any other
-            // older job, a carried one retried, and the imports are read whole, by id.
-            let mut older: HashMap<JobId, Vec<Row>> = HashMap::new();
-            for row in sqlx::query(OLDER_ROWS_AFTER)
-                .bind(super::int(ask.after))
-                .bind(&from)
-                .fetch_all(&mut *tx)
-                .await?
-            {
-                let (job, row) = row_of(&row)?;
-                older.entry(job).or_default().push(row);
-            }
-            let mut imported: Vec<(Judged, bool)> = Vec::new();
+            Ok(())
+        })
+    }
+
+    /// Jobs imported since a time: id, when made, when imported.
+    async fn imported_since(
+        &mut self,
+        since: DateTime<Utc>,
+    ) -> Result<Vec<(JobId, DateTime<Utc>, DateTime<Utc>)>, JobDbError> {
+        with_tx!(self, |tx, q| {
+            let mut out = Vec::new();
             for row in sqlx::query(IMPORTED_SINCE)
-                .bind(ask.imported_from.naive_utc())
-                .fetch_all(&mut *tx)
+                .bind(since.naive_utc())
+                .fetch_all(&mut **tx)
                 .await?
             {
-                let id = q::job_id_of(&row, "id")?;
-                let live = q::time_of(&row, "imported_at")? >= ask.imported_to;
-                imported.push(((id, q::time_of(&row, "created_at")?, None), live));
+                out.push((
+                    q::job_id_of(&row, "id")?,
+                    q::time_of(&row, "created_at")?,
+                    q::time_of(&row, "imported_at")?,
+                ));
             }
-            let looked = read_whole(&ask, &older, &under_way, &imported);
-            let mut judging = Judge::new(ask.after, &under_way);
-            let mut stored = Vec::new();
-            for chunk in looked.chunks(MAX_IDS_PER_SELECT) {
-                for row in q::ids_query(ROWS_OF, chunk, ") ORDER BY job_id, id")
-                    .build()
-                    .fetch_all(&mut *tx)
-                    .await?
-                {
-                    let (job, row) = row_of(&row)?;
-                    judging.push(job, row);
-                }
-                for row in q::ids_query(JOBS_OF, chunk, ")")
-                    .build()
-                    .fetch_all(&mut *tx)
-                    .await?
-                {
-                    stored.push(q::job_id_of(&row, "job_id")?);
-                }
+            Ok(out)
+        })
+    }
+
+    /// Which of these jobs have their `jobs` row.
+    async fn stored(&mut self, ids: &[JobId]) -> Result<Vec<JobId>, JobDbError> {
+        with_tx!(self, |tx, q| {
+            let mut out = Vec::new();
+            for row in q::ids_query(JOBS_OF, ids, ")")
+                .build()
+                .fetch_all(&mut **tx)
+                .await?
+            {
+                out.push(q::job_id_of(&row, "job_id")?);
             }
-            // The older jobs' ids are below the window's, so the two sets do not meet.
-            judged.extend(judge_older(
-                older,
-                &looked,
-                judging.done(),
-                &stored,
-                &ask,
-                &under_way,
-            ));
-            // The window and the live part.
-            let mut from_imports = HashSet::new();
+            Ok(out)
+        })
+    }
+
+    /// Jobs at or after an id (bytes) that were imported.
+    async fn imported_from(&mut self, from: &[u8]) -> Result<Vec<JobId>, JobDbError> {
+        with_tx!(self, |tx, q| {
+            let mut out = Vec::new();
             for row in sqlx::query(IMPORTED_FROM)
-                .bind(&from)
-                .fetch_all(&mut *tx)
+                .bind(from)
+                .fetch_all(&mut **tx)
                 .await?
             {
-                from_imports.insert(q::job_id_of(&row, "job_id")?);
+                out.push(q::job_id_of(&row, "job_id")?);
             }
-            let mut jobs = sqlx::query(JOBS_FROM).bind(&from).fetch(&mut *tx);
+            Ok(out)
+        })
+    }
+
+    /// Hands every job at or after an id (bytes), and when it was made, to `each`.
+    async fn jobs_from(
+        &mut self,
+        from: &[u8],
+        mut each: impl FnMut(JobId, DateTime<Utc>),
+    ) -> Result<(), JobDbError> {
+        with_tx!(self, |tx, q| {
+            let mut jobs = sqlx::query(JOBS_FROM).bind(from).fetch(&mut **tx);
             while let Some(row) = jobs.try_next().await? {
-                let id = q::job_id_of(&row, "id")?;
-                let end = judged.get_mut(&id).and_then(|j| {
-                    j.stored = true;
-                    j.end
-                });
-                if from_imports.contains(&id) {
-                    continue;
-                }
-                let made = q::time_of(&row, "created_at")?;
-                let part = if id < ask.to {
-                    &mut read.window
-                } else {
-                    &mut read.live
-                };
-                part.push((id, made, end));
+                each(q::job_id_of(&row, "id")?, q::time_of(&row, "created_at")?);
             }
-            drop(jobs);
-            read.place_imports(imported, &judged);
-            let ends_after = read.take_findings(&judged, ask.carried);
-            let expected = read.expected_open(ask.carried, &ends_after);
-            let count: i64 = sqlx::query_scalar(OPEN_COUNT).fetch_one(&mut *tx).await?;
-            // The open work is what the rounds expect when it holds as many jobs: then it is
-            // not listed. A difference (a job vanished, listed twice, ended and open, stored
-            // late) lists it whole, and so does every round that asks.
-            if !ask.list_open && usize::try_from(count).ok() == Some(expected.len()) {
-                read.open = expected;
-                read.carried_ends = ends_after;
-            } else {
-                read.listed_open = true;
-                for row in sqlx::query(OPEN).fetch_all(&mut *tx).await? {
-                    read.open.push(q::job_id_of(&row, "job_id")?);
-                }
-                // The carried jobs no longer open, and the strays, looked up by id: the rows
-                // that end them, and whether their `jobs` rows are there. (A carried job still
-                // listed as open is taken to be open: a whole read checks it.)
-                let (left, strays) = read.left_and_strays(ask.carried);
-                let (mut ends, mut stored) = (Vec::new(), HashSet::new());
-                let looked: Vec<JobId> = left.iter().chain(&strays).copied().collect();
-                for chunk in looked.chunks(MAX_IDS_PER_SELECT) {
-                    for row in q::ids_query(ENDS_OF, chunk, ")")
-                        .build()
-                        .fetch_all(&mut *tx)
-                        .await?
-                    {
-                        ends.push((q::job_id_of(&row, "job_id")?, q::state_of(&row)?));
-                    }
-                    for row in q::ids_query(JOBS_OF, chunk, ")")
-                        .build()
-                        .fetch_all(&mut *tx)
-                        .await?
-                    {
-                        stored.insert(q::job_id_of(&row, "job_id")?);
-                    }
-                }
-                let ended: HashSet<JobId> = ends.iter().map(|(id, _)| *id).collect();
-                read.carried_ends = ends
-                    .into_iter()
-                    .filter(|(id, _)| ask.carried.contains_key(id))
-                    .collect();
-                read.carried_gone = left
-                    .iter()
-                    .filter(|id| !stored.contains(id))
-                    .copied()
-                    .collect();
-                read.strays = strays
-                    .iter()
-                    .map(|job| Stray {
-                        job: *job,
-                        ended: ended.contains(job),
-                        stored: stored.contains(job),
-                    })
-                    .collect();
+            Ok(())
+        })
+    }
+
+    /// How many jobs the open work lists.
+    async fn open_count(&mut self) -> Result<i64, JobDbError> {
+        with_tx!(self, |tx, _q| Ok(sqlx::query_scalar(OPEN_COUNT)
+            .fetch_one(&mut **tx)
+            .await?))
+    }
+
+    /// The open work's jobs.
+    async fn open(&mut self) -> Result<Vec<JobId>, JobDbError> {
+        with_tx!(self, |tx, q| {
+            let mut out = Vec::new();
+            for row in sqlx::query(OPEN).fetch_all(&mut **tx).await? {
+                out.push(q::job_id_of(&row, "job_id")?);
             }
-            read.cut_findings(ask.limit);
-            let before = ask.overdue_before.naive_utc();
-            for row in sqlx::query(OVERDUE)
-                .bind(before)
-                .bind(limit)
-                .fetch_all(&mut *tx)
+            Ok(out)
+        })
+    }
+
+    /// The rows that end these jobs.
+    async fn ends_of(&mut self, ids: &[JobId]) -> Result<Vec<(JobId, State)>, JobDbError> {
+        with_tx!(self, |tx, q| {
+            let mut out = Vec::new();
+            for row in q::ids_query(ENDS_OF, ids, ")")
+                .build()
+                .fetch_all(&mut **tx)
                 .await?
             {
-                read.overdue.push((
+                out.push((q::job_id_of(&row, "job_id")?, q::state_of(&row)?));
+            }
+            Ok(out)
+        })
+    }
+
+    /// At most `limit` open jobs that expired before a time, with their expiry.
+    async fn overdue(
+        &mut self,
+        before: DateTime<Utc>,
+        limit: u32,
+    ) -> Result<Vec<(JobId, DateTime<Utc>)>, JobDbError> {
+        with_tx!(self, |tx, q| {
+            let mut out = Vec::new();
+            for row in sqlx::query(OVERDUE)
+                .bind(before.naive_utc())
+                .bind(i64::from(limit))
+                .fetch_all(&mut **tx)
+                .await?
+            {
+                out.push((
                     q::job_id_of(&row, "job_id")?,
                     q::time_of(&row, "expire_at")?,
                 ));
             }
-            let last: Option<u64> = sqlx::query_scalar(LAST_ROW).fetch_one(&mut *tx).await?;
-            read.last_row = last.unwrap_or(0);
-            tx.rollback().await?;
-            Ok(read)
+            Ok(out)
         })
+    }
+
+    /// The last transition's id.
+    async fn last_row(&mut self) -> Result<Option<u64>, JobDbError> {
+        with_tx!(self, |tx, _q| Ok(sqlx::query_scalar(LAST_ROW)
+            .fetch_one(&mut **tx)
+            .await?))
     }
 }
 

@@ -62,6 +62,53 @@ macro_rules! with_pool {
 }
 pub(crate) use with_pool;
 
+/// A transaction of either engine, begun by [`super::JobDb::begin`]: reads that must see one
+/// snapshot take it from step to step.
+pub(crate) enum Tx {
+    /// On a MySQL JobDB.
+    MySql(sqlx::Transaction<'static, sqlx::MySql>),
+    /// On a SQLite JobDB.
+    Sqlite(sqlx::Transaction<'static, sqlx::Sqlite>),
+}
+
+/// Runs `$body` in the transaction `$tx` ([`Tx`]), bound as `$t`, with `$q` naming its
+/// engine's module, as `with_pool!` does for a pool.
+macro_rules! with_tx {
+    ($tx:expr, |$t:ident, $q:ident| $body:expr) => {
+        match $tx {
+            $crate::jobdb::engine::Tx::MySql($t) => {
+                #[allow(unused_imports)]
+                use $crate::jobdb::engine::mysql as $q;
+                $body
+            }
+            $crate::jobdb::engine::Tx::Sqlite($t) => {
+                #[allow(unused_imports)]
+                use $crate::jobdb::engine::sqlite as $q;
+                $body
+            }
+        }
+    };
+}
+pub(crate) use with_tx;
+
+impl Tx {
+    /// Ends the transaction without writing.
+    pub(crate) async fn rollback(self) -> Result<(), super::JobDbError> {
+        with_tx!(self, |t, _q| t.rollback().await?);
+        Ok(())
+    }
+}
+
+impl super::JobDb {
+    /// A transaction on this JobDB.
+    pub(crate) async fn begin(&self) -> Result<Tx, super::JobDbError> {
+        Ok(match &self.pool {
+            Pool::MySql(p) => Tx::MySql(p.begin().await?),
+            Pool::Sqlite(p) => Tx::Sqlite(p.begin().await?),
+        })
+    }
+}
+
 /// What both engines share besides the write path: their sqlx types, decoders from a row to
 /// spindle's types, and bound id lists. `$db` is the sqlx database type, `$row` its row type.
 macro_rules! engine_common {
