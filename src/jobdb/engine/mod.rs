@@ -12,11 +12,14 @@
 //!   Where the difference is a few words, the constants too are written once, by
 //!   `spelled_sql!` and `stats_sql!`, from each engine's spelling of those words (each a
 //!   whole SQL expression or keyword, never a fragment opened here and closed elsewhere);
-//! - rows are decoded and written by functions generated for each engine's sqlx types from one
-//!   text: `engine_common!` (decoders, id lists), `write::write_path!` (INSERT builders, the
-//!   fenced commit, what a refusal is), `ordering::ordering_sql!` (heads, releases, blocks)
-//!   and `notices::notices_sql!` (completion notices). These bind and run statements kept as
+//! - rows are decoded by plain generic functions ([`rows`]) over a row of either engine;
+//! - rows are written by functions generated for each engine's sqlx types from one text:
+//!   `engine_common!` (id lists), `write::write_path!` (INSERT builders, the fenced commit,
+//!   what a refusal is), `ordering::ordering_sql!` (heads, releases, blocks) and
+//!   `notices::notices_sql!` (completion notices). These bind and run statements kept as
 //!   named constants beside them, so the SQL reads as SQL;
+//! - reads that take several statements in one snapshot run them as methods of [`Tx`], a
+//!   transaction of either engine (the ledger's round);
 //! - what only one engine has (a connection id to `KILL`, a file lock, a busy timeout) is a
 //!   function of the same name and signature in both modules, and the engine without it says
 //!   so (`Ok(0)`, or [`super::JobDbError::Unsupported`]).
@@ -31,6 +34,7 @@ use sqlx::mysql::MySqlPool;
 use sqlx::sqlite::SqlitePool;
 
 pub mod mysql;
+pub mod rows;
 pub mod sqlite;
 
 /// A connection pool of either engine.
@@ -109,8 +113,9 @@ impl super::JobDb {
     }
 }
 
-/// What both engines share besides the write path: their sqlx types, decoders from a row to
-/// spindle's types, and bound id lists. `$db` is the sqlx database type, `$row` its row type.
+/// What both engines share besides the write path: their sqlx types, the decoders of [`rows`]
+/// (re-exported, so `q::job_from_row` names them), and bound id lists. `$db` is the sqlx
+/// database type, `$row` its row type.
 macro_rules! engine_common {
     ($db:ty, $row:ty) => {
         /// This engine's sqlx database type.
@@ -118,250 +123,10 @@ macro_rules! engine_common {
         /// This engine's row type.
         pub type DbRow = $row;
 
-        /// A text column, whatever its collation (sqlx types MySQL's `_bin` collations as
-        /// binary; SQLite hands TEXT out as bytes too).
-        pub fn text(row: &$row, column: &str) -> Result<String, $crate::jobdb::JobDbError> {
-            use sqlx::Row as _;
-            let bytes: Vec<u8> = row.try_get(column)?;
-            String::from_utf8(bytes)
-                .map_err(|_| $crate::jobdb::JobDbError::Corrupt(format!("{column} is not utf-8")))
-        }
-
-        /// A nullable text column.
-        pub fn text_opt(
-            row: &$row,
-            column: &str,
-        ) -> Result<Option<String>, $crate::jobdb::JobDbError> {
-            use sqlx::Row as _;
-            let bytes: Option<Vec<u8>> = row.try_get(column)?;
-            bytes
-                .map(|b| {
-                    String::from_utf8(b).map_err(|_| {
-                        $crate::jobdb::JobDbError::Corrupt(format!("{column} is not utf-8"))
-                    })
-                })
-                .transpose()
-        }
-
-        /// The `state` column.
-        pub fn state_of(row: &$row) -> Result<$crate::job::State, $crate::jobdb::JobDbError> {
-            std::str::FromStr::from_str(&text(row, "state")?).map_err(
-                |e: $crate::job::UnknownState| $crate::jobdb::JobDbError::Corrupt(e.to_string()),
-            )
-        }
-
-        /// A 16-byte id column.
-        pub fn job_id_of(
-            row: &$row,
-            column: &str,
-        ) -> Result<$crate::job::JobId, $crate::jobdb::JobDbError> {
-            use sqlx::Row as _;
-            let bytes: Vec<u8> = row.try_get(column)?;
-            let bytes: [u8; 16] = bytes.try_into().map_err(|_| {
-                $crate::jobdb::JobDbError::Corrupt(format!("{column} is not 16 bytes"))
-            })?;
-            Ok($crate::job::JobId::from_bytes(bytes))
-        }
-
-        /// A 16-byte ULID column (batch ids).
-        pub fn ulid_of(row: &$row, column: &str) -> Result<ulid::Ulid, $crate::jobdb::JobDbError> {
-            job_id_of(row, column).map(|id| id.0)
-        }
-
-        /// A count column (`COUNT(*)`, a cast sum, a length) as a `u64`.
-        pub fn count_of(row: &$row, column: &str) -> Result<u64, $crate::jobdb::JobDbError> {
-            use sqlx::Row as _;
-            let n: i64 = row.try_get(column)?;
-            u64::try_from(n).map_err(|_| {
-                $crate::jobdb::JobDbError::Corrupt(format!("{column} is negative: {n}"))
-            })
-        }
-
-        /// A UTC time column.
-        pub fn time_of(
-            row: &$row,
-            column: &str,
-        ) -> Result<chrono::DateTime<chrono::Utc>, $crate::jobdb::JobDbError> {
-            use sqlx::Row as _;
-            let t: chrono::NaiveDateTime = row.try_get(column)?;
-            Ok(t.and_utc())
-        }
-
-        /// A nullable UTC time column.
-        pub fn time_opt(
-            row: &$row,
-            column: &str,
-        ) -> Result<Option<chrono::DateTime<chrono::Utc>>, $crate::jobdb::JobDbError> {
-            use sqlx::Row as _;
-            let t: Option<chrono::NaiveDateTime> = row.try_get(column)?;
-            Ok(t.map(|t| t.and_utc()))
-        }
-
-        /// `state`, `attempts`, `retry_at` of a transition row.
-        pub fn progress_of(row: &$row) -> Result<$crate::job::Progress, $crate::jobdb::JobDbError> {
-            use sqlx::Row as _;
-            Ok($crate::job::Progress {
-                state: state_of(row)?,
-                attempts: row.try_get("attempts")?,
-                retry_at: time_opt(row, "retry_at")?,
-                started: None,
-            })
-        }
-
-        /// An `open_work` row's progress: [`progress_of`] with where an attempt under way
-        /// began.
-        pub fn open_work_of(
-            row: &$row,
-        ) -> Result<$crate::job::Progress, $crate::jobdb::JobDbError> {
-            use sqlx::Row as _;
-            let attempts: u64 = row.try_get("attempts")?;
-            Ok($crate::job::Progress {
-                state: state_of(row)?,
-                attempts: u16::try_from(attempts).unwrap_or(u16::MAX),
-                retry_at: time_opt(row, "retry_at")?,
-                started: started_of(row)?,
-            })
-        }
-
-        /// `started_in`, `started_at`: where the attempt a row ends (or is under way) began.
-        pub fn started_of(
-            row: &$row,
-        ) -> Result<Option<$crate::job::AttemptStart>, $crate::jobdb::JobDbError> {
-            use sqlx::Row as _;
-            let commit: Option<u64> = row.try_get("started_in")?;
-            let at = time_opt(row, "started_at")?;
-            Ok(commit
-                .zip(at)
-                .map(|(commit, at)| $crate::job::AttemptStart { commit, at }))
-        }
-
-        /// A `jobs` row.
-        pub fn job_from_row(row: &$row) -> Result<$crate::job::Job, $crate::jobdb::JobDbError> {
-            use sqlx::Row as _;
-            use std::time::Duration;
-            use $crate::jobdb::JobDbError;
-            let id = job_id_of(row, "id")?;
-            let headers = text(row, "headers")?;
-            let headers: serde_json::Map<String, serde_json::Value> =
-                serde_json::from_str(&headers)
-                    .map_err(|e| JobDbError::Corrupt(format!("headers of {id}: {e}")))?;
-            let headers = headers
-                .into_iter()
-                .map(|(k, v)| match v {
-                    serde_json::Value::String(s) => Ok((k, s)),
-                    other => Err(JobDbError::Corrupt(format!(
-                        "header {k} of {id} is {other}"
-                    ))),
-                })
-                .collect::<Result<Vec<_>, _>>()?;
-            let payload: Vec<u8> = row.try_get("payload")?;
-            let timeout: u32 = row.try_get("execution_timeout_ms")?;
-            let min_delay: u32 = row.try_get("backoff_min_delay_ms")?;
-            Ok($crate::job::Job {
-                id,
-                bucket: text(row, "bucket")?.into(),
-                endpoint: text(row, "endpoint")?.into(),
-                method: text(row, "method")?.into(),
-                headers,
-                payload: bytes::Bytes::from(payload),
-                execution_timeout: Duration::from_millis(timeout.into()),
-                retry: $crate::job::RetryPolicy {
-                    min_delay: Duration::from_millis(min_delay.into()),
-                    coefficient: row.try_get("backoff_coefficient")?,
-                },
-                created_at: time_of(row, "created_at")?,
-                expire_at: time_of(row, "expire_at")?,
-                idempotency_key: text_opt(row, "idempotency_key")?,
-                on_complete: text_opt(row, "on_complete")?.map(Into::into),
-                ordering: match text_opt(row, "ordering_key")? {
-                    Some(key) => Some($crate::job::OrderedKey {
-                        key: key.into(),
-                        blocks: row.try_get("ordering_blocks")?,
-                        // Jobs of schema 8 have none: their id was their position.
-                        position: match row.try_get::<Option<Vec<u8>>, _>("ordering_position")? {
-                            Some(_) => ulid_of(row, "ordering_position")?,
-                            None => id.0,
-                        },
-                    }),
-                    None => None,
-                },
-                // An operator's SQL may have set one of the three without the others: the job
-                // then delivers no event (it is sent as it is).
-                event: match (
-                    row.try_get::<Option<Vec<u8>>, _>("event_id")?,
-                    text_opt(row, "event_type")?,
-                    row.try_get::<Option<Vec<u8>>, _>("subscription_id")?,
-                ) {
-                    (Some(_), Some(event_type), Some(_)) => Some($crate::job::EventLink {
-                        event_id: ulid_of(row, "event_id")?,
-                        event_type: event_type.into(),
-                        subscription: ulid_of(row, "subscription_id")?,
-                    }),
-                    _ => None,
-                },
-                // An operator's SQL may have written one that is not trace context: the job
-                // is then delivered in no trace (a bad state alone is dropped).
-                trace: match text_opt(row, "traceparent")? {
-                    Some(parent) => {
-                        let state = text_opt(row, "tracestate")?;
-                        $crate::telemetry::TraceContext::parse(&parent, state.as_deref())
-                            .or_else(|_| $crate::telemetry::TraceContext::parse(&parent, None))
-                            .ok()
-                    }
-                    None => None,
-                },
-            })
-        }
-
-        /// A `job_state_transitions` row with its id.
-        pub fn transition_from_row(
-            row: &$row,
-        ) -> Result<(u64, $crate::job::Transition), $crate::jobdb::JobDbError> {
-            use sqlx::Row as _;
-            let error_response: Option<Vec<u8>> = row.try_get("error_response")?;
-            // The bytes decide, not the tag: an operator's SQL may have written either.
-            let encoding = error_response.as_deref().map($crate::job::stored_encoding);
-            Ok((
-                row.try_get("id")?,
-                $crate::job::Transition {
-                    job_id: job_id_of(row, "job_id")?,
-                    state: state_of(row)?,
-                    attempts: row.try_get("attempts")?,
-                    time: time_of(row, "time")?,
-                    retry_at: time_opt(row, "retry_at")?,
-                    error_type: text_opt(row, "error_type")?,
-                    error_response: error_response.map(bytes::Bytes::from),
-                    error_response_encoding: encoding,
-                    response_status: row.try_get("response_status")?,
-                    duration_ms: row.try_get("duration_ms")?,
-                    started: started_of(row)?,
-                },
-            ))
-        }
-
-        /// An `operator_commands` row.
-        pub fn command_from_row(
-            row: &$row,
-        ) -> Result<$crate::jobdb::commands::Command, $crate::jobdb::JobDbError> {
-            use sqlx::Row as _;
-            let job_id: Option<Vec<u8>> = row.try_get("job_id")?;
-            let job_id = match job_id {
-                Some(_) => Some(job_id_of(row, "job_id")?),
-                None => None,
-            };
-            Ok($crate::jobdb::commands::Command {
-                id: row.try_get("id")?,
-                issued_by: text(row, "issued_by")?,
-                action: text(row, "action")?.parse()?,
-                bucket: text_opt(row, "bucket")?,
-                endpoint_prefix: text_opt(row, "endpoint_prefix")?,
-                job_id,
-                created_before: time_opt(row, "created_before")?,
-                idempotency_key_prefix: text_opt(row, "idempotency_key_prefix")?,
-                postpone_until: time_opt(row, "postpone_until")?,
-                reason: text_opt(row, "reason")?,
-            })
-        }
+        pub use $crate::jobdb::engine::rows::{
+            command_from_row, count_of, job_from_row, job_id_of, open_work_of, progress_of,
+            started_of, state_of, text, text_opt, time_of, time_opt, transition_from_row, ulid_of,
+        };
 
         /// `prefix` + a bound list of ids + `suffix`.
         pub fn ids_query<'a>(
