@@ -385,15 +385,7 @@ async fn serve(
     unfinished: Unfinished,
 ) -> Result<Director, DirectorError> {
     let (next_id, floor, book) = take_over(&db, token, &unfinished, config.book_limit).await?;
-    let bind_error = |source| DirectorError::Bind {
-        addr: config.listen,
-        source,
-    };
-    let listener = match listener {
-        Some(std) => TcpListener::from_std(std).map_err(bind_error)?,
-        None => TcpListener::bind(config.listen).await.map_err(bind_error)?,
-    };
-    let addr = listener.local_addr().map_err(bind_error)?;
+    let (listener, addr) = bind(config.listen, listener).await?;
 
     let stopping = CancellationToken::new();
     let lock_lost = lease.lost.clone();
@@ -437,7 +429,7 @@ async fn serve(
     );
     supervisor.spawn("watchdog", supervisor.clone().watchdog());
 
-    let mut archiving = recover(unfinished.settle, &writer_tx).await?;
+    let archiving = recover(unfinished.settle, &writer_tx).await?;
     let commands_tx = events_tx.clone();
     let mut scheduler = Scheduler::new(
         config.scheduler,
@@ -449,76 +441,46 @@ async fn serve(
         db.clone(),
     );
     let archiver_stop = CancellationToken::new();
-    let archiver_task = config.archive.clone().map(|archive| {
-        let (tx, rx) = mpsc::unbounded_channel();
-        scheduler.archive_to(tx);
-        let archiver = Archiver {
-            db: db.clone(),
-            token,
-            archive,
-            recorder: ThroughWriter(writer_tx.clone()),
-            metrics: metrics.clone(),
-        };
-        let task = archiving::run(
-            archiver,
-            rx,
-            std::mem::take(&mut archiving),
-            archiver_stop.clone(),
-        );
-        supervisor.spawn("archiver", task)
+    let archiver = config.archive.clone().map(|archive| Archiver {
+        db: db.clone(),
+        token,
+        archive,
+        recorder: ThroughWriter(writer_tx.clone()),
+        metrics: metrics.clone(),
     });
-    if !archiving.is_empty() {
-        tracing::warn!(
-            jobs = archiving.len(),
-            "no archive configured: expired jobs stay archiving until a drainer takes them"
-        );
-    }
-    // A commit that ends an ordered job and releases the next may begin its attempt too; one
-    // that does not release it leaves the offer untaken, which costs nothing.
-    scheduler.begin_on_release();
-    scheduler.applied_by(&config.holder);
-    let (parks_tx, parks_rx) = mpsc::unbounded_channel();
-    scheduler.park_to(parks_tx);
-    let park_store = match &config.controls {
-        Some(consul) => parks::ParkStore::Consul(consul.clone()),
-        None => parks::ParkStore::Local(Default::default()),
-    };
-    let parks_events = commands_tx.clone();
-    if let Some(subscriptions) = &config.subscriptions {
-        scheduler.start_gate(subscriptions.gate().borrow().clone());
-    }
-    scheduler.watched(supervisor.watch(
-        "scheduler",
-        STEP_STALL_AFTER,
-        "stuck in one step of its loop",
-    ));
+    let archiver_task = spawn_archiver(
+        &supervisor,
+        &mut scheduler,
+        archiver,
+        archiving,
+        &archiver_stop,
+    );
+    let parks_rx = prepare_scheduler(&mut scheduler, &config, &supervisor);
     let health = scheduler.health();
     let scheduler_stop = CancellationToken::new();
-    spawn_watchers(&config, &supervisor, &db, commands_tx, &scheduler_stop);
-    supervisor.spawn(
-        "sequencer",
-        sequencer::Sequencer::new(
-            db.clone(),
-            writer_tx.clone(),
-            touched_rx,
-            config.peers.clone(),
-            config.max_clock_skew,
-            metrics.clone(),
-        )
-        .watched(supervisor.watch(
-            "sequencer",
-            STEP_STALL_AFTER,
-            "stuck in one round of releasing ordered jobs",
-        ))
-        .run(scheduler_stop.clone()),
+    spawn_watchers(
+        &config,
+        &supervisor,
+        &db,
+        commands_tx.clone(),
+        &scheduler_stop,
     );
-    let clearance = config.peers.clone().map(|peers| {
-        let survey = survey::PeerSurvey::new(peers, db.name().to_owned());
-        let (clearance, task) =
-            survey::Clearance::start(survey, metrics.clone(), scheduler_stop.clone());
-        supervisor.spawn("clearance", task);
-        clearance
-    });
+    let sequencer = sequencer::Sequencer::new(
+        db.clone(),
+        writer_tx.clone(),
+        touched_rx,
+        config.peers.clone(),
+        config.max_clock_skew,
+        metrics.clone(),
+    );
+    let clearance = spawn_ordering(
+        &supervisor,
+        sequencer,
+        &config,
+        &db,
+        &metrics,
+        &scheduler_stop,
+    );
     let scheduler_task = supervisor.spawn("scheduler", scheduler.run(scheduler_stop.clone()));
 
     let state = RpcState {
@@ -547,6 +509,10 @@ async fn serve(
     if config.auth.is_none() {
         tracing::warn!("no --tokens file: the rpc api accepts every caller");
     }
+    let park_store = match &config.controls {
+        Some(consul) => parks::ParkStore::Consul(consul.clone()),
+        None => parks::ParkStore::Local(Default::default()),
+    };
     supervisor.spawn(
         "parks",
         parks::run(
@@ -554,30 +520,12 @@ async fn serve(
             config.holder.clone(),
             config.scheduler.park.redrive,
             parks_rx,
-            parks_events,
+            commands_tx,
             state.clone(),
             scheduler_stop.clone(),
         ),
     );
-    let stop_serving = {
-        let (stopping, lock_lost) = (stopping.clone(), lock_lost.clone());
-        async move {
-            tokio::select! {
-                _ = stopping.cancelled() => {}
-                _ = lock_lost.cancelled() => {}
-            }
-        }
-    };
-    let server = supervisor.spawn(
-        "rpc server",
-        std::future::IntoFuture::into_future(
-            axum::serve(
-                listener,
-                http::router(state.clone()).merge(reads::routes(state)),
-            )
-            .with_graceful_shutdown(stop_serving),
-        ),
-    );
+    let server = spawn_server(&supervisor, listener, state, &stopping, &lock_lost);
     tracing::info!(%addr, jobdb = db.name(), "director serving");
 
     let task = tokio::spawn(
@@ -602,6 +550,127 @@ async fn serve(
         readiness,
         task,
     })
+}
+
+/// The RPC listener: the one handed over (a test's, or a restart's), or a new one on `listen`.
+async fn bind(
+    listen: SocketAddr,
+    listener: Option<std::net::TcpListener>,
+) -> Result<(TcpListener, SocketAddr), DirectorError> {
+    let bind_error = |source| DirectorError::Bind {
+        addr: listen,
+        source,
+    };
+    let listener = match listener {
+        Some(std) => TcpListener::from_std(std).map_err(bind_error)?,
+        None => TcpListener::bind(listen).await.map_err(bind_error)?,
+    };
+    let addr = listener.local_addr().map_err(bind_error)?;
+    Ok((listener, addr))
+}
+
+/// Starts the archiver, if there is an archive, with the jobs recovery found archiving; the
+/// scheduler hands it the jobs that expire from then on.
+fn spawn_archiver(
+    supervisor: &supervise::Supervisor,
+    scheduler: &mut Scheduler,
+    archiver: Option<Archiver<ThroughWriter>>,
+    archiving: Vec<crate::job::JobId>,
+    stop: &CancellationToken,
+) -> Option<JoinHandle<Option<()>>> {
+    let Some(archiver) = archiver else {
+        if !archiving.is_empty() {
+            tracing::warn!(
+                jobs = archiving.len(),
+                "no archive configured: expired jobs stay archiving until a drainer takes them"
+            );
+        }
+        return None;
+    };
+    let (tx, rx) = mpsc::unbounded_channel();
+    scheduler.archive_to(tx);
+    let task = archiving::run(archiver, rx, archiving, stop.clone());
+    Some(supervisor.spawn("archiver", task))
+}
+
+/// The scheduler's settings from the config and its watch; returns where it asks for parks.
+fn prepare_scheduler(
+    scheduler: &mut Scheduler,
+    config: &DirectorConfig,
+    supervisor: &supervise::Supervisor,
+) -> mpsc::UnboundedReceiver<parks::ParkRequest> {
+    // A commit that ends an ordered job and releases the next may begin its attempt too; one
+    // that does not release it leaves the offer untaken, which costs nothing.
+    scheduler.begin_on_release();
+    scheduler.applied_by(&config.holder);
+    let (parks_tx, parks_rx) = mpsc::unbounded_channel();
+    scheduler.park_to(parks_tx);
+    if let Some(subscriptions) = &config.subscriptions {
+        scheduler.start_gate(subscriptions.gate().borrow().clone());
+    }
+    scheduler.watched(supervisor.watch(
+        "scheduler",
+        STEP_STALL_AFTER,
+        "stuck in one step of its loop",
+    ));
+    parks_rx
+}
+
+/// Starts the ordering part's tasks: the sequencer, and with peers the clearance that surveys
+/// them (returned, for the RPC handlers).
+fn spawn_ordering(
+    supervisor: &supervise::Supervisor,
+    sequencer: sequencer::Sequencer,
+    config: &DirectorConfig,
+    db: &JobDb,
+    metrics: &Arc<Metrics>,
+    stop: &CancellationToken,
+) -> Option<survey::Clearance> {
+    supervisor.spawn(
+        "sequencer",
+        sequencer
+            .watched(supervisor.watch(
+                "sequencer",
+                STEP_STALL_AFTER,
+                "stuck in one round of releasing ordered jobs",
+            ))
+            .run(stop.clone()),
+    );
+    config.peers.clone().map(|peers| {
+        let survey = survey::PeerSurvey::new(peers, db.name().to_owned());
+        let (clearance, task) = survey::Clearance::start(survey, metrics.clone(), stop.clone());
+        supervisor.spawn("clearance", task);
+        clearance
+    })
+}
+
+/// Serves RPC on `listener` until the Director stops or loses its lock.
+fn spawn_server(
+    supervisor: &supervise::Supervisor,
+    listener: TcpListener,
+    state: RpcState,
+    stopping: &CancellationToken,
+    lock_lost: &CancellationToken,
+) -> JoinHandle<Option<std::io::Result<()>>> {
+    let stop_serving = {
+        let (stopping, lock_lost) = (stopping.clone(), lock_lost.clone());
+        async move {
+            tokio::select! {
+                _ = stopping.cancelled() => {}
+                _ = lock_lost.cancelled() => {}
+            }
+        }
+    };
+    supervisor.spawn(
+        "rpc server",
+        std::future::IntoFuture::into_future(
+            axum::serve(
+                listener,
+                http::router(state.clone()).merge(reads::routes(state)),
+            )
+            .with_graceful_shutdown(stop_serving),
+        ),
+    )
 }
 
 /// Reads what a new owner needs from its JobDB before anything runs: the first transition id
