@@ -624,17 +624,7 @@ async fn measure(
     sink: &Sink,
 ) -> anyhow::Result<BenchReport> {
     if args.backlog > 0 {
-        let held = json!({"execution_timeout_ms": 300_000, "bucket": "backlog"});
-        let backlog = bodies(
-            args,
-            &topology.tag,
-            &sink.url("/hang"),
-            0,
-            args.backlog,
-            held,
-        );
-        produce(args, &topology.targets, backlog).await?;
-        tokio::time::sleep(Duration::from_secs(args.backlog_settle_secs)).await;
+        fill_backlog(args, topology, sink).await?;
     }
     // Subscriptions are set up before the measurement starts (with --other-subscriptions, a
     // bulk insert and the Director's first read of them are not the run's cost).
@@ -642,25 +632,7 @@ async fn measure(
         true => Some(subscribe(args, topology, &sink.url("/ok")).await?),
         false => None,
     };
-    let mut measured: Vec<Measured> = Vec::new();
-    for c in &topology.children {
-        if let Some(m) = c.pid().and_then(|pid| Measured::start(c.component, pid)) {
-            measured.push(m);
-        }
-    }
-    let servers = [
-        ("mariadb", Some(port_of(args.mysql.expose(), 3306))),
-        ("redis", args.via_router.then(|| port_of(&args.redis, 6379))),
-    ];
-    for (component, port) in servers {
-        if let Some(m) = port
-            .and_then(procs::listener_pid)
-            .and_then(|pid| Measured::start(component, pid))
-        {
-            measured.push(m);
-        }
-    }
-    measured.extend(Measured::start("bench", std::process::id()));
+    let mut measured = start_measuring(args, topology);
 
     let first = args.backlog;
     let work = match (&args.generator, events) {
@@ -708,29 +680,7 @@ async fn measure(
     };
     let accepted_in = started.elapsed();
 
-    // The endpoint's count is free to read; the JobDBs are asked once it is reached (a
-    // count of outcome rows scans a table, which would load the database being measured).
-    let deadline = Instant::now() + Duration::from_secs(600);
-    loop {
-        if sink.ok_total() as usize >= jobs {
-            let mut succeeded = 0;
-            for db in &dbs {
-                succeeded += db.count_transitions_into(State::Succeeded).await?;
-            }
-            if succeeded as usize >= jobs {
-                break;
-            }
-        }
-        if Instant::now() >= deadline {
-            let state = director_counters(topology).await;
-            anyhow::bail!(
-                "jobs not delivered within 10 minutes: {} of {} reached the endpoint; {state}",
-                sink.ok_total(),
-                jobs
-            );
-        }
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    wait_delivered(sink, &dbs, jobs, topology).await?;
     let delivered_in = started.elapsed();
     for m in &mut measured {
         m.sample();
@@ -752,51 +702,162 @@ async fn measure(
     for db in dbs {
         db.close().await;
     }
-    let peak = |component: &str| {
-        topology
-            .children
-            .iter()
-            .filter(|c| c.component == component)
-            .filter_map(|c| c.pid().and_then(|pid| procs::status_kib(pid, "VmHWM:")))
-            .max()
-            .unwrap_or(0) as f64
-            / 1024.0
-    };
-    let mut cpu: BTreeMap<String, f64> = BTreeMap::new();
-    for m in &measured {
-        *cpu.entry(m.component.to_owned()).or_default() += m.used();
-    }
-    let per_1000 = |seconds: f64| seconds * 1000.0 * 1000.0 / jobs as f64;
-    let spindle_seconds: f64 = ["router", "redis", "director", "mariadb"]
-        .iter()
-        .filter_map(|c| cpu.get(*c))
-        .sum();
     latencies.sort();
-    let pct = |p: f64| percentile(&latencies, p).map(|l| l.as_secs_f64() * 1000.0);
-    Ok(BenchReport {
+    let run = Run {
         jobs,
-        batch: args.batch,
-        concurrency: args.concurrency,
-        payload_bytes: args.payload_bytes,
-        via_router: args.via_router,
-        subscribers: if args.events { args.subscribers } else { 0 },
-        other_subscriptions: args.other_subscriptions,
-        directors: args.directors,
-        routers: if args.via_router { args.routers } else { 0 },
-        backlog: args.backlog,
-        traced: args.traced,
-        trace_export: crate::telemetry::export_wanted().unwrap_or(false),
-        accepted_per_sec: jobs as f64 / accepted_in.as_secs_f64(),
-        delivered_per_sec: jobs as f64 / delivered_in.as_secs_f64(),
-        submit_p50_ms: pct(0.50),
-        submit_p99_ms: pct(0.99),
-        director_peak_rss_mib: peak("director"),
-        router_peak_rss_mib: peak("router"),
-        endpoint_requests: sink.ok_total(),
-        cpu_ms_per_1000_jobs: cpu.iter().map(|(c, s)| (c.clone(), per_1000(*s))).collect(),
-        spindle_cpu_us_per_job: spindle_seconds * 1e6 / jobs as f64,
+        accepted_in,
+        delivered_in,
+        latencies,
         mariadb_writes,
-    })
+    };
+    Ok(run.report(args, topology, sink, &measured))
+}
+
+/// Fills the Directors' caches before the measurement: `--backlog` jobs to an endpoint that
+/// hangs, left to settle.
+async fn fill_backlog(args: &BenchArgs, topology: &Topology, sink: &Sink) -> anyhow::Result<()> {
+    let held = json!({"execution_timeout_ms": 300_000, "bucket": "backlog"});
+    let backlog = bodies(
+        args,
+        &topology.tag,
+        &sink.url("/hang"),
+        0,
+        args.backlog,
+        held,
+    );
+    produce(args, &topology.targets, backlog).await?;
+    tokio::time::sleep(Duration::from_secs(args.backlog_settle_secs)).await;
+    Ok(())
+}
+
+/// Starts reading the CPU time of every process the run measures: the topology's children,
+/// MariaDB and (through a router) Redis by their listening ports, and this one.
+fn start_measuring(args: &BenchArgs, topology: &Topology) -> Vec<Measured> {
+    let mut measured: Vec<Measured> = Vec::new();
+    for c in &topology.children {
+        if let Some(m) = c.pid().and_then(|pid| Measured::start(c.component, pid)) {
+            measured.push(m);
+        }
+    }
+    let servers = [
+        ("mariadb", Some(port_of(args.mysql.expose(), 3306))),
+        ("redis", args.via_router.then(|| port_of(&args.redis, 6379))),
+    ];
+    for (component, port) in servers {
+        if let Some(m) = port
+            .and_then(procs::listener_pid)
+            .and_then(|pid| Measured::start(component, pid))
+        {
+            measured.push(m);
+        }
+    }
+    measured.extend(Measured::start("bench", std::process::id()));
+    measured
+}
+
+/// Waits until every one of `jobs` has succeeded, for at most 10 minutes. The endpoint's
+/// count is free to read; the JobDBs are asked once it is reached (a count of outcome rows
+/// scans a table, which would load the database being measured).
+async fn wait_delivered(
+    sink: &Sink,
+    dbs: &[JobDb],
+    jobs: usize,
+    topology: &Topology,
+) -> anyhow::Result<()> {
+    let deadline = Instant::now() + Duration::from_secs(600);
+    loop {
+        if sink.ok_total() as usize >= jobs {
+            let mut succeeded = 0;
+            for db in dbs {
+                succeeded += db.count_transitions_into(State::Succeeded).await?;
+            }
+            if succeeded as usize >= jobs {
+                return Ok(());
+            }
+        }
+        if Instant::now() >= deadline {
+            let state = director_counters(topology).await;
+            anyhow::bail!(
+                "jobs not delivered within 10 minutes: {} of {} reached the endpoint; {state}",
+                sink.ok_total(),
+                jobs
+            );
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+/// What one measured run saw, before it is a report.
+struct Run {
+    jobs: usize,
+    accepted_in: Duration,
+    delivered_in: Duration,
+    /// Submission latencies, sorted.
+    latencies: Vec<Duration>,
+    mariadb_writes: Option<WriteCost>,
+}
+
+impl Run {
+    /// The run's report: rates, latencies, peak memory and CPU per job of each process.
+    fn report(
+        self,
+        args: &BenchArgs,
+        topology: &Topology,
+        sink: &Sink,
+        measured: &[Measured],
+    ) -> BenchReport {
+        let Run {
+            jobs,
+            accepted_in,
+            delivered_in,
+            latencies,
+            mariadb_writes,
+        } = self;
+        let peak = |component: &str| {
+            topology
+                .children
+                .iter()
+                .filter(|c| c.component == component)
+                .filter_map(|c| c.pid().and_then(|pid| procs::status_kib(pid, "VmHWM:")))
+                .max()
+                .unwrap_or(0) as f64
+                / 1024.0
+        };
+        let mut cpu: BTreeMap<String, f64> = BTreeMap::new();
+        for m in measured {
+            *cpu.entry(m.component.to_owned()).or_default() += m.used();
+        }
+        let per_1000 = |seconds: f64| seconds * 1000.0 * 1000.0 / jobs as f64;
+        let spindle_seconds: f64 = ["router", "redis", "director", "mariadb"]
+            .iter()
+            .filter_map(|c| cpu.get(*c))
+            .sum();
+        let pct = |p: f64| percentile(&latencies, p).map(|l| l.as_secs_f64() * 1000.0);
+        BenchReport {
+            jobs,
+            batch: args.batch,
+            concurrency: args.concurrency,
+            payload_bytes: args.payload_bytes,
+            via_router: args.via_router,
+            subscribers: if args.events { args.subscribers } else { 0 },
+            other_subscriptions: args.other_subscriptions,
+            directors: args.directors,
+            routers: if args.via_router { args.routers } else { 0 },
+            backlog: args.backlog,
+            traced: args.traced,
+            trace_export: crate::telemetry::export_wanted().unwrap_or(false),
+            accepted_per_sec: jobs as f64 / accepted_in.as_secs_f64(),
+            delivered_per_sec: jobs as f64 / delivered_in.as_secs_f64(),
+            submit_p50_ms: pct(0.50),
+            submit_p99_ms: pct(0.99),
+            director_peak_rss_mib: peak("director"),
+            router_peak_rss_mib: peak("router"),
+            endpoint_requests: sink.ok_total(),
+            cpu_ms_per_1000_jobs: cpu.iter().map(|(c, s)| (c.clone(), per_1000(*s))).collect(),
+            spindle_cpu_us_per_job: spindle_seconds * 1e6 / jobs as f64,
+            mariadb_writes,
+        }
+    }
 }
 
 #[cfg(test)]
