@@ -248,3 +248,60 @@ fn the_drain_and_drop_benchmarks_account_for_every_job() {
     assert!(drop["delete_seconds"].as_f64().unwrap() > 0.0, "{r}");
     assert!(drop["drop_seconds"].as_f64().unwrap() > 0.0, "{r}");
 }
+
+/// `spindle bench --dedup` over two private Redis servers and over two in-process stores: every
+/// id claimed new, confirmed, then refused as a duplicate (the bench fails otherwise), with the
+/// cost of each pass and, on Redis, the bytes each id holds.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_dedup_benchmark_claims_confirms_and_repeats() {
+    let servers = [
+        common::redis_server::PrivateRedis::start(&[]).await,
+        common::redis_server::PrivateRedis::start(&[]).await,
+    ];
+    let urls = format!("{},{}", servers[0].url(), servers[1].url());
+    for stores in [urls.as_str(), "memory:,memory:"] {
+        let args = [
+            "bench",
+            "--dedup",
+            "--jobs",
+            "20000",
+            "--batch",
+            "100",
+            "--concurrency",
+            "4",
+            "--redis",
+            stores,
+        ];
+        let r = tokio::task::block_in_place(|| report(&args));
+        assert_eq!(r["ids"], 20000);
+        let passes = r["passes"].as_array().unwrap();
+        assert_eq!(passes.len(), 3);
+        assert!(passes
+            .iter()
+            .all(|p| p["ids_per_sec"].as_f64().unwrap() > 0.0));
+        if stores.starts_with("redis") {
+            assert!(passes
+                .iter()
+                .all(|p| p["script_calls"].as_u64().unwrap() > 0));
+            let confirmed = r["bytes_per_id_confirmed"].as_f64().unwrap();
+            assert!(
+                (1.0..1000.0).contains(&confirmed),
+                "{confirmed} bytes per id"
+            );
+            assert!(r["hashes"].as_u64().unwrap() > 0);
+            // The run's keys are gone.
+            for server in &servers {
+                let client = redis::Client::open(server.url()).unwrap();
+                let mut conn = client.get_multiplexed_async_connection().await.unwrap();
+                let keys: Vec<String> = redis::cmd("KEYS")
+                    .arg("bench:*")
+                    .query_async(&mut conn)
+                    .await
+                    .unwrap();
+                assert!(keys.is_empty(), "{} keys left", keys.len());
+            }
+        } else {
+            assert_eq!(r["memory_entries"], 20000);
+        }
+    }
+}

@@ -13,9 +13,7 @@
 //! or use memory stores named for the case. Claim times are given explicitly, so no case sleeps
 //! to move through time except the two that wait for something to expire.
 //!
-//! `dedup_benchmark` (ignored) measures claims per second (and, on Redis, bytes per stored id)
-//! on each backend of `DEDUP_BENCH_BACKENDS` (default `redis,memory`); run it in release mode:
-//! `cargo test --release --test dedup dedup_benchmark -- --ignored --nocapture`.
+//! The store's benchmark is `spindle bench --dedup` (docs/benchmarks.md).
 
 mod common;
 
@@ -139,8 +137,6 @@ on_both_backends!(
 );
 
 // The parts come after `on_both_backends!`, which they use.
-#[path = "dedup/bench.rs"]
-mod bench;
 #[path = "dedup/model.rs"]
 mod model;
 #[path = "dedup/shards.rs"]

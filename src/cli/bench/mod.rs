@@ -16,6 +16,7 @@
 //! and `--drop` measure the JobDB cycle instead: a drainer emptying a retired JobDB, and a DROP
 //! against DELETEs ([`drain`]).
 
+pub mod dedup;
 pub mod drain;
 pub mod generator;
 pub mod latency;
@@ -71,7 +72,8 @@ pub struct BenchArgs {
     /// Routers (with `--via-router`).
     #[arg(long, default_value_t = 1)]
     pub routers: usize,
-    /// The routers' dedup store (with `--via-router`).
+    /// The routers' dedup store (with `--via-router`); with `--dedup`, the stores measured,
+    /// comma-separated (Redis URLs, or `memory:` for in-process stores).
     #[arg(long, default_value = "redis://127.0.0.1:6379")]
     pub redis: String,
     /// Jobs queued first behind an endpoint that never answers (and kept there), so the
@@ -145,6 +147,10 @@ pub struct BenchArgs {
     /// submitting ([`drain`]).
     #[arg(long, conflicts_with_all = ["events", "generator", "backlog", "latency", "rate", "via_router"])]
     pub drop: bool,
+    /// Measure the router's dedup store alone over the stores of `--redis`: `--jobs` ids,
+    /// `--batch` per claim call from `--concurrency` tasks ([`dedup`]).
+    #[arg(long, conflicts_with_all = ["events", "generator", "backlog", "latency", "rate", "via_router", "drain", "drop"])]
+    pub dedup: bool,
 }
 
 /// What one bench run measured.
@@ -269,6 +275,10 @@ pub async fn run(args: BenchArgs) -> anyhow::Result<()> {
     let tag = ulid::Ulid::new().to_string().to_lowercase();
     if args.drop {
         println!("{}", drain::drop_versus_delete(&args, &tag).await?);
+        return Ok(());
+    }
+    if args.dedup {
+        println!("{}", dedup::run(&args, &tag).await?);
         return Ok(());
     }
     // Open loops need each job's arrival; a plain run only counts them.

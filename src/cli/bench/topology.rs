@@ -310,7 +310,7 @@ async fn wait_ready(base: &str, what: &str, ok: impl Fn(&str) -> bool) -> anyhow
 /// The routers' `--dedup-hash-bits` for a run of `keys` keys, sized as the dedup store's docs
 /// advise (about 60 keys per hash in a slot: a run fits in one slot of the bench's window),
 /// so the bench measures the store as it is meant to be set up.
-fn hash_bits_for(keys: usize) -> u8 {
+pub(super) fn hash_bits_for(keys: usize) -> u8 {
     let hashes = (keys / 60).max(1);
     // ceil(log2(hashes)), at most the default's 16.
     u8::try_from(usize::BITS - (hashes - 1).leading_zeros())
