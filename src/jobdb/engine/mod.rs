@@ -18,7 +18,7 @@
 //!   what a refusal is), `ordering::ordering_sql!` (heads, releases, blocks) and
 //!   `notices::notices_sql!` (completion notices). These bind and run statements kept as
 //!   named constants beside them, so the SQL reads as SQL;
-//! - reads that take several statements in one snapshot run them as methods of [`Tx`], a
+//! - reads that take several statements in one snapshot run them as methods of `Tx`, a
 //!   transaction of either engine (the ledger's round);
 //! - what only one engine has (a connection id to `KILL`, a file lock, a busy timeout) is a
 //!   function of the same name and signature in both modules, and the engine without it says
