@@ -17,7 +17,6 @@ use std::time::{Duration, Instant};
 
 use anyhow::Context;
 use chrono::Utc;
-use futures::FutureExt;
 
 use super::BenchArgs;
 use crate::job::JobId;
@@ -128,13 +127,13 @@ pub async fn run(args: &BenchArgs, tag: &str) -> anyhow::Result<DedupReport> {
         let mut used = vec![used_memory(&redis).await?];
         let mut passes = Vec::new();
         // Each pass, and the outcome every id must have in it.
-        for (name, outcome) in [("claim", 0), ("confirm", 0), ("repeat", 2)] {
-            let (pass, counts) = measure(&redis, name, args, || match name {
-                "confirm" => confirm_all(&store, claims.clone(), args).boxed(),
-                "repeat" => claim_all(&store, repeats.clone(), args).boxed(),
-                _ => claim_all(&store, claims.clone(), args).boxed(),
-            })
-            .await?;
+        for (name, ask, of, outcome) in [
+            ("claim", Ask::Claim, &claims, 0),
+            ("confirm", Ask::Confirm, &claims, 0),
+            ("repeat", Ask::Claim, &repeats, 2),
+        ] {
+            let run = run_pass(&store, of.clone(), args, ask);
+            let (pass, counts) = measure(&redis, name, args, run).await?;
             anyhow::ensure!(
                 counts[outcome] == args.jobs,
                 "{name}: {} of {} ids as expected ({counts:?})",
@@ -209,17 +208,14 @@ async fn open_store(
 /// confirmed).
 type Counts = [usize; 3];
 
-/// Runs `pass` and reads what it cost: wall time, this process's CPU, the scripts' time.
-async fn measure<F, Fut>(
+/// Runs `run` (not started before it is handed over) and reads what it cost: wall time, this
+/// process's CPU, the scripts' time.
+async fn measure(
     redis: &[redis::aio::MultiplexedConnection],
     name: &'static str,
     args: &BenchArgs,
-    pass: F,
-) -> anyhow::Result<(Pass, Counts)>
-where
-    F: FnOnce() -> Fut,
-    Fut: Future<Output = anyhow::Result<Counts>>,
-{
+    run: impl Future<Output = anyhow::Result<Counts>>,
+) -> anyhow::Result<(Pass, Counts)> {
     for conn in redis {
         let _: String = redis::cmd("CONFIG")
             .arg("RESETSTAT")
@@ -228,7 +224,7 @@ where
     }
     let cpu = super::procs::cpu_seconds(std::process::id()).unwrap_or(0.0);
     let started = Instant::now();
-    let counts = pass().await?;
+    let counts = run.await?;
     let seconds = started.elapsed().as_secs_f64();
     let cpu = super::procs::cpu_seconds(std::process::id()).unwrap_or(0.0) - cpu;
     let (calls, usec) = script_stats(redis).await?;
@@ -246,22 +242,27 @@ where
     ))
 }
 
-/// Hands out slices of `claims` of `--batch` to `--concurrency` tasks, each running `call` on
-/// its slices and counting outcomes.
-async fn in_tasks<F, Fut>(
+/// What a pass asks of the store for each claim.
+#[derive(Clone, Copy)]
+enum Ask {
+    Claim,
+    Confirm,
+}
+
+/// One pass over `claims`: slices of `--batch` from `--concurrency` tasks, each asking the
+/// store and counting the outcomes (claims: claimed, mine, duplicate or lapsed; confirms:
+/// confirmed, not).
+async fn run_pass(
+    store: &DedupStore,
     claims: Arc<Vec<Claim>>,
     args: &BenchArgs,
-    call: F,
-) -> anyhow::Result<Counts>
-where
-    F: Fn(Arc<Vec<Claim>>, usize, usize) -> Fut + Clone + Send + 'static,
-    Fut: Future<Output = anyhow::Result<Counts>> + Send,
-{
+    ask: Ask,
+) -> anyhow::Result<Counts> {
     let next = Arc::new(AtomicUsize::new(0));
     let per_call = args.batch;
     let workers: Vec<_> = (0..args.concurrency)
         .map(|_| {
-            let (claims, next, call) = (claims.clone(), next.clone(), call.clone());
+            let (store, claims, next) = (store.clone(), claims.clone(), next.clone());
             tokio::spawn(async move {
                 let mut counts = [0usize; 3];
                 loop {
@@ -269,9 +270,24 @@ where
                     if start >= claims.len() {
                         return Ok::<_, anyhow::Error>(counts);
                     }
-                    let end = (start + per_call).min(claims.len());
-                    let got = call(claims.clone(), start, end).await?;
-                    (0..3).for_each(|i| counts[i] += got[i]);
+                    let slice = &claims[start..(start + per_call).min(claims.len())];
+                    match ask {
+                        Ask::Claim => {
+                            for o in store.claim(slice).await? {
+                                counts[match o {
+                                    ClaimOutcome::Claimed => 0,
+                                    ClaimOutcome::Mine => 1,
+                                    ClaimOutcome::Duplicate { .. }
+                                    | ClaimOutcome::Lapsed { .. } => 2,
+                                }] += 1;
+                            }
+                        }
+                        Ask::Confirm => {
+                            for o in store.confirm(slice).await? {
+                                counts[usize::from(o != ConfirmOutcome::Confirmed)] += 1;
+                            }
+                        }
+                    }
                 }
             })
         })
@@ -282,50 +298,6 @@ where
         (0..3).for_each(|i| counts[i] += got[i]);
     }
     Ok(counts)
-}
-
-/// Claims every one of `claims`.
-async fn claim_all(
-    store: &DedupStore,
-    claims: Arc<Vec<Claim>>,
-    args: &BenchArgs,
-) -> anyhow::Result<Counts> {
-    let store = store.clone();
-    in_tasks(claims, args, move |claims, start, end| {
-        let store = store.clone();
-        async move {
-            let mut counts = [0usize; 3];
-            for o in store.claim(&claims[start..end]).await? {
-                counts[match o {
-                    ClaimOutcome::Claimed => 0,
-                    ClaimOutcome::Mine => 1,
-                    ClaimOutcome::Duplicate { .. } | ClaimOutcome::Lapsed { .. } => 2,
-                }] += 1;
-            }
-            Ok(counts)
-        }
-    })
-    .await
-}
-
-/// Confirms every one of `claims`.
-async fn confirm_all(
-    store: &DedupStore,
-    claims: Arc<Vec<Claim>>,
-    args: &BenchArgs,
-) -> anyhow::Result<Counts> {
-    let store = store.clone();
-    in_tasks(claims, args, move |claims, start, end| {
-        let store = store.clone();
-        async move {
-            let mut counts = [0usize; 3];
-            for o in store.confirm(&claims[start..end]).await? {
-                counts[usize::from(o != ConfirmOutcome::Confirmed)] += 1;
-            }
-            Ok(counts)
-        }
-    })
-    .await
 }
 
 /// One connection to each Redis server.
