@@ -46,22 +46,31 @@ pub(crate) enum Pool {
     Sqlite(SqlitePool),
 }
 
-/// Runs `$body` against the JobDB's pool `$p`, with `$q` naming the engine's module
-/// ([`mysql`] or [`sqlite`]): one body, compiled once per engine.
-macro_rules! with_pool {
-    ($db:expr, |$p:ident, $q:ident| $body:expr) => {
-        match &$db.pool {
-            $crate::jobdb::engine::Pool::MySql($p) => {
+/// Runs `$body` with `$x` bound to what the `$kind` enum (`Pool` or `Tx`, whose variants are
+/// named for the engines) holds in `$value`, and `$q` naming that engine's module ([`mysql`] or
+/// [`sqlite`]): one body, compiled once per engine. `with_pool!` and `with_tx!` are its uses.
+macro_rules! per_engine {
+    ($value:expr, $kind:ident, |$x:ident, $q:ident| $body:expr) => {
+        match $value {
+            $crate::jobdb::engine::$kind::MySql($x) => {
                 #[allow(unused_imports)]
                 use $crate::jobdb::engine::mysql as $q;
                 $body
             }
-            $crate::jobdb::engine::Pool::Sqlite($p) => {
+            $crate::jobdb::engine::$kind::Sqlite($x) => {
                 #[allow(unused_imports)]
                 use $crate::jobdb::engine::sqlite as $q;
                 $body
             }
         }
+    };
+}
+pub(crate) use per_engine;
+
+/// Runs `$body` against the JobDB's pool `$p`, with `$q` naming the engine's module.
+macro_rules! with_pool {
+    ($db:expr, |$p:ident, $q:ident| $body:expr) => {
+        $crate::jobdb::engine::per_engine!(&$db.pool, Pool, |$p, $q| $body)
     };
 }
 pub(crate) use with_pool;
@@ -76,21 +85,10 @@ pub(crate) enum Tx {
 }
 
 /// Runs `$body` in the transaction `$tx` ([`Tx`]), bound as `$t`, with `$q` naming its
-/// engine's module, as `with_pool!` does for a pool.
+/// engine's module.
 macro_rules! with_tx {
     ($tx:expr, |$t:ident, $q:ident| $body:expr) => {
-        match $tx {
-            $crate::jobdb::engine::Tx::MySql($t) => {
-                #[allow(unused_imports)]
-                use $crate::jobdb::engine::mysql as $q;
-                $body
-            }
-            $crate::jobdb::engine::Tx::Sqlite($t) => {
-                #[allow(unused_imports)]
-                use $crate::jobdb::engine::sqlite as $q;
-                $body
-            }
-        }
+        $crate::jobdb::engine::per_engine!($tx, Tx, |$t, $q| $body)
     };
 }
 pub(crate) use with_tx;
