@@ -109,7 +109,7 @@ pub struct DedupArgs {
     /// Time slots per window (more: entries expire closer to the window, claims read more).
     #[arg(long, env = "SPINDLE_DEDUP_SLOTS", default_value_t = 2)]
     pub dedup_slots: u32,
-    /// Hashes per slot as a power of two (size it to keys per slot / 60).
+    /// Hashes per slot as a power of two (size it to keys per slot / 30).
     #[arg(long, env = "SPINDLE_DEDUP_HASH_BITS", default_value_t = 16)]
     pub dedup_hash_bits: u8,
     /// How long an unconfirmed claim holds its key, in ms: longer than a forward takes,

@@ -54,7 +54,7 @@ pub struct DedupReport {
     pub per_call: usize,
     /// Claiming tasks (`--concurrency`).
     pub tasks: usize,
-    /// The store's `hash_bits`, sized to the ids (about 60 per hash).
+    /// The store's `hash_bits`, sized to the ids (about 30 per hash).
     pub hash_bits: u8,
     /// Hashing one idempotency key into its dedup key.
     pub key_hash_ns_per_id: f64,

@@ -308,10 +308,10 @@ async fn wait_ready(base: &str, what: &str, ok: impl Fn(&str) -> bool) -> anyhow
 }
 
 /// The routers' `--dedup-hash-bits` for a run of `keys` keys, sized as the dedup store's docs
-/// advise (about 60 keys per hash in a slot: a run fits in one slot of the bench's window),
+/// advise (about 30 keys per hash in a slot: a run fits in one slot of the bench's window),
 /// so the bench measures the store as it is meant to be set up.
 pub(super) fn hash_bits_for(keys: usize) -> u8 {
-    let hashes = (keys / 60).max(1);
+    let hashes = (keys / 30).max(1);
     // ceil(log2(hashes)), at most the default's 16.
     u8::try_from(usize::BITS - (hashes - 1).leading_zeros())
         .unwrap_or(16)
@@ -323,10 +323,10 @@ mod tests {
     use super::*;
 
     #[test]
-    fn hash_bits_give_about_60_keys_per_hash() {
+    fn hash_bits_give_about_30_keys_per_hash() {
         assert_eq!(hash_bits_for(0), 0);
-        assert_eq!(hash_bits_for(60), 0);
-        assert_eq!(hash_bits_for(100_000), 11);
+        assert_eq!(hash_bits_for(30), 0);
+        assert_eq!(hash_bits_for(100_000), 12);
         assert_eq!(hash_bits_for(usize::MAX), 16);
     }
 }

@@ -50,10 +50,13 @@
 //! The hash of key `id` in slot `s` is `<prefix><s>:<h>`, where `h` is the top `hash_bits` bits
 //! of the id (decimal), and the field is the id without the whole bytes `h` already fixes
 //! (`id[hash_bits / 8 ..]`). Choose `hash_bits` so that the keys of one slot spread to fewer
-//! than `hash-max-listpack-entries` (default 128) fields per hash, about 60 on average with
-//! `2^hash_bits = keys per slot / 60`: the hash then stays a listpack (one compact allocation;
+//! than `hash-max-listpack-entries` (default 128) fields per hash, about 30 on average with
+//! `2^hash_bits = keys per slot / 30`: the hash then stays a listpack (one compact allocation;
 //! a few bytes of overhead per entry) instead of a hash table. Values are at most 29 bytes,
-//! well below `hash-max-listpack-value` (64).
+//! well below `hash-max-listpack-value` (64). A listpack is searched field by field, so fewer
+//! fields are cheaper to read and write: measured under callgrind, 30 fields per hash against
+//! 60 cost 21% fewer Redis instructions per claim and 15% fewer per confirmation, for 4% more
+//! memory per key (42.3 against 40.8 bytes; 46.5 at 15 fields).
 //!
 //! The value is the owner's 16 bytes when *confirmed*, or the owner followed by a deadline
 //! (decimal milliseconds, Redis clock) while *pending*.
@@ -82,8 +85,12 @@
 //! work itself, so batching per hash is what makes big batches fast; the batch's distinct slot
 //! ranges are likewise sent once and their key prefixes formatted once. The script returns
 //! `(position, kind, owner)` only for claims that were *not* newly claimed, so the usual
-//! all-new batch gets an empty reply. A script runs atomically, so two claims of the same key
-//! on one store (even in one batch) are serialised: exactly one is `Claimed`.
+//! all-new batch gets an empty reply. A run of one key, the usual run when a batch's keys spread
+//! over many hashes, takes a shorter path: an `HGET` per slot and its writes at once, without
+//! the tables a longer run gathers its reads and writes in (under callgrind, 27% fewer Redis
+//! instructions per claim and per confirmation than the same keys through the general path).
+//! A script runs atomically, so two claims of the same key on one store (even in one batch) are
+//! serialised: exactly one is `Claimed`.
 //!
 //! A confirmation reads the claim's own slot first, and an owner's live entry there (confirmed,
 //! or pending before its deadline) settles it as `Confirmed`: while that entry exists no other
