@@ -143,9 +143,9 @@ fn import_payload(payload: &[u8]) -> (Option<Box<RawValue>>, Option<String>) {
     if payload.is_empty() {
         return (None, None);
     }
-    let raw = std::str::from_utf8(payload)
+    // One pass: the parse checks the value's bytes are UTF-8 as it reads them.
+    let raw = serde_json::from_slice::<&RawValue>(payload)
         .ok()
-        .and_then(|text| serde_json::from_str::<&RawValue>(text).ok())
         // Whitespace around the value is not part of it: such bytes go as base64.
         .filter(|raw| raw.get().len() == payload.len());
     match raw {
@@ -154,5 +154,33 @@ fn import_payload(payload: &[u8]) -> (Option<Box<RawValue>>, Option<String>) {
             None,
             Some(base64::engine::general_purpose::STANDARD.encode(payload)),
         ),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::import_payload;
+
+    #[test]
+    fn only_exactly_one_json_value_goes_as_itself() {
+        for json in [&br#"{"a":1}"#[..], b"[1,2]", "\"\u{e9}\"".as_bytes(), b"7"] {
+            let (raw, base64) = import_payload(json);
+            assert_eq!(raw.map(|r| r.get().as_bytes().to_vec()), Some(json.to_vec()));
+            assert_eq!(base64, None);
+        }
+        for other in [
+            &br#" {"a":1}"#[..],
+            b"{\"a\":1}\n",
+            b"1 2",
+            b"{\"a\":\"\xff\"}",
+            b"\xff",
+            b"not json",
+        ] {
+            let (raw, base64) = import_payload(other);
+            assert!(raw.is_none(), "{other:?}");
+            assert!(base64.is_some(), "{other:?}");
+        }
+        let (raw, base64) = import_payload(b"");
+        assert!(raw.is_none() && base64.is_none());
     }
 }
