@@ -686,6 +686,7 @@ impl ImportParts<(crate::job::Job, u16, chrono::DateTime<Utc>)> {
             .map(|(i, key)| import::blocked_key_of(key, i))
             .collect::<Result<Vec<_>, _>>()?;
         let mut jobs = Vec::with_capacity(request.jobs.len());
+        let mut endpoints = crate::rpc::rules::CheckedEndpoints::default();
         for (i, spec) in request.jobs.iter().enumerate() {
             if request.from_jobdb.is_none() && spec.attempts != 0 {
                 return Err(FieldError::new(
@@ -694,7 +695,11 @@ impl ImportParts<(crate::job::Job, u16, chrono::DateTime<Utc>)> {
                 )
                 .into());
             }
-            jobs.push((job_of(spec, i, limits)?, spec.attempts, spec.retry_at));
+            jobs.push((
+                job_of(spec, i, limits, &mut endpoints)?,
+                spec.attempts,
+                spec.retry_at,
+            ));
         }
         Ok(ImportParts { jobs, blocks, kept })
     }

@@ -31,8 +31,14 @@ pub use spindle_client::api::{ImportJob, ImportRequest, ImportResponse, MAX_IMPO
 
 /// The job of an import, checked by the same rules as a submitted job (`rules::check_*`, with
 /// this Director's `limits`), plus the times an import carries (`i` is its index, for error
-/// paths): what a Director accepted directly, another accepts as an import.
-pub fn job_of(spec: &ImportJob, i: usize, limits: &IntakeLimits) -> Result<Job, FieldError> {
+/// paths): what a Director accepted directly, another accepts as an import. `endpoints` are
+/// those the request's earlier jobs named and passed.
+pub fn job_of(
+    spec: &ImportJob,
+    i: usize,
+    limits: &IntakeLimits,
+    endpoints: &mut rules::CheckedEndpoints,
+) -> Result<Job, FieldError> {
     let at = format!("jobs[{i}]");
     let field = |name: &'static str| rules::Field::new(&at, name);
     let id: JobId = spec
@@ -40,7 +46,7 @@ pub fn job_of(spec: &ImportJob, i: usize, limits: &IntakeLimits) -> Result<Job, 
         .parse()
         .map_err(|_| FieldError::new(field("id"), "is not a ULID"))?;
     rules::check_bucket(&spec.bucket, field("bucket"))?;
-    rules::check_endpoint(&spec.endpoint, field("endpoint"))?;
+    endpoints.check(&spec.endpoint, field("endpoint"))?;
     rules::check_method(&spec.method, field("method"))?;
     let headers = rules::check_headers(&spec.headers, field("headers"))?;
     let (payload, _) = rules::check_body(
@@ -195,7 +201,7 @@ pub fn widest_limits() -> IntakeLimits {
 /// sent (that Director's smaller limits, its JobDB server's packet size, an older version);
 /// one that fails can never be imported by this version, and the error says why.
 pub fn importable(spec: &ImportJob) -> Result<(), FieldError> {
-    job_of(spec, 0, &widest_limits()).map(|_| ())
+    job_of(spec, 0, &widest_limits(), &mut Default::default()).map(|_| ())
 }
 
 /// A time a JobDB can store: from 1970 to the end of year 9999 (MySQL's DATETIME).
@@ -297,7 +303,7 @@ mod tests {
     #[test]
     fn importable_means_some_director_of_this_version_takes_it() {
         let big = spec(4 * 1024 * 1024);
-        assert!(job_of(&big, 0, &IntakeLimits::default()).is_err());
+        assert!(job_of(&big, 0, &IntakeLimits::default(), &mut Default::default()).is_err());
         assert!(importable(&big).is_ok());
         let mut ftp = spec(2);
         ftp.endpoint = "ftp://example.test/x".into();
@@ -319,7 +325,7 @@ mod tests {
     #[test]
     fn payloads_cross_an_import_byte_for_byte() {
         let limits = IntakeLimits::default();
-        let template = job_of(&spec(0), 0, &limits).unwrap();
+        let template = job_of(&spec(0), 0, &limits, &mut Default::default()).unwrap();
         for (bytes, raw) in [
             (&b"{\"a\": [1, 2.50, \"\\u00e9\"]}"[..], true),
             (b"\"text\"", true),
@@ -339,12 +345,20 @@ mod tests {
             assert_eq!(wire.payload_base64.is_some(), !raw && !bytes.is_empty());
             let text = serde_json::to_string(&wire).unwrap();
             let back: ImportJob = serde_json::from_str(&text).unwrap();
-            assert_eq!(job_of(&back, 0, &limits).unwrap().payload, bytes, "{text}");
+            assert_eq!(
+                job_of(&back, 0, &limits, &mut Default::default())
+                    .unwrap()
+                    .payload,
+                bytes,
+                "{text}"
+            );
         }
         let mut both = spec(1);
         both.payload = Some(serde_json::value::RawValue::from_string("1".into()).unwrap());
         assert_eq!(
-            job_of(&both, 0, &limits).unwrap_err().field,
+            job_of(&both, 0, &limits, &mut Default::default())
+                .unwrap_err()
+                .field,
             "jobs[0].payload_base64"
         );
     }

@@ -11,8 +11,8 @@ use chrono::{DateTime, Utc};
 use super::api::{NewJob, OrderingFailure, SubmitRequest};
 use super::rules::{
     check_body, check_bucket, check_coefficient, check_endpoint, check_headers,
-    check_idempotency_key, check_method, check_min_delay, check_ordering, check_timeout, Field,
-    FieldError, IntakeLimits,
+    check_idempotency_key, check_method, check_min_delay, check_ordering, check_timeout,
+    CheckedEndpoints, Field, FieldError, IntakeLimits,
 };
 use crate::job::{Job, JobId, RetryPolicy, Scheduled};
 use crate::telemetry::TraceContext;
@@ -45,11 +45,18 @@ pub fn validate_request(
     // Jobs of one request mostly share their bucket, endpoint and method: one allocation each
     // for the request, not one per job (a backlog of jobs in memory holds them all).
     let mut shared = Shared::default();
+    let mut endpoints = CheckedEndpoints::default();
     let mut jobs = Vec::with_capacity(request.jobs.len());
     let mut scheduled = Scheduled::new();
     for (i, spec) in request.jobs.into_iter().enumerate() {
-        let (mut job, deliver_at) =
-            validate_job(spec, &format!("jobs[{i}]"), limits, now, next_id())?;
+        let (mut job, deliver_at) = validate_job(
+            spec,
+            &format!("jobs[{i}]"),
+            limits,
+            now,
+            next_id(),
+            &mut endpoints,
+        )?;
         if job.trace.is_none() {
             job.trace = trace.cloned();
         }
@@ -120,13 +127,21 @@ impl JobTemplate {
         now: DateTime<Utc>,
     ) -> Result<JobTemplate, FieldError> {
         let (ttl_ms, ordering_failure) = (spec.ttl_ms, spec.ordering_failure);
-        let (job, _) =
-            validate_job(spec, "job", limits, now, JobId(ulid::Ulid::nil())).map_err(|mut e| {
-                if let Some(name) = e.field.strip_prefix("job.") {
-                    e.field = name.to_owned();
-                }
-                e
-            })?;
+        let nil = JobId(ulid::Ulid::nil());
+        let (job, _) = validate_job(
+            spec,
+            "job",
+            limits,
+            now,
+            nil,
+            &mut CheckedEndpoints::default(),
+        )
+        .map_err(|mut e| {
+            if let Some(name) = e.field.strip_prefix("job.") {
+                e.field = name.to_owned();
+            }
+            e
+        })?;
         Ok(JobTemplate {
             job,
             ttl_ms,
@@ -180,11 +195,12 @@ fn validate_job(
     limits: &IntakeLimits,
     now: DateTime<Utc>,
     id: JobId,
+    endpoints: &mut CheckedEndpoints,
 ) -> Result<(Job, Option<DateTime<Utc>>), FieldError> {
     let field = |name: &'static str| Field::new(at, name);
 
     check_bucket(&spec.bucket, field("bucket"))?;
-    check_endpoint(&spec.endpoint, field("endpoint"))?;
+    endpoints.check(&spec.endpoint, field("endpoint"))?;
     let method = spec
         .method
         .as_deref()
@@ -375,6 +391,39 @@ fn check_times<'a>(
 mod tests {
     use super::*;
 
+    /// The endpoints a request's jobs share are parsed once: a later job naming a checked one
+    /// passes, and any other endpoint is still checked and named by its job's index.
+    #[test]
+    fn a_request_checks_each_endpoint_it_names() {
+        let request = |endpoints: &[&str]| -> SubmitRequest {
+            let jobs: Vec<serde_json::Value> = endpoints
+                .iter()
+                .map(|e| serde_json::json!({"bucket": "b", "endpoint": e}))
+                .collect();
+            serde_json::from_value(serde_json::json!({ "jobs": jobs })).unwrap()
+        };
+        let validate = |endpoints: &[&str]| {
+            validate_request(
+                request(endpoints),
+                &IntakeLimits::default(),
+                Utc::now(),
+                chrono::Duration::zero(),
+                None,
+                || JobId(ulid::Ulid::new()),
+            )
+        };
+        let (jobs, _) = validate(&["http://a/x", "http://a/x", "https://b/y"]).unwrap();
+        assert_eq!(jobs.len(), 3);
+        for (bad, at) in [
+            (["http://a/x", "ftp://a/x", "http://a/x"], 1),
+            (["http://a/x", "http://a/x", "http://a /x"], 2),
+            (["http://a/x", "http://a/x ", "http://a/x"], 1),
+        ] {
+            let err = validate(&bad).unwrap_err();
+            assert_eq!(err.field, format!("jobs[{at}].endpoint"), "{bad:?}");
+        }
+    }
+
     fn spec(json: serde_json::Value) -> NewJob {
         serde_json::from_value(json).unwrap()
     }
@@ -393,6 +442,7 @@ mod tests {
             &IntakeLimits::default(),
             now,
             JobId(ulid::Ulid::new()),
+            &mut CheckedEndpoints::default(),
         )
     }
 
@@ -491,6 +541,7 @@ mod tests {
                     &IntakeLimits::default(),
                     now,
                     JobId(ulid::Ulid::new()),
+                    &mut CheckedEndpoints::default(),
                 )
                 .expect_err(&json.to_string()),
             };

@@ -165,7 +165,10 @@ mod tests {
     fn only_exactly_one_json_value_goes_as_itself() {
         for json in [&br#"{"a":1}"#[..], b"[1,2]", "\"\u{e9}\"".as_bytes(), b"7"] {
             let (raw, base64) = import_payload(json);
-            assert_eq!(raw.map(|r| r.get().as_bytes().to_vec()), Some(json.to_vec()));
+            assert_eq!(
+                raw.map(|r| r.get().as_bytes().to_vec()),
+                Some(json.to_vec())
+            );
             assert_eq!(base64, None);
         }
         for other in [
