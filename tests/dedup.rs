@@ -50,25 +50,14 @@ async fn connection(url: &str) -> redis::aio::MultiplexedConnection {
 
 /// Every key under `prefix`.
 async fn redis_keys(url: &str, prefix: &str) -> Vec<Vec<u8>> {
+    use futures::TryStreamExt;
+    use redis::AsyncCommands;
     let mut conn = connection(url).await;
-    let mut cursor = 0u64;
-    let mut out = Vec::new();
-    loop {
-        let (next, batch): (u64, Vec<Vec<u8>>) = redis::cmd("SCAN")
-            .arg(cursor)
-            .arg("MATCH")
-            .arg(format!("{prefix}*"))
-            .arg("COUNT")
-            .arg(1000)
-            .query_async(&mut conn)
-            .await
-            .unwrap();
-        out.extend(batch);
-        if next == 0 {
-            return out;
-        }
-        cursor = next;
-    }
+    let scan = redis::ScanOptions::default()
+        .with_pattern(format!("{prefix}*"))
+        .with_count(1000);
+    let keys = conn.scan_options(scan).await.unwrap();
+    keys.try_collect().await.unwrap()
 }
 
 /// Fields stored under `prefix`.

@@ -385,22 +385,12 @@ async fn keys_under(
     mut conn: redis::aio::MultiplexedConnection,
     prefix: &str,
 ) -> anyhow::Result<Vec<Vec<u8>>> {
-    let (mut cursor, mut keys) = (0u64, Vec::new());
-    loop {
-        let (next, batch): (u64, Vec<Vec<u8>>) = redis::cmd("SCAN")
-            .arg(cursor)
-            .arg("MATCH")
-            .arg(format!("{prefix}*"))
-            .arg("COUNT")
-            .arg(1000)
-            .query_async(&mut conn)
-            .await?;
-        keys.extend(batch);
-        if next == 0 {
-            return Ok(keys);
-        }
-        cursor = next;
-    }
+    use futures::TryStreamExt;
+    use redis::AsyncCommands;
+    let scan = redis::ScanOptions::default()
+        .with_pattern(format!("{prefix}*"))
+        .with_count(1000);
+    Ok(conn.scan_options(scan).await?.try_collect().await?)
 }
 
 /// Deletes every key under `prefix`.
